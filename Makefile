@@ -1,0 +1,171 @@
+# kvrouterd — plain GNU make, dependencies through pkg-config.
+#
+#   make            build the daemon (build/kvrouterd)
+#   make test       install missing Debian packages, build with -Werror, run unit,
+#                   integration and fuzz-corpus-replay tests
+#   make run        deps + build + run in the foreground on conf/kvrouterd.conf
+#   make bench      build and run the benchmarks (bench/run.sh)
+#   make fuzz       clang libFuzzer builds, time-boxed runs (FUZZ_SECONDS, default 60 each)
+#   make install    PREFIX=/usr/local DESTDIR=
+#   make SANITIZE=address,undefined ... / make SANITIZE=thread ...
+#
+# Every src/*.c is a module compiled into build/<variant>/libkvr.a; tests/unit/test_*.c,
+# tests/fuzz/fuzz_*.c and bench/bench_*.c are discovered by name, so adding a module or a
+# test needs no edit here.
+
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+SYSCONFDIR ?= /etc
+UNITDIR    ?= /lib/systemd/system
+PYTHON     ?= /usr/bin/python3
+CC         ?= cc
+SANITIZE   ?=
+WERROR     ?= 0
+FUZZ_SECONDS ?= 60
+
+VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+# Debian packages: build/runtime libraries, test tools. Kept in sync with the Dockerfile.
+DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
+             libcjson-dev libhttp-parser-dev libinih-dev
+DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack
+DEB_BENCH := wrk nginx-light
+DEB_FUZZ  := clang libclang-rt-14-dev
+DEPS      ?= $(DEB_BUILD)
+PKGS      := libzmq msgpack libxxhash libuv libcjson inih
+
+comma := ,
+ifeq ($(SANITIZE),)
+  VARIANT := release
+  SANFLAGS :=
+else
+  VARIANT := san-$(subst $(comma),-,$(SANITIZE))
+  SANFLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+BUILD := build/$(VARIANT)
+
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wformat=2 -Wundef -Wno-unused-parameter
+ifeq ($(WERROR),1)
+  WARN += -Werror
+endif
+OPT ?= -O2
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
+CFLAGS_ALL  = -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) $(SANFLAGS) -pthread -Isrc $(PKG_CFLAGS) \
+              -DKVR_VERSION='"$(VERSION)"' -DKVR_GIT_REV='"$(GIT_REV)"' $(CFLAGS)
+LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
+LIBS_ALL    = $(PKG_LIBS) -lm $(LIBS)
+
+SRCS       := $(sort $(wildcard src/*.c))
+OBJS       := $(SRCS:src/%.c=$(BUILD)/src/%.o)
+LIB        := $(BUILD)/libkvr.a
+BIN        := $(BUILD)/kvrouterd
+UNIT_SRCS  := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRCS  := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_REPLAY := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
+BENCH_SRCS := $(sort $(wildcard bench/bench_*.c))
+BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all deps deps-test test unit integration fuzz-replay fuzz run bench install clean check-config
+.DEFAULT_GOAL := all
+
+all: $(BIN) build/kvrouterd
+
+# build/kvrouterd always points at the last built variant's binary (tests use it).
+build/kvrouterd: $(BIN)
+	@mkdir -p build
+	@ln -sf $(VARIANT)/kvrouterd build/kvrouterd
+
+$(BUILD)/src/%.o: src/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c -o $@ $<
+
+$(BUILD)/daemon/%.o: daemon/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c -o $@ $<
+
+$(LIB): $(OBJS)
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(BUILD)/daemon/main.o $(LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL)
+
+$(BUILD)/tests/%: tests/unit/%.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -MMD -MP -o $@ $< $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL) -lcmocka
+
+$(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -o $@ $< tests/fuzz/replay_main.c $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL)
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Ibench -MMD -MP -o $@ $< $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL)
+
+-include $(OBJS:.o=.d) $(BUILD)/daemon/main.d
+
+# ---- dependencies --------------------------------------------------------------------
+# Installs whatever of $(DEPS) is missing; a no-op when all are present.
+deps:
+	@DEPS="$(DEPS)" sh scripts/deps.sh
+
+# ---- tests ---------------------------------------------------------------------------
+test:
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST)"
+	@$(MAKE) --no-print-directory WERROR=1 all $(UNIT_BINS) $(FUZZ_REPLAY)
+	@$(MAKE) --no-print-directory WERROR=1 unit
+	@$(MAKE) --no-print-directory WERROR=1 fuzz-replay
+	@$(MAKE) --no-print-directory WERROR=1 integration
+
+unit: $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+
+fuzz-replay: $(FUZZ_REPLAY)
+	@set -e; for t in $(FUZZ_REPLAY); do n=$$(basename $$t); \
+	  echo "== $$n: replaying tests/fuzz/corpus/$${n#fuzz_}"; $$t tests/fuzz/corpus/$${n#fuzz_}; done
+
+integration: all
+	KVR_BIN=$(abspath $(BIN)) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+check-config: all
+	$(BIN) -t -c conf/kvrouterd.conf
+
+# ---- run -----------------------------------------------------------------------------
+run:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory all
+	exec $(BIN) -c conf/kvrouterd.conf
+
+# ---- benchmarks ----------------------------------------------------------------------
+bench: all $(BENCH_BINS)
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_BENCH)"
+	BUILD=$(BUILD) PYTHON=$(PYTHON) sh bench/run.sh
+
+# ---- fuzzing (clang + libFuzzer) -----------------------------------------------------
+FUZZ_BUILD := build/fuzz
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Isrc $(PKG_CFLAGS)
+fuzz:
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_FUZZ)"
+	@mkdir -p $(FUZZ_BUILD)
+	@set -e; for f in $(FUZZ_SRCS); do n=$$(basename $$f .c); \
+	  clang $(FUZZ_CFLAGS) -o $(FUZZ_BUILD)/$$n $$f $(SRCS) $(PKG_LIBS) -lm; \
+	  mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
+	  echo "== $$n for $(FUZZ_SECONDS)s"; \
+	  $(FUZZ_BUILD)/$$n -max_total_time=$(FUZZ_SECONDS) $(FUZZ_BUILD)/corpus-$$n tests/fuzz/corpus/$${n#fuzz_}; \
+	done
+
+# ---- install -------------------------------------------------------------------------
+install: all
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kvrouterd
+	install -D -m 0644 conf/kvrouterd.conf $(DESTDIR)$(SYSCONFDIR)/kvrouterd/kvrouterd.conf
+	sed 's|@BINDIR@|$(PREFIX)/bin|g; s|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/kvrouterd.service \
+	  > kvrouterd.service.tmp
+	install -D -m 0644 kvrouterd.service.tmp $(DESTDIR)$(UNITDIR)/kvrouterd.service
+	rm -f kvrouterd.service.tmp
+
+clean:
+	rm -rf build

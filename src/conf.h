@@ -1,0 +1,115 @@
+/* conf.h — the configuration: INI file (libinih) → validated plain struct.
+ *
+ * One table of directives in conf.c (section, name, type, default, min, max, repeatable,
+ * reloadable) drives parsing, validation, the -t check and the defaults documented in
+ * conf/kvrouterd.conf. Units: sizes take B/KiB/MiB/GiB (also K/M/G as binary), durations take
+ * ms/s/m/h (a bare number is ms for durations). Unknown sections or keys, bad values,
+ * out-of-range values and repeated non-repeatable keys are errors reported as
+ * "FILE:LINE: message" in err->msg.
+ *
+ * Ownership: kvr_conf_load() fills a struct the caller owns; kvr_conf_free() releases the
+ * strings and lists in it. No threads, no sockets: pure parsing.
+ */
+#ifndef KVR_CONF_H
+#define KVR_CONF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+#define KVR_CONF_MAX_TIERS 8
+
+struct kvr_conf_connect {
+    char *endpoint; /* tcp://host:port of an engine's PUB socket */
+    char *replay;   /* NULL or the engine's ROUTER endpoint (replay=) */
+    char *pod;      /* NULL or identity override (pod=) for engines with an empty topic */
+};
+
+struct kvr_conf_tier_weight {
+    char name[32]; /* lower-cased tier name ("gpu", "cpu", "storage", ...) */
+    double weight;
+};
+
+struct kvr_conf {
+    char *path; /* file it was loaded from */
+
+    /* [log] — reloadable */
+    int log_level;  /* enum kvr_log_level; default info */
+    int log_format; /* enum kvr_log_format; default text */
+    int64_t log_ratelimit_ms; /* interval of the peer-error limiter; default 10s */
+    uint32_t log_ratelimit_burst; /* lines per interval; default 10 */
+
+    /* [events] */
+    char **bind; /* repeatable: our SUB binds, engines connect */
+    size_t nbind;
+    struct kvr_conf_connect *connect; /* repeatable: "ENDPOINT [replay=EP] [pod=ID]" */
+    size_t nconnect;
+    char *subscribe;                 /* topic prefix; default "kv@" */
+    uint32_t writer_threads;         /* default 2, 1..64 */
+    uint32_t queue_depth;            /* messages per writer queue; default 4096 */
+    int64_t rcvhwm;                  /* ZMQ_RCVHWM; default 100000 (0 = unlimited) */
+    int64_t max_message_size;        /* ZMQ_MAXMSGSIZE; default 64MiB */
+    int64_t reconnect_interval_ms;   /* ZMQ_RECONNECT_IVL; default 100ms */
+    int64_t reconnect_interval_max_ms; /* ZMQ_RECONNECT_IVL_MAX; default 5s */
+    int64_t purge_after_disconnect_ms; /* connect mode; default 60s; 0 = never */
+    int64_t replay_timeout_ms;       /* per replay; default 2s */
+    uint32_t max_concurrent_replays; /* default 4 */
+    uint32_t max_events_per_batch;   /* decoder limit; default 65536 */
+    uint32_t max_tokens_per_event;   /* decoder limit; default 1048576 */
+
+    /* [index] */
+    uint32_t jump_stride;    /* default 32, 1..4096 */
+    uint32_t max_workers;    /* default 16384 */
+    uint32_t orphan_capacity; /* blocks held while waiting for an unknown parent; default 65536 */
+
+    /* [http] */
+    char *listen;            /* HOST:PORT; default 0.0.0.0:8080; port 0 = pick and report */
+    char *admin_listen;      /* NULL (admin on main listener) or HOST:PORT */
+    char *admin_token;       /* NULL or bearer token for mutating endpoints */
+    uint32_t http_threads;   /* loop threads; default 1 */
+    int64_t max_body_bytes;  /* default 8MiB */
+    int64_t max_header_bytes; /* default 16KiB */
+    uint32_t max_headers;    /* default 64 */
+    int64_t request_timeout_ms; /* whole request must arrive within; default 10s */
+    int64_t idle_timeout_ms;    /* keep-alive idle; default 60s */
+    uint32_t max_connections;   /* default 10000 */
+    uint32_t max_query_tokens;  /* default 262144 */
+
+    /* [score] — reloadable; weight.<tier> = number (repeatable by tier name) */
+    struct kvr_conf_tier_weight weights[KVR_CONF_MAX_TIERS];
+    size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5 */
+    double default_weight;      /* for tiers without a weight; default 0.5 */
+
+    /* [daemon] */
+    int64_t shutdown_timeout_ms; /* drain deadline on SIGTERM; default 5s */
+};
+
+/* Loads and validates path into *c (zeroed first). Returns 0, -ENOENT/-EACCES when the file
+ * cannot be read, or -EINVAL with "FILE:LINE: message" in err. *c is freed on failure. */
+int kvr_conf_load(const char *path, struct kvr_conf *c, struct kvr_err *err);
+
+/* Same from an in-memory string (tests, fuzzing); `name` is used as FILE in messages. */
+int kvr_conf_load_string(const char *name, const char *text, struct kvr_conf *c,
+                         struct kvr_err *err);
+
+void kvr_conf_free(struct kvr_conf *c);
+
+/* Applies the reloadable directives of `fresh` onto `live` (log, score weights); returns
+ * the number of directives whose value changed, and names them in err->msg when non-NULL
+ * (e.g. "log.level, score.weight.cpu"). Non-reloadable changes are listed in *ignored
+ * (may be NULL) so the daemon can warn that they need a restart. */
+int kvr_conf_apply_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
+                          struct kvr_err *changed, struct kvr_err *ignored);
+
+/* Weight of a tier by name (case-insensitive); default_weight when not configured. */
+double kvr_conf_tier_weight(const struct kvr_conf *c, const char *tier);
+
+/* Parsers shared with other modules (e.g. the HTTP layer reuses the listen syntax). */
+int kvr_conf_parse_size(const char *s, int64_t *out);     /* "64KiB" → 65536 */
+int kvr_conf_parse_duration(const char *s, int64_t *ms);  /* "500ms", "10s" → ms */
+/* "HOST:PORT" or "[v6]:PORT" → host (NUL-terminated, into host[cap]) and port (0..65535). */
+int kvr_conf_parse_hostport(const char *s, char *host, size_t cap, int *port);
+
+#endif

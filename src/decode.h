@@ -1,0 +1,118 @@
+/* decode.h — vLLM KV-event wire format → plain event structs. Pure functions of bytes:
+ * no sockets, no index, no globals. See ../shared/specs/vllm-kv-events.md.
+ *
+ * Frames: kvr_decode_topic() splits "kv@<pod>@<model>" at the first two '@' (the model may
+ * contain '@'); kvr_decode_seq() reads the 8-byte big-endian seq; kvr_decode_replay_reply()
+ * reads a replay reply in either era.
+ *
+ * Batches: a decoder (one per writer thread; owns a reusable msgpack zone and scratch
+ * arrays, so decoding makes no per-token allocation once warm) opens a batch with
+ * kvr_decode_batch(), then kvr_decode_next() yields events one by one. A malformed or
+ * unknown event is reported as a skip with a reason, and decoding continues with the next
+ * event: the rest of the batch is still applied.
+ *
+ * Threads: a struct kvr_decoder belongs to one thread. Event pointers borrow from the
+ * decoder and the input buffer; valid until the next kvr_decode_batch() on that decoder.
+ */
+#ifndef KVR_DECODE_H
+#define KVR_DECODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvr_decoder;
+
+struct kvr_decode_limits {
+    uint32_t max_events;   /* events per batch; more → the batch is rejected */
+    uint32_t max_tokens;   /* token ids per event; more → event skipped */
+    uint32_t max_hashes;   /* block hashes per event; more → event skipped */
+    uint32_t max_depth;    /* msgpack nesting accepted */
+};
+
+int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out);
+void kvr_decoder_destroy(struct kvr_decoder *d);
+
+/* ---- frames ---------------------------------------------------------------------------- */
+
+struct kvr_topic {
+    const char *pod;   /* borrowed from the frame, not NUL-terminated */
+    size_t pod_len;
+    const char *model;
+    size_t model_len;
+};
+/* "kv@<pod>@<model>" (prefix must be exactly "kv@"): 0, or -EINVAL when the topic does not
+ * have that shape or pod/model is empty. */
+int kvr_decode_topic(const void *frame, size_t len, struct kvr_topic *out);
+/* Exactly 8 bytes big-endian → 0; otherwise -EINVAL. */
+int kvr_decode_seq(const void *frame, size_t len, uint64_t *seq);
+
+#define KVR_REPLAY_END UINT64_MAX
+/* A replay reply as seen by a DEALER: v0.9–v0.24 [empty, seq8, payload] or v0.25+
+ * [empty, topic, seq8, payload]. frames/lens hold nframes frames. On success *seq and the
+ * payload span are set; *seq == KVR_REPLAY_END (or an empty payload) is the end marker.
+ * -EINVAL for any other shape. */
+int kvr_decode_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,
+                            uint64_t *seq, const void **payload, size_t *payload_len);
+
+/* ---- batches --------------------------------------------------------------------------- */
+
+struct kvr_batch {
+    double ts;          /* engine wall clock, seconds (int ts accepted) */
+    bool has_dp_rank;   /* false for v0.9.0 two-element batches or nil */
+    uint32_t dp_rank;
+    uint32_t nevents;   /* events array length (including ones that will be skipped) */
+};
+
+/* Opens a batch: [ts, events, dp_rank?, ...extras ignored]. Returns 0, or -EBADMSG when the
+ * outer structure is unusable (not an array of >= 2, ts not a number, events not an array,
+ * too many events, trailing garbage, nesting too deep). */
+int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct kvr_batch *out);
+
+enum kvr_event_type {
+    KVR_EV_STORED = 1,
+    KVR_EV_REMOVED = 2,
+    KVR_EV_CLEARED = 3,
+};
+
+/* Why an event was skipped (counted per reason by ingest). */
+enum kvr_skip_reason {
+    KVR_SKIP_NONE = 0,
+    KVR_SKIP_NOT_EVENT,      /* neither array nor map */
+    KVR_SKIP_NO_TAG,         /* missing or non-string type tag */
+    KVR_SKIP_UNKNOWN_TAG,    /* tag not BlockStored/BlockRemoved/AllBlocksCleared */
+    KVR_SKIP_BAD_HASH,       /* a hash that is neither int nor bin (or empty bin) */
+    KVR_SKIP_BAD_FIELD,      /* a field of the wrong msgpack type */
+    KVR_SKIP_BAD_TOKENS,     /* token id not an int in [0, 2^32) */
+    KVR_SKIP_TOKEN_COUNT,    /* token count != hashes * block_size */
+    KVR_SKIP_TOO_LARGE,      /* over max_tokens / max_hashes */
+    KVR_SKIP_GROUP,          /* not a full-attention group (hybrid models): filtered */
+    KVR_SKIP_REASON_COUNT
+};
+const char *kvr_skip_reason_name(enum kvr_skip_reason r); /* "unknown_tag", ... */
+
+/* One decoded event. Strings are borrowed, not NUL-terminated; NULL means nil/absent. */
+struct kvr_event {
+    enum kvr_event_type type;
+    const uint64_t *hashes; /* block_hashes projected to u64 (int: two's complement; bin:
+                             * last 8 bytes big-endian, left-padded) */
+    size_t nhashes;
+    bool has_parent;
+    uint64_t parent;
+    const uint32_t *tokens; /* token_ids (BlockStored) */
+    size_t ntokens;
+    uint32_t block_size;    /* 0 when absent */
+    const char *medium;     /* NULL → gpu */
+    size_t medium_len;
+    const char *lora_name;  /* NULL when nil/absent */
+    size_t lora_name_len;
+    bool has_lora_id;       /* legacy lora_id (int) when lora_name is absent */
+    int64_t lora_id;
+    int32_t group_idx;      /* 0 when absent */
+};
+
+/* Next event of the open batch: returns 1 with *ev filled, 0 at the end of the batch, or 2
+ * when the event was skipped (*reason set; *ev partially filled: type may be set). */
+int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_reason *reason);
+
+#endif

@@ -1,0 +1,40 @@
+/* http.h — the HTTP/1.1 front end (libuv + http-parser): scoring API, pod/endpoint admin,
+ * health, readiness and Prometheus metrics. Scoring queries are answered inline on the loop
+ * thread that read them.
+ *
+ * Lifecycle (main thread): create → start (binds the listeners, starts [http] threads loop
+ * threads) → ... → stop (closes listeners, finishes in-flight responses, joins) → destroy.
+ * Readiness (/readyz) is 200 only between kvr_http_set_ready(h, true) and stop.
+ */
+#ifndef KVR_HTTP_H
+#define KVR_HTTP_H
+
+#include <stdbool.h>
+
+#include "conf.h"
+#include "err.h"
+#include "ingest.h"
+#include "score.h"
+
+struct kvr_http;
+
+struct kvr_http_deps {
+    const struct kvr_conf *conf;
+    struct kvr_score *score;
+    struct kvr_ingest *ingest;
+    struct kvr_index *index; /* only for kvr_index_stats() gauges in /metrics */
+};
+
+int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err);
+/* Binds [http] listen (and admin_listen), starts the loop threads. -EADDRINUSE etc. with the
+ * address in err. */
+int kvr_http_start(struct kvr_http *h, struct kvr_err *err);
+/* Ports actually bound (useful with port 0); admin port is 0 when there is no admin listener. */
+int kvr_http_port(const struct kvr_http *h);
+int kvr_http_admin_port(const struct kvr_http *h);
+void kvr_http_set_ready(struct kvr_http *h, bool ready);
+/* Idempotent. */
+void kvr_http_stop(struct kvr_http *h);
+void kvr_http_destroy(struct kvr_http *h);
+
+#endif

@@ -1,0 +1,66 @@
+/* score.h — a query (model, lora, token ids, pod filter) → ranked worker scores.
+ *
+ * The prompt is cut into the model's block size (learned from its events; a partial tail
+ * block does not count), hashed with hash.h exactly as ingest hashes events, and looked up
+ * with kvr_index_find(). score = sum over the matched blocks of the best tier weight the
+ * worker holds each at. Entries are sorted by score desc, then pod, then dp_rank.
+ *
+ * Threads: one struct kvr_score_ctx per thread (it owns an index reader and scratch sized
+ * for max_tokens, so a query makes no heap allocation). Weights can be changed at runtime
+ * (SIGHUP) with kvr_score_set_weights from any thread.
+ */
+#ifndef KVR_SCORE_H
+#define KVR_SCORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "index.h"
+#include "metrics.h"
+
+struct kvr_score;     /* shared: index, weights, latency histograms */
+struct kvr_score_ctx; /* per thread */
+
+int kvr_score_create(struct kvr_index *ix, const struct kvr_conf *conf, struct kvr_score **out);
+void kvr_score_destroy(struct kvr_score *s);
+/* Re-reads the tier weights from conf (reload). */
+void kvr_score_set_weights(struct kvr_score *s, const struct kvr_conf *conf);
+
+int kvr_score_ctx_create(struct kvr_score *s, uint32_t max_tokens, struct kvr_score_ctx **out);
+void kvr_score_ctx_destroy(struct kvr_score_ctx *c);
+
+struct kvr_score_query {
+    const char *model;       /* NUL-terminated */
+    const char *lora_name;   /* NULL = none */
+    const uint32_t *tokens;
+    size_t ntokens;
+    const char *const *pods; /* NULL/npods 0 = all pods */
+    size_t npods;
+};
+
+struct kvr_score_entry {
+    const char *pod; /* borrowed from the index */
+    uint32_t dp_rank;
+    uint32_t matched_blocks;
+    uint32_t matched_tokens;
+    uint32_t tiers[KVR_TIER_MAX]; /* per-tier matched prefix, indexed by tier id */
+    double score;
+};
+
+struct kvr_score_result {
+    uint32_t block_size;  /* 0 when the model is unknown (JSON null) */
+    uint32_t query_blocks;
+    const struct kvr_score_entry *entries; /* borrowed from ctx until its next query */
+    size_t nentries;
+    const char *tier_names[KVR_TIER_MAX]; /* names of tier ids in use (NULL = unused) */
+};
+
+/* 0, or -E2BIG when ntokens > the ctx's max_tokens. Unknown model/LoRA/pods → 0 with no
+ * entries. Observes latency, query blocks and matched fraction histograms. */
+int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
+                    struct kvr_score_result *res);
+
+void kvr_score_metrics(struct kvr_score *s, struct kvr_buf *out);
+
+#endif
