@@ -1,0 +1,179 @@
+/* stream.c — per-stream seq tracking: baseline, gaps, replays, restarts, resync.
+ *
+ * Two positions are kept: `last`, the last seq applied to the index, and `live_last`, the
+ * highest seq seen on the live socket in the current engine run. They are equal except while
+ * a replay runs (live batches are then buffered, not applied). Restart detection compares a
+ * live seq with `live_last`, not with `last`: during a replay the live stream is ahead of
+ * what was applied, and a restarted engine's seq 0.. must not be mistaken for a duplicate.
+ *
+ * Never applying a batch twice: every applied seq passes through on_live/on_replay/
+ * on_buffered, which only answer APPLY for exactly `last + 1` (or, for holes, for a seq above
+ * it: a hole is counted and marks the stream unsynced, but what is there is applied). A
+ * replay overlaps with the buffered live batches by design (the engine's ring holds
+ * everything up to the moment it served us), and the overlap is dropped as duplicates.
+ *
+ * Invariants: replaying ⇒ based. !has_last ⇒ (replaying or the next verdict is APPLY).
+ * Threads: one writer thread per stream.
+ */
+#include "stream.h"
+
+#include <string.h>
+
+void kvr_stream_init(struct kvr_stream *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+static int start_replay(struct kvr_stream *s, uint64_t from)
+{
+    s->replaying = true;
+    s->replay_hole = false;
+    s->replay_from = from;
+    s->replay_gen++;
+    s->replays++;
+    return KVR_STREAM_REPLAY;
+}
+
+int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay)
+{
+    uint64_t expected;
+
+    if (!s->based) {
+        /* Baseline: whatever came before this batch is unknown and not asked for. */
+        s->based = true;
+        s->has_last = false;
+        s->live_last = seq;
+        return KVR_STREAM_APPLY;
+    }
+    if (seq <= s->live_last) {
+        /* seq went backwards: the engine restarted (vLLM sends no clear at start-up). */
+        s->restarts++;
+        if (s->replaying) {
+            s->replaying = false;
+            s->replay_gen++; /* items of the old run's replay become stale */
+        }
+        s->unsynced = false;
+        s->has_last = false;
+        s->live_last = seq;
+        if (seq == 0)
+            return KVR_STREAM_APPLY | KVR_STREAM_F_PURGE;
+        s->gaps++; /* batches 0..seq-1 of the new run were missed */
+        if (can_replay)
+            return start_replay(s, 0) | KVR_STREAM_F_PURGE;
+        s->unsynced = true;
+        return KVR_STREAM_APPLY | KVR_STREAM_F_PURGE;
+    }
+    s->live_last = seq;
+    if (s->replaying)
+        return KVR_STREAM_BUFFER;
+    expected = kvr_stream_expected(s);
+    if (seq == expected)
+        return KVR_STREAM_APPLY;
+    if (seq < expected) {
+        /* Cannot happen with live_last == last; kept as a guard against double apply. */
+        s->duplicates++;
+        return KVR_STREAM_DROP;
+    }
+    s->gaps++;
+    if (can_replay)
+        return start_replay(s, expected);
+    s->unsynced = true;
+    return KVR_STREAM_APPLY;
+}
+
+int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq)
+{
+    uint64_t expected;
+
+    if (!s->replaying || gen != s->replay_gen) {
+        s->stale++;
+        return KVR_STREAM_DROP;
+    }
+    expected = kvr_stream_expected(s);
+    if (seq < expected) {
+        s->duplicates++;
+        return KVR_STREAM_DROP;
+    }
+    if (seq > expected) {
+        /* The engine's ring no longer holds expected..seq-1 (or the ROUTER dropped them):
+         * that part is lost. Apply what follows; the stream stays unsynced. */
+        s->gaps++;
+        s->replay_hole = true;
+        s->unsynced = true;
+    }
+    return KVR_STREAM_APPLY;
+}
+
+bool kvr_stream_on_replay_end(struct kvr_stream *s, uint32_t gen, bool ok)
+{
+    if (!s->replaying || gen != s->replay_gen) {
+        s->stale++;
+        return false;
+    }
+    s->replaying = false;
+    if (ok && !s->replay_hole)
+        s->replays_ok++;
+    else
+        s->replays_failed++;
+    return true;
+}
+
+void kvr_stream_abort_replay(struct kvr_stream *s)
+{
+    if (!s->replaying)
+        return;
+    s->replaying = false;
+    s->replay_gen++;
+    s->replays_failed++;
+}
+
+int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq)
+{
+    uint64_t expected = kvr_stream_expected(s);
+
+    if (s->has_last && seq <= s->last) {
+        s->duplicates++;
+        return KVR_STREAM_DROP;
+    }
+    if (seq > expected) {
+        /* The replay did not cover this part of the gap (failed, timed out, or the live
+         * socket also lost batches after the replay was served). The gap was already
+         * counted when detected. */
+        s->unsynced = true;
+    }
+    return KVR_STREAM_APPLY;
+}
+
+void kvr_stream_applied(struct kvr_stream *s, uint64_t seq)
+{
+    s->has_last = true;
+    s->last = seq;
+    if (!s->replaying && seq > s->live_last)
+        s->live_last = seq;
+}
+
+void kvr_stream_cleared(struct kvr_stream *s)
+{
+    s->unsynced = false;
+}
+
+void kvr_stream_reset(struct kvr_stream *s)
+{
+    s->based = false;
+    s->has_last = false;
+    if (s->replaying) {
+        s->replaying = false;
+        s->replay_gen++;
+    }
+    s->replay_hole = false;
+    s->unsynced = false;
+}
+
+enum kvr_stream_state kvr_stream_state(const struct kvr_stream *s)
+{
+    if (s->replaying)
+        return KVR_STREAM_REPLAYING;
+    if (s->unsynced)
+        return KVR_STREAM_UNSYNCED;
+    return KVR_STREAM_SYNCED;
+}

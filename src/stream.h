@@ -1,0 +1,99 @@
+/* stream.h — the sequence-number state machine of one (topic, dp_rank) event stream.
+ *
+ * Pure logic: no sockets, no index, no clock, no allocation. The ingest writer that owns the
+ * stream feeds it every batch's seq and performs the verdict (apply, drop, buffer, start a
+ * replay, purge the worker); the unit tests drive it directly.
+ *
+ * Model (see stream.c for the rationale):
+ * - The first live batch sets the baseline and is applied.
+ * - seq == last + 1: applied. seq > last + 1: a gap. With a replay endpoint, a replay from
+ *   last + 1 starts and live batches are buffered until it ends; without one, the gap is
+ *   counted, the stream becomes unsynced and the batch is applied.
+ * - seq <= the last live seq seen: the engine restarted. The worker is purged, the baseline
+ *   reset; seq 0 is applied as the new baseline, a later seq starts a replay from 0 when
+ *   possible (else it is applied and the stream is unsynced: batches 0..seq-1 were missed).
+ * - While replaying: replayed batches are applied in order, those already applied are
+ *   dropped (never applied twice), a replayed seq beyond the next expected one is a hole in
+ *   the engine's ring buffer (applied, stream unsynced). At the end, the buffered live
+ *   batches are handed back in arrival order and pass through the same dedup check.
+ * - Resync: an unsynced stream becomes synced again when AllBlocksCleared is applied (the
+ *   worker's blocks are all dropped, so the index no longer misses anything), or on a
+ *   re-baseline (restart at seq 0, purge).
+ *
+ * Threads: a stream belongs to one writer thread.
+ */
+#ifndef KVR_STREAM_H
+#define KVR_STREAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ingest.h" /* enum kvr_stream_state */
+
+/* Verdict for one batch: an action, plus KVR_STREAM_F_PURGE when the worker's blocks must be
+ * purged first (engine restart; buffered batches of the old run are discarded with it). */
+enum kvr_stream_action {
+    KVR_STREAM_APPLY = 0,  /* apply the batch, then call kvr_stream_applied() */
+    KVR_STREAM_DROP = 1,   /* already applied (or a stale replay): drop it */
+    KVR_STREAM_BUFFER = 2, /* a replay is running: keep the batch for the drain */
+    KVR_STREAM_REPLAY = 3, /* gap: request a replay (replay_from, replay_gen), buffer the batch */
+};
+#define KVR_STREAM_ACTION_MASK 0x0f
+#define KVR_STREAM_F_PURGE 0x10
+
+struct kvr_stream {
+    bool based;         /* a baseline exists */
+    bool has_last;      /* `last` is valid (false right after a restart until seq is applied) */
+    uint64_t last;      /* last applied seq */
+    uint64_t live_last; /* highest live seq seen in this run (valid when based) */
+
+    bool replaying;
+    bool replay_hole;   /* the running replay skipped seqs */
+    uint64_t replay_from;
+    uint32_t replay_gen; /* bumped on every replay start/abort: older replay items are stale */
+
+    bool unsynced;      /* sticky until resync */
+
+    /* counters (monotonic) */
+    uint64_t gaps;      /* gaps detected (live or inside a replay) */
+    uint64_t replays;   /* replays started */
+    uint64_t replays_ok;
+    uint64_t replays_failed;
+    uint64_t restarts;
+    uint64_t duplicates; /* batches dropped as already applied */
+    uint64_t stale;      /* replay items of an aborted or finished replay */
+};
+
+void kvr_stream_init(struct kvr_stream *s);
+
+/* A live batch. can_replay: its source has a replay endpoint and replays may be started. */
+int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay);
+/* A batch returned by replay `gen`: KVR_STREAM_APPLY or KVR_STREAM_DROP. */
+int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq);
+/* Replay `gen` finished (ok: end marker received; false: timeout/error). Returns true when
+ * it was the current replay: the caller then hands every buffered batch, in arrival order,
+ * to kvr_stream_on_buffered(). False for a stale gen (nothing to do). */
+bool kvr_stream_on_replay_end(struct kvr_stream *s, uint32_t gen, bool ok);
+/* Aborts the running replay (buffer limit, source gone); the caller then drains the buffer
+ * through kvr_stream_on_buffered() as after a failed end. */
+void kvr_stream_abort_replay(struct kvr_stream *s);
+/* A buffered live batch after the replay ended: KVR_STREAM_APPLY or KVR_STREAM_DROP. */
+int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq);
+
+/* The batch with this seq was applied to the index. */
+void kvr_stream_applied(struct kvr_stream *s, uint64_t seq);
+/* An AllBlocksCleared was applied (all tiers of the worker dropped): resync. */
+void kvr_stream_cleared(struct kvr_stream *s);
+/* The worker was purged from outside (admin, endpoint gone): forget the baseline; the next
+ * live batch starts a new one. Counters are kept; a running replay becomes stale. */
+void kvr_stream_reset(struct kvr_stream *s);
+
+enum kvr_stream_state kvr_stream_state(const struct kvr_stream *s);
+
+/* Seq the next applied batch must have (valid when based and not right after a restart). */
+static inline uint64_t kvr_stream_expected(const struct kvr_stream *s)
+{
+    return s->has_last ? s->last + 1 : s->replay_from;
+}
+
+#endif

@@ -1,0 +1,408 @@
+/* test_stream.c — the pure per-stream seq state machine (src/stream.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "stream.h"
+
+#define ACT(v) ((v) & KVR_STREAM_ACTION_MASK)
+
+/* Feeds a live batch; applies it when told to (as the writer does). */
+static int live(struct kvr_stream *s, uint64_t seq, bool can_replay)
+{
+    int v = kvr_stream_on_live(s, seq, can_replay);
+    if (ACT(v) == KVR_STREAM_APPLY)
+        kvr_stream_applied(s, seq);
+    return v;
+}
+
+static void test_baseline_and_normal(void **state)
+{
+    struct kvr_stream s;
+    (void)state;
+    kvr_stream_init(&s);
+    assert_int_equal(live(&s, 42, true), KVR_STREAM_APPLY);
+    assert_true(s.based);
+    assert_int_equal(s.last, 42);
+    for (uint64_t q = 43; q < 100; q++)
+        assert_int_equal(live(&s, q, true), KVR_STREAM_APPLY);
+    assert_int_equal(s.last, 99);
+    assert_int_equal(s.gaps, 0);
+    assert_int_equal(s.restarts, 0);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+}
+
+static void test_baseline_at_zero(void **state)
+{
+    struct kvr_stream s;
+    (void)state;
+    kvr_stream_init(&s);
+    assert_int_equal(live(&s, 0, false), KVR_STREAM_APPLY);
+    assert_int_equal(live(&s, 1, false), KVR_STREAM_APPLY);
+    assert_int_equal(s.last, 1);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+}
+
+static void test_gap_without_replay_unsynced(void **state)
+{
+    struct kvr_stream s;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 0, false);
+    live(&s, 1, false);
+    assert_int_equal(live(&s, 5, false), KVR_STREAM_APPLY);
+    assert_int_equal(s.gaps, 1);
+    assert_int_equal(s.last, 5);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    /* stays unsynced while contiguous */
+    assert_int_equal(live(&s, 6, false), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    /* another gap counts again */
+    live(&s, 9, false);
+    assert_int_equal(s.gaps, 2);
+    /* resync through AllBlocksCleared */
+    kvr_stream_cleared(&s);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    assert_int_equal(live(&s, 10, false), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+}
+
+static void test_gap_replay_ok(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 10, true);
+    live(&s, 11, true);
+    /* 12..14 lost; 15 arrives */
+    assert_int_equal(kvr_stream_on_live(&s, 15, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 12);
+    assert_int_equal(s.gaps, 1);
+    assert_int_equal(s.replays, 1);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
+    gen = s.replay_gen;
+    /* live batches during the replay are buffered */
+    assert_int_equal(kvr_stream_on_live(&s, 16, true), KVR_STREAM_BUFFER);
+    assert_int_equal(kvr_stream_on_live(&s, 17, true), KVR_STREAM_BUFFER);
+    /* the replay returns 12..16 (the engine's ring at the time it served us) */
+    for (uint64_t q = 12; q <= 16; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(s.replays_ok, 1);
+    /* drain: 15, 16 already applied through the replay, 17 is new */
+    assert_int_equal(kvr_stream_on_buffered(&s, 15), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 16), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 17), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 17);
+    assert_int_equal(s.duplicates, 2);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    assert_int_equal(live(&s, 18, true), KVR_STREAM_APPLY);
+    assert_int_equal(s.last, 18);
+}
+
+static void test_replay_ahead_of_live(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 0, true);
+    assert_int_equal(kvr_stream_on_live(&s, 2, true), KVR_STREAM_REPLAY);
+    gen = s.replay_gen;
+    /* the replay returns more than the live socket delivered so far */
+    for (uint64_t q = 1; q <= 5; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_on_buffered(&s, 2), KVR_STREAM_DROP);
+    /* 3..5 then arrive live late: duplicates, never applied twice, not a restart */
+    assert_int_equal(kvr_stream_on_live(&s, 3, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_live(&s, 5, true), KVR_STREAM_DROP);
+    assert_int_equal(s.restarts, 0);
+    assert_int_equal(live(&s, 6, true), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+}
+
+static void test_replay_not_contiguous(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 100, true);
+    assert_int_equal(kvr_stream_on_live(&s, 110, true), KVR_STREAM_REPLAY);
+    gen = s.replay_gen;
+    /* the engine's ring starts at 105: 101..104 are gone */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 105), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 105);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 106), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 106);
+    /* replay drops 107 (ROUTER HWM) */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 108);
+    /* a duplicate inside the replay */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_DROP);
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(s.replays_failed, 1);
+    assert_int_equal(s.replays_ok, 0);
+    assert_int_equal(s.gaps, 3);
+    assert_int_equal(kvr_stream_on_buffered(&s, 110), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 110);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+}
+
+static void test_replay_timeout(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 0, true);
+    kvr_stream_on_live(&s, 3, true);
+    gen = s.replay_gen;
+    kvr_stream_on_live(&s, 4, true);
+    assert_true(kvr_stream_on_replay_end(&s, gen, false));
+    assert_int_equal(s.replays_failed, 1);
+    assert_int_equal(kvr_stream_on_buffered(&s, 3), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 3);
+    assert_int_equal(kvr_stream_on_buffered(&s, 4), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 4);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    /* late items of that replay are stale */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 1), KVR_STREAM_DROP);
+    assert_false(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(s.stale, 2);
+    assert_int_equal(s.last, 4);
+}
+
+static void test_abort_replay(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 0, true);
+    kvr_stream_on_live(&s, 2, true);
+    gen = s.replay_gen;
+    kvr_stream_abort_replay(&s);
+    assert_int_equal(s.replays_failed, 1);
+    assert_int_equal(kvr_stream_on_buffered(&s, 2), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 2);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 1), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+}
+
+static void test_restart(void **state)
+{
+    struct kvr_stream s;
+    int v;
+    (void)state;
+    kvr_stream_init(&s);
+    for (uint64_t q = 0; q < 10; q++)
+        live(&s, q, false);
+    /* restart caught at seq 0: purge, re-baseline, synced */
+    v = live(&s, 0, false);
+    assert_int_equal(ACT(v), KVR_STREAM_APPLY);
+    assert_true(v & KVR_STREAM_F_PURGE);
+    assert_int_equal(s.restarts, 1);
+    assert_int_equal(s.last, 0);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    assert_int_equal(live(&s, 1, false), KVR_STREAM_APPLY);
+    /* restart seen first at seq 3 (0..2 missed) without replay: purge, apply, unsynced */
+    for (uint64_t q = 2; q < 50; q++)
+        live(&s, q, false);
+    v = live(&s, 3, false);
+    assert_int_equal(ACT(v), KVR_STREAM_APPLY);
+    assert_true(v & KVR_STREAM_F_PURGE);
+    assert_int_equal(s.restarts, 2);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    assert_int_equal(live(&s, 4, false), KVR_STREAM_APPLY);
+    /* a restart re-baselines at 0: synced again */
+    v = live(&s, 0, false);
+    assert_true(v & KVR_STREAM_F_PURGE);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+}
+
+static void test_restart_with_replay_from_zero(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    int v;
+    (void)state;
+    kvr_stream_init(&s);
+    for (uint64_t q = 0; q < 20; q++)
+        live(&s, q, true);
+    v = kvr_stream_on_live(&s, 2, true);
+    assert_int_equal(ACT(v), KVR_STREAM_REPLAY);
+    assert_true(v & KVR_STREAM_F_PURGE);
+    assert_int_equal(s.replay_from, 0);
+    gen = s.replay_gen;
+    assert_int_equal(kvr_stream_on_live(&s, 3, true), KVR_STREAM_BUFFER);
+    for (uint64_t q = 0; q <= 3; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_on_buffered(&s, 2), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 3), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    assert_int_equal(live(&s, 4, true), KVR_STREAM_APPLY);
+}
+
+static void test_restart_during_replay(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    int v;
+    (void)state;
+    kvr_stream_init(&s);
+    for (uint64_t q = 0; q < 20; q++)
+        live(&s, q, true);
+    kvr_stream_on_live(&s, 25, true); /* gap → replay from 20 */
+    gen = s.replay_gen;
+    assert_int_equal(kvr_stream_on_live(&s, 26, true), KVR_STREAM_BUFFER);
+    /* the engine restarts before the replay answers */
+    v = live(&s, 0, true);
+    assert_int_equal(ACT(v), KVR_STREAM_APPLY);
+    assert_true(v & KVR_STREAM_F_PURGE);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    /* the old run's replay is stale now */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 20), KVR_STREAM_DROP);
+    assert_false(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(live(&s, 1, true), KVR_STREAM_APPLY);
+    assert_int_equal(s.last, 1);
+}
+
+static void test_reset(void **state)
+{
+    struct kvr_stream s;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 0, false);
+    live(&s, 5, false);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    kvr_stream_reset(&s);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    /* next batch is a new baseline (not a restart even though seq is lower) */
+    assert_int_equal(live(&s, 3, false), KVR_STREAM_APPLY);
+    assert_int_equal(s.restarts, 0);
+    assert_int_equal(s.gaps, 1);
+}
+
+/* Randomized: a lossy live channel plus a replay that returns the exact missing range.
+ * Every seq must be applied exactly once and in order. */
+static void test_random_exactly_once(void **state)
+{
+    unsigned seed = (unsigned)(getenv("KVR_SEED") ? atoi(getenv("KVR_SEED")) : 12345);
+    (void)state;
+    srand(seed);
+    for (int round = 0; round < 200; round++) {
+        struct kvr_stream s;
+        uint64_t buf[64];
+        size_t nbuf = 0;
+        uint64_t next_apply = 0;
+        uint64_t n = 50 + (uint64_t)(rand() % 200);
+        bool pending = false;
+        uint32_t gen = 0;
+        uint64_t from = 0;
+
+        kvr_stream_init(&s);
+        for (uint64_t q = 0; q <= n; q++) {
+            bool lost = q > 0 && q < n && rand() % 5 == 0;
+            int v;
+
+            if (!lost) {
+                v = kvr_stream_on_live(&s, q, true);
+                if (ACT(v) == KVR_STREAM_APPLY) {
+                    if (q != next_apply)
+                        fail_msg("seed %u: applied %llu expected %llu", seed,
+                                 (unsigned long long)q, (unsigned long long)next_apply);
+                    kvr_stream_applied(&s, q);
+                    next_apply = q + 1;
+                } else if (ACT(v) == KVR_STREAM_REPLAY || ACT(v) == KVR_STREAM_BUFFER) {
+                    if (ACT(v) == KVR_STREAM_REPLAY) {
+                        pending = true;
+                        gen = s.replay_gen;
+                        from = s.replay_from;
+                    }
+                    if (nbuf < 64)
+                        buf[nbuf++] = q;
+                }
+            }
+            /* the replay is served after a random delay, covering from..q */
+            if (pending && rand() % 3 == 0) {
+                for (uint64_t r = from; r <= q; r++) {
+                    if (kvr_stream_on_replay(&s, gen, r) == KVR_STREAM_APPLY) {
+                        if (r != next_apply)
+                            fail_msg("seed %u: replay applied %llu expected %llu", seed,
+                                     (unsigned long long)r, (unsigned long long)next_apply);
+                        kvr_stream_applied(&s, r);
+                        next_apply = r + 1;
+                    }
+                }
+                assert_true(kvr_stream_on_replay_end(&s, gen, true));
+                for (size_t i = 0; i < nbuf; i++) {
+                    if (kvr_stream_on_buffered(&s, buf[i]) == KVR_STREAM_APPLY) {
+                        if (buf[i] != next_apply)
+                            fail_msg("seed %u: drain applied %llu", seed,
+                                     (unsigned long long)buf[i]);
+                        kvr_stream_applied(&s, buf[i]);
+                        next_apply = buf[i] + 1;
+                    }
+                }
+                nbuf = 0;
+                pending = false;
+            }
+        }
+        if (pending) {
+            for (uint64_t r = from; r <= n; r++)
+                if (kvr_stream_on_replay(&s, gen, r) == KVR_STREAM_APPLY) {
+                    assert_int_equal(r, next_apply);
+                    kvr_stream_applied(&s, r);
+                    next_apply = r + 1;
+                }
+            kvr_stream_on_replay_end(&s, gen, true);
+            for (size_t i = 0; i < nbuf; i++)
+                if (kvr_stream_on_buffered(&s, buf[i]) == KVR_STREAM_APPLY) {
+                    assert_int_equal(buf[i], next_apply);
+                    kvr_stream_applied(&s, buf[i]);
+                    next_apply = buf[i] + 1;
+                }
+        }
+        if (next_apply != n + 1)
+            fail_msg("seed %u round %d: ended at %llu of %llu", seed, round,
+                     (unsigned long long)next_apply, (unsigned long long)n + 1);
+        assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+        assert_int_equal(s.restarts, 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_baseline_and_normal),
+        cmocka_unit_test(test_baseline_at_zero),
+        cmocka_unit_test(test_gap_without_replay_unsynced),
+        cmocka_unit_test(test_gap_replay_ok),
+        cmocka_unit_test(test_replay_ahead_of_live),
+        cmocka_unit_test(test_replay_not_contiguous),
+        cmocka_unit_test(test_replay_timeout),
+        cmocka_unit_test(test_abort_replay),
+        cmocka_unit_test(test_restart),
+        cmocka_unit_test(test_restart_with_replay_from_zero),
+        cmocka_unit_test(test_restart_during_replay),
+        cmocka_unit_test(test_reset),
+        cmocka_unit_test(test_random_exactly_once),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
