@@ -1,0 +1,1439 @@
+/* zsub.c — ZeroMQ receive thread: SUB sockets, frame checks, topic interning, sharded
+ * hand-off, replay DEALERs, connection monitors, runtime endpoint changes.
+ *
+ * Sockets: one SUB per configured endpoint. A bound SUB subscribes to the configured prefix
+ * (default "kv@") and tells engines apart by topic. A connected SUB talks to one engine PUB
+ * (one DP rank): it has its own monitor (inproc PAIR fed by zmq_socket_monitor) for
+ * CONNECTED/DISCONNECTED, its own optional replay endpoint, and, with a pod override, a
+ * subscription to everything (the engine's topic may be empty) with the pod (and model, for
+ * "POD@MODEL") taken from the override.
+ *
+ * Thread model: before start the creating thread sets sockets up; kvr_zsub_start() hands them
+ * to the receive thread (pthread_create is the full fence ZeroMQ asks for when migrating
+ * sockets). From then on only the receive thread touches sockets. Other threads post
+ * commands (connect, disconnect) and replay requests on lists under `cmu` and write the
+ * eventfd the receive thread polls; connect/disconnect callers wait for completion on
+ * `ccond`. When the thread exits it stops accepting (under `cmu`) and fails what is left,
+ * so no caller waits forever.
+ *
+ * Hand-off: a message is 3 frames [topic, be64 seq, payload]. The payload zmq_msg_t is moved
+ * into the writer queue slot (no copy). Topics are interned per (pod override, topic bytes):
+ * the record gives pod, model and shard = FNV-1a-32(pod) % nshards without re-parsing. When
+ * a writer queue is full the thread waits (counted): nothing is dropped.
+ *
+ * Replays: requests queue FIFO; at most max_concurrent_replays run, each on its own DEALER
+ * polled with the SUBs. Request [empty, be64 start]; replies in either era are parsed with
+ * kvr_decode_replay_reply(); each batch goes to the requester's queue as a REPLAY item, the
+ * end marker (or a failure: timeout = no reply for replay_timeout, bad reply, source gone)
+ * as REPLAY_END. Contiguity is the requester's business (stream.c).
+ *
+ * Disconnect purge: a connected source that stays disconnected for purge_after_disconnect
+ * (or is removed, then waits that long as a "ghost") gets one PURGE item per topic it
+ * delivered, into that topic's writer queue.
+ */
+#include "zsub.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "decode.h"
+#include "log.h"
+
+_Static_assert(sizeof(zmq_msg_t) <= sizeof(struct kvr_zsub_msg), "zmq_msg_t does not fit");
+
+#define NAME_MAX_LEN 255 /* same limit as the index's KVR_NAME_MAX - 1 */
+#define RECV_BURST 512   /* messages read from one socket before polling the others */
+#define MAX_REPLY_FRAMES 8
+#define DEFAULT_MODEL "default"
+
+/* ---- messages --------------------------------------------------------------------- */
+
+static inline zmq_msg_t *zm(struct kvr_zsub_msg *m)
+{
+    return (zmq_msg_t *)(void *)m->opaque;
+}
+
+const void *kvr_zsub_msg_data(struct kvr_zsub_msg *m)
+{
+    return zmq_msg_data(zm(m));
+}
+
+size_t kvr_zsub_msg_size(struct kvr_zsub_msg *m)
+{
+    return zmq_msg_size(zm(m));
+}
+
+void kvr_zsub_msg_move(struct kvr_zsub_msg *dst, struct kvr_zsub_msg *src)
+{
+    zmq_msg_init(zm(dst));
+    zmq_msg_move(zm(dst), zm(src));
+}
+
+void kvr_zsub_msg_close(struct kvr_zsub_msg *m)
+{
+    zmq_msg_close(zm(m));
+    zmq_msg_init(zm(m)); /* closing twice stays harmless */
+}
+
+/* ---- state ------------------------------------------------------------------------- */
+
+struct topic_rec {
+    struct kvr_zsub_topic pub;
+    const char *override; /* key part: the source's pod override string (NULL = none) */
+    unsigned char *raw;   /* key part: topic bytes */
+    size_t rawlen;
+    uint64_t hash;
+};
+
+struct source {
+    uint32_t id;
+    bool bind;
+    bool from_config;
+    char *endpoint;      /* as given */
+    char *bound;         /* bind: ZMQ_LAST_ENDPOINT */
+    char *replay;        /* NULL = none */
+    char *pod_cfg;       /* override as given (NULL = none) */
+    char *pod;           /* override pod */
+    char *model;         /* override model (NULL: from the topic) */
+    void *sock;
+    void *mon;           /* connect: PAIR receiving monitor events */
+    _Atomic bool connected;
+
+    /* receive thread (or creating thread before start) */
+    int64_t disc_since;  /* ms; 0 = not disconnected */
+    bool purged;         /* this disconnect episode was purged */
+    int64_t purge_at;    /* ghosts: when to purge; 0 = never */
+    struct topic_rec **topics;
+    size_t ntopics, captopics;
+    struct topic_rec *last_topic;
+};
+
+struct replay {
+    struct kvr_zsub_replay_req req;
+    struct source *src;
+    void *dealer;
+    int64_t deadline;
+    uint64_t batches;
+    struct replay *next;
+};
+
+enum { CMD_CONNECT = 1, CMD_DISCONNECT = 2 };
+
+struct cmd {
+    int type;
+    const char *endpoint, *replay, *pod;
+    bool from_config;
+    struct kvr_err *err;
+    int rc;
+    bool done;
+    struct cmd *next;
+};
+
+enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER };
+struct pslot {
+    int kind;
+    void *ptr;
+};
+
+struct kvr_zsub {
+    struct kvr_zsub_opts o;
+    char *subscribe;
+    void *ctx;
+    int efd;
+
+    /* sources: structure changes under lmu (readers: endpoints(), stats()) */
+    pthread_mutex_t lmu;
+    struct source **srcs;
+    size_t nsrcs, capsrcs;
+    uint32_t next_id;
+    struct source **ghosts; /* removed sources waiting for their purge (receive thread) */
+    size_t nghosts, capghosts;
+
+    /* topics (receive thread) */
+    struct topic_rec **tab;
+    size_t tabcap, ntopics;
+    struct topic_rec **tlist; /* by id, for destroy */
+    size_t captlist;
+    _Atomic uint64_t ntopics_pub;
+
+    /* control (cmu) */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccond;
+    struct cmd *cmds;
+    struct replay *req_head, *req_tail; /* posted replay requests */
+    bool accepting;
+
+    /* receive thread */
+    pthread_t th;
+    _Atomic bool running;
+    bool started;
+    _Atomic bool stop;
+    struct replay *pend_head, *pend_tail; /* waiting for a slot */
+    struct replay **active;
+    size_t nactive;
+    zmq_pollitem_t *items;
+    struct pslot *slots;
+    size_t nitems, capitems;
+    bool dirty;
+
+    /* stats (relaxed atomics; written by the receive thread) */
+    _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
+    _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
+    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active;
+    _Atomic uint64_t connects, disconnects, disconnect_purges;
+};
+
+static struct kvr_ratelimit rl_frames = KVR_RATELIMIT_INIT(10000, 5);
+static struct kvr_ratelimit rl_replay = KVR_RATELIMIT_INIT(10000, 5);
+
+#define INC(f) atomic_fetch_add_explicit(&(f), 1, memory_order_relaxed)
+#define ADD(f, n) atomic_fetch_add_explicit(&(f), (n), memory_order_relaxed)
+#define GET(f) atomic_load_explicit(&(f), memory_order_relaxed)
+
+static const char *const bad_names[KVR_ZSUB_BAD_COUNT] = {"frames", "seq", "topic",
+                                                          "too_many_topics"};
+
+const char *kvr_zsub_bad_name(enum kvr_zsub_bad r)
+{
+    return (unsigned)r < KVR_ZSUB_BAD_COUNT ? bad_names[r] : "?";
+}
+
+uint32_t kvr_zsub_shard(const char *pod, size_t len, uint32_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)pod[i];
+        h *= 16777619u;
+    }
+    return n > 0 ? h % n : 0;
+}
+
+static uint64_t fnv64(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static char *xstrndup(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d != NULL) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+static char *xstrdup_opt(const char *s)
+{
+    return s != NULL ? strdup(s) : NULL;
+}
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    size_t nc;
+    void *p;
+
+    if (need <= *cap)
+        return true;
+    nc = *cap ? *cap * 2 : 8;
+    while (nc < need)
+        nc *= 2;
+    p = realloc(*arr, nc * elem);
+    if (p == NULL)
+        return false;
+    *arr = p;
+    *cap = nc;
+    return true;
+}
+
+/* ---- create / destroy ----------------------------------------------------------------- */
+
+int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct kvr_err *err)
+{
+    struct kvr_zsub *z;
+
+    if (o->nshards == 0 || o->queues == NULL || o->max_concurrent_replays == 0)
+        return kvr_err_set(err, -EINVAL, "zsub: bad options");
+    z = calloc(1, sizeof(*z));
+    if (z == NULL)
+        return kvr_err_set(err, -ENOMEM, "zsub: out of memory");
+    z->o = *o;
+    z->subscribe = strdup(o->subscribe != NULL ? o->subscribe : "kv@");
+    z->o.subscribe = z->subscribe;
+    if (z->o.max_topics == 0)
+        z->o.max_topics = 65536;
+    z->active = calloc(o->max_concurrent_replays, sizeof(*z->active));
+    z->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    z->ctx = zmq_ctx_new();
+    if (z->subscribe == NULL || z->active == NULL || z->efd < 0 || z->ctx == NULL) {
+        int rc = z->efd < 0 ? -errno : -ENOMEM;
+        if (z->ctx != NULL)
+            zmq_ctx_term(z->ctx);
+        if (z->efd >= 0)
+            close(z->efd);
+        free(z->active);
+        free(z->subscribe);
+        free(z);
+        return kvr_err_set(err, rc, "zsub: cannot create context: %s", strerror(-rc));
+    }
+    zmq_ctx_set(z->ctx, ZMQ_BLOCKY, 0);
+    pthread_mutex_init(&z->lmu, NULL);
+    pthread_mutex_init(&z->cmu, NULL);
+    pthread_cond_init(&z->ccond, NULL);
+    z->accepting = false;
+    *out = z;
+    return 0;
+}
+
+static void source_close_sockets(struct source *s)
+{
+    if (s->mon != NULL) {
+        zmq_socket_monitor(s->sock, NULL, 0);
+        zmq_close(s->mon);
+        s->mon = NULL;
+    }
+    if (s->sock != NULL) {
+        zmq_close(s->sock);
+        s->sock = NULL;
+    }
+}
+
+static void source_free(struct source *s)
+{
+    if (s == NULL)
+        return;
+    source_close_sockets(s);
+    free(s->endpoint);
+    free(s->bound);
+    free(s->replay);
+    free(s->pod_cfg);
+    free(s->pod);
+    free(s->model);
+    free(s->topics);
+    free(s);
+}
+
+static void replay_free(struct replay *r)
+{
+    if (r->dealer != NULL)
+        zmq_close(r->dealer);
+    free(r);
+}
+
+void kvr_zsub_destroy(struct kvr_zsub *z)
+{
+    if (z == NULL)
+        return;
+    kvr_zsub_stop(z);
+    for (size_t i = 0; i < z->nactive; i++)
+        replay_free(z->active[i]);
+    while (z->pend_head != NULL) {
+        struct replay *r = z->pend_head;
+        z->pend_head = r->next;
+        replay_free(r);
+    }
+    while (z->req_head != NULL) {
+        struct replay *r = z->req_head;
+        z->req_head = r->next;
+        replay_free(r);
+    }
+    for (size_t i = 0; i < z->nsrcs; i++)
+        source_free(z->srcs[i]);
+    for (size_t i = 0; i < z->nghosts; i++)
+        source_free(z->ghosts[i]);
+    zmq_ctx_term(z->ctx);
+    for (size_t i = 0; i < z->ntopics; i++) {
+        struct topic_rec *t = z->tlist[i];
+        free((char *)t->pub.pod);
+        free((char *)t->pub.model);
+        free((char *)t->override);
+        free(t->raw);
+        free(t);
+    }
+    free(z->tlist);
+    free(z->tab);
+    free(z->srcs);
+    free(z->ghosts);
+    free(z->active);
+    free(z->items);
+    free(z->slots);
+    close(z->efd);
+    pthread_cond_destroy(&z->ccond);
+    pthread_mutex_destroy(&z->cmu);
+    pthread_mutex_destroy(&z->lmu);
+    free(z->subscribe);
+    free(z);
+}
+
+/* ---- sockets ------------------------------------------------------------------------ */
+
+static int set_int(void *s, int opt, int64_t v)
+{
+    int iv = v > INT32_MAX ? INT32_MAX : (int)v;
+    return zmq_setsockopt(s, opt, &iv, sizeof(iv));
+}
+
+static void *sub_socket(struct kvr_zsub *z, bool subscribe_all)
+{
+    void *s = zmq_socket(z->ctx, ZMQ_SUB);
+    int64_t maxmsg = z->o.max_message_size > 0 ? z->o.max_message_size : -1;
+    const char *sub = subscribe_all ? "" : z->o.subscribe;
+
+    if (s == NULL)
+        return NULL;
+    set_int(s, ZMQ_LINGER, 0);
+    set_int(s, ZMQ_RCVHWM, z->o.rcvhwm);
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    if (z->o.reconnect_ivl_ms > 0)
+        set_int(s, ZMQ_RECONNECT_IVL, z->o.reconnect_ivl_ms);
+    if (z->o.reconnect_ivl_max_ms > 0)
+        set_int(s, ZMQ_RECONNECT_IVL_MAX, z->o.reconnect_ivl_max_ms);
+    zmq_setsockopt(s, ZMQ_SUBSCRIBE, sub, strlen(sub));
+    return s;
+}
+
+static int add_source(struct kvr_zsub *z, struct source *s)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&z->lmu);
+    if (!grow((void **)&z->srcs, &z->capsrcs, z->nsrcs + 1, sizeof(*z->srcs)))
+        rc = -ENOMEM;
+    else
+        z->srcs[z->nsrcs++] = s;
+    pthread_mutex_unlock(&z->lmu);
+    z->dirty = true;
+    return rc;
+}
+
+int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    struct source *s;
+    char last[512];
+    size_t len = sizeof(last);
+    int rc;
+
+    if (z->started)
+        return kvr_err_set(err, -EBUSY, "events bind %s: only before start", endpoint);
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    s->bind = true;
+    s->from_config = true;
+    s->id = z->next_id++;
+    s->endpoint = strdup(endpoint);
+    s->sock = sub_socket(z, false);
+    if (s->endpoint == NULL || s->sock == NULL) {
+        rc = kvr_err_set(err, -ENOMEM, "events bind %s: cannot create socket", endpoint);
+        goto fail;
+    }
+    if (zmq_bind(s->sock, endpoint) != 0) {
+        rc = -errno;
+        kvr_err_set(err, rc, "events bind %s: %s", endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, last, &len) == 0)
+        s->bound = strdup(last);
+    else
+        s->bound = strdup(endpoint);
+    if (s->bound == NULL || (rc = add_source(z, s)) != 0) {
+        rc = kvr_err_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    kvr_log_info("events: SUB bound on %s", s->bound);
+    return 0;
+fail:
+    source_free(s);
+    return rc;
+}
+
+static struct source *find_connect(struct kvr_zsub *z, const char *endpoint)
+{
+    for (size_t i = 0; i < z->nsrcs; i++)
+        if (!z->srcs[i]->bind && strcmp(z->srcs[i]->endpoint, endpoint) == 0)
+            return z->srcs[i];
+    return NULL;
+}
+
+static bool endpoint_syntax_ok(const char *ep)
+{
+    const char *p = strstr(ep, "://");
+    return ep != NULL && p != NULL && p != ep && p[3] != '\0' && strlen(ep) < 512;
+}
+
+/* Creates and connects a source. Runs on the receive thread, or on the caller before start. */
+static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *replay,
+                      const char *pod, bool from_config, struct kvr_err *err)
+{
+    struct source *s;
+    char addr[96];
+    int rc;
+
+    if (endpoint == NULL || !endpoint_syntax_ok(endpoint))
+        return kvr_err_set(err, -EINVAL, "bad endpoint '%s'", endpoint ? endpoint : "");
+    if (replay != NULL && !endpoint_syntax_ok(replay))
+        return kvr_err_set(err, -EINVAL, "bad replay endpoint '%s'", replay);
+    if (pod != NULL) {
+        const char *at = strchr(pod, '@');
+        size_t plen = at ? (size_t)(at - pod) : strlen(pod);
+        if (plen == 0 || plen > NAME_MAX_LEN || (at && (at[1] == '\0' ||
+                                                        strlen(at + 1) > NAME_MAX_LEN)))
+            return kvr_err_set(err, -EINVAL, "bad pod override '%s' (POD or POD@MODEL)", pod);
+    }
+    pthread_mutex_lock(&z->lmu);
+    s = find_connect(z, endpoint);
+    pthread_mutex_unlock(&z->lmu);
+    if (s != NULL)
+        return kvr_err_set(err, -EEXIST, "endpoint %s already present", endpoint);
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    s->from_config = from_config;
+    s->endpoint = strdup(endpoint);
+    s->replay = xstrdup_opt(replay);
+    s->pod_cfg = xstrdup_opt(pod);
+    if (s->endpoint == NULL || (replay && !s->replay) || (pod && !s->pod_cfg)) {
+        rc = kvr_err_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (pod != NULL) {
+        const char *at = strchr(pod, '@');
+        s->pod = at ? xstrndup(pod, (size_t)(at - pod)) : strdup(pod);
+        s->model = at ? strdup(at + 1) : NULL;
+        if (s->pod == NULL || (at && s->model == NULL)) {
+            rc = kvr_err_set(err, -ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    s->sock = sub_socket(z, pod != NULL);
+    if (s->sock == NULL) {
+        rc = kvr_err_set(err, -ENOMEM, "endpoint %s: cannot create socket", endpoint);
+        goto fail;
+    }
+    /* ZMTP heartbeats notice a dead engine that never closed its TCP connection. */
+    set_int(s->sock, ZMQ_HEARTBEAT_IVL, 1000);
+    set_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000);
+    s->id = z->next_id++;
+    snprintf(addr, sizeof(addr), "inproc://kvr-zsub-mon-%p-%" PRIu32, (void *)z, s->id);
+    if (zmq_socket_monitor(s->sock, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+        (s->mon = zmq_socket(z->ctx, ZMQ_PAIR)) == NULL || zmq_connect(s->mon, addr) != 0) {
+        rc = kvr_err_set(err, -ENOMEM, "endpoint %s: cannot monitor: %s", endpoint,
+                         zmq_strerror(errno));
+        goto fail;
+    }
+    set_int(s->mon, ZMQ_LINGER, 0);
+    if (zmq_connect(s->sock, endpoint) != 0) {
+        rc = kvr_err_set(err, -EINVAL, "endpoint %s: %s", endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    /* A new source cancels the pending purge of a removed one with the same endpoint. */
+    for (size_t i = 0; i < z->nghosts; i++)
+        if (strcmp(z->ghosts[i]->endpoint, endpoint) == 0)
+            z->ghosts[i]->purge_at = 0;
+    if ((rc = add_source(z, s)) != 0) {
+        kvr_err_set(err, rc, "out of memory");
+        goto fail;
+    }
+    kvr_log_info("events: SUB connecting to %s%s%s%s%s", endpoint, replay ? " replay=" : "",
+                 replay ? replay : "", pod ? " pod=" : "", pod ? pod : "");
+    return 0;
+fail:
+    source_free(s);
+    return rc;
+}
+
+/* Push one item into a shard queue; waits while it is full. false when closed. */
+static struct kvr_zsub_item *reserve_item(struct kvr_zsub *z, uint32_t shard)
+{
+    bool waited = false;
+    struct kvr_zsub_item *it = kvr_queue_reserve(z->o.queues[shard], &waited);
+
+    if (waited)
+        INC(z->queue_waits);
+    if (it != NULL) {
+        it->topic = NULL;
+        it->ctx = NULL;
+        it->seq = 0;
+        it->recv_ns = 0;
+        it->source = 0;
+        it->gen = 0;
+        it->ok = false;
+        it->can_replay = false;
+        zmq_msg_init(zm(&it->payload));
+    }
+    return it;
+}
+
+static void push_purge(struct kvr_zsub *z, struct source *s)
+{
+    for (size_t i = 0; i < s->ntopics; i++) {
+        struct topic_rec *t = s->topics[i];
+        struct kvr_zsub_item *it = reserve_item(z, t->pub.shard);
+        if (it == NULL)
+            return;
+        it->kind = KVR_ZSUB_PURGE;
+        it->topic = &t->pub;
+        it->source = s->id;
+        kvr_queue_commit(z->o.queues[t->pub.shard]);
+    }
+    INC(z->disconnect_purges);
+    kvr_log_info("events: %s disconnected for %" PRId64 " ms: purging %zu topic(s) it fed",
+                 s->endpoint, z->o.purge_after_disconnect_ms, s->ntopics);
+}
+
+static void end_replay(struct kvr_zsub *z, struct replay *r, bool ok)
+{
+    struct kvr_zsub_item *it = reserve_item(z, r->req.shard);
+
+    if (ok)
+        INC(z->replays_completed);
+    else
+        INC(z->replays_failed);
+    if (it == NULL)
+        return;
+    it->kind = KVR_ZSUB_REPLAY_END;
+    it->topic = r->req.topic;
+    it->ctx = r->req.ctx;
+    it->gen = r->req.gen;
+    it->ok = ok;
+    kvr_queue_commit(z->o.queues[r->req.shard]);
+}
+
+static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    struct source *s = NULL;
+    size_t i;
+
+    pthread_mutex_lock(&z->lmu);
+    for (i = 0; i < z->nsrcs; i++) {
+        if (!z->srcs[i]->bind && strcmp(z->srcs[i]->endpoint, endpoint) == 0) {
+            s = z->srcs[i];
+            memmove(&z->srcs[i], &z->srcs[i + 1], (z->nsrcs - i - 1) * sizeof(*z->srcs));
+            z->nsrcs--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&z->lmu);
+    if (s == NULL)
+        return kvr_err_set(err, -ENOENT, "endpoint %s not present", endpoint);
+    z->dirty = true;
+    /* Replays through this source cannot finish any more. */
+    for (i = 0; i < z->nactive;) {
+        if (z->active[i]->src == s) {
+            struct replay *r = z->active[i];
+            end_replay(z, r, false);
+            replay_free(r);
+            z->active[i] = z->active[--z->nactive];
+            atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+        } else {
+            i++;
+        }
+    }
+    source_close_sockets(s);
+    atomic_store(&s->connected, false);
+    if (z->o.purge_after_disconnect_ms > 0 && s->ntopics > 0 &&
+        grow((void **)&z->ghosts, &z->capghosts, z->nghosts + 1, sizeof(*z->ghosts))) {
+        s->purge_at = kvr_now_ms() + z->o.purge_after_disconnect_ms;
+        z->ghosts[z->nghosts++] = s;
+    } else {
+        source_free(s);
+    }
+    kvr_log_info("events: endpoint %s removed", endpoint);
+    return 0;
+}
+
+/* Posts a command to the receive thread and waits for it. */
+static int post_cmd(struct kvr_zsub *z, struct cmd *c)
+{
+    uint64_t one = 1;
+    ssize_t w;
+
+    pthread_mutex_lock(&z->cmu);
+    if (!z->accepting) {
+        pthread_mutex_unlock(&z->cmu);
+        return 1; /* not running: caller executes it itself */
+    }
+    c->next = z->cmds;
+    z->cmds = c;
+    w = write(z->efd, &one, sizeof(one));
+    (void)w;
+    while (!c->done)
+        pthread_cond_wait(&z->ccond, &z->cmu);
+    pthread_mutex_unlock(&z->cmu);
+    return 0;
+}
+
+int kvr_zsub_connect(struct kvr_zsub *z, const char *endpoint, const char *replay,
+                     const char *pod, bool from_config, struct kvr_err *err)
+{
+    struct cmd c = {.type = CMD_CONNECT, .endpoint = endpoint, .replay = replay, .pod = pod,
+                    .from_config = from_config, .err = err};
+
+    if (post_cmd(z, &c) == 0)
+        return c.rc;
+    /* Not running: only the owning thread calls us (before start / after stop). */
+    return do_connect(z, endpoint, replay, pod, from_config, err);
+}
+
+int kvr_zsub_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    struct cmd c = {.type = CMD_DISCONNECT, .endpoint = endpoint, .err = err};
+
+    if (endpoint == NULL)
+        return kvr_err_set(err, -EINVAL, "no endpoint");
+    if (post_cmd(z, &c) == 0)
+        return c.rc;
+    return do_disconnect(z, endpoint, err);
+}
+
+size_t kvr_zsub_bound(const struct kvr_zsub *cz, const char **eps, size_t cap)
+{
+    struct kvr_zsub *z = (struct kvr_zsub *)cz;
+    size_t n = 0;
+
+    pthread_mutex_lock(&z->lmu);
+    for (size_t i = 0; i < z->nsrcs; i++) {
+        if (!z->srcs[i]->bind)
+            continue;
+        if (n < cap)
+            eps[n] = z->srcs[i]->bound;
+        n++;
+    }
+    pthread_mutex_unlock(&z->lmu);
+    return n < cap ? n : cap;
+}
+
+void kvr_zsub_endpoints(struct kvr_zsub *z,
+                        void (*cb)(const struct kvr_zsub_endpoint *e, void *arg), void *arg)
+{
+    pthread_mutex_lock(&z->lmu);
+    for (size_t i = 0; i < z->nsrcs; i++) {
+        struct source *s = z->srcs[i];
+        struct kvr_zsub_endpoint e;
+        if (s->bind)
+            continue;
+        e.endpoint = s->endpoint;
+        e.replay = s->replay;
+        e.pod = s->pod_cfg;
+        e.connected = atomic_load(&s->connected);
+        e.from_config = s->from_config;
+        cb(&e, arg);
+    }
+    pthread_mutex_unlock(&z->lmu);
+}
+
+int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_zsub_replay_req *req)
+{
+    struct replay *r = calloc(1, sizeof(*r));
+    uint64_t one = 1;
+    ssize_t w;
+
+    if (r == NULL)
+        return -ENOMEM;
+    r->req = *req;
+    pthread_mutex_lock(&z->cmu);
+    if (!z->accepting) {
+        pthread_mutex_unlock(&z->cmu);
+        free(r);
+        return -ESHUTDOWN;
+    }
+    if (z->req_tail != NULL)
+        z->req_tail->next = r;
+    else
+        z->req_head = r;
+    z->req_tail = r;
+    w = write(z->efd, &one, sizeof(one));
+    (void)w;
+    pthread_mutex_unlock(&z->cmu);
+    return 0;
+}
+
+/* ---- receive path --------------------------------------------------------------------- */
+
+static bool topic_key_eq(const struct topic_rec *t, const char *override, const void *raw,
+                         size_t len)
+{
+    if (t->rawlen != len || memcmp(t->raw, raw, len) != 0)
+        return false;
+    if ((t->override == NULL) != (override == NULL))
+        return false;
+    return override == NULL || strcmp(t->override, override) == 0;
+}
+
+static bool tab_insert(struct kvr_zsub *z, struct topic_rec *t)
+{
+    if ((z->ntopics + 1) * 2 > z->tabcap) {
+        size_t nc = z->tabcap ? z->tabcap * 2 : 64;
+        struct topic_rec **nt = calloc(nc, sizeof(*nt));
+        if (nt == NULL)
+            return false;
+        for (size_t i = 0; i < z->tabcap; i++) {
+            struct topic_rec *o = z->tab[i];
+            if (o == NULL)
+                continue;
+            size_t j = o->hash & (nc - 1);
+            while (nt[j] != NULL)
+                j = (j + 1) & (nc - 1);
+            nt[j] = o;
+        }
+        free(z->tab);
+        z->tab = nt;
+        z->tabcap = nc;
+    }
+    size_t j = t->hash & (z->tabcap - 1);
+    while (z->tab[j] != NULL)
+        j = (j + 1) & (z->tabcap - 1);
+    z->tab[j] = t;
+    return true;
+}
+
+/* Resolves (source, topic bytes) to an interned record; NULL with *bad set when rejected. */
+static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, const void *raw,
+                                      size_t len, enum kvr_zsub_bad *bad)
+{
+    const char *override = s->pod_cfg;
+    uint64_t h = 1469598103934665603ull;
+    struct topic_rec *t;
+    const char *pod, *model;
+    size_t plen, mlen;
+    struct kvr_topic kt;
+
+    if (s->last_topic != NULL && topic_key_eq(s->last_topic, override, raw, len))
+        return s->last_topic;
+    if (override != NULL)
+        h = fnv64(h, override, strlen(override) + 1);
+    h = fnv64(h, raw, len);
+    if (z->tabcap > 0) {
+        for (size_t j = h & (z->tabcap - 1); (t = z->tab[j]) != NULL; j = (j + 1) & (z->tabcap - 1))
+            if (t->hash == h && topic_key_eq(t, override, raw, len))
+                goto found;
+    }
+    /* New topic: work out pod and model. */
+    if (override == NULL) {
+        if (kvr_decode_topic(raw, len, &kt) != 0) {
+            *bad = KVR_ZSUB_BAD_TOPIC;
+            return NULL;
+        }
+        pod = kt.pod;
+        plen = kt.pod_len;
+        model = kt.model;
+        mlen = kt.model_len;
+    } else {
+        pod = s->pod;
+        plen = strlen(s->pod);
+        if (s->model != NULL) {
+            model = s->model;
+            mlen = strlen(model);
+        } else if (kvr_decode_topic(raw, len, &kt) == 0) {
+            model = kt.model;
+            mlen = kt.model_len;
+        } else if (len > 0) {
+            model = raw;
+            mlen = len;
+        } else {
+            model = DEFAULT_MODEL;
+            mlen = strlen(DEFAULT_MODEL);
+        }
+    }
+    if (plen == 0 || plen > NAME_MAX_LEN || mlen == 0 || mlen > NAME_MAX_LEN ||
+        memchr(pod, '\0', plen) != NULL || memchr(model, '\0', mlen) != NULL) {
+        *bad = KVR_ZSUB_BAD_TOPIC;
+        return NULL;
+    }
+    if (z->ntopics >= z->o.max_topics) {
+        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
+        return NULL;
+    }
+    t = calloc(1, sizeof(*t));
+    if (t == NULL || !grow((void **)&z->tlist, &z->captlist, z->ntopics + 1, sizeof(*z->tlist))) {
+        free(t);
+        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
+        return NULL;
+    }
+    t->pub.pod = xstrndup(pod, plen);
+    t->pub.model = xstrndup(model, mlen);
+    t->raw = malloc(len ? len : 1);
+    /* The override string is kept alive by the record itself (sources come and go). */
+    t->override = override != NULL ? strdup(override) : NULL;
+    if (t->pub.pod == NULL || t->pub.model == NULL || t->raw == NULL ||
+        (override != NULL && t->override == NULL) || !tab_insert(z, t)) {
+        free((char *)t->pub.pod);
+        free((char *)t->pub.model);
+        free(t->raw);
+        free((char *)t->override);
+        free(t);
+        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
+        return NULL;
+    }
+    memcpy(t->raw, raw, len);
+    t->rawlen = len;
+    t->hash = h;
+    t->pub.shard = kvr_zsub_shard(t->pub.pod, plen, z->o.nshards);
+    t->pub.id = (uint32_t)z->ntopics;
+    z->tlist[z->ntopics++] = t;
+    atomic_store_explicit(&z->ntopics_pub, z->ntopics, memory_order_relaxed);
+    kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
+                  t->pub.shard);
+found:
+    s->last_topic = t;
+    /* Remember which topics a connect source delivered (for its disconnect purge). */
+    if (!s->bind) {
+        size_t i;
+        for (i = 0; i < s->ntopics; i++)
+            if (s->topics[i] == t)
+                break;
+        if (i == s->ntopics &&
+            grow((void **)&s->topics, &s->captopics, s->ntopics + 1, sizeof(*s->topics)))
+            s->topics[s->ntopics++] = t;
+    }
+    return t;
+}
+
+static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)
+{
+    INC(z->bad[r]);
+    kvr_log_limited(&rl_frames, KVR_LOG_WARN, "events: dropped message from %s: bad %s (%zu frames)",
+                    s->bind ? s->bound : s->endpoint, kvr_zsub_bad_name(r), nframes);
+}
+
+/* Reads up to RECV_BURST messages from a SUB and hands them off. */
+static void read_sub(struct kvr_zsub *z, struct source *s)
+{
+    for (int k = 0; k < RECV_BURST; k++) {
+        zmq_msg_t f[3];
+        size_t n = 0;
+        int more = 1;
+        uint64_t seq;
+        enum kvr_zsub_bad bad;
+        struct topic_rec *t;
+        struct kvr_zsub_item *it;
+
+        zmq_msg_init(&f[0]);
+        if (zmq_msg_recv(&f[0], s->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f[0]);
+            return;
+        }
+        n = 1;
+        more = zmq_msg_more(&f[0]);
+        while (more) {
+            zmq_msg_t *m = n < 3 ? &f[n] : NULL;
+            zmq_msg_t extra;
+            if (m == NULL)
+                m = &extra;
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, s->sock, 0) < 0) {
+                zmq_msg_close(m);
+                break;
+            }
+            more = zmq_msg_more(m);
+            if (m == &extra)
+                zmq_msg_close(m);
+            n++;
+        }
+        if (n != 3) {
+            count_bad(z, s, KVR_ZSUB_BAD_FRAMES, n);
+            goto drop;
+        }
+        if (kvr_decode_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
+            count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
+            goto drop;
+        }
+        t = intern_topic(z, s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), &bad);
+        if (t == NULL) {
+            count_bad(z, s, bad, n);
+            goto drop;
+        }
+        it = reserve_item(z, t->pub.shard);
+        if (it == NULL)
+            goto drop; /* shutting down */
+        it->kind = KVR_ZSUB_LIVE;
+        it->topic = &t->pub;
+        it->seq = seq;
+        it->recv_ns = kvr_now_ns();
+        it->source = s->id;
+        it->can_replay = s->replay != NULL;
+        zmq_msg_move(zm(&it->payload), &f[2]);
+        INC(z->messages);
+        ADD(z->bytes, zmq_msg_size(zm(&it->payload)));
+        kvr_queue_commit(z->o.queues[t->pub.shard]);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        zmq_msg_close(&f[2]);
+        continue;
+drop:
+        for (size_t i = 0; i < n && i < 3; i++)
+            zmq_msg_close(&f[i]);
+    }
+}
+
+static void read_monitor(struct kvr_zsub *z, struct source *s)
+{
+    for (;;) {
+        zmq_msg_t a, b;
+        uint16_t ev;
+
+        zmq_msg_init(&a);
+        if (zmq_msg_recv(&a, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&a);
+            return;
+        }
+        zmq_msg_init(&b);
+        if (zmq_msg_more(&a))
+            zmq_msg_recv(&b, s->mon, 0);
+        if (zmq_msg_size(&a) >= 6) {
+            memcpy(&ev, zmq_msg_data(&a), sizeof(ev));
+            if (ev == ZMQ_EVENT_CONNECTED) {
+                atomic_store(&s->connected, true);
+                s->disc_since = 0;
+                s->purged = false;
+                INC(z->connects);
+                kvr_log_info("events: connected to %s", s->endpoint);
+            } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+                atomic_store(&s->connected, false);
+                if (s->disc_since == 0)
+                    s->disc_since = kvr_now_ms();
+                INC(z->disconnects);
+                kvr_log_info("events: disconnected from %s", s->endpoint);
+            }
+        }
+        zmq_msg_close(&a);
+        zmq_msg_close(&b);
+    }
+}
+
+static void remove_active(struct kvr_zsub *z, size_t i)
+{
+    replay_free(z->active[i]);
+    z->active[i] = z->active[--z->nactive];
+    atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+    z->dirty = true;
+}
+
+/* Reads the replies of active replay i; returns true when the replay finished. */
+static bool read_dealer(struct kvr_zsub *z, size_t idx)
+{
+    struct replay *r = z->active[idx];
+
+    for (int k = 0; k < RECV_BURST; k++) {
+        zmq_msg_t f[MAX_REPLY_FRAMES];
+        const void *frames[MAX_REPLY_FRAMES];
+        size_t lens[MAX_REPLY_FRAMES];
+        size_t n = 0, total = 0;
+        int more = 1;
+        uint64_t seq;
+        const void *payload;
+        size_t plen;
+        struct kvr_zsub_item *it;
+        int rc;
+
+        zmq_msg_init(&f[0]);
+        if (zmq_msg_recv(&f[0], r->dealer, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f[0]);
+            return false;
+        }
+        n = total = 1;
+        more = zmq_msg_more(&f[0]);
+        while (more) {
+            zmq_msg_t extra, *m = n < MAX_REPLY_FRAMES ? &f[n] : &extra;
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, r->dealer, 0) < 0) {
+                zmq_msg_close(m);
+                break;
+            }
+            more = zmq_msg_more(m);
+            if (m == &extra)
+                zmq_msg_close(m);
+            else
+                n++;
+            total++;
+        }
+        for (size_t i = 0; i < n; i++) {
+            frames[i] = zmq_msg_data(&f[i]);
+            lens[i] = zmq_msg_size(&f[i]);
+        }
+        rc = total == n ? kvr_decode_replay_reply(frames, lens, n, &seq, &payload, &plen)
+                        : -EINVAL;
+        r->deadline = kvr_now_ms() + z->o.replay_timeout_ms;
+        if (rc != 0) {
+            INC(z->replay_bad_replies);
+            kvr_log_limited(&rl_replay, KVR_LOG_WARN,
+                            "events: replay from %s: malformed reply (%zu frames); giving up",
+                            r->src->replay, total);
+            for (size_t i = 0; i < n; i++)
+                zmq_msg_close(&f[i]);
+            end_replay(z, r, false);
+            return true;
+        }
+        if (seq == KVR_REPLAY_END || plen == 0) {
+            for (size_t i = 0; i < n; i++)
+                zmq_msg_close(&f[i]);
+            kvr_log_debug("events: replay from %s of %s done: %" PRIu64 " batches from %" PRIu64,
+                          r->src->replay, r->req.topic->pod, r->batches, r->req.start);
+            end_replay(z, r, true);
+            return true;
+        }
+        it = reserve_item(z, r->req.shard);
+        if (it == NULL) {
+            for (size_t i = 0; i < n; i++)
+                zmq_msg_close(&f[i]);
+            return true;
+        }
+        it->kind = KVR_ZSUB_REPLAY;
+        it->topic = r->req.topic;
+        it->ctx = r->req.ctx;
+        it->gen = r->req.gen;
+        it->seq = seq;
+        it->recv_ns = kvr_now_ns();
+        if (payload == zmq_msg_data(&f[n - 1]) && plen == zmq_msg_size(&f[n - 1])) {
+            zmq_msg_move(zm(&it->payload), &f[n - 1]);
+        } else {
+            /* Not the last frame as a whole: copy (never the case for the known eras). */
+            zmq_msg_close(zm(&it->payload));
+            zmq_msg_init_size(zm(&it->payload), plen);
+            memcpy(zmq_msg_data(zm(&it->payload)), payload, plen);
+        }
+        for (size_t i = 0; i < n; i++)
+            zmq_msg_close(&f[i]);
+        r->batches++;
+        INC(z->replay_batches);
+        kvr_queue_commit(z->o.queues[r->req.shard]);
+    }
+    return false;
+}
+
+static struct source *find_id(struct kvr_zsub *z, uint32_t id)
+{
+    for (size_t i = 0; i < z->nsrcs; i++)
+        if (z->srcs[i]->id == id)
+            return z->srcs[i];
+    return NULL;
+}
+
+/* Starts pending replays while slots are free. */
+static void start_replays(struct kvr_zsub *z)
+{
+    while (z->pend_head != NULL && z->nactive < z->o.max_concurrent_replays) {
+        struct replay *r = z->pend_head;
+        unsigned char be[8];
+        void *d;
+
+        z->pend_head = r->next;
+        if (z->pend_head == NULL)
+            z->pend_tail = NULL;
+        r->next = NULL;
+        atomic_fetch_sub_explicit(&z->replays_pending, 1, memory_order_relaxed);
+        r->src = find_id(z, r->req.source);
+        INC(z->replays_started);
+        if (r->src == NULL || r->src->replay == NULL) {
+            end_replay(z, r, false);
+            replay_free(r);
+            continue;
+        }
+        d = zmq_socket(z->ctx, ZMQ_DEALER);
+        if (d == NULL) {
+            end_replay(z, r, false);
+            replay_free(r);
+            continue;
+        }
+        r->dealer = d;
+        set_int(d, ZMQ_LINGER, 0);
+        set_int(d, ZMQ_RCVHWM, 0);
+        if (z->o.max_message_size > 0)
+            zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &z->o.max_message_size, sizeof(int64_t));
+        for (int i = 0; i < 8; i++)
+            be[i] = (unsigned char)(r->req.start >> (56 - 8 * i));
+        if (zmq_connect(d, r->src->replay) != 0 || zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 ||
+            zmq_send(d, be, 8, ZMQ_DONTWAIT) != 8) {
+            kvr_log_limited(&rl_replay, KVR_LOG_WARN, "events: replay request to %s failed: %s",
+                            r->src->replay, zmq_strerror(errno));
+            end_replay(z, r, false);
+            replay_free(r);
+            continue;
+        }
+        r->deadline = kvr_now_ms() + z->o.replay_timeout_ms;
+        z->active[z->nactive++] = r;
+        atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+        z->dirty = true;
+        kvr_log_debug("events: replaying %s dp stream of %s from seq %" PRIu64 " via %s",
+                      r->req.topic ? r->req.topic->pod : "?", r->src->endpoint, r->req.start,
+                      r->src->replay);
+    }
+}
+
+static void handle_control(struct kvr_zsub *z)
+{
+    uint64_t v;
+    struct cmd *cmds;
+    struct replay *reqs;
+    ssize_t rd = read(z->efd, &v, sizeof(v));
+    (void)rd;
+
+    pthread_mutex_lock(&z->cmu);
+    cmds = z->cmds;
+    z->cmds = NULL;
+    reqs = z->req_head;
+    z->req_head = z->req_tail = NULL;
+    pthread_mutex_unlock(&z->cmu);
+
+    /* Commands were pushed LIFO; run them in posting order. */
+    {
+        struct cmd *rev = NULL;
+        while (cmds != NULL) {
+            struct cmd *n = cmds->next;
+            cmds->next = rev;
+            rev = cmds;
+            cmds = n;
+        }
+        cmds = rev;
+    }
+    while (cmds != NULL) {
+        struct cmd *c = cmds;
+        cmds = c->next;
+        if (c->type == CMD_CONNECT)
+            c->rc = do_connect(z, c->endpoint, c->replay, c->pod, c->from_config, c->err);
+        else
+            c->rc = do_disconnect(z, c->endpoint, c->err);
+        pthread_mutex_lock(&z->cmu);
+        c->done = true;
+        pthread_cond_broadcast(&z->ccond);
+        pthread_mutex_unlock(&z->cmu);
+    }
+    while (reqs != NULL) {
+        struct replay *r = reqs;
+        reqs = r->next;
+        r->next = NULL;
+        if (z->pend_tail != NULL)
+            z->pend_tail->next = r;
+        else
+            z->pend_head = r;
+        z->pend_tail = r;
+        atomic_fetch_add_explicit(&z->replays_pending, 1, memory_order_relaxed);
+    }
+}
+
+static void rebuild_items(struct kvr_zsub *z)
+{
+    size_t need = 1 + 2 * z->nsrcs + z->nactive;
+
+    if (!grow((void **)&z->items, &z->capitems, need, sizeof(*z->items)) ||
+        (z->slots = realloc(z->slots, z->capitems * sizeof(*z->slots))) == NULL) {
+        kvr_log_error("events: out of memory building the poll set");
+        abort();
+    }
+    z->nitems = 0;
+#define ADD_ITEM(sock_, fd_, kind_, ptr_)                                                   \
+    do {                                                                                    \
+        z->items[z->nitems] = (zmq_pollitem_t){.socket = (sock_), .fd = (fd_),              \
+                                               .events = ZMQ_POLLIN};                       \
+        z->slots[z->nitems] = (struct pslot){(kind_), (ptr_)};                              \
+        z->nitems++;                                                                        \
+    } while (0)
+    ADD_ITEM(NULL, z->efd, PS_EVENT, NULL);
+    for (size_t i = 0; i < z->nsrcs; i++) {
+        ADD_ITEM(z->srcs[i]->sock, 0, PS_SUB, z->srcs[i]);
+        if (z->srcs[i]->mon != NULL)
+            ADD_ITEM(z->srcs[i]->mon, 0, PS_MON, z->srcs[i]);
+    }
+    for (size_t i = 0; i < z->nactive; i++)
+        ADD_ITEM(z->active[i]->dealer, 0, PS_DEALER, z->active[i]);
+#undef ADD_ITEM
+    z->dirty = false;
+}
+
+static int64_t timers(struct kvr_zsub *z)
+{
+    int64_t now = kvr_now_ms();
+    int64_t next = now + 1000;
+
+    for (size_t i = 0; i < z->nactive;) {
+        struct replay *r = z->active[i];
+        if (now >= r->deadline) {
+            kvr_log_limited(&rl_replay, KVR_LOG_WARN,
+                            "events: replay from %s timed out after %" PRIu64 " batches",
+                            r->src->replay, r->batches);
+            end_replay(z, r, false);
+            remove_active(z, i);
+            continue;
+        }
+        if (r->deadline < next)
+            next = r->deadline;
+        i++;
+    }
+    if (z->o.purge_after_disconnect_ms > 0) {
+        for (size_t i = 0; i < z->nsrcs; i++) {
+            struct source *s = z->srcs[i];
+            int64_t due;
+            if (s->disc_since == 0 || s->purged)
+                continue;
+            due = s->disc_since + z->o.purge_after_disconnect_ms;
+            if (now >= due) {
+                push_purge(z, s);
+                s->purged = true;
+            } else if (due < next) {
+                next = due;
+            }
+        }
+        for (size_t i = 0; i < z->nghosts;) {
+            struct source *s = z->ghosts[i];
+            if (s->purge_at != 0 && now < s->purge_at) {
+                if (s->purge_at < next)
+                    next = s->purge_at;
+                i++;
+                continue;
+            }
+            if (s->purge_at != 0)
+                push_purge(z, s);
+            source_free(s);
+            z->ghosts[i] = z->ghosts[--z->nghosts];
+        }
+    }
+    return next - now < 0 ? 0 : next - now;
+}
+
+static void *recv_main(void *arg)
+{
+    struct kvr_zsub *z = arg;
+    int64_t timeout = 0;
+
+    z->dirty = true;
+    while (!atomic_load(&z->stop)) {
+        int rc;
+
+        if (z->dirty)
+            rebuild_items(z);
+        rc = zmq_poll(z->items, (int)z->nitems, (long)timeout);
+        if (rc < 0) {
+            if (errno == EINTR)
+                continue;
+            kvr_log_error("events: zmq_poll: %s", zmq_strerror(errno));
+            break;
+        }
+        for (size_t i = 0; rc > 0 && i < z->nitems && !z->dirty; i++) {
+            if (!(z->items[i].revents & ZMQ_POLLIN))
+                continue;
+            switch (z->slots[i].kind) {
+            case PS_SUB:
+                read_sub(z, z->slots[i].ptr);
+                break;
+            case PS_MON:
+                read_monitor(z, z->slots[i].ptr);
+                break;
+            case PS_DEALER: {
+                for (size_t a = 0; a < z->nactive; a++) {
+                    if (z->active[a] == z->slots[i].ptr) {
+                        if (read_dealer(z, a))
+                            remove_active(z, a);
+                        break;
+                    }
+                }
+                break;
+            }
+            default:
+                break;
+            }
+        }
+        /* The control fd last: sources may change (dirty) while handling it. */
+        if (z->nitems > 0 && (z->items[0].revents & ZMQ_POLLIN))
+            handle_control(z);
+        start_replays(z);
+        timeout = timers(z);
+    }
+
+    /* Stop accepting; fail whoever is still waiting. */
+    pthread_mutex_lock(&z->cmu);
+    z->accepting = false;
+    while (z->cmds != NULL) {
+        struct cmd *c = z->cmds;
+        z->cmds = c->next;
+        c->rc = kvr_err_set(c->err, -ESHUTDOWN, "events: shutting down");
+        c->done = true;
+    }
+    pthread_cond_broadcast(&z->ccond);
+    pthread_mutex_unlock(&z->cmu);
+    return NULL;
+}
+
+int kvr_zsub_start(struct kvr_zsub *z, struct kvr_err *err)
+{
+    int rc;
+
+    if (z->started)
+        return kvr_err_set(err, -EALREADY, "events: already started");
+    z->started = true;
+    pthread_mutex_lock(&z->cmu);
+    z->accepting = true;
+    pthread_mutex_unlock(&z->cmu);
+    atomic_store(&z->running, true);
+    rc = pthread_create(&z->th, NULL, recv_main, z);
+    if (rc != 0) {
+        atomic_store(&z->running, false);
+        pthread_mutex_lock(&z->cmu);
+        z->accepting = false;
+        pthread_mutex_unlock(&z->cmu);
+        return kvr_err_set(err, -rc, "events: cannot start the receive thread: %s", strerror(rc));
+    }
+    return 0;
+}
+
+void kvr_zsub_stop(struct kvr_zsub *z)
+{
+    uint64_t one = 1;
+    ssize_t w;
+
+    if (!atomic_load(&z->running))
+        return;
+    atomic_store(&z->stop, true);
+    w = write(z->efd, &one, sizeof(one));
+    (void)w;
+    pthread_join(z->th, NULL);
+    atomic_store(&z->running, false);
+}
+
+bool kvr_zsub_running(const struct kvr_zsub *z)
+{
+    return atomic_load(&((struct kvr_zsub *)z)->running);
+}
+
+void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->messages = GET(z->messages);
+    st->bytes = GET(z->bytes);
+    for (int i = 0; i < KVR_ZSUB_BAD_COUNT; i++)
+        st->bad[i] = GET(z->bad[i]);
+    st->queue_waits = GET(z->queue_waits);
+    st->replays_started = GET(z->replays_started);
+    st->replays_completed = GET(z->replays_completed);
+    st->replays_failed = GET(z->replays_failed);
+    st->replay_batches = GET(z->replay_batches);
+    st->replay_bad_replies = GET(z->replay_bad_replies);
+    st->replays_pending = GET(z->replays_pending);
+    st->replays_active = GET(z->replays_active);
+    st->connects = GET(z->connects);
+    st->disconnects = GET(z->disconnects);
+    st->disconnect_purges = GET(z->disconnect_purges);
+    st->topics = GET(z->ntopics_pub);
+    pthread_mutex_lock(&z->lmu);
+    for (size_t i = 0; i < z->nsrcs; i++) {
+        if (z->srcs[i]->bind)
+            continue;
+        st->endpoints++;
+        if (atomic_load(&z->srcs[i]->connected))
+            st->endpoints_connected++;
+    }
+    pthread_mutex_unlock(&z->lmu);
+}

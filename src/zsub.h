@@ -1,0 +1,167 @@
+/* zsub.h — the ZeroMQ side of ingestion: SUB sockets (bound or connected), frame checks,
+ * topic interning, hand-off of each batch to a writer queue by FNV-1a-32(pod), replay clients
+ * (DEALER) and connection monitoring. The only module that touches ZeroMQ.
+ *
+ * One receive thread owns every socket once started. Other threads talk to it through a
+ * command list plus an eventfd it polls (endpoint add/remove, replay requests, stop).
+ *
+ * Items: everything handed to a writer is a struct kvr_zsub_item in that writer's queue
+ * (struct kvr_queue of items), moved into the slot in place: the payload is the ZeroMQ
+ * message itself, never copied. The consumer closes it with kvr_zsub_msg_close().
+ *
+ * Deviation from the module table, on purpose: the frame-level helpers kvr_decode_topic()
+ * and kvr_decode_replay_reply() (pure byte functions, no msgpack) are used here; batches
+ * themselves are never decoded here.
+ */
+#ifndef KVR_ZSUB_H
+#define KVR_ZSUB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "queue.h"
+
+struct kvr_zsub;
+
+/* Storage for one ZeroMQ message (a zmq_msg_t); moved, never byte-copied. */
+struct kvr_zsub_msg {
+    _Alignas(16) unsigned char opaque[64];
+};
+const void *kvr_zsub_msg_data(struct kvr_zsub_msg *m);
+size_t kvr_zsub_msg_size(struct kvr_zsub_msg *m);
+/* dst must be closed or never initialised; src is left empty (closing it is a no-op). */
+void kvr_zsub_msg_move(struct kvr_zsub_msg *dst, struct kvr_zsub_msg *src);
+void kvr_zsub_msg_close(struct kvr_zsub_msg *m);
+
+/* One distinct topic (per pod override): interned by the receive thread, immutable after,
+ * freed by kvr_zsub_destroy(). */
+struct kvr_zsub_topic {
+    const char *pod;   /* NUL-terminated */
+    const char *model;
+    uint32_t shard;    /* FNV-1a-32(pod) % nshards */
+    uint32_t id;       /* dense, 0.. */
+    void *owner;       /* for the consumer of `shard` only (ingest's per-topic state) */
+};
+
+enum kvr_zsub_kind {
+    KVR_ZSUB_LIVE = 1,       /* a live batch: topic, seq, source, can_replay, payload */
+    KVR_ZSUB_REPLAY = 2,     /* a replayed batch of request ctx/gen: topic, seq, payload */
+    KVR_ZSUB_REPLAY_END = 3, /* replay ctx/gen finished: ok */
+    KVR_ZSUB_PURGE = 4,      /* source went away long enough: purge what topic got from it */
+    KVR_ZSUB_CMD = 5,        /* owner-defined command in ctx (never produced by zsub) */
+};
+
+struct kvr_zsub_item {
+    struct kvr_zsub_msg payload;        /* LIVE, REPLAY: owned by the item */
+    const struct kvr_zsub_topic *topic; /* LIVE, REPLAY, PURGE */
+    void *ctx;                          /* REPLAY, REPLAY_END, CMD */
+    uint64_t seq;                       /* LIVE, REPLAY */
+    uint64_t recv_ns;                   /* LIVE, REPLAY: kvr_now_ns() at receipt */
+    uint32_t source;                    /* LIVE: source id; PURGE: the source gone */
+    uint32_t gen;                       /* REPLAY, REPLAY_END: the request's gen */
+    uint8_t kind;                       /* enum kvr_zsub_kind */
+    bool ok;                            /* REPLAY_END: end marker received */
+    bool can_replay;                    /* LIVE: the source has a replay endpoint */
+};
+
+struct kvr_zsub_opts {
+    const char *subscribe;            /* topic prefix for sockets without pod override */
+    int64_t rcvhwm;                   /* ZMQ_RCVHWM (0 = unlimited) */
+    int64_t max_message_size;         /* ZMQ_MAXMSGSIZE (-1/0 = unlimited) */
+    int64_t reconnect_ivl_ms;
+    int64_t reconnect_ivl_max_ms;
+    int64_t purge_after_disconnect_ms; /* 0 = never */
+    int64_t replay_timeout_ms;        /* inactivity limit of one replay */
+    uint32_t max_concurrent_replays;  /* >= 1 */
+    uint32_t max_topics;              /* distinct topics interned; more are dropped, counted */
+    uint32_t nshards;
+    struct kvr_queue *const *queues;  /* nshards queues of struct kvr_zsub_item (borrowed) */
+};
+
+int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct kvr_err *err);
+/* Stops if needed, closes every socket (linger 0), frees topics. Items already queued keep
+ * their payloads valid (ZeroMQ messages outlive the context's sockets). */
+void kvr_zsub_destroy(struct kvr_zsub *z);
+
+/* Before start, from the creating thread: our SUB binds (engines connect). -EINVAL for a bad
+ * endpoint, -EADDRINUSE etc. from the bind, with the endpoint in err. */
+int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
+/* Any time, any thread (after start it is executed by the receive thread and waited for):
+ * our SUB dials an engine PUB. replay: the engine's ROUTER or NULL; pod: identity override
+ * ("POD" or "POD@MODEL") or NULL. -EEXIST when present, -EINVAL for a bad endpoint. */
+int kvr_zsub_connect(struct kvr_zsub *z, const char *endpoint, const char *replay,
+                     const char *pod, bool from_config, struct kvr_err *err);
+/* Any time: closes the endpoint's socket; what it delivered is purged after
+ * purge_after_disconnect. -ENOENT when absent. */
+int kvr_zsub_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
+
+int kvr_zsub_start(struct kvr_zsub *z, struct kvr_err *err);
+/* Stops the receive thread; when it returns no item will be pushed any more. Replays in
+ * flight are abandoned (no REPLAY_END): consumers flush their buffers themselves.
+ * Idempotent. */
+void kvr_zsub_stop(struct kvr_zsub *z);
+bool kvr_zsub_running(const struct kvr_zsub *z);
+
+size_t kvr_zsub_bound(const struct kvr_zsub *z, const char **eps, size_t cap);
+
+struct kvr_zsub_endpoint {
+    const char *endpoint;
+    const char *replay; /* NULL if none */
+    const char *pod;    /* NULL if none, as configured */
+    bool connected;
+    bool from_config;
+};
+/* Connect endpoints, under an internal lock (cb must not call back into zsub). */
+void kvr_zsub_endpoints(struct kvr_zsub *z,
+                        void (*cb)(const struct kvr_zsub_endpoint *e, void *arg), void *arg);
+
+/* A replay request (any thread, never blocks on I/O). Answered by REPLAY items then one
+ * REPLAY_END into queue[shard], all with ctx and gen. -ESHUTDOWN when the receive thread is
+ * not running (no answer will come), -ENOENT when the source has no replay endpoint any
+ * more, -ENOMEM. */
+struct kvr_zsub_replay_req {
+    uint32_t source;
+    uint32_t shard;
+    uint32_t gen;
+    uint64_t start;
+    const struct kvr_zsub_topic *topic;
+    void *ctx;
+};
+int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_zsub_replay_req *r);
+
+/* FNV-1a-32 of the pod modulo n (n >= 1). */
+uint32_t kvr_zsub_shard(const char *pod, size_t len, uint32_t n);
+
+enum kvr_zsub_bad {
+    KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */
+    KVR_ZSUB_BAD_SEQ,        /* seq frame not 8 bytes */
+    KVR_ZSUB_BAD_TOPIC,      /* not kv@<pod>@<model> (and no pod override) */
+    KVR_ZSUB_BAD_TOO_MANY_TOPICS,
+    KVR_ZSUB_BAD_COUNT
+};
+const char *kvr_zsub_bad_name(enum kvr_zsub_bad r);
+
+struct kvr_zsub_stats {
+    uint64_t messages;        /* live messages handed to writers */
+    uint64_t bytes;           /* their payload bytes */
+    uint64_t bad[KVR_ZSUB_BAD_COUNT];
+    uint64_t queue_waits;     /* hand-offs that found the writer queue full and waited */
+    uint64_t replays_started;
+    uint64_t replays_completed; /* end marker received */
+    uint64_t replays_failed;    /* timeout, bad reply, source removed, socket error */
+    uint64_t replay_batches;    /* replayed batches handed to writers */
+    uint64_t replay_bad_replies;
+    uint64_t replays_pending;   /* gauge: waiting for a slot */
+    uint64_t replays_active;    /* gauge */
+    uint64_t connects;          /* monitor: connections established */
+    uint64_t disconnects;       /* monitor: connections lost */
+    uint64_t disconnect_purges; /* sources purged after purge_after_disconnect */
+    uint64_t endpoints;         /* gauge: connect endpoints */
+    uint64_t endpoints_connected; /* gauge */
+    uint64_t topics;            /* gauge: interned topics */
+};
+void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st);
+
+#endif
