@@ -63,8 +63,16 @@ void kvr_daemon_hostport(char *buf, size_t cap, const char *conf_listen, int por
         snprintf(buf, cap, "%s:%d", host, port);
 }
 
+/* Never runs while the signals are blocked; installed so that, as PID 1 of a container
+ * (where the kernel discards signals left at SIG_DFL), SIGTERM is never dropped. */
+static void noop_handler(int sig)
+{
+    (void)sig;
+}
+
 int kvr_daemon_block_signals(sigset_t *set, struct kvr_err *err)
 {
+    static const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
     struct sigaction sa;
     int rc;
 
@@ -76,6 +84,14 @@ int kvr_daemon_block_signals(sigset_t *set, struct kvr_err *err)
     if (rc != 0)
         return kvr_err_set(err, -rc, "pthread_sigmask: %s", strerror(rc));
     memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = noop_handler;
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        if (sigaction(sigs[i], &sa, NULL) != 0) {
+            rc = -errno;
+            return kvr_err_set(err, rc, "sigaction(%d): %s", sigs[i], strerror(-rc));
+        }
+    }
     sa.sa_handler = SIG_IGN;
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGPIPE, &sa, NULL) != 0) {

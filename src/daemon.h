@@ -46,7 +46,8 @@ void kvr_daemon_log_ready(const struct kvr_daemon_listeners *l);
 void kvr_daemon_hostport(char *buf, size_t cap, const char *conf_listen, int port);
 
 /* Blocks SIGTERM, SIGINT, SIGHUP in the calling thread (call before any thread exists so all
- * threads inherit the mask) and ignores SIGPIPE. Fills *set with the blocked set. */
+ * threads inherit the mask), gives them a no-op handler (a container's PID 1 would otherwise
+ * never see SIGTERM) and ignores SIGPIPE. Fills *set with the blocked set. */
 int kvr_daemon_block_signals(sigset_t *set, struct kvr_err *err);
 
 /* Called after a successful reload, with live already updated (e.g. push score weights). */
