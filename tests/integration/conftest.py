@@ -7,6 +7,11 @@
     def test_y(daemon):          # daemon_factory() with the harness defaults
         ...
 
+Besides the contract arguments (config, extra_env, check_exit) the factory accepts
+config_text= (write this exact INI text instead of rendering `config`) and args= (extra
+command-line arguments). A daemon that does not become ready raises DaemonError with its
+stderr; it is killed and not counted for teardown.
+
 Teardown stops every daemon with SIGTERM and fails the test when the exit status is not 0
 (for daemons started with check_exit=True) or stderr contains a sanitizer report.
 """
