@@ -145,6 +145,7 @@ struct pslot {
 
 struct kvr_zsub {
     struct kvr_zsub_opts o;
+    struct kvr_queue **queues; /* copy of o.queues */
     char *subscribe;
     void *ctx;
     int efd;
@@ -271,6 +272,10 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     if (z == NULL)
         return kvr_err_set(err, -ENOMEM, "zsub: out of memory");
     z->o = *o;
+    z->queues = calloc(o->nshards, sizeof(*z->queues));
+    if (z->queues != NULL)
+        memcpy(z->queues, o->queues, o->nshards * sizeof(*z->queues));
+    z->o.queues = z->queues;
     z->subscribe = strdup(o->subscribe != NULL ? o->subscribe : "kv@");
     z->o.subscribe = z->subscribe;
     if (z->o.max_topics == 0)
@@ -278,13 +283,15 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     z->active = calloc(o->max_concurrent_replays, sizeof(*z->active));
     z->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     z->ctx = zmq_ctx_new();
-    if (z->subscribe == NULL || z->active == NULL || z->efd < 0 || z->ctx == NULL) {
+    if (z->subscribe == NULL || z->active == NULL || z->efd < 0 || z->ctx == NULL ||
+        z->queues == NULL) {
         int rc = z->efd < 0 ? -errno : -ENOMEM;
         if (z->ctx != NULL)
             zmq_ctx_term(z->ctx);
         if (z->efd >= 0)
             close(z->efd);
         free(z->active);
+        free(z->queues);
         free(z->subscribe);
         free(z);
         return kvr_err_set(err, rc, "zsub: cannot create context: %s", strerror(-rc));
@@ -375,6 +382,7 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
     pthread_mutex_destroy(&z->cmu);
     pthread_mutex_destroy(&z->lmu);
     free(z->subscribe);
+    free(z->queues);
     free(z);
 }
 
@@ -864,11 +872,16 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
         *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
         return NULL;
     }
+    t->hash = h;
     t->pub.pod = xstrndup(pod, plen);
     t->pub.model = xstrndup(model, mlen);
     t->raw = malloc(len ? len : 1);
     /* The override string is kept alive by the record itself (sources come and go). */
     t->override = override != NULL ? strdup(override) : NULL;
+    if (t->raw != NULL) {
+        memcpy(t->raw, raw, len);
+        t->rawlen = len;
+    }
     if (t->pub.pod == NULL || t->pub.model == NULL || t->raw == NULL ||
         (override != NULL && t->override == NULL) || !tab_insert(z, t)) {
         free((char *)t->pub.pod);
@@ -879,9 +892,6 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
         *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
         return NULL;
     }
-    memcpy(t->raw, raw, len);
-    t->rawlen = len;
-    t->hash = h;
     t->pub.shard = kvr_zsub_shard(t->pub.pod, plen, z->o.nshards);
     t->pub.id = (uint32_t)z->ntopics;
     z->tlist[z->ntopics++] = t;
