@@ -1361,7 +1361,7 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_gauge(out, "index_entries", "(position, content hash) entries", NULL,
                       (double)is.entries);
     kvr_metrics_gauge(out, "index_holders", "(holder, entry) pairs", NULL, (double)is.holders);
-    kvr_metrics_gauge(out, "index_bytes", "Bytes used by the index", NULL, (double)is.bytes);
+    kvr_metrics_gauge(out, "index_memory_bytes", "Bytes used by the index", NULL, (double)is.bytes);
     kvr_metrics_gauge(out, "index_workers", "Workers (pod, dp_rank) known", NULL,
                       (double)is.workers);
     kvr_metrics_gauge(out, "index_namespaces", "Namespaces (model, LoRA) known", NULL,
