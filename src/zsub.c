@@ -1363,6 +1363,18 @@ static void *recv_main(void *arg)
         timeout = timers(z);
     }
 
+    /* Intake ends here: close every socket (linger 0) so ports are released at stop(). */
+    for (size_t i = 0; i < z->nactive; i++) {
+        zmq_close(z->active[i]->dealer);
+        z->active[i]->dealer = NULL;
+    }
+    pthread_mutex_lock(&z->lmu);
+    for (size_t i = 0; i < z->nsrcs; i++) {
+        source_close_sockets(z->srcs[i]);
+        atomic_store(&z->srcs[i]->connected, false);
+    }
+    pthread_mutex_unlock(&z->lmu);
+
     /* Stop accepting; fail whoever is still waiting. */
     pthread_mutex_lock(&z->cmu);
     z->accepting = false;
