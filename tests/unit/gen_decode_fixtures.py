@@ -171,6 +171,10 @@ def corpus(d):
     open(os.path.join(d, "empty_topic"), "wb").write(b"\x00\x08" + bytes(8) + F["spec_map"])
     open(os.path.join(d, "seq7"), "wb").write(b"\x05\x07kv@a@" + bytes(7) + F["v090"])
     open(os.path.join(d, "replay_end"), "wb").write(b"\x00\x08" + b"\xff" * 8)
+    open(os.path.join(d, "huge_decl"), "wb").write(b"\x06\x08kv@a@b" + bytes(8) +
+                                                    b"\x93\x00\x91\xdd\xff\xff\xff\xff\x00")
+    open(os.path.join(d, "deep33"), "wb").write(b"\x00\x08" + bytes(8) + b"\x92\x00" +
+                                                 b"\x91" * 32 + b"\x00")
     open(os.path.join(d, "model_at"), "wb").write(b"\x0a\x08kv@p@m@x@y" + bytes(8) +
                                                    F["removed_cleared"])
 

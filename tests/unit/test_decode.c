@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "decode.h"
+#include "decode_batch_gen.h"
 
 /* ---- allocation counter (plain glibc builds; sanitizers bring their own malloc) -------- */
 #if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
@@ -1111,19 +1112,83 @@ static void test_mutations(void **state)
     kvr_decoder_destroy(d);
 }
 
+/* Generated batches (decode_batch_gen.h): every value checked against its generator. */
+static void check_generated(struct kvr_decoder *d, const msgpack_sbuffer *sb, uint32_t nev,
+                            uint32_t nblk, uint32_t bs, uint64_t seed)
+{
+    struct kvr_batch bt;
+    struct kvr_event ev;
+    enum kvr_skip_reason why;
+    const uint64_t *h0 = NULL;
+
+    assert_int_equal(kvr_decode_batch(d, sb->data, sb->size, &bt), 0);
+    assert_int_equal(bt.nevents, nev);
+    for (uint32_t e = 0; e < nev; e++) {
+        assert_int_equal(kvr_decode_next(d, &ev, &why), 1);
+        assert_int_equal(ev.type, KVR_EV_STORED);
+        assert_int_equal(ev.nhashes, nblk);
+        assert_int_equal(ev.ntokens, (size_t)nblk * bs);
+        assert_int_equal(ev.block_size, bs);
+        assert_int_equal(ev.has_parent, e > 0);
+        if (e > 0)
+            assert_true(ev.parent == gen_hash(seed, e - 1, nblk - 1));
+        for (uint32_t b = 0; b < nblk; b++)
+            assert_true(ev.hashes[b] == gen_hash(seed, e, b));
+        for (size_t i = 0; i < ev.ntokens; i++)
+            if (ev.tokens[i] != gen_token(seed, e, i))
+                fail_msg("event %u token %zu", e, i);
+        if (e == 0)
+            h0 = ev.hashes;
+    }
+    assert_int_equal(kvr_decode_next(d, &ev, &why), 0);
+    for (uint32_t b = 0; b < nblk; b++) /* the first event's array is still intact */
+        assert_true(h0[b] == gen_hash(seed, 0, b));
+}
+
+static void test_big_batches(void **state)
+{
+    struct kvr_decoder *d = mk(0, 0, 0, 0);
+    (void)state;
+
+    for (int form = 0; form < 2; form++) {
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        gen_batch(&sb, 32, 16, 16, form == 1, 1 + form); /* zone grows past its 64 KiB */
+        check_generated(d, &sb, 32, 16, 16, 1 + form);
+        msgpack_sbuffer_clear(&sb);
+        gen_batch(&sb, 1, 5000, 16, form == 1, 7);        /* 80000 tokens: array32 */
+        assert_non_null(memmem(sb.data, sb.size, "\xdd\x00\x01\x38\x80", 5));
+        check_generated(d, &sb, 1, 5000, 16, 7);
+        msgpack_sbuffer_clear(&sb);
+        gen_batch(&sb, 2, 3, 4, form == 1, 9);            /* and small again */
+        check_generated(d, &sb, 2, 3, 4, 9);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    kvr_decoder_destroy(d);
+}
+
 static void test_no_alloc_when_warm(void **state)
 {
 #if COUNT_ALLOCS
     struct kvr_decoder *d = mk(0, 0, 0, 0);
     struct kvr_batch bt;
+    msgpack_sbuffer big[2];
     (void)state;
 
+    for (int form = 0; form < 2; form++) {
+        msgpack_sbuffer_init(&big[form]);
+        gen_batch(&big[form], 32, 16, 16, form == 1, 3);
+    }
     for (int round = 0; round < 2; round++) {
         if (round == 1)
             count_start();
         for (int i = 0; i < 50; i++) {
             for (size_t f = 0; f < NALL; f++) {
                 assert_int_equal(kvr_decode_batch(d, ALL[f].b, ALL[f].n, &bt), 0);
+                drain(d);
+            }
+            for (int form = 0; form < 2; form++) {
+                assert_int_equal(kvr_decode_batch(d, big[form].data, big[form].size, &bt), 0);
                 drain(d);
             }
         }
@@ -1133,6 +1198,8 @@ static void test_no_alloc_when_warm(void **state)
                 fail_msg("%zu allocations once warm", g_calls);
         }
     }
+    for (int form = 0; form < 2; form++)
+        msgpack_sbuffer_destroy(&big[form]);
     kvr_decoder_destroy(d);
 #else
     (void)state;
@@ -1195,6 +1262,7 @@ int main(void)
         cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_trailing),
         cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_big_batches),
         cmocka_unit_test(test_no_alloc_when_warm),
         cmocka_unit_test(test_reason_names),
         cmocka_unit_test(test_lifecycle),
