@@ -2,31 +2,39 @@
  * ../shared/specs/vllm-kv-events.md §2, §6).
  *
  * Design
- * - Two passes over a batch payload:
- *   1. prescan(): a bounds-checked cursor walk over the raw msgpack bytes, with no
- *      allocation. It rejects truncation, trailing bytes, reserved byte 0xc1, nesting deeper
- *      than max_depth, an events array longer than max_events, and any declared length that
- *      exceeds the bytes left (a container of n items needs >= n bytes, a map >= 2n). Since
- *      every declared item is then proven to exist in the buffer, the sum of all container
- *      lengths is <= len, and the walk computes exactly how much memory msgpack-c's unpacker
- *      will take from its zone (sizeof(msgpack_object) per array item, sizeof(msgpack_object_kv)
- *      per map pair; strings, bins and exts are referenced in place, not copied).
- *      A 6-byte input declaring a 4-billion-item array is rejected here, before msgpack-c
- *      sees it.
- *   2. msgpack_unpack() into a zone the decoder owns. The zone is cleared per batch and
- *      recreated (grow-only, power of two) only when the prescan says the batch will not fit
- *      in its first chunk, so a warm decoder makes no heap allocation per batch.
- *      (msgpack_unpack_next() cannot do this: in msgpack-c 4.0 it frees the zone of its
- *      msgpack_unpacked and lazily creates a fresh default-size one on every call — checked
- *      by counting mallocs; tests/unit/test_decode.c asserts zero allocations once warm.
- *      msgpack_unpack() is marked "obsolete" in unpack.h but exported and stable.)
- * - kvr_decode_batch() then checks the outer [ts, events, dp_rank?, ...] shape and sizes the
- *   scratch arrays (hashes u64, tokens u32; grow-only) for the whole batch, so every event
- *   handed out keeps valid pointers until the next kvr_decode_batch() (as decode.h promises)
- *   and kvr_decode_next() never allocates.
- * - kvr_decode_next() decodes one event. Both eras: a tagged array (v0.9–v0.23; positions are
- *   a prefix-growing layout, see the tables below) or a tagged map (v0.24+; any key order,
- *   omitted defaults, unknown keys ignored). Any problem skips just that event with a reason.
+ * - kvr_decode_batch() runs prescan(): a bounds-checked cursor walk over the raw msgpack
+ *   bytes of the whole batch, before anything is allocated for it. It rejects truncation,
+ *   trailing bytes, the reserved byte 0xc1, nesting deeper than max_depth, an events array
+ *   longer than max_events, and any declared length that exceeds the bytes left (a container
+ *   of n items needs >= n more bytes, a map >= 2n). Every declared item is therefore proven
+ *   to exist, so a 6-byte input declaring a 4-billion-item array is rejected here, before
+ *   msgpack-c (whose parser allocates by declared length) ever sees it. The walk also
+ *   records, per event: its byte span and exactly how much memory msgpack-c will take from
+ *   its zone to unpack it (sizeof(msgpack_object) per array item, sizeof(msgpack_object_kv)
+ *   per map pair; strings, bins and exts are referenced in place, not copied); and, for the
+ *   batch, upper bounds of the hashes and token ids to be decoded (arrays at the
+ *   block_hashes / token_ids positions of array events or under those keys in map events).
+ * - The outer scalars (ts, dp_rank) are unpacked from their spans; the events array itself
+ *   is never materialised. kvr_decode_next() unpacks one event at a time with
+ *   msgpack_unpack() into the decoder's zone, cleared per event. So the zone holds one event,
+ *   not the batch: its size is bounded by the limits (an event that would need more than
+ *   sizeof(msgpack_object) * (max_tokens + max_hashes) + 1 MiB is skipped as too_large
+ *   without being unpacked) instead of by the message size, and it stays cache-resident.
+ *   (msgpack_unpack_next() is not used: in msgpack-c 4.0 it frees the zone of its
+ *   msgpack_unpacked and creates a fresh default-size one on every call — checked by
+ *   counting mallocs. msgpack_unpack() is marked "obsolete" in unpack.h but is exported,
+ *   stable, and takes the caller's zone.)
+ * - Scratch arrays (hashes u64, tokens u32) are sized once per batch from the prescan
+ *   bounds, so every event handed out keeps valid pointers until the next
+ *   kvr_decode_batch(), as decode.h promises, and kvr_decode_next() never reallocates them.
+ * - Memory: the zone, the scratch arrays and the per-event span table are grow-only, so a
+ *   warm decoder makes no heap allocation per batch (test_decode checks it by counting
+ *   mallocs). The zone and the scratch arrays shrink back when they grew past a few MiB for
+ *   an unusual batch and the current one is much smaller.
+ * - Events: both eras. A tagged array (v0.9–v0.23; positions are a prefix-growing layout,
+ *   see locate_array()) or a tagged map (v0.24+; any key order, omitted defaults, unknown
+ *   keys ignored), both possibly in one batch. Any problem skips just that event with a
+ *   reason.
  *
  * Decisions (documented here because the spec leaves them open)
  * - nil is treated like an absent field everywhere.
@@ -49,12 +57,15 @@
  *   we do not expose (extra_keys, kv_cache_spec_sliding_window, locality, ...) are ignored
  *   whatever their type.
  * - has_lora_id is set only when lora_name is absent and lora_id is an int.
- * - dp_rank must be nil or an int in [0, 2^32); anything else rejects the batch.
- * - max_depth is clamped to MSGPACK_EMBED_STACK_SIZE (32), msgpack-c's own parser stack.
+ * - ts: float32/float64 or any int. dp_rank: nil or an int in [0, 2^32); anything else
+ *   rejects the batch (the stream key depends on it).
+ * - Limits of 0 mean the defaults below; max_depth is clamped to 32, msgpack-c's own parser
+ *   stack (MSGPACK_EMBED_STACK_SIZE).
  *
  * Threads: a decoder belongs to one thread; the frame helpers are pure.
  */
 #include "decode.h"
+#include "log.h"
 
 #include <errno.h>
 #include <msgpack.h>
@@ -69,23 +80,56 @@
 /* msgpack-c parser stack (MSGPACK_EMBED_STACK_SIZE in msgpack/unpack_define.h, which
  * msgpack.h does not include; libmsgpackc is built with the default 32). */
 #define HARD_MAX_DEPTH 32u
-#define ZONE_MIN_CHUNK (64u * 1024u)
+#define ZONE_MIN_CHUNK ((size_t)64 * 1024)
+#define ZONE_KEEP ((size_t)4 << 20)       /* a bigger zone shrinks back when unused */
+#define SCRATCH_KEEP ((size_t)1 << 20)    /* entries, per scratch array, likewise */
+#define EV_ZONE_SLACK ((size_t)1 << 20)   /* per-event zone allowance beyond tokens+hashes */
+
+struct span {
+    size_t off;  /* first byte of the event */
+    size_t zone; /* zone bytes msgpack-c needs to unpack it */
+};
 
 struct kvr_decoder {
     struct kvr_decode_limits lim;
-    msgpack_zone *zone;      /* owned, reused across batches */
-    size_t zone_chunk;       /* first-chunk size of zone */
-    msgpack_object root;     /* the open batch, allocated in zone */
-    uint64_t stack[HARD_MAX_DEPTH + 1]; /* prescan: items left per open container */
+    size_t ev_zone_max;      /* events needing more zone than this are too_large */
 
-    uint64_t *hashes;        /* grow-only scratch, sized per batch in kvr_decode_batch */
+    msgpack_zone *zone;      /* owned; holds the current event only */
+    size_t zone_chunk;       /* first-chunk size of zone */
+
+    uint8_t scalar_width[256]; /* encoded size of fixed-size scalars (ints, floats, nil,
+                                * bools, fixext); 0 for containers, str, bin, ext, 0xc1 */
+
+    struct span *spans;      /* per event of the open batch, + end sentinel; grow-only */
+    size_t spans_cap;
+
+    uint64_t *hashes;        /* scratch for the whole open batch */
     size_t hcap, hlen;
     uint32_t *tokens;
     size_t tcap, tlen;
 
-    const msgpack_object *events; /* open batch (NULL when none) */
+    const uint8_t *buf;      /* open batch (NULL when none) */
     uint32_t nevents, next;
 };
+
+/* What prescan() learns about a batch. */
+struct scan {
+    size_t top_off[4];    /* start of top-level elements 0..3 (0 when absent) */
+    uint8_t top_first[3]; /* their first bytes */
+    uint64_t ntop;        /* top-level array length */
+    bool events_array;    /* element [1] is an array */
+    uint32_t nevents;
+    size_t hbound, tbound; /* scratch needed, upper bounds */
+    size_t zone_max;       /* largest per-event zone need (events within ev_zone_max) */
+};
+
+/* Our own invariant broke (not the peer's bytes: those are validated before this can be
+ * reached). Assertions stay on in release builds (house style). */
+static _Noreturn void decode_bug(const char *what, uint32_t event)
+{
+    kvr_log_error("decode: internal error: %s (event %u)", what, event);
+    abort();
+}
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
@@ -95,12 +139,6 @@ static inline uint64_t be_read(const uint8_t *p, size_t n)
     for (size_t i = 0; i < n; i++)
         v = (v << 8) | p[i];
     return v;
-}
-
-static inline bool is_int(const msgpack_object *o)
-{
-    return o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
-           o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
 }
 
 /* nil counts as absent */
@@ -196,6 +234,15 @@ int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder *
     if (d->lim.max_depth > HARD_MAX_DEPTH)
         d->lim.max_depth = HARD_MAX_DEPTH;
 
+    for (int b = 0; b < 256; b++) {
+        static const uint8_t w_cx[32] = {
+            /* c0 */ 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 5, 9, 2, 3, 5, 9,
+            /* d0 */ 2, 3, 5, 9, 3, 4, 6, 10, 18, 0, 0, 0, 0, 0, 0, 0,
+        };
+        d->scalar_width[b] = (b <= 0x7f || b >= 0xe0) ? 1 : (b >= 0xc0) ? w_cx[b - 0xc0] : 0;
+    }
+    d->ev_zone_max = sizeof(msgpack_object) * ((size_t)d->lim.max_tokens + d->lim.max_hashes) +
+                     EV_ZONE_SLACK;
     d->zone_chunk = ZONE_MIN_CHUNK;
     d->zone = msgpack_zone_new(d->zone_chunk);
     if (d->zone == NULL)
@@ -213,38 +260,105 @@ void kvr_decoder_destroy(struct kvr_decoder *d)
     if (d == NULL)
         return;
     msgpack_zone_free(d->zone);
+    free(d->spans);
     free(d->hashes);
     free(d->tokens);
     free(d);
 }
 
-/* ---- pass 1: bounded pre-scan of the raw bytes --------------------------------------- */
+/* ---- prescan: bounded walk over the raw bytes ---------------------------------------- */
 
-/* Walks exactly one msgpack value spanning buf[0..len). Returns 0 with *zone_bytes = what
- * msgpack-c will take from its zone, or -EBADMSG. */
-static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, size_t *zone_bytes)
+struct level {
+    uint64_t left, total; /* items (map: keys + values) */
+    bool map;
+};
+
+static bool is_container(uint8_t b)
 {
-    uint64_t *stack = d->stack;
-    uint64_t top_n = 0;
-    size_t pos = 0, zb = 0;
-    uint32_t depth = 0;
+    return (b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf);
+}
 
-    stack[0] = 1; /* one top-level value */
+static int reserve_spans(struct kvr_decoder *d, size_t n)
+{
+    struct span *p;
+    size_t cap;
+
+    if (n <= d->spans_cap)
+        return 0;
+    cap = d->spans_cap ? d->spans_cap : 256;
+    while (cap < n)
+        cap *= 2;
+    p = realloc(d->spans, cap * sizeof(*p));
+    if (p == NULL)
+        return -ENOMEM;
+    d->spans = p;
+    d->spans_cap = cap;
+    return 0;
+}
+
+/* Walks exactly one msgpack value spanning p[0..len) (see the design note). Fills *sc and
+ * d->spans[0..nevents]. Returns 0, -EBADMSG, or -ENOMEM. */
+static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct scan *sc)
+{
+    struct level st[HARD_MAX_DEPTH + 1];
+    size_t pos = 0, dummy_zone = 0, *ev_zone = &dummy_zone;
+    uint32_t depth = 0;
+    bool in_events = false;       /* st[2] is the events array */
+    const uint8_t *key = NULL;    /* last string key read in a map event */
+    size_t key_len = 0;
+
+    memset(sc, 0, sizeof(*sc));
+    st[0].left = st[0].total = 1;
+    st[0].map = false;
     for (;;) {
         size_t rem, hdr = 1, skip = 0;
-        uint64_t n = 0;
+        uint64_t n = 0, idx;
         int kind = 0; /* 0 scalar, 1 array, 2 map */
+        bool is_str = false;
         uint8_t b;
 
-        while (depth > 0 && stack[depth] == 0)
+        while (depth > 0 && st[depth].left == 0) {
+            if (depth == 2 && in_events) { /* the events array ends here */
+                d->spans[sc->nevents].off = pos;
+                in_events = false;
+                ev_zone = &dummy_zone;
+            }
             depth--;
-        if (depth == 0 && stack[0] == 0)
+        }
+        if (depth == 0 && st[0].left == 0)
             break;
-        stack[depth]--;
+        if (depth >= 3 && !st[depth].map) {
+            /* Fast path for runs of fixed-size scalars inside an event (token ids, hashes):
+             * nothing to record for them. */
+            uint64_t left = st[depth].left;
+            uint8_t w;
+            while (left != 0 && pos < len && (w = d->scalar_width[p[pos]]) != 0) {
+                if (len - pos < w)
+                    return -EBADMSG;
+                pos += w;
+                left--;
+            }
+            st[depth].left = left;
+            if (left == 0)
+                continue;
+        }
+        idx = st[depth].total - st[depth].left;
+        st[depth].left--;
         if (pos >= len)
             return -EBADMSG; /* truncated */
         rem = len - pos;
         b = p[pos];
+
+        if (depth == 1 && idx < 4) {
+            sc->top_off[idx] = pos;
+            if (idx < 3)
+                sc->top_first[idx] = b;
+        } else if (depth == 2 && in_events) {
+            d->spans[idx].off = pos;
+            d->spans[idx].zone = 0;
+            ev_zone = &d->spans[idx].zone;
+            key = NULL;
+        }
 
         if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
             /* fixint, nil, bool */
@@ -253,19 +367,15 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, size_t *
         } else if (b <= 0x9f) {
             kind = 1, n = b & 0x0f;
         } else if (b <= 0xbf) {
-            skip = b & 0x1f;
+            skip = b & 0x1f, is_str = true;
         } else {
-            static const uint8_t width[] = {
-                /* c4 c5 c6 bin */ 1, 2, 4,
-                /* c7 c8 c9 ext */ 1, 2, 4,
-            };
             switch (b) {
-            case 0xc4: case 0xc5: case 0xc6:
-            case 0xc7: case 0xc8: case 0xc9: {
-                size_t w = width[b - 0xc4];
+            case 0xc4: case 0xc5: case 0xc6:   /* bin 8/16/32 */
+            case 0xc7: case 0xc8: case 0xc9: { /* ext 8/16/32 (+ type byte) */
+                size_t w = (size_t)1 << ((b - 0xc4) % 3);
                 if (rem < 1 + w)
                     return -EBADMSG;
-                hdr = 1 + w + (b >= 0xc7); /* ext: + type byte */
+                hdr = 1 + w + (b >= 0xc7);
                 skip = be_read(p + pos + 1, w);
                 break;
             }
@@ -275,20 +385,21 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, size_t *
             case 0xcd: case 0xd1: hdr = 3; break;
             case 0xce: case 0xd2: hdr = 5; break;
             case 0xcf: case 0xd3: hdr = 9; break;
-            case 0xd4: hdr = 3; break;  /* fixext 1: type + 1 */
+            case 0xd4: hdr = 3; break;  /* fixext 1: type + 1 byte */
             case 0xd5: hdr = 4; break;
             case 0xd6: hdr = 6; break;
             case 0xd7: hdr = 10; break;
             case 0xd8: hdr = 18; break;
-            case 0xd9: case 0xda: case 0xdb: {
+            case 0xd9: case 0xda: case 0xdb: { /* str 8/16/32 */
                 size_t w = (size_t)1 << (b - 0xd9);
                 if (rem < 1 + w)
                     return -EBADMSG;
                 hdr = 1 + w;
                 skip = be_read(p + pos + 1, w);
+                is_str = true;
                 break;
             }
-            case 0xdc: case 0xdd: case 0xde: case 0xdf: {
+            case 0xdc: case 0xdd: case 0xde: case 0xdf: { /* array/map 16/32 */
                 size_t w = (b == 0xdc || b == 0xde) ? 2 : 4;
                 if (rem < 1 + w)
                     return -EBADMSG;
@@ -303,30 +414,63 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, size_t *
         }
         if (rem < hdr || rem - hdr < skip)
             return -EBADMSG;
+        if (depth == 3 && in_events && st[3].map && idx % 2 == 0) {
+            key = is_str ? p + pos + hdr : NULL;
+            key_len = skip;
+        }
         pos += hdr + skip;
-        if (kind == 0)
+        if (kind == 0) {
+            if (depth == 0)
+                return -EBADMSG; /* a batch is an array */
             continue;
+        }
 
         /* A container: every declared item needs at least one byte of what is left. */
-        {
-            uint64_t items = (kind == 2) ? 2 * n : n;
-            if (items > len - pos)
+        uint64_t items = (kind == 2) ? 2 * n : n;
+        if (items > len - pos)
+            return -EBADMSG;
+        if (depth + 1 > d->lim.max_depth)
+            return -EBADMSG;
+        if (depth == 0) {
+            if (kind != 1)
                 return -EBADMSG;
-            if (depth + 1 > d->lim.max_depth)
+            sc->ntop = n;
+        } else if (depth == 1 && idx == 1 && kind == 1) { /* the events array */
+            int rc;
+            if (n > d->lim.max_events)
                 return -EBADMSG;
-            /* the events array: element [1] of the top-level array */
-            if (depth == 1 && top_n - stack[1] == 2 && kind == 1 && n > d->lim.max_events)
-                return -EBADMSG;
-            zb += (size_t)n * (kind == 2 ? sizeof(msgpack_object_kv) : sizeof(msgpack_object));
-            depth++;
-            stack[depth] = items;
-            if (depth == 1)
-                top_n = items;
+            rc = reserve_spans(d, (size_t)n + 1);
+            if (rc != 0)
+                return rc;
+            sc->events_array = true;
+            sc->nevents = (uint32_t)n;
+            in_events = true;
+        } else if (depth >= 2 && in_events) { /* an event or something inside one */
+            *ev_zone +=
+                (size_t)n * (kind == 2 ? sizeof(msgpack_object_kv) : sizeof(msgpack_object));
+            if (depth == 3 && kind == 1) { /* an array field of an event */
+                bool h, t;
+                if (!st[3].map) {
+                    h = (idx == 1), t = (idx == 3);
+                } else {
+                    h = idx % 2 == 1 && key && key_len == 12 && !memcmp(key, "block_hashes", 12);
+                    t = idx % 2 == 1 && key && key_len == 9 && !memcmp(key, "token_ids", 9);
+                }
+                if (h && n <= d->lim.max_hashes)
+                    sc->hbound += n;
+                if (t && n <= d->lim.max_tokens)
+                    sc->tbound += n;
+            }
         }
+        depth++;
+        st[depth].left = st[depth].total = items;
+        st[depth].map = (kind == 2);
     }
     if (pos != len)
         return -EBADMSG; /* trailing bytes */
-    *zone_bytes = zb;
+    for (uint32_t i = 0; i < sc->nevents; i++)
+        if (d->spans[i].zone <= d->ev_zone_max && d->spans[i].zone > sc->zone_max)
+            sc->zone_max = d->spans[i].zone;
     return 0;
 }
 
@@ -463,136 +607,140 @@ static enum kvr_skip_reason locate(const msgpack_object *o, struct fields *f)
     return KVR_SKIP_NOT_EVENT;
 }
 
-/* ---- pass 2: batch --------------------------------------------------------------------- */
+/* ---- batch ----------------------------------------------------------------------------- */
 
-static int ensure_zone(struct kvr_decoder *d, size_t need)
+/* Capacity for `need` entries: grow by doubling; shrink back when the capacity grew past
+ * `keep` and the need is under a quarter of it. Returns the current capacity when no
+ * change is wanted. */
+static size_t fit_cap(size_t cap, size_t need, size_t min, size_t keep)
 {
-    size_t chunk;
+    size_t want;
+
+    if (need <= cap && !(cap > keep && need <= cap / 4))
+        return cap;
+    want = min;
+    while (want < need)
+        want *= 2;
+    return want;
+}
+
+static int size_zone(struct kvr_decoder *d, size_t need)
+{
+    size_t chunk = fit_cap(d->zone_chunk, need + 64, ZONE_MIN_CHUNK, ZONE_KEEP);
     msgpack_zone *z;
 
-    /* Slack for alignment (all our sizes are multiples of 8, so none is expected). */
-    need += 64;
-    if (need <= d->zone_chunk) {
-        msgpack_zone_clear(d->zone);
+    if (chunk == d->zone_chunk)
         return 0;
-    }
-    chunk = d->zone_chunk;
-    while (chunk < need)
-        chunk *= 2;
     z = msgpack_zone_new(chunk);
     if (z == NULL)
-        return -ENOMEM;
+        return need + 64 <= d->zone_chunk ? 0 : -ENOMEM; /* failed shrink: keep the old */
     msgpack_zone_free(d->zone);
     d->zone = z;
     d->zone_chunk = chunk;
     return 0;
 }
 
-static int reserve_scratch(struct kvr_decoder *d, size_t nh, size_t nt)
+static int size_scratch(struct kvr_decoder *d, size_t nh, size_t nt)
 {
-    if (nh > d->hcap) {
-        size_t cap = d->hcap ? d->hcap : 1024;
-        uint64_t *p;
-        while (cap < nh)
-            cap *= 2;
-        p = realloc(d->hashes, cap * sizeof(*p));
-        if (p == NULL)
+    size_t hc = fit_cap(d->hcap, nh, 1024, SCRATCH_KEEP);
+    size_t tc = fit_cap(d->tcap, nt, 4096, SCRATCH_KEEP);
+
+    if (hc != d->hcap) {
+        uint64_t *p = realloc(d->hashes, hc * sizeof(*p));
+        if (p != NULL) {
+            d->hashes = p;
+            d->hcap = hc;
+        } else if (nh > d->hcap) {
             return -ENOMEM;
-        d->hashes = p;
-        d->hcap = cap;
+        }
     }
-    if (nt > d->tcap) {
-        size_t cap = d->tcap ? d->tcap : 4096;
-        uint32_t *p;
-        while (cap < nt)
-            cap *= 2;
-        p = realloc(d->tokens, cap * sizeof(*p));
-        if (p == NULL)
+    if (tc != d->tcap) {
+        uint32_t *p = realloc(d->tokens, tc * sizeof(*p));
+        if (p != NULL) {
+            d->tokens = p;
+            d->tcap = tc;
+        } else if (nt > d->tcap) {
             return -ENOMEM;
-        d->tokens = p;
-        d->tcap = cap;
+        }
     }
+    return 0;
+}
+
+/* Unpacks the top-level scalar spanning buf[start, end). */
+static int unpack_scalar(struct kvr_decoder *d, const uint8_t *buf, size_t start, size_t end,
+                         msgpack_object *o)
+{
+    size_t off = start;
+
+    if (is_container(buf[start]))
+        return -EBADMSG;
+    msgpack_zone_clear(d->zone);
+    if (msgpack_unpack((const char *)buf, end, &off, d->zone, o) != MSGPACK_UNPACK_SUCCESS ||
+        off != end)
+        return -EBADMSG;
     return 0;
 }
 
 int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct kvr_batch *out)
 {
-    const msgpack_object *top, *ts, *evs;
-    size_t zb = 0, off = 0, nh = 0, nt = 0;
-    msgpack_unpack_return ur;
+    const uint8_t *p = buf;
+    struct scan sc;
+    msgpack_object o;
     int rc;
 
     if (d == NULL || out == NULL || (buf == NULL && len != 0))
         return -EINVAL;
-    d->events = NULL;
+    d->buf = NULL;
     d->nevents = d->next = 0;
     d->hlen = d->tlen = 0;
     memset(out, 0, sizeof(*out));
     if (len == 0)
         return -EBADMSG;
 
-    rc = prescan(d, buf, len, &zb);
+    rc = prescan(d, p, len, &sc);
     if (rc != 0)
         return rc;
-    rc = ensure_zone(d, zb);
-    if (rc != 0)
-        return rc;
-    ur = msgpack_unpack(buf, len, &off, d->zone, &d->root);
-    if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
-        return -ENOMEM;
-    if (ur != MSGPACK_UNPACK_SUCCESS || off != len)
-        return -EBADMSG; /* cannot happen after prescan; kept as a second line of defence */
-
-    top = &d->root;
-    if (top->type != MSGPACK_OBJECT_ARRAY || top->via.array.size < 2)
+    if (sc.ntop < 2 || !sc.events_array)
         return -EBADMSG;
-    ts = &top->via.array.ptr[0];
-    evs = &top->via.array.ptr[1];
-    switch (ts->type) {
+
+    rc = unpack_scalar(d, p, sc.top_off[0], sc.top_off[1], &o);
+    if (rc != 0)
+        return rc;
+    switch (o.type) {
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64:
-        out->ts = ts->via.f64;
+        out->ts = o.via.f64;
         break;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        out->ts = (double)ts->via.u64;
+        out->ts = (double)o.via.u64;
         break;
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        out->ts = (double)ts->via.i64;
+        out->ts = (double)o.via.i64;
         break;
     default:
         return -EBADMSG;
     }
-    if (evs->type != MSGPACK_OBJECT_ARRAY || evs->via.array.size > d->lim.max_events)
-        return -EBADMSG;
-    if (top->via.array.size >= 3) {
-        const msgpack_object *dp = &top->via.array.ptr[2];
-        if (dp->type == MSGPACK_OBJECT_POSITIVE_INTEGER && dp->via.u64 <= UINT32_MAX) {
+    if (sc.ntop >= 3) {
+        rc = unpack_scalar(d, p, sc.top_off[2], sc.ntop >= 4 ? sc.top_off[3] : len, &o);
+        if (rc != 0)
+            return rc;
+        if (o.type == MSGPACK_OBJECT_POSITIVE_INTEGER && o.via.u64 <= UINT32_MAX) {
             out->has_dp_rank = true;
-            out->dp_rank = (uint32_t)dp->via.u64;
-        } else if (dp->type != MSGPACK_OBJECT_NIL) {
+            out->dp_rank = (uint32_t)o.via.u64;
+        } else if (o.type != MSGPACK_OBJECT_NIL) {
             return -EBADMSG;
         }
     }
 
-    /* Size the scratch for the whole batch so that no pointer handed out moves. */
-    for (uint32_t i = 0; i < evs->via.array.size; i++) {
-        struct fields f;
-        if (locate(&evs->via.array.ptr[i], &f) != KVR_SKIP_NONE)
-            continue;
-        if (f.hashes && f.hashes->type == MSGPACK_OBJECT_ARRAY &&
-            f.hashes->via.array.size <= d->lim.max_hashes)
-            nh += f.hashes->via.array.size;
-        if (f.tokens && f.tokens->type == MSGPACK_OBJECT_ARRAY &&
-            f.tokens->via.array.size <= d->lim.max_tokens)
-            nt += f.tokens->via.array.size;
-    }
-    rc = reserve_scratch(d, nh, nt);
+    rc = size_zone(d, sc.zone_max);
     if (rc != 0)
         return rc;
-
-    out->nevents = evs->via.array.size;
-    d->events = evs->via.array.ptr;
-    d->nevents = evs->via.array.size;
+    rc = size_scratch(d, sc.hbound, sc.tbound);
+    if (rc != 0)
+        return rc;
+    out->nevents = sc.nevents;
+    d->buf = p;
+    d->nevents = sc.nevents;
     return 0;
 }
 
@@ -713,9 +861,9 @@ static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const msgpack_ob
         if (ta->size > d->lim.max_tokens)
             return KVR_SKIP_TOO_LARGE;
     }
-    /* Reserved by kvr_decode_batch; checked anyway so a bug cannot write out of bounds. */
+    /* Reserved by kvr_decode_batch from the prescan bounds. */
     if (ha->size > d->hcap - d->hlen || (ta && ta->size > d->tcap - d->tlen))
-        return KVR_SKIP_TOO_LARGE;
+        decode_bug("scratch bound exceeded", d->next - 1);
 
     hs = d->hashes + d->hlen;
     for (uint32_t i = 0; i < ha->size; i++)
@@ -753,13 +901,33 @@ static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const msgpack_ob
 int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_reason *reason)
 {
     enum kvr_skip_reason r;
+    const struct span *s;
+    msgpack_object o;
+    size_t off, end;
 
     if (reason)
         *reason = KVR_SKIP_NONE;
-    if (d == NULL || ev == NULL || d->events == NULL || d->next >= d->nevents)
+    if (d == NULL || ev == NULL || d->buf == NULL || d->next >= d->nevents)
         return 0;
     memset(ev, 0, sizeof(*ev));
-    r = decode_event(d, &d->events[d->next++], ev);
+    s = &d->spans[d->next++];
+    off = s->off;
+    end = s[1].off;
+    if (s->zone > d->ev_zone_max) {
+        r = KVR_SKIP_TOO_LARGE; /* not unpacked at all */
+    } else {
+        /* The zone was sized for the batch's largest event; msgpack-c would expand it (one
+         * malloc) if that accounting were ever short, never fail. */
+        msgpack_unpack_return ur;
+        msgpack_zone_clear(d->zone);
+        ur = msgpack_unpack((const char *)d->buf, end, &off, d->zone, &o);
+        if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
+            r = KVR_SKIP_TOO_LARGE;
+        else if (ur != MSGPACK_UNPACK_SUCCESS || off != end)
+            decode_bug("msgpack-c disagrees with prescan", d->next - 1);
+        else
+            r = decode_event(d, &o, ev);
+    }
     if (r == KVR_SKIP_NONE)
         return 1;
     if (reason)
