@@ -269,7 +269,7 @@ def test_replay_hole_unsynced(daemon_factory):
 
 
 def test_runtime_endpoints_and_disconnect_purge(daemon_factory):
-    d = start(daemon_factory, {"bind": None, "purge_after_disconnect": "300ms"})
+    d = start(daemon_factory, {"purge_after_disconnect": "300ms"})
     eng = Engine(pod="pod-e", model=MODEL, mode="bind", replay=True, block_size=BS)
     try:
         r = eng.rank(0)
