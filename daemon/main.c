@@ -17,6 +17,8 @@
 
 #include "conf.h"
 #include "daemon.h"
+#include "index.h"
+#include "ingest.h"
 #include "log.h"
 #include "notify.h"
 
@@ -28,6 +30,8 @@ struct app {
     struct kvr_conf conf;     /* live configuration (reloadable parts change on SIGHUP) */
     struct kvr_notify notify;
     sigset_t sigs;
+    struct kvr_index *index;
+    struct kvr_ingest *ingest;
 };
 
 static void usage(FILE *f)
@@ -53,20 +57,45 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
 
 static int app_start(struct app *a, struct kvr_err *err)
 {
-    (void)a;
-    (void)err;
-    return 0;
+    struct kvr_index_opts io = {
+        .jump_stride = a->conf.jump_stride,
+        .max_workers = a->conf.max_workers,
+        .orphan_capacity = a->conf.orphan_capacity,
+    };
+    int rc;
+
+    rc = kvr_index_create(&io, &a->index);
+    if (rc != 0)
+        return kvr_err_set(err, rc, "index: %s", strerror(-rc));
+    rc = kvr_ingest_create(&a->conf, a->index, &a->ingest, err);
+    if (rc != 0)
+        return rc;
+    return kvr_ingest_start(a->ingest, err);
 }
 
+/* Reverse order; copes with a partially started app. */
 static void app_stop(struct app *a)
 {
-    (void)a;
+    if (a->ingest != NULL) {
+        kvr_ingest_stop(a->ingest); /* drains: every received batch is applied */
+        kvr_ingest_destroy(a->ingest);
+        a->ingest = NULL;
+    }
+    if (a->index != NULL) {
+        kvr_index_destroy(a->index);
+        a->index = NULL;
+    }
 }
 
 static void app_ready(struct app *a)
 {
     struct kvr_daemon_listeners l = {0};
+    const char *events[64];
 
+    if (a->ingest != NULL) {
+        l.nevents = kvr_ingest_bound_endpoints(a->ingest, events, 64);
+        l.events = events;
+    }
     kvr_daemon_log_ready(&l);
     kvr_notify_ready(&a->notify, "ready");
 }

@@ -100,7 +100,7 @@ def warm(eng, d, pod, rank=0):
 def test_bind_mode_store_remove_score(daemon_factory, encoding):
     d = start(daemon_factory)
     with Engine(pod="pod-b", model=MODEL, mode="connect", endpoints=d.events, block_size=BS,
-                num_blocks=24, encoding=encoding) as eng:
+                num_blocks=22, encoding=encoding) as eng:
         warm(eng, d, "pod-b")
         r = eng.rank(0)
         prompt = tokens_for(1, 10 * BS + 3)
@@ -112,7 +112,7 @@ def test_bind_mode_store_remove_score(daemon_factory, encoding):
         assert matched(d, prompt, "pod-b") == 10
         res = score(d, prompt)
         assert res["block_size"] == BS and res["query_blocks"] == 10
-        # A second prompt sharing the first 4 blocks; the pool (24 blocks) must evict.
+        # A second prompt sharing the first 4 blocks; the pool (22 blocks) must evict.
         other = prompt[:4 * BS] + tokens_for(2, 14 * BS)
         hit, stored, removed = r.request(other)
         assert hit == 4 and len(stored) == 14 and removed
