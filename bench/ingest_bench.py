@@ -17,6 +17,7 @@ KVR_BENCH_PACED_FRACTION (0.5), KVR_BENCH_PACED_SECONDS (8).
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,7 @@ class Daemon:
         self.tmp = tempfile.mkdtemp(prefix="kvr-bench-")
         conf = os.path.join(self.tmp, "kvrouterd.conf")
         with open(conf, "w") as f:
-            f.write("[log]\nlevel = warn\n"
+            f.write("[log]\nlevel = info\n"
                     "[events]\nbind = tcp://127.0.0.1:*\nwriter_threads = %d\n"
                     "queue_depth = 4096\nrcvhwm = 0\n"
                     "[http]\nlisten = 127.0.0.1:0\n" % WRITERS)
@@ -70,10 +71,10 @@ class Daemon:
             if self.proc.poll() is not None:
                 break
         if ready is None or "http" not in ready or "events" not in ready:
-            self.stop()
             with open(self.err.name) as f:
-                fail("daemon not ready (needs http= and events= in the ready line):\n"
-                     + f.read()[-2000:])
+                log = f.read()[-2000:]
+            self.stop()
+            fail("daemon not ready (needs http= and events= in the ready line):\n" + log)
         self.http = ready["http"]
         self.events = ready["events"].split(",")[0]
 
@@ -98,6 +99,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.err.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def quantile(m, name, q):
