@@ -247,9 +247,22 @@ int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder *
     d->zone = msgpack_zone_new(d->zone_chunk);
     if (d->zone == NULL)
         goto fail_zone;
+    /* Never NULL afterwards (pointer arithmetic on them is then always defined). */
+    d->hcap = 1024;
+    d->hashes = malloc(d->hcap * sizeof(*d->hashes));
+    if (d->hashes == NULL)
+        goto fail_hashes;
+    d->tcap = 4096;
+    d->tokens = malloc(d->tcap * sizeof(*d->tokens));
+    if (d->tokens == NULL)
+        goto fail_tokens;
     *out = d;
     return 0;
 
+fail_tokens:
+    free(d->hashes);
+fail_hashes:
+    msgpack_zone_free(d->zone);
 fail_zone:
     free(d);
     return -ENOMEM;
