@@ -115,7 +115,6 @@ struct kvr_decoder {
 /* What prescan() learns about a batch. */
 struct scan {
     size_t top_off[4];    /* start of top-level elements 0..3 (0 when absent) */
-    uint8_t top_first[3]; /* their first bytes */
     uint64_t ntop;        /* top-level array length */
     bool events_array;    /* element [1] is an array */
     uint32_t nevents;
@@ -364,8 +363,6 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
 
         if (depth == 1 && idx < 4) {
             sc->top_off[idx] = pos;
-            if (idx < 3)
-                sc->top_first[idx] = b;
         } else if (depth == 2 && in_events) {
             d->spans[idx].off = pos;
             d->spans[idx].zone = 0;
