@@ -555,8 +555,13 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
     }
     sh->live--;
     /* Shrink (memory follows live contents); a failed shrink is harmless. */
-    if (t->mask + 1 > 16 && sh->live * 8 < t->mask + 1)
+    if (sh->live == 0) {
+        STR(sh->tab, (struct table *)NULL);
+        sh->used = 0;
+        ebr_retire(ix, s, t);
+    } else if (t->mask + 1 > 16 && sh->live * 8 < t->mask + 1) {
         (void)tab_rebuild(ix, s, sh, sh->live);
+    }
 }
 
 static inline uint32_t el_holder(uint64_t e)
