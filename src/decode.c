@@ -115,7 +115,6 @@ struct kvr_decoder {
 /* What prescan() learns about a batch. */
 struct scan {
     size_t top_off[4];    /* start of top-level elements 0..3 (0 when absent) */
-    uint8_t top_first[3]; /* their first bytes */
     uint64_t ntop;        /* top-level array length */
     bool events_array;    /* element [1] is an array */
     uint32_t nevents;
@@ -247,9 +246,22 @@ int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder *
     d->zone = msgpack_zone_new(d->zone_chunk);
     if (d->zone == NULL)
         goto fail_zone;
+    /* Never NULL afterwards (pointer arithmetic on them is then always defined). */
+    d->hcap = 1024;
+    d->hashes = malloc(d->hcap * sizeof(*d->hashes));
+    if (d->hashes == NULL)
+        goto fail_hashes;
+    d->tcap = 4096;
+    d->tokens = malloc(d->tcap * sizeof(*d->tokens));
+    if (d->tokens == NULL)
+        goto fail_tokens;
     *out = d;
     return 0;
 
+fail_tokens:
+    free(d->hashes);
+fail_hashes:
+    msgpack_zone_free(d->zone);
 fail_zone:
     free(d);
     return -ENOMEM;
@@ -351,8 +363,6 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
 
         if (depth == 1 && idx < 4) {
             sc->top_off[idx] = pos;
-            if (idx < 3)
-                sc->top_first[idx] = b;
         } else if (depth == 2 && in_events) {
             d->spans[idx].off = pos;
             d->spans[idx].zone = 0;

@@ -175,6 +175,11 @@ def corpus(d):
                                                     b"\x93\x00\x91\xdd\xff\xff\xff\xff\x00")
     open(os.path.join(d, "deep33"), "wb").write(b"\x00\x08" + bytes(8) + b"\x92\x00" +
                                                  b"\x91" * 32 + b"\x00")
+    # one 4096-token event (its unpacked objects outgrow the decoder's initial 64 KiB zone)
+    big = pk([TS, [stored_map(block_hashes=list(range(1000, 1256)), parent_block_hash=999,
+                              token_ids=[(i * 7919) % 152000 for i in range(4096)],
+                              block_size=16, medium="GPU")], 0])
+    open(os.path.join(d, "big_event"), "wb").write(b"\x00\x08" + bytes(8) + big)
     open(os.path.join(d, "model_at"), "wb").write(b"\x0a\x08kv@p@m@x@y" + bytes(8) +
                                                    F["removed_cleared"])
 
