@@ -390,7 +390,7 @@ static struct kvr_stream_info wait_seq(struct fx *f, const char *pod, uint32_t r
 static void warm_up(struct fx *f)
 {
     int64_t deadline = kvr_now_ms() + WAIT_MS;
-    struct tev none[1];
+    struct tev none[1] = {{0}};
     uint64_t seq = 0;
     struct kvr_stream_info si;
 
@@ -691,7 +691,7 @@ static void test_restart_and_gap(void **state)
     tokens_seq(tok, 16, 300);
     struct tev st = {.type = EV_STORED, .hashes = h, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
                      .lora_id = -1};
-    struct tev none[1];
+    struct tev none[1] = {{0}};
     for (uint64_t q = 0; q < 4; q++)
         publish(f->pub, "kv@pod-r@" MODEL, q, q == 0 ? &st : none, q == 0 ? 1 : 0, 0);
     si = wait_seq(f, "pod-r", 0, 3, KVR_STREAM_SYNCED);
@@ -930,7 +930,7 @@ static void run_replay(bool v25)
     pthread_mutex_lock(&r->mu);
     r->skip_seq = 9;
     pthread_mutex_unlock(&r->mu);
-    struct tev none[1];
+    struct tev none[1] = {{0}};
     engine_publish(f->pub, r, 8, none, 0, false);
     engine_publish(f->pub, r, 9, none, 0, true);
     engine_publish(f->pub, r, 10, none, 0, false);
