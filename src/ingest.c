@@ -660,7 +660,8 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     }
     s->source = item->source;
     s->can_replay = item->can_replay;
-    can_replay = item->can_replay && kvr_zsub_running(w->ing->zsub);
+    can_replay = item->can_replay && w->ing->conf->max_concurrent_replays > 0 &&
+                 kvr_zsub_running(w->ing->zsub);
     v = kvr_stream_on_live(&s->sm, item->seq, can_replay);
     if (v & KVR_STREAM_F_PURGE) {
         drop_pending(s);
@@ -910,7 +911,8 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     zo.reconnect_ivl_max_ms = conf->reconnect_interval_max_ms;
     zo.purge_after_disconnect_ms = conf->purge_after_disconnect_ms;
     zo.replay_timeout_ms = conf->replay_timeout_ms > 0 ? conf->replay_timeout_ms : 2000;
-    zo.max_concurrent_replays = conf->max_concurrent_replays ? conf->max_concurrent_replays : 4;
+    /* max_concurrent_replays = 0 disables replay (streams never ask); zsub needs >= 1 slot. */
+    zo.max_concurrent_replays = conf->max_concurrent_replays ? conf->max_concurrent_replays : 1;
     zo.max_topics = conf->max_workers ? conf->max_workers : 16384;
     zo.nshards = ing->nwriters;
     zo.queues = queues;

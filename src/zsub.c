@@ -24,8 +24,10 @@
  * Replays: requests queue FIFO; at most max_concurrent_replays run, each on its own DEALER
  * polled with the SUBs. Request [empty, be64 start]; replies in either era are parsed with
  * kvr_decode_replay_reply(); each batch goes to the requester's queue as a REPLAY item, the
- * end marker (or a failure: timeout = no reply for replay_timeout, bad reply, source gone)
- * as REPLAY_END. Contiguity is the requester's business (stream.c).
+ * end marker (or a failure: timeout, bad reply, source gone)
+ * as REPLAY_END. Contiguity is the requester's business (stream.c). replay_timeout is a
+ * deadline for the whole replay (not an inactivity limit): a stream waits for its replay, and
+ * buffers its live batches meanwhile, for at most that long.
  *
  * Disconnect purge: a connected source that stays disconnected for purge_after_disconnect
  * (or is removed, then waits that long as a "ghost") gets one PURGE item per topic it
@@ -1077,7 +1079,6 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
         }
         rc = total == n ? kvr_decode_replay_reply(frames, lens, n, &seq, &payload, &plen)
                         : -EINVAL;
-        r->deadline = kvr_now_ms() + z->o.replay_timeout_ms;
         if (rc != 0) {
             INC(z->replay_bad_replies);
             kvr_log_limited(&rl_replay, KVR_LOG_WARN,

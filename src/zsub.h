@@ -73,8 +73,8 @@ struct kvr_zsub_opts {
     int64_t reconnect_ivl_ms;
     int64_t reconnect_ivl_max_ms;
     int64_t purge_after_disconnect_ms; /* 0 = never */
-    int64_t replay_timeout_ms;        /* inactivity limit of one replay */
-    uint32_t max_concurrent_replays;  /* >= 1 */
+    int64_t replay_timeout_ms;        /* deadline of one replay, from its start */
+    uint32_t max_concurrent_replays;  /* >= 1 (replay on/off is the requester's choice) */
     uint32_t max_topics;              /* distinct topics interned; more are dropped, counted */
     uint32_t nshards;
     struct kvr_queue *const *queues;  /* nshards queues of struct kvr_zsub_item (borrowed) */

@@ -77,8 +77,8 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Creates index + ingest; bind mode unless `bind` is false. */
-static struct fx *fx_new(bool bind, int64_t purge_after_ms)
+/* Creates index + ingest; bind mode unless `bind` is false; tweak edits the config. */
+static struct fx *fx_new_conf(bool bind, int64_t purge_after_ms, void (*tweak)(struct kvr_conf *))
 {
     struct fx *f = calloc(1, sizeof(*f));
     struct kvr_index_opts io = {0};
@@ -88,6 +88,8 @@ static struct fx *fx_new(bool bind, int64_t purge_after_ms)
     conf_defaults(&f->conf);
     if (purge_after_ms >= 0)
         f->conf.purge_after_disconnect_ms = purge_after_ms;
+    if (tweak != NULL)
+        tweak(&f->conf);
     if (bind) {
         f->bind_list[0] = "tcp://127.0.0.1:*";
         f->conf.bind = f->bind_list;
@@ -117,6 +119,11 @@ static struct fx *fx_new(bool bind, int64_t purge_after_ms)
         zmq_getsockopt(f->pub, ZMQ_LAST_ENDPOINT, f->ep, &len);
     }
     return f;
+}
+
+static struct fx *fx_new(bool bind, int64_t purge_after_ms)
+{
+    return fx_new_conf(bind, purge_after_ms, NULL);
 }
 
 static void fx_free(struct fx *f)
@@ -761,6 +768,7 @@ struct router {
     _Atomic bool stop;
     _Atomic int requests;
     uint64_t skip_seq; /* not served (simulates a hole in the ring); UINT64_MAX = none */
+    bool mute;         /* never answers (a hung engine) */
     pthread_t th;
 };
 
@@ -784,6 +792,12 @@ static void *router_main(void *arg)
         for (size_t i = 0; i < 8 && i < zmq_msg_size(&start); i++)
             from = (from << 8) | ((unsigned char *)zmq_msg_data(&start))[i];
         atomic_fetch_add(&r->requests, 1);
+        if (r->mute) {
+            zmq_msg_close(&id);
+            zmq_msg_close(&empty);
+            zmq_msg_close(&start);
+            continue;
+        }
         pthread_mutex_lock(&r->mu);
         for (size_t i = 0; i < r->nring; i++) {
             if (r->ring[i].seq < from || r->ring[i].seq == r->skip_seq)
@@ -811,7 +825,7 @@ static void *router_main(void *arg)
     return NULL;
 }
 
-static struct router *router_new(void *zctx, const char *topic, bool v25)
+static struct router *router_new_mute(void *zctx, const char *topic, bool v25, bool mute)
 {
     struct router *r = calloc(1, sizeof(*r));
     size_t len = sizeof(r->ep);
@@ -821,6 +835,7 @@ static struct router *router_new(void *zctx, const char *topic, bool v25)
     r->topic = topic;
     r->v25 = v25;
     r->skip_seq = UINT64_MAX;
+    r->mute = mute;
     pthread_mutex_init(&r->mu, NULL);
     r->sock = zmq_socket(zctx, ZMQ_ROUTER);
     zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof(zero));
@@ -828,6 +843,11 @@ static struct router *router_new(void *zctx, const char *topic, bool v25)
     zmq_getsockopt(r->sock, ZMQ_LAST_ENDPOINT, r->ep, &len);
     pthread_create(&r->th, NULL, router_main, r);
     return r;
+}
+
+static struct router *router_new(void *zctx, const char *topic, bool v25)
+{
+    return router_new_mute(zctx, topic, v25, false);
 }
 
 static void router_free(struct router *r)
@@ -1003,6 +1023,78 @@ static void test_disconnect_purge_and_override(void **state)
     fx_free(f);
 }
 
+static void short_replay_timeout(struct kvr_conf *c)
+{
+    c->replay_timeout_ms = 300;
+}
+
+static void no_replays(struct kvr_conf *c)
+{
+    c->max_concurrent_replays = 0;
+}
+
+/* An engine whose ROUTER never answers: the stream replays until the deadline, buffering its
+ * live batches, then applies them (in order, once) and is unsynced. */
+static void test_replay_timeout(void **state)
+{
+    struct fx *f = fx_new_conf(false, -1, short_replay_timeout);
+    const char *topic = "kv@pod-to@" MODEL;
+    struct router *r = router_new_mute(f->zctx, topic, true, true);
+    struct kvr_err err;
+    struct tev none[1] = {{0}};
+    struct kvr_stream_info si;
+    int64_t deadline;
+    (void)state;
+
+    assert_int_equal(kvr_ingest_endpoint_add(f->ing, f->ep, r->ep, NULL, &err), 0);
+    wait_connected(f, f->ep);
+    warm_up(f);
+    engine_publish(f->pub, r, 0, none, 0, false);
+    wait_seq(f, "pod-to", 0, 0, KVR_STREAM_SYNCED);
+    engine_publish(f->pub, r, 1, none, 0, true);
+    engine_publish(f->pub, r, 2, none, 0, false);
+    /* replaying: seq 2 is held back */
+    deadline = kvr_now_ms() + WAIT_MS;
+    while (!(get_stream(f, "pod-to", 0, &si) && si.state == KVR_STREAM_REPLAYING)) {
+        assert_true(kvr_now_ms() < deadline);
+        sleep_ms(2);
+    }
+    assert_int_equal(si.last_seq, 0);
+    engine_publish(f->pub, r, 3, none, 0, false);
+    si = wait_seq(f, "pod-to", 0, 3, KVR_STREAM_UNSYNCED);
+    assert_int_equal(si.gaps, 1);
+    assert_int_equal(si.replays, 1);
+    assert_true(atomic_load(&r->requests) >= 1);
+    assert_true(metric(f, "events_replays_total", "result=\"failed\"") >= 1);
+    assert_true(metric(f, "events_buffered_batches_total", NULL) >= 1);
+    router_free(r);
+    fx_free(f);
+}
+
+/* max_concurrent_replays = 0: a gap is never replayed, even with a replay endpoint. */
+static void test_replay_disabled(void **state)
+{
+    struct fx *f = fx_new_conf(false, -1, no_replays);
+    const char *topic = "kv@pod-nr@" MODEL;
+    struct router *r = router_new(f->zctx, topic, true);
+    struct kvr_err err;
+    struct tev none[1] = {{0}};
+    struct kvr_stream_info si;
+    (void)state;
+
+    assert_int_equal(kvr_ingest_endpoint_add(f->ing, f->ep, r->ep, NULL, &err), 0);
+    wait_connected(f, f->ep);
+    warm_up(f);
+    engine_publish(f->pub, r, 0, none, 0, false);
+    engine_publish(f->pub, r, 1, none, 0, true);
+    engine_publish(f->pub, r, 2, none, 0, false);
+    si = wait_seq(f, "pod-nr", 0, 2, KVR_STREAM_UNSYNCED);
+    assert_int_equal(si.replays, 0);
+    assert_int_equal(atomic_load(&r->requests), 0);
+    router_free(r);
+    fx_free(f);
+}
+
 /* Many pods over both writers, interleaved, with a small queue (back-pressure): every batch
  * is applied exactly once and in order per stream. */
 static void test_many_pods_backpressure(void **state)
@@ -1102,6 +1194,8 @@ int main(void)
         cmocka_unit_test(test_restart_and_gap),
         cmocka_unit_test(test_replay_v24),
         cmocka_unit_test(test_replay_v25),
+        cmocka_unit_test(test_replay_timeout),
+        cmocka_unit_test(test_replay_disabled),
         cmocka_unit_test(test_disconnect_purge_and_override),
         cmocka_unit_test(test_many_pods_backpressure),
         cmocka_unit_test(test_endpoint_errors),
