@@ -136,6 +136,9 @@ struct writer {
     bool th_started;
     struct ing_topic **topics;      /* topics of this shard (writer only) */
     size_t ntopics, captopics;
+    uint64_t *rm;                   /* coalesced removals (apply_removed) */
+    size_t nrm, caprm;
+    uint8_t rm_tier;
     uint64_t *content;              /* scratch */
     struct kvr_index_block *blocks;
     size_t capblocks;
@@ -497,9 +500,24 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
     add_wres(w, &res);
 }
 
-static void apply_removed(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
+/* Consecutive BlockRemoved events of one tier (vLLM sends one per evicted block, usually many
+ * in a row) are applied with one kvr_index_remove() call: same result as one call per event
+ * (the index processes the hashes in order), without the per-call overhead. Any other event
+ * flushes first, so the batch's order is kept. */
+static void flush_removed(struct writer *w, struct ing_stream *s)
 {
     struct kvr_index_wres res = {0};
+
+    if (w->nrm == 0)
+        return;
+    if (kvr_index_remove(w->ing->ix, s->wid, w->rm_tier, w->rm, w->nrm, &res) != 0)
+        skip(w, s, SKIP_INDEX);
+    add_wres(w, &res);
+    w->nrm = 0;
+}
+
+static void apply_removed(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
+{
     uint8_t tier;
 
     if (ev->nhashes == 0)
@@ -508,9 +526,28 @@ static void apply_removed(struct writer *w, struct ing_stream *s, const struct k
         skip(w, s, SKIP_TIER);
         return;
     }
-    if (kvr_index_remove(w->ing->ix, s->wid, tier, ev->hashes, ev->nhashes, &res) != 0)
-        skip(w, s, SKIP_INDEX);
-    add_wres(w, &res);
+    if (w->nrm > 0 && tier != w->rm_tier)
+        flush_removed(w, s);
+    if (w->nrm + ev->nhashes > w->caprm) {
+        size_t nc = w->caprm ? w->caprm : 256;
+        uint64_t *p;
+        while (nc < w->nrm + ev->nhashes)
+            nc *= 2;
+        p = realloc(w->rm, nc * sizeof(*p));
+        if (p == NULL) {
+            struct kvr_index_wres res = {0};
+            flush_removed(w, s);
+            if (kvr_index_remove(w->ing->ix, s->wid, tier, ev->hashes, ev->nhashes, &res) != 0)
+                skip(w, s, SKIP_INDEX);
+            add_wres(w, &res);
+            return;
+        }
+        w->rm = p;
+        w->caprm = nc;
+    }
+    memcpy(w->rm + w->nrm, ev->hashes, ev->nhashes * sizeof(*ev->hashes));
+    w->nrm += ev->nhashes;
+    w->rm_tier = tier;
 }
 
 static void clear_worker(struct writer *w, struct ing_stream *s, _Atomic uint64_t *counter)
@@ -533,6 +570,8 @@ static void apply_batch(struct writer *w, struct ing_stream *s)
             skip(w, s, reason < KVR_SKIP_REASON_COUNT ? (int)reason : KVR_SKIP_NOT_EVENT);
             continue;
         }
+        if (ev.type != KVR_EV_REMOVED)
+            flush_removed(w, s);
         switch (ev.type) {
         case KVR_EV_STORED:
             CINC(w->st.events[KVR_EV_STORED]);
@@ -552,6 +591,7 @@ static void apply_batch(struct writer *w, struct ing_stream *s)
             break;
         }
     }
+    flush_removed(w, s);
 }
 
 static void observe_lag(struct writer *w, double ts)
@@ -1035,6 +1075,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         free(w->topics);
         free(w->content);
         free(w->blocks);
+        free(w->rm);
         kvr_decoder_destroy(w->dec);
         kvr_queue_destroy(w->q);
     }
