@@ -172,14 +172,15 @@ struct kvr_ingest {
     pthread_mutex_t done_mu;        /* command completions */
     pthread_cond_t done_cv;
 
+    struct kvr_ratelimit rl_bad;    /* peer-caused warnings ([log] ratelimit_*) */
+    struct kvr_ratelimit rl_gap;
+
     pthread_mutex_t life_mu;        /* start/stop */
     bool started, stopped;
     _Atomic bool ready;
     _Atomic bool writers_running;
 };
 
-static struct kvr_ratelimit rl_bad = KVR_RATELIMIT_INIT(10000, 5);
-static struct kvr_ratelimit rl_gap = KVR_RATELIMIT_INIT(10000, 10);
 
 #define CADD(f, n) atomic_store_explicit(&(f), atomic_load_explicit(&(f), memory_order_relaxed) + (n), memory_order_relaxed)
 #define CINC(f) CADD(f, 1)
@@ -267,7 +268,7 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_zsub_topi
     rc = kvr_index_worker_intern(ing->ix, t->pod, dp_rank, &wid);
     if (rc != 0) {
         *bad = BAD_WORKER;
-        kvr_log_limited(&rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s", t->pod,
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s", t->pod,
                         dp_rank, strerror(-rc));
         return NULL;
     }
@@ -439,7 +440,7 @@ static void skip(struct writer *w, struct ing_stream *s, int reason)
 {
     CINC(w->st.skipped[reason]);
     if (reason != KVR_SKIP_GROUP)
-        kvr_log_limited(&rl_bad, KVR_LOG_WARN, "events: skipped an event from %s/%u: %s",
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: skipped an event from %s/%u: %s",
                         s->it->t->pod, s->dp_rank, skip_name(reason));
 }
 
@@ -641,7 +642,7 @@ static void drain(struct writer *w, struct ing_stream *s)
     }
     s->npend = 0;
     if (s->sm.unsynced)
-        kvr_log_limited(&rl_gap, KVR_LOG_WARN,
+        kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN,
                         "events: %s/%u: replay did not recover every batch; stream unsynced",
                         s->it->t->pod, s->dp_rank);
 }
@@ -672,7 +673,7 @@ static void abort_replay(struct writer *w, struct ing_stream *s, const char *why
 {
     kvr_stream_abort_replay(&s->sm);
     CINC(w->st.replay_aborts);
-    kvr_log_limited(&rl_gap, KVR_LOG_WARN, "events: %s/%u: replay abandoned (%s)",
+    kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN, "events: %s/%u: replay abandoned (%s)",
                     s->it->t->pod, s->dp_rank, why);
     drain(w, s);
 }
@@ -688,7 +689,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
                          kvr_zsub_msg_size(&item->payload), &b) != 0) {
         CINC(w->st.bad[BAD_DECODE]);
-        kvr_log_limited(&rl_bad, KVR_LOG_WARN,
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
                         "events: undecodable batch seq %" PRIu64 " from %s (%zu bytes)",
                         item->seq, item->topic->pod, kvr_zsub_msg_size(&item->payload));
         return;
@@ -712,7 +713,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     switch (v & KVR_STREAM_ACTION_MASK) {
     case KVR_STREAM_APPLY:
         if (s->sm.unsynced && s->sm.has_last && item->seq != s->sm.last + 1)
-            kvr_log_limited(&rl_gap, KVR_LOG_WARN,
+            kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN,
                             "events: %s/%u: gap %" PRIu64 "..%" PRIu64 " without replay; "
                             "stream unsynced",
                             item->topic->pod, s->dp_rank, s->sm.last + 1, item->seq - 1);
@@ -775,7 +776,7 @@ static void handle_replay(struct writer *w, struct kvr_zsub_item *item)
         CINC(w->st.bad[BAD_DECODE]);
     } else if ((b.has_dp_rank ? b.dp_rank : 0) != s->dp_rank) {
         CINC(w->st.bad[BAD_REPLAY_RANK]);
-        kvr_log_limited(&rl_bad, KVR_LOG_WARN,
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
                         "events: replay for %s/%u returned a batch of dp_rank %u: is replay= "
                         "the ROUTER of that rank?",
                         s->it->t->pod, s->dp_rank, b.dp_rank);
@@ -915,6 +916,8 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     pthread_mutex_init(&ing->done_mu, NULL);
     pthread_cond_init(&ing->done_cv, NULL);
     pthread_mutex_init(&ing->life_mu, NULL);
+    kvr_zsub_ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    kvr_zsub_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 
@@ -954,6 +957,8 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     /* max_concurrent_replays = 0 disables replay (streams never ask); zsub needs >= 1 slot. */
     zo.max_concurrent_replays = conf->max_concurrent_replays ? conf->max_concurrent_replays : 1;
     zo.max_topics = conf->max_workers ? conf->max_workers : 16384;
+    zo.ratelimit_ms = conf->log_ratelimit_ms;
+    zo.ratelimit_burst = conf->log_ratelimit_burst;
     zo.nshards = ing->nwriters;
     zo.queues = queues;
     rc = kvr_zsub_create(&zo, &ing->zsub, err);

@@ -187,6 +187,8 @@ struct kvr_zsub {
     size_t nitems, capitems;
     bool dirty;
 
+    struct kvr_ratelimit rl_frames, rl_replay; /* peer-caused warnings */
+
     /* stats (relaxed atomics; written by the receive thread) */
     _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
     _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
@@ -194,8 +196,14 @@ struct kvr_zsub {
     _Atomic uint64_t connects, disconnects, disconnect_purges;
 };
 
-static struct kvr_ratelimit rl_frames = KVR_RATELIMIT_INIT(10000, 5);
-static struct kvr_ratelimit rl_replay = KVR_RATELIMIT_INIT(10000, 5);
+void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
+{
+    atomic_init(&rl->window_start_ms, 0);
+    atomic_init(&rl->printed, 0);
+    atomic_init(&rl->suppressed, 0);
+    rl->interval_ms = interval_ms > 0 ? interval_ms : 10000;
+    rl->burst = burst > 0 ? burst : 10;
+}
 
 #define INC(f) atomic_fetch_add_explicit(&(f), 1, memory_order_relaxed)
 #define ADD(f, n) atomic_fetch_add_explicit(&(f), (n), memory_order_relaxed)
@@ -303,6 +311,8 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     pthread_mutex_init(&z->cmu, NULL);
     pthread_cond_init(&z->ccond, NULL);
     z->accepting = false;
+    kvr_zsub_ratelimit_init(&z->rl_frames, o->ratelimit_ms, o->ratelimit_burst);
+    kvr_zsub_ratelimit_init(&z->rl_replay, o->ratelimit_ms, o->ratelimit_burst);
     *out = z;
     return 0;
 }
@@ -918,7 +928,7 @@ found:
 static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)
 {
     INC(z->bad[r]);
-    kvr_log_limited(&rl_frames, KVR_LOG_WARN, "events: dropped message from %s: bad %s (%zu frames)",
+    kvr_log_limited(&z->rl_frames, KVR_LOG_WARN, "events: dropped message from %s: bad %s (%zu frames)",
                     s->bind ? s->bound : s->endpoint, kvr_zsub_bad_name(r), nframes);
 }
 
@@ -1081,7 +1091,7 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
                         : -EINVAL;
         if (rc != 0) {
             INC(z->replay_bad_replies);
-            kvr_log_limited(&rl_replay, KVR_LOG_WARN,
+            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s: malformed reply (%zu frames); giving up",
                             r->src->replay, total);
             for (size_t i = 0; i < n; i++)
@@ -1169,7 +1179,7 @@ static void start_replays(struct kvr_zsub *z)
             be[i] = (unsigned char)(r->req.start >> (56 - 8 * i));
         if (zmq_connect(d, r->src->replay) != 0 || zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 ||
             zmq_send(d, be, 8, ZMQ_DONTWAIT) != 8) {
-            kvr_log_limited(&rl_replay, KVR_LOG_WARN, "events: replay request to %s failed: %s",
+            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN, "events: replay request to %s failed: %s",
                             r->src->replay, zmq_strerror(errno));
             end_replay(z, r, false);
             replay_free(r);
@@ -1273,7 +1283,7 @@ static int64_t timers(struct kvr_zsub *z)
     for (size_t i = 0; i < z->nactive;) {
         struct replay *r = z->active[i];
         if (now >= r->deadline) {
-            kvr_log_limited(&rl_replay, KVR_LOG_WARN,
+            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s timed out after %" PRIu64 " batches",
                             r->src->replay, r->batches);
             end_replay(z, r, false);

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "log.h"
 #include "queue.h"
 
 struct kvr_zsub;
@@ -76,6 +77,8 @@ struct kvr_zsub_opts {
     int64_t replay_timeout_ms;        /* deadline of one replay, from its start */
     uint32_t max_concurrent_replays;  /* >= 1 (replay on/off is the requester's choice) */
     uint32_t max_topics;              /* distinct topics interned; more are dropped, counted */
+    int64_t ratelimit_ms;             /* peer-caused warnings: interval ([log]) */
+    uint32_t ratelimit_burst;         /* and lines per interval */
     uint32_t nshards;
     struct kvr_queue *const *queues;  /* nshards queues of struct kvr_zsub_item (borrowed) */
 };
@@ -130,6 +133,9 @@ struct kvr_zsub_replay_req {
     void *ctx;
 };
 int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_zsub_replay_req *r);
+
+/* A log limiter with these settings (0 → 10 s / 10 lines). */
+void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst);
 
 /* FNV-1a-32 of the pod modulo n (n >= 1). */
 uint32_t kvr_zsub_shard(const char *pod, size_t len, uint32_t n);
