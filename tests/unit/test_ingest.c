@@ -27,16 +27,6 @@
 
 #define WAIT_MS 10000
 
-#if defined(__SANITIZE_THREAD__)
-/* libzmq is not built with ThreadSanitizer: its I/O thread fills receive buffers and hands
- * them over with atomics TSan cannot see, so every read of a received frame would be
- * reported. Ignore what libzmq's own code does (our code stays fully checked). */
-const char *__tsan_default_suppressions(void);
-const char *__tsan_default_suppressions(void)
-{
-    return "called_from_lib:libzmq.so.5\n";
-}
-#endif
 #define MODEL "org/model-7b"
 
 /* ---- fixture ------------------------------------------------------------------------ */
