@@ -418,7 +418,15 @@ static int set_int(void *s, int opt, int64_t v)
     return zmq_setsockopt(s, opt, &iv, sizeof(iv));
 }
 
-static void *sub_socket(struct kvr_zsub *z, bool subscribe_all)
+/* IPv6 only when the endpoint names an IPv6 address: with ZMQ_IPV6 on, IPv4 binds would be
+ * reported as tcp://[::ffff:a.b.c.d]:P, which IPv4-only peers cannot dial. */
+static void set_ipv6_for(void *s, const char *endpoint)
+{
+    if (endpoint != NULL && strchr(endpoint, '[') != NULL)
+        set_int(s, ZMQ_IPV6, 1);
+}
+
+static void *sub_socket(struct kvr_zsub *z, bool subscribe_all, const char *endpoint)
 {
     void *s = zmq_socket(z->ctx, ZMQ_SUB);
     int64_t maxmsg = z->o.max_message_size > 0 ? z->o.max_message_size : -1;
@@ -427,6 +435,7 @@ static void *sub_socket(struct kvr_zsub *z, bool subscribe_all)
     if (s == NULL)
         return NULL;
     set_int(s, ZMQ_LINGER, 0);
+    set_ipv6_for(s, endpoint);
     set_int(s, ZMQ_RCVHWM, z->o.rcvhwm);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     if (z->o.reconnect_ivl_ms > 0)
@@ -467,7 +476,7 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
     s->from_config = true;
     s->id = z->next_id++;
     s->endpoint = strdup(endpoint);
-    s->sock = sub_socket(z, false);
+    s->sock = sub_socket(z, false, endpoint);
     if (s->endpoint == NULL || s->sock == NULL) {
         rc = kvr_err_set(err, -ENOMEM, "events bind %s: cannot create socket", endpoint);
         goto fail;
@@ -551,7 +560,7 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
             goto fail;
         }
     }
-    s->sock = sub_socket(z, pod != NULL);
+    s->sock = sub_socket(z, pod != NULL, endpoint);
     if (s->sock == NULL) {
         rc = kvr_err_set(err, -ENOMEM, "endpoint %s: cannot create socket", endpoint);
         goto fail;
@@ -1184,6 +1193,7 @@ static void start_replays(struct kvr_zsub *z)
         }
         r->dealer = d;
         set_int(d, ZMQ_LINGER, 0);
+        set_ipv6_for(d, r->src->replay);
         set_int(d, ZMQ_RCVHWM, 0);
         if (z->o.max_message_size > 0)
             zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &z->o.max_message_size, sizeof(int64_t));

@@ -1155,6 +1155,55 @@ static void test_endpoint_errors(void **state)
     fx_free(f);
 }
 
+/* IPv6: a bind on [::1] is reported as such, and an IPv6 engine gets through. */
+static void test_ipv6_bind(void **state)
+{
+    struct kvr_conf c;
+    struct kvr_index *ix;
+    struct kvr_index_reader *rd;
+    struct kvr_ingest *ing;
+    struct kvr_err err = {{0}};
+    char *binds[1] = {"tcp://[::1]:*"};
+    struct kvr_index_opts io = {0};
+    const char *eps[1];
+    void *zctx, *pub;
+    int one = 1, zero = 0;
+    struct fx shim;
+    (void)state;
+
+    conf_defaults(&c);
+    c.bind = binds;
+    c.nbind = 1;
+    assert_int_equal(kvr_index_create(&io, &ix), 0);
+    assert_int_equal(kvr_index_reader_create(ix, &rd), 0);
+    assert_int_equal(kvr_ingest_create(&c, ix, &ing, &err), 0);
+    if (kvr_ingest_start(ing, &err) != 0) {
+        /* no IPv6 loopback on this machine: nothing to test */
+        kvr_ingest_destroy(ing);
+        kvr_index_reader_destroy(rd);
+        kvr_index_destroy(ix);
+        skip();
+    }
+    assert_int_equal(kvr_ingest_bound_endpoints(ing, eps, 1), 1);
+    assert_non_null(strstr(eps[0], "tcp://[::1]:"));
+    zctx = zmq_ctx_new();
+    pub = zmq_socket(zctx, ZMQ_PUB);
+    zmq_setsockopt(pub, ZMQ_IPV6, &one, sizeof(one));
+    zmq_setsockopt(pub, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_connect(pub, eps[0]), 0);
+    memset(&shim, 0, sizeof(shim));
+    shim.ing = ing;
+    shim.ix = ix;
+    shim.rd = rd;
+    shim.pub = pub;
+    warm_up(&shim);
+    zmq_close(pub);
+    zmq_ctx_term(zctx);
+    kvr_ingest_destroy(ing);
+    kvr_index_reader_destroy(rd);
+    kvr_index_destroy(ix);
+}
+
 static void test_bind_error(void **state)
 {
     struct kvr_conf c;
@@ -1189,6 +1238,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_purge_and_override),
         cmocka_unit_test(test_many_pods_backpressure),
         cmocka_unit_test(test_endpoint_errors),
+        cmocka_unit_test(test_ipv6_bind),
         cmocka_unit_test(test_bind_error),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
