@@ -275,7 +275,10 @@ struct kvr_index {
     uint32_t npods;                        /* atomic */
     char tier_names[KVR_TIER_MAX][KVR_NAME_MAX + 1];
     uint32_t ntiers; /* atomic */
-    uint64_t pow[64]; /* KVR_HASH_CHAIN_MUL^i */
+    uint32_t *wslow;  /* max_workers; atomic: holders of the worker with holes > 0 */
+    uint32_t *wpod;   /* max_workers; pod id of each worker (written before the worker is
+                       * published) */
+    uint64_t *pw;     /* KVR_HASH_CHAIN_MUL^i for i <= jump_stride */
 };
 
 /* ---- memory accounting and epoch-based reclamation ------------------------------------- */
@@ -1076,7 +1079,11 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     ix->sh = aligned_alloc(64, NSHARD * sizeof(struct shard));
     ix->workers = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->workers));
     ix->pods = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pods));
-    if (ix->sh == NULL || ix->workers == NULL || ix->pods == NULL) {
+    ix->wslow = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wslow));
+    ix->wpod = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wpod));
+    ix->pw = g_calloc(ix, ((size_t)o.jump_stride + 1) * sizeof(*ix->pw));
+    if (ix->sh == NULL || ix->workers == NULL || ix->pods == NULL || ix->wslow == NULL ||
+        ix->wpod == NULL || ix->pw == NULL) {
         kvr_index_destroy(ix);
         return -ENOMEM;
     }
@@ -1088,9 +1095,9 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     strcpy(ix->tier_names[KVR_TIER_CPU], "cpu");
     strcpy(ix->tier_names[KVR_TIER_STORAGE], "storage");
     ix->ntiers = 3;
-    ix->pow[0] = 1;
-    for (int i = 1; i < 64; i++)
-        ix->pow[i] = ix->pow[i - 1] * KVR_HASH_CHAIN_MUL;
+    ix->pw[0] = 1;
+    for (uint32_t i = 1; i <= o.jump_stride; i++)
+        ix->pw[i] = ix->pw[i - 1] * KVR_HASH_CHAIN_MUL;
     *out = ix;
     return 0;
 }
@@ -1164,6 +1171,9 @@ void kvr_index_destroy(struct kvr_index *ix)
     itab_free(ix, ix->pod_tab, 1);
     free(ix->workers);
     free(ix->pods);
+    free(ix->wslow);
+    free(ix->wpod);
+    free(ix->pw);
     pthread_mutex_destroy(&ix->imu);
     free(ix);
 }
@@ -1435,6 +1445,7 @@ int kvr_index_worker_intern(struct kvr_index *ix, const char *pod, uint32_t dp_r
         goto fail;
     }
     pd->wids[pd->nw++] = id;
+    ix->wpod[id] = pid;
     STR(ix->workers[id], wk);
     STR(ix->nworkers, id + 1);
 found_locked:
@@ -1562,6 +1573,19 @@ static inline uint64_t absent_key(uint32_t ns, uint64_t chain)
     return chain ^ ((uint64_t)ns + 1) * 0x9e3779b97f4a7c15ull;
 }
 
+/* All changes of a holder's hole count go through here: the worker's count of holey
+ * holders (read by find to pick the exact slow path) follows the 0 <-> non-zero edges. */
+static void holes_add(struct wctx *c, struct holder *H, int64_t delta)
+{
+    uint64_t before = LD(H->holes), after = before + (uint64_t)delta;
+    IX_ASSERT(delta >= 0 || before >= (uint64_t)-delta);
+    if (before == 0 && after != 0)
+        __atomic_fetch_add(&c->ix->wslow[c->wid], 1, __ATOMIC_RELAXED);
+    else if (before != 0 && after == 0)
+        __atomic_fetch_sub(&c->ix->wslow[c->wid], 1, __ATOMIC_RELAXED);
+    ST(H->holes, after);
+}
+
 static struct holder *holder_get(struct wctx *c, uint32_t tier)
 {
     struct holder *h = c->w->h[tier];
@@ -1603,7 +1627,7 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
         return 0;
     int rc = cmap_add(c->s, &H->absent, absent_key(x->ns, x->parent_chain), 1);
     if (rc == 0)
-        ADD(H->holes, 1);
+        holes_add(c, H, 1);
     return rc;
 }
 
@@ -1613,7 +1637,7 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, uint32_t n
 {
     if (nchild > 0) {
         if (cmap_add(c->s, &H->absent, absent_key(ns, chain), nchild) == 0)
-            ADD(H->holes, nchild);
+            holes_add(c, H, nchild);
         else
             kvr_log_error("index: out of memory in hole accounting");
     }
@@ -1623,8 +1647,7 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, uint32_t n
     if (p != NULL && entry_adj(p, hid, -1))
         return;
     (void)cmap_add(c->s, &H->absent, absent_key(ns, pchain), -1);
-    IX_ASSERT(LD(H->holes) > 0);
-    ADD(H->holes, -1);
+    holes_add(c, H, -1);
 }
 
 /* Stores one block for holder (wid, tier) after parent node *pn (NULL = position 0);
@@ -1665,8 +1688,7 @@ static int store_one(struct wctx *c, uint32_t tier, uint32_t ns, struct node **p
     if (added) {
         if (nchild > 0) {
             (void)cmap_add(c->s, &H->absent, absent_key(ns, chain), -(int64_t)nchild);
-            IX_ASSERT(LD(H->holes) >= nchild);
-            ADD(H->holes, -nchild);
+            holes_add(c, H, -(int64_t)nchild);
         }
         rc = hole_gain(c, H, hid, x, p);
         if (rc < 0)
@@ -1919,7 +1941,7 @@ static void holder_clear(struct wctx *c, uint32_t tier)
     cmap_free(c->s, &H->absent);
     cmap_free(c->s, &H->alias);
     ST(H->blocks, 0);
-    ST(H->holes, 0);
+    holes_add(c, H, -(int64_t)LD(H->holes));
 }
 
 static void worker_clear(struct wctx *c, int tier)
@@ -1973,27 +1995,34 @@ int kvr_index_purge_pod(struct kvr_index *ix, uint32_t pod_id, struct kvr_index_
 
 struct slowst {
     uint32_t wid;
-    uint32_t alive;  /* tiers holding every position so far */
+    uint32_t alive; /* tiers holding every position so far */
     uint32_t done;
     uint32_t matched;
     uint32_t tm[KVR_TIER_MAX];
     double score;
 };
 
+#define PF_SLOT 8 /* landings ahead whose table slot is prefetched */
+#define PF_NODE 4 /* landings ahead whose node is prefetched */
+
 struct kvr_index_reader {
     struct kvr_index *ix;
     struct ebr_slot *slot;
     uint32_t qid;
     uint32_t maxq, maxh, maxw;
-    uint32_t nch;
-    uint64_t *ch;          /* chain per position, valid for [0, nch) */
-    struct node **nd;      /* node cache per position, valid where ndq[p] == qid */
+    uint64_t *ch;       /* chain per position, valid where chq[p] == qid */
+    uint32_t *chq;
+    struct node **nd;   /* node per position, valid where ndq[p] == qid */
     uint32_t *ndq;
-    uint32_t *podq;        /* allowed pods: podq[pod] == qid */
-    uint32_t *s0;          /* holders at position 0 (filtered) */
-    uint32_t *buf;         /* a holder set being examined */
-    uint32_t *alive, *drop; /* indices into s0 */
-    uint32_t *tm;          /* per s0 index */
+    uint64_t *lh;       /* key hash per landing */
+    uint32_t *podq;     /* allowed pods: podq[pod] == qid */
+    uint32_t *s0;       /* holders at position 0 (filtered; bit 31 marks slow workers) */
+    uint32_t *buf;      /* a holder set being examined */
+    uint32_t *alive;    /* indices into s0 of fast holders still matching */
+    uint32_t *ah;       /* their holder ids */
+    uint32_t *drop;     /* indices into s0 that dropped out between two landings */
+    uint32_t *tmp;
+    uint32_t *tm;       /* per s0 index: positions matched by that holder */
     struct slowst *sw;
     struct kvr_index_hit *hits;
 };
@@ -2015,19 +2044,24 @@ int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
     r->maxq = ix->o.max_query_blocks;
     r->maxw = ix->o.max_workers;
     r->maxh = ix->o.max_workers * KVR_TIER_MAX;
-    r->ch = sl_alloc(s, (size_t)r->maxq * sizeof(*r->ch));
-    r->nd = sl_alloc(s, (size_t)r->maxq * sizeof(*r->nd));
-    r->ndq = sl_calloc(s, (size_t)r->maxq * sizeof(*r->ndq));
+    size_t q = r->maxq, h = r->maxh;
+    r->ch = sl_alloc(s, q * sizeof(*r->ch));
+    r->chq = sl_calloc(s, q * sizeof(*r->chq));
+    r->nd = sl_alloc(s, q * sizeof(*r->nd));
+    r->ndq = sl_calloc(s, q * sizeof(*r->ndq));
+    r->lh = sl_alloc(s, q * sizeof(*r->lh));
     r->podq = sl_calloc(s, (size_t)r->maxw * sizeof(*r->podq));
-    r->s0 = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->buf = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->alive = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->drop = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->tm = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
+    r->s0 = sl_alloc(s, h * sizeof(uint32_t));
+    r->buf = sl_alloc(s, h * sizeof(uint32_t));
+    r->alive = sl_alloc(s, h * sizeof(uint32_t));
+    r->ah = sl_alloc(s, h * sizeof(uint32_t));
+    r->drop = sl_alloc(s, h * sizeof(uint32_t));
+    r->tmp = sl_alloc(s, h * sizeof(uint32_t));
+    r->tm = sl_alloc(s, h * sizeof(uint32_t));
     r->sw = sl_alloc(s, (size_t)r->maxw * sizeof(*r->sw));
     r->hits = sl_alloc(s, (size_t)r->maxw * sizeof(*r->hits));
-    if (!r->ch || !r->nd || !r->ndq || !r->podq || !r->s0 || !r->buf || !r->alive ||
-        !r->drop || !r->tm || !r->sw || !r->hits) {
+    if (!r->ch || !r->chq || !r->nd || !r->ndq || !r->lh || !r->podq || !r->s0 || !r->buf ||
+        !r->alive || !r->ah || !r->drop || !r->tmp || !r->tm || !r->sw || !r->hits) {
         kvr_index_reader_destroy(r);
         return -ENOMEM;
     }
@@ -2040,32 +2074,54 @@ void kvr_index_reader_destroy(struct kvr_index_reader *r)
     if (r == NULL)
         return;
     struct ebr_slot *s = r->slot;
-    sl_free(s, r->ch);
-    sl_free(s, r->nd);
-    sl_free(s, r->ndq);
-    sl_free(s, r->podq);
-    sl_free(s, r->s0);
-    sl_free(s, r->buf);
-    sl_free(s, r->alive);
-    sl_free(s, r->drop);
-    sl_free(s, r->tm);
-    sl_free(s, r->sw);
-    sl_free(s, r->hits);
-    sl_free(s, r);
+    void *p[] = {r->ch, r->chq, r->nd, r->ndq, r->lh, r->podq, r->s0, r->buf,
+                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
+        sl_free(s, p[i]);
     slot_release(s);
 }
 
-static inline void chain_upto(struct kvr_index_reader *r, const uint64_t *q, uint32_t p)
+/* Chain hash at p, sequentially from the nearest position below already known. */
+static uint64_t chain_seq(struct kvr_index_reader *r, const uint64_t *q, uint32_t p)
 {
-    uint32_t k = r->nch;
-    if (k > p)
-        return;
-    uint64_t c = r->ch[k - 1];
-    for (; k <= p; k++) {
-        c = kvr_hash_chain(c, q[k]);
-        r->ch[k] = c;
+    const uint32_t qid = r->qid;
+    if (r->chq[p] == qid)
+        return r->ch[p];
+    uint32_t b = p;
+    while (b > 0 && r->chq[b - 1] != qid)
+        b--;
+    uint64_t c = b == 0 ? KVR_HASH_CHAIN_ROOT : r->ch[b - 1];
+    for (; b <= p; b++) {
+        c = kvr_hash_chain(c, q[b]);
+        r->ch[b] = c;
+        r->chq[b] = qid;
     }
-    r->nch = k;
+    return c;
+}
+
+/* Chain hash at L from the known one at base (L - base <= jump_stride), by independent
+ * multiplies: chain[L] = chain[base]*M^k + sum_{i=1..k} q[base+i]*M^(k-i). */
+static uint64_t chain_jump(struct kvr_index_reader *r, const uint64_t *q, uint32_t base,
+                           uint32_t L)
+{
+    if (r->chq[L] == r->qid)
+        return r->ch[L];
+    const uint64_t *pw = r->ix->pw;
+    const uint64_t *x = q + base;
+    uint32_t k = L - base, i = 1;
+    uint64_t a0 = r->ch[base] * pw[k], a1 = 0, a2 = 0, a3 = 0;
+    for (; i + 3 <= k; i += 4) {
+        a0 += x[i] * pw[k - i];
+        a1 += x[i + 1] * pw[k - i - 1];
+        a2 += x[i + 2] * pw[k - i - 2];
+        a3 += x[i + 3] * pw[k - i - 3];
+    }
+    for (; i <= k; i++)
+        a0 += x[i] * pw[k - i];
+    uint64_t c = a0 + a1 + a2 + a3;
+    r->ch[L] = c;
+    r->chq[L] = r->qid;
+    return c;
 }
 
 static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
@@ -2073,11 +2129,71 @@ static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, cons
 {
     if (r->ndq[p] == r->qid)
         return r->nd[p];
-    chain_upto(r, q, p);
-    struct node *x = tab_find(r->ix, ns, p, r->ch[p], key_hash(ns, p, r->ch[p]));
+    uint64_t c = chain_seq(r, q, p);
+    struct node *x = tab_find(r->ix, ns, p, c, key_hash(ns, p, c));
     r->nd[p] = x;
     r->ndq[p] = r->qid;
     return x;
+}
+
+/* Prefetch stage 1: the table slot where key hash h starts probing. */
+static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
+{
+    const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
+    if (t != NULL)
+        __builtin_prefetch(&t->slot[(h >> SHARD_BITS) & t->mask]);
+}
+
+/* Prefetch stage 2: the node the first matching-tag slot points to (not verified). */
+static inline void pf_node(const struct kvr_index *ix, uint64_t h)
+{
+    const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
+    if (t == NULL)
+        return;
+    uint64_t mask = t->mask, i = (h >> SHARD_BITS) & mask, tag = h >> 48;
+    for (int k = 0; k < 4; k++, i = (i + 1) & mask) {
+        uint64_t v = LD(t->slot[i]);
+        if (v == 0)
+            return;
+        if (v != SLOT_TOMB && (v >> 48) == tag) {
+            __builtin_prefetch((const void *)(uintptr_t)(v & PTR_MASK));
+            return;
+        }
+    }
+}
+
+/* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) */
+static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
+{
+    for (;;) {
+        uint32_t s1 = LDA(x->seq);
+        if (s1 & 1) {
+            cpu_relax();
+            continue;
+        }
+        uint32_t n = LD(x->n);
+        uint64_t h = LD(x->h);
+        IX_FENCE(__ATOMIC_ACQUIRE);
+        if (LD(x->seq) != s1)
+            continue;
+        uint32_t cnt = (n & N_DEAD) ? 0 : n & N_COUNT;
+        int eq;
+        if (cnt != na)
+            eq = 0;
+        else if (cnt == 0)
+            eq = 1;
+        else if (!(n & N_EXT))
+            eq = el_holder(h) == a[0];
+        else {
+            const struct hset *hs = (const struct hset *)(uintptr_t)h;
+            eq = cnt <= LD(hs->cap);
+            for (uint32_t i = 0; eq && i < cnt; i++)
+                eq = el_holder(LD(hs->e[i])) == a[i];
+        }
+        IX_FENCE(__ATOMIC_ACQUIRE);
+        if (LD(x->seq) == s1)
+            return eq;
+    }
 }
 
 static inline double maxw_of(uint32_t mask, const double *w)
@@ -2091,6 +2207,163 @@ static inline double maxw_of(uint32_t mask, const double *w)
             first = 0;
         }
     return b;
+}
+
+/* The holders drop[0..nd) (sorted) hold position lo and not hi: find where each stops.
+ * Their held positions are a prefix (hole-free), so bisect, splitting the group at each
+ * probe into those still present (stop later) and those gone (stop earlier). */
+static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
+                        uint32_t nd, uint32_t lo, uint32_t hi)
+{
+    struct {
+        uint32_t b, c, lo, hi;
+    } st[64];
+    uint32_t *d = r->drop, *tmp = r->tmp, *buf = r->buf, *s0 = r->s0, *tm = r->tm;
+    int sp = 0;
+    st[sp].b = 0;
+    st[sp].c = nd;
+    st[sp].lo = lo;
+    st[sp++].hi = hi;
+    while (sp > 0) {
+        sp--;
+        uint32_t b = st[sp].b, c = st[sp].c, l = st[sp].lo, h = st[sp].hi;
+        if (h - l == 1) {
+            for (uint32_t i = 0; i < c; i++)
+                tm[d[b + i]] = h;
+            continue;
+        }
+        uint32_t m = l + (h - l) / 2;
+        struct node *x = node_at(r, ns, q, m);
+        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, np = 0, nab = 0;
+        for (uint32_t i = 0; i < c; i++) {
+            uint32_t e = d[b + i], hid = s0[e];
+            while (k < nb && buf[k] < hid)
+                k++;
+            if (k < nb && buf[k] == hid)
+                d[b + np++] = e;
+            else
+                tmp[nab++] = e;
+        }
+        memcpy(&d[b + np], tmp, nab * sizeof(*tmp));
+        /* stack depth: one pending sibling per halving, at most log2(stride) + 1 */
+        if (nab > 0) {
+            st[sp].b = b + np;
+            st[sp].c = nab;
+            st[sp].lo = l;
+            st[sp++].hi = m;
+        }
+        if (np > 0) {
+            st[sp].b = b;
+            st[sp].c = np;
+            st[sp].lo = m;
+            st[sp++].hi = h;
+        }
+    }
+}
+
+/* Fast holders (all of their worker's holders hole-free): positions held along the query
+ * are exactly [0, tm). Jump from landing to landing; when a holder is missing at a landing,
+ * scan the stride behind it (only for the holders that dropped). */
+static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, uint32_t n,
+                      uint32_t na)
+{
+    const struct kvr_index *ix = r->ix;
+    const uint32_t stride = ix->o.jump_stride;
+    uint32_t *tm = r->tm, *alive = r->alive, *ah = r->ah, *drop = r->drop, *buf = r->buf;
+    if (n <= 1) {
+        for (uint32_t a = 0; a < na; a++)
+            tm[alive[a]] = n;
+        return;
+    }
+    const uint32_t nl = (n - 2) / stride + 1; /* landings: min((j+1)*stride, n-1) */
+#define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : n - 1)
+    uint32_t issued = 0; /* landings whose chain and key hash are computed */
+    uint32_t prev = 0;
+    for (uint32_t j = 0; j < nl && na > 0; j++) {
+        while (issued < nl && issued < j + PF_SLOT) {
+            uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
+            uint64_t c = chain_jump(r, q, base, L);
+            r->lh[issued] = key_hash(ns, L, c);
+            pf_slot(ix, r->lh[issued]);
+            issued++;
+        }
+        if (j + PF_NODE < issued)
+            pf_node(ix, r->lh[j + PF_NODE]);
+        uint32_t L = LANDING(j);
+        struct node *x;
+        if (r->ndq[L] == r->qid) {
+            x = r->nd[L];
+        } else {
+            x = tab_find(ix, ns, L, r->ch[L], r->lh[j]);
+            r->nd[L] = x;
+            r->ndq[L] = r->qid;
+        }
+        if (x != NULL && hs_equal(x, ah, na)) {
+            prev = L;
+            continue;
+        }
+        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, ka = 0, nd = 0;
+        for (uint32_t a = 0; a < na; a++) {
+            uint32_t h = ah[a];
+            while (k < nb && buf[k] < h)
+                k++;
+            if (k < nb && buf[k] == h) {
+                alive[ka] = alive[a];
+                ah[ka++] = h;
+            } else {
+                drop[nd++] = alive[a];
+            }
+        }
+        na = ka;
+        if (nd > 0)
+            drop_search(r, ns, q, nd, prev, L);
+        prev = L;
+    }
+#undef LANDING
+    for (uint32_t a = 0; a < na; a++)
+        tm[alive[a]] = n;
+}
+
+/* Slow workers (some holder has holes): position by position, exact. */
+static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, uint32_t n,
+                      uint32_t nsw, const double *w)
+{
+    uint32_t left = nsw, *buf = r->buf;
+    for (uint32_t p = 1; p < n && left > 0; p++) {
+        struct node *x = node_at(r, ns, q, p);
+        uint32_t nb = x ? hs_read(x, buf) : 0, j = 0;
+        for (uint32_t i = 0; i < nsw; i++) {
+            struct slowst *sw = &r->sw[i];
+            if (sw->done)
+                continue;
+            while (j < nb && H_WID(buf[j]) < sw->wid)
+                j++;
+            uint32_t mask = 0;
+            while (j < nb && H_WID(buf[j]) == sw->wid)
+                mask |= 1u << H_TIER(buf[j++]);
+            if (mask == 0) {
+                sw->done = 1;
+                sw->matched = p;
+                left--;
+            } else {
+                sw->score += maxw_of(mask, w);
+            }
+            uint32_t gone = sw->alive & ~mask;
+            for (uint32_t t = 0; gone != 0; t++, gone >>= 1)
+                if (gone & 1)
+                    sw->tm[t] = p;
+            sw->alive &= mask;
+        }
+    }
+    for (uint32_t i = 0; i < nsw; i++) {
+        struct slowst *sw = &r->sw[i];
+        if (sw->done)
+            continue;
+        sw->matched = n;
+        for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
+            if (sw->alive >> t & 1)
+                sw->tm[t] = n;
+    }
 }
 
 int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, size_t n,
@@ -2114,6 +2387,7 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     for (int t = 0; t < KVR_TIER_MAX; t++)
         w[t] = weights ? weights[t] : 1.0;
     if (++r->qid == 0) {
+        memset(r->chq, 0, (size_t)r->maxq * sizeof(*r->chq));
         memset(r->ndq, 0, (size_t)r->maxq * sizeof(*r->ndq));
         memset(r->podq, 0, (size_t)r->maxw * sizeof(*r->podq));
         r->qid = 1;
@@ -2124,33 +2398,25 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             r->podq[pod_ids[i]] = qid;
 
     ebr_enter(ix, r->slot);
-    r->ch[0] = kvr_hash_chain(KVR_HASH_CHAIN_ROOT, q[0]);
-    r->nch = 1;
-    struct node *x = node_at(r, ns, q, 0);
     size_t nh = 0;
+    struct node *x = node_at(r, ns, q, 0);
     if (x == NULL)
         goto out;
     uint32_t n0 = hs_read(x, r->s0);
-    uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *drop = r->drop, *buf = r->buf;
+    uint32_t *s0 = r->s0, *tm = r->tm;
     uint32_t na = 0, nsw = 0, k = 0;
-    uint32_t ntiers = LDA(ix->ntiers);
+    uint32_t nw = LDA(ix->nworkers);
 
     /* filter by pod, classify workers fast / slow */
     for (uint32_t i = 0; i < n0;) {
         uint32_t wid = H_WID(s0[i]), j = i;
         while (j < n0 && H_WID(s0[j]) == wid)
             j++;
-        struct worker *wk = worker_get(ix, wid);
-        if (wk == NULL || (npods > 0 && r->podq[wk->pod_id] != qid)) {
+        if (wid >= nw || (npods > 0 && r->podq[ix->wpod[wid]] != qid)) {
             i = j;
             continue;
         }
-        int slow = 0;
-        for (uint32_t t = 0; t < ntiers && !slow; t++) {
-            struct holder *hd = LDA(wk->h[t]);
-            if (hd != NULL && LD(hd->holes) != 0)
-                slow = 1;
-        }
+        int slow = LD(ix->wslow[wid]) != 0;
         if (slow) {
             struct slowst *sw = &r->sw[nsw++];
             memset(sw, 0, sizeof(*sw));
@@ -2160,9 +2426,12 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             sw->score = maxw_of(sw->alive, w);
         }
         for (uint32_t m = i; m < j; m++) {
-            s0[k] = s0[m] | (slow ? 0x80000000u : 0); /* marks slow workers' entries */
-            if (!slow)
-                alive[na++] = k;
+            uint32_t h = s0[m];
+            s0[k] = h | (slow ? 0x80000000u : 0);
+            if (!slow) {
+                r->alive[na] = k;
+                r->ah[na++] = h;
+            }
             tm[k] = 0;
             k++;
         }
@@ -2170,83 +2439,9 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     }
     n0 = k;
 
-    /* fast holders: jump search */
-    const uint32_t stride = ix->o.jump_stride;
-    uint32_t prev = 0;
-    while (na > 0 && prev + 1 < n) {
-        uint32_t L = prev + stride < n - 1 ? prev + stride : (uint32_t)n - 1;
-        x = node_at(r, ns, q, L);
-        uint32_t nb = x ? hs_read(x, buf) : 0, j = 0, ka = 0, nd = 0;
-        for (uint32_t a = 0; a < na; a++) {
-            uint32_t h = s0[alive[a]];
-            while (j < nb && buf[j] < h)
-                j++;
-            if (j < nb && buf[j] == h)
-                alive[ka++] = alive[a];
-            else
-                drop[nd++] = alive[a];
-        }
-        na = ka;
-        for (uint32_t p = prev + 1; p < L && nd > 0; p++) {
-            x = node_at(r, ns, q, p);
-            nb = x ? hs_read(x, buf) : 0;
-            uint32_t kd = 0;
-            j = 0;
-            for (uint32_t a = 0; a < nd; a++) {
-                uint32_t h = s0[drop[a]];
-                while (j < nb && buf[j] < h)
-                    j++;
-                if (j < nb && buf[j] == h)
-                    drop[kd++] = drop[a];
-                else
-                    tm[drop[a]] = p;
-            }
-            nd = kd;
-        }
-        for (uint32_t a = 0; a < nd; a++)
-            tm[drop[a]] = L;
-        prev = L;
-    }
-    for (uint32_t a = 0; a < na; a++)
-        tm[alive[a]] = (uint32_t)n;
-
-    /* slow workers: position by position */
-    uint32_t nslow_alive = nsw;
-    for (uint32_t p = 1; p < n && nslow_alive > 0; p++) {
-        x = node_at(r, ns, q, p);
-        uint32_t nb = x ? hs_read(x, buf) : 0, j = 0;
-        for (uint32_t i = 0; i < nsw; i++) {
-            struct slowst *sw = &r->sw[i];
-            if (sw->done)
-                continue;
-            while (j < nb && H_WID(buf[j]) < sw->wid)
-                j++;
-            uint32_t mask = 0;
-            while (j < nb && H_WID(buf[j]) == sw->wid)
-                mask |= 1u << H_TIER(buf[j++]);
-            if (mask == 0) {
-                sw->done = 1;
-                sw->matched = p;
-                nslow_alive--;
-            } else {
-                sw->score += maxw_of(mask, w);
-            }
-            uint32_t gone = sw->alive & ~mask;
-            for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
-                if (gone >> t & 1)
-                    sw->tm[t] = p;
-            sw->alive &= mask;
-        }
-    }
-    for (uint32_t i = 0; i < nsw; i++) {
-        struct slowst *sw = &r->sw[i];
-        if (sw->done)
-            continue;
-        sw->matched = (uint32_t)n;
-        for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
-            if (sw->alive >> t & 1)
-                sw->tm[t] = (uint32_t)n;
-    }
+    find_fast(r, ns, q, (uint32_t)n, na);
+    if (nsw > 0)
+        find_slow(r, ns, q, (uint32_t)n, nsw, w);
 
     /* results, ascending wid */
     uint32_t si = 0;
@@ -2262,6 +2457,10 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             hit->matched = sw->matched;
             memcpy(hit->tier_matched, sw->tm, sizeof(sw->tm));
             hit->score = sw->score;
+        } else if (j == i + 1) { /* one tier: the common case */
+            hit->matched = tm[i];
+            hit->tier_matched[H_TIER(s0[i])] = tm[i];
+            hit->score = (double)tm[i] * w[H_TIER(s0[i])];
         } else {
             uint32_t ord[KVR_TIER_MAX], no = 0;
             for (uint32_t m = i; m < j; m++) {
