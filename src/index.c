@@ -184,17 +184,19 @@ struct table {
 };
 
 struct shard {
-    pthread_mutex_t mu;  /* writers creating/deleting entries here */
-    struct table *tab;   /* atomic pointer; replaced under mu */
-    uint64_t live, used; /* under mu */
+    uint32_t lock;       /* spinlock: writers creating/deleting entries here */
+    uint32_t pad;
+    struct table *tab;   /* atomic pointer; replaced under lock */
+    uint64_t live, used; /* under lock */
 } __attribute__((aligned(64)));
 
 struct rec {
     uint64_t eh;
-    struct node *nd; /* NULL = empty slot */
-    uint32_t copies;
-    uint32_t pad;
+    uint64_t nc; /* node pointer | copies << 48 (0xffff = more in holder.extra); 0 = empty */
 };
+#define REC_ND(r) ((struct node *)(uintptr_t)((r)->nc & PTR_MASK))
+#define REC_COPIES(r) ((uint32_t)((r)->nc >> 48))
+#define COPIES_MAX 0xffffu
 
 struct recmap {
     struct rec *s;
@@ -214,6 +216,7 @@ struct holder {
     struct recmap recs;  /* writer */
     struct cmap absent;  /* writer: key(ns, chain of a parent not held) -> held children */
     struct cmap alias;   /* writer: node pointer -> extra engine hashes */
+    struct cmap extra;   /* writer: engine hash -> copies beyond COPIES_MAX */
     uint64_t blocks;     /* atomic: distinct engine hashes held */
     uint64_t holes;      /* atomic: held entries whose parent entry is not held */
 };
@@ -403,12 +406,37 @@ static void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p)
     s->nret++;
 }
 
+/* Makes room for `more` retirements (a big remove or clear) in one growth. */
+static void ebr_reserve_slot(struct ebr_slot *s, size_t more)
+{
+    size_t need = s->nret + more;
+    if (need <= s->capret)
+        return;
+    size_t nc = s->capret ? s->capret : 64;
+    while (nc < need)
+        nc *= 2;
+    struct retired *nr = sl_alloc(s, nc * sizeof(*nr));
+    if (nr == NULL)
+        return; /* ebr_retire grows on demand */
+    if (s->nret)
+        memcpy(nr, s->ret, s->nret * sizeof(*nr));
+    sl_free(s, s->ret);
+    s->ret = nr;
+    s->capret = nc;
+}
+
 /* Called by a writer after ebr_exit(): tries to advance the epoch (twice when nobody is in
  * a critical section) and frees what is old enough. */
 static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 {
-    if (s->nret == 0)
+    if (s->nret == 0) {
+        if (s->ret != NULL) { /* reserved but unused */
+            sl_free(s, s->ret);
+            s->ret = NULL;
+            s->capret = 0;
+        }
         return;
+    }
     uint64_t e = __atomic_load_n(&ix->epoch, __ATOMIC_SEQ_CST);
     for (int round = 0; round < 2; round++) {
         uint32_t nu = __atomic_load_n(&ix->nslots, __ATOMIC_SEQ_CST);
@@ -477,6 +505,25 @@ static void node_unlock(struct node *nd)
     STR(nd->seq, LD(nd->seq) + 1);
 }
 
+static void shard_lock(struct shard *sh)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t z = 0;
+        if (LD(sh->lock) == 0 && __atomic_compare_exchange_n(&sh->lock, &z, 1, true,
+                                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        if (spins > 64)
+            sched_yield();
+        else
+            cpu_relax();
+    }
+}
+
+static void shard_unlock(struct shard *sh)
+{
+    STR(sh->lock, 0u);
+}
+
 /* Lock-free lookup (readers and writers inside an epoch). */
 static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t pos,
                              uint64_t chain, uint64_t h)
@@ -499,7 +546,15 @@ static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t p
     }
 }
 
-/* Under sh->mu: rebuilds the shard's table for `want` live entries, publishes it. */
+/* Prefetch stage 1: the table slot where key hash h starts probing. */
+static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
+{
+    const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
+    if (t != NULL)
+        __builtin_prefetch(&t->slot[(h >> SHARD_BITS) & t->mask]);
+}
+
+/* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it. */
 static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
                        uint64_t want)
 {
@@ -785,19 +840,19 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint
         }
         node_unlock(x);
     }
-    pthread_mutex_lock(&sh->mu);
+    shard_lock(sh);
     x = tab_find(ix, ns, pos, chain, h);
     if (x != NULL) {
         node_lock(x);
         IX_ASSERT(!(LD(x->n) & N_DEAD));
         rc = hs_add(s, x, holder, nchild, &old);
         node_unlock(x);
-        pthread_mutex_unlock(&sh->mu);
+        shard_unlock(sh);
         goto done;
     }
     x = sl_alloc(s, sizeof(*x));
     if (x == NULL) {
-        pthread_mutex_unlock(&sh->mu);
+        shard_unlock(sh);
         return -ENOMEM;
     }
     x->chain = chain;
@@ -808,7 +863,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint
     x->n = 1;
     x->h = pack_el(holder, nchild);
     rc = tab_insert_locked(ix, s, sh, x, h);
-    pthread_mutex_unlock(&sh->mu);
+    shard_unlock(sh);
     if (rc < 0) {
         sl_free(s, x);
         return rc;
@@ -832,7 +887,32 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
 {
     void *old = NULL;
     uint32_t nchild = 0;
+    uint64_t h = key_hash(x->ns, x->pos, x->chain);
+    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
+    int dead = 0;
 
+    if ((LD(x->n) & (N_COUNT | N_EXT)) == 1) {
+        /* most likely the last holder: delete in one critical section */
+        shard_lock(sh);
+        node_lock(x);
+        int r = hs_del(s, x, holder, &nchild, &old);
+        IX_ASSERT(r == 1);
+        if (LD(x->n) == 0) {
+            ST(x->n, N_DEAD);
+            dead = 1;
+        }
+        node_unlock(x);
+        if (dead)
+            tab_unlink_locked(ix, s, sh, x, h);
+        shard_unlock(sh);
+        ADD(s->pairs, -1);
+        ebr_retire(ix, s, old);
+        if (dead) {
+            ADD(s->entries, -1);
+            ebr_retire(ix, s, x);
+        }
+        return nchild;
+    }
     node_lock(x);
     int r = hs_del(s, x, holder, &nchild, &old);
     uint32_t left = LD(x->n) & N_COUNT;
@@ -843,10 +923,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
     if (left != 0)
         return nchild;
 
-    uint64_t h = key_hash(x->ns, x->pos, x->chain);
-    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
-    int dead = 0;
-    pthread_mutex_lock(&sh->mu);
+    shard_lock(sh);
     node_lock(x);
     if (LD(x->n) == 0) {
         ST(x->n, N_DEAD);
@@ -855,7 +932,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
     node_unlock(x);
     if (dead)
         tab_unlink_locked(ix, s, sh, x, h);
-    pthread_mutex_unlock(&sh->mu);
+    shard_unlock(sh);
     if (dead) {
         ADD(s->entries, -1);
         ebr_retire(ix, s, x);
@@ -882,10 +959,10 @@ static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
         if (ns == NULL)
             return -ENOMEM;
         for (uint32_t i = 0; m->s != NULL && i <= m->mask; i++) {
-            if (m->s[i].nd == NULL)
+            if (m->s[i].nc == 0)
                 continue;
             uint32_t j = (uint32_t)mix64(m->s[i].eh) & (cap - 1);
-            while (ns[j].nd != NULL)
+            while (ns[j].nc != 0)
                 j = (j + 1) & (cap - 1);
             ns[j] = m->s[i];
         }
@@ -896,12 +973,30 @@ static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
     return 0;
 }
 
+/* Grows once for `more` insertions ahead (a store of many blocks). */
+static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
+{
+    size_t need = (size_t)m->n + more, cap = m->s ? (size_t)m->mask + 1 : 8;
+    if (need > (1u << 30))
+        return;
+    while (need * 8 > cap * 7)
+        cap *= 2;
+    if (m->s == NULL || cap > (size_t)m->mask + 1)
+        (void)recmap_resize(s, m, (uint32_t)cap);
+}
+
+static inline void recmap_prefetch(const struct recmap *m, uint64_t eh)
+{
+    if (m->s != NULL)
+        __builtin_prefetch(&m->s[(uint32_t)mix64(eh) & m->mask]);
+}
+
 static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 {
     if (m->s == NULL)
         return NULL;
     uint32_t i = (uint32_t)mix64(eh) & m->mask;
-    while (m->s[i].nd != NULL) {
+    while (m->s[i].nc != 0) {
         if (m->s[i].eh == eh)
             return &m->s[i];
         i = (i + 1) & m->mask;
@@ -913,17 +1008,16 @@ static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 static struct rec *recmap_put(struct ebr_slot *s, struct recmap *m, uint64_t eh,
                               struct node *nd)
 {
-    if (m->s == NULL || (m->n + 1) * 4 > (m->mask + 1) * 3) {
+    if (m->s == NULL || (m->n + 1) * 8 > (m->mask + 1) * 7) {
         uint32_t cap = m->s ? (m->mask + 1) * 2 : 8;
         if (recmap_resize(s, m, cap) < 0)
             return NULL;
     }
     uint32_t i = (uint32_t)mix64(eh) & m->mask;
-    while (m->s[i].nd != NULL)
+    while (m->s[i].nc != 0)
         i = (i + 1) & m->mask;
     m->s[i].eh = eh;
-    m->s[i].nd = nd;
-    m->s[i].copies = 1;
+    m->s[i].nc = (uint64_t)(uintptr_t)nd | 1ull << 48;
     m->n++;
     return &m->s[i];
 }
@@ -933,7 +1027,7 @@ static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
     uint32_t i = (uint32_t)(r - m->s), j = i;
     for (;;) {
         j = (j + 1) & m->mask;
-        if (m->s[j].nd == NULL)
+        if (m->s[j].nc == 0)
             break;
         uint32_t k = (uint32_t)mix64(m->s[j].eh) & m->mask;
         /* move j to i when k is cyclically outside (i, j] */
@@ -942,7 +1036,7 @@ static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
             i = j;
         }
     }
-    m->s[i].nd = NULL;
+    m->s[i].nc = 0;
     m->n--;
     uint32_t cap = m->mask + 1;
     if (m->n == 0)
@@ -1090,7 +1184,6 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     __atomic_fetch_add(&ix->gbytes, usable(ix->sh), __ATOMIC_RELAXED);
     memset(ix->sh, 0, NSHARD * sizeof(struct shard));
     for (unsigned i = 0; i < NSHARD; i++)
-        pthread_mutex_init(&ix->sh[i].mu, NULL);
     strcpy(ix->tier_names[KVR_TIER_GPU], "gpu");
     strcpy(ix->tier_names[KVR_TIER_CPU], "cpu");
     strcpy(ix->tier_names[KVR_TIER_STORAGE], "storage");
@@ -1134,7 +1227,6 @@ void kvr_index_destroy(struct kvr_index *ix)
                 sl_free(s, x);
             }
             sl_free(s, t);
-            pthread_mutex_destroy(&ix->sh[i].mu);
         }
         free(ix->sh);
     }
@@ -1153,6 +1245,7 @@ void kvr_index_destroy(struct kvr_index *ix)
             free(hd->recs.s);
             free(hd->absent.s);
             free(hd->alias.s);
+            free(hd->extra.s);
             free(hd);
         }
         free(wk->orph);
@@ -1566,7 +1659,13 @@ struct wctx {
     uint32_t wid;
     struct kvr_index_wres *res;
     int adopt; /* a new engine hash is awaited by a parked block */
+    struct node *prov; /* entry holding a provisional child count (store_one) */
 };
+
+static void ebr_reserve(struct wctx *c, size_t more)
+{
+    ebr_reserve_slot(c->s, more);
+}
 
 static inline uint64_t absent_key(uint32_t ns, uint64_t chain)
 {
@@ -1613,9 +1712,10 @@ static struct rec *worker_rec(struct worker *w, uint32_t tier, uint64_t eh)
     return NULL;
 }
 
-/* H just gained membership in x (pn = the store's parent node, or NULL). */
+/* H just gained membership in x. pn: the store's parent node (or NULL). When the parent
+ * already counted this block provisionally (store chains, see store_one) prov is set. */
 static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node *x,
-                     struct node *pn)
+                     struct node *pn, int prov)
 {
     if (x->pos == 0)
         return 0;
@@ -1623,6 +1723,8 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
     if (p == NULL || p->ns != x->ns || p->chain != x->parent_chain || p->pos + 1 != x->pos)
         p = tab_find(c->ix, x->ns, x->pos - 1, x->parent_chain,
                      key_hash(x->ns, x->pos - 1, x->parent_chain));
+    else if (prov)
+        return 0;
     if (p != NULL && entry_adj(p, hid, 1))
         return 0;
     int rc = cmap_add(c->s, &H->absent, absent_key(x->ns, x->parent_chain), 1);
@@ -1631,9 +1733,11 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
     return rc;
 }
 
-/* H just lost membership in x, which had nchild held children. */
+/* H just lost membership in an entry (key ns/pos/chain, parent pchain) that had nchild
+ * held children. hint: a node that may be the parent (saves a lookup). */
 static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, uint32_t ns,
-                      uint32_t pos, uint64_t chain, uint64_t pchain, uint32_t nchild)
+                      uint32_t pos, uint64_t chain, uint64_t pchain, uint32_t nchild,
+                      struct node *hint)
 {
     if (nchild > 0) {
         if (cmap_add(c->s, &H->absent, absent_key(ns, chain), nchild) == 0)
@@ -1643,44 +1747,63 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, uint32_t n
     }
     if (pos == 0)
         return;
-    struct node *p = tab_find(c->ix, ns, pos - 1, pchain, key_hash(ns, pos - 1, pchain));
+    struct node *p = hint;
+    if (p == NULL || p->ns != ns || p->chain != pchain || p->pos + 1 != pos)
+        p = tab_find(c->ix, ns, pos - 1, pchain, key_hash(ns, pos - 1, pchain));
     if (p != NULL && entry_adj(p, hid, -1))
         return;
     (void)cmap_add(c->s, &H->absent, absent_key(ns, pchain), -1);
     holes_add(c, H, -1);
 }
 
-/* Stores one block for holder (wid, tier) after parent node *pn (NULL = position 0);
- * *pn becomes this block's node. */
-static int store_one(struct wctx *c, uint32_t tier, uint32_t ns, struct node **pn,
-                     const struct kvr_index_block *b)
+/* Withdraws the provisional child count store_one gave the previous block's entry. */
+static void prov_cancel(struct wctx *c, uint32_t hid)
 {
-    struct holder *H = holder_get(c, tier);
-    if (H == NULL)
-        return -ENOMEM;
+    if (c->prov != NULL) {
+        int r = entry_adj(c->prov, hid, -1);
+        IX_ASSERT(r == 1);
+        c->prov = NULL;
+    }
+}
+
+/* Stores one block for holder (wid, tier) after parent node *pn (NULL = position 0);
+ * *pn becomes this block's node. more: another block of the same chain follows in this
+ * store; its membership is then counted in this entry's nchild right away (one lock less
+ * per block) and withdrawn by prov_cancel if it does not happen. */
+static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t ns,
+                     struct node **pn, const struct kvr_index_block *b, int more)
+{
+    uint32_t hid = HOLDER(c->wid, tier);
     struct rec *r = recmap_get(&H->recs, b->engine_hash);
     if (r != NULL) {
-        r->copies++;
+        prov_cancel(c, hid);
+        if (REC_COPIES(r) < COPIES_MAX)
+            r->nc += 1ull << 48;
+        else if (cmap_add(c->s, &H->extra, b->engine_hash, 1) < 0)
+            return -ENOMEM;
         c->res->duplicates++;
-        *pn = r->nd;
+        *pn = REC_ND(r);
         return 0;
     }
-    uint32_t hid = HOLDER(c->wid, tier);
     struct node *p = *pn;
     uint32_t pos = p ? p->pos + 1 : 0;
     uint64_t pch = p ? p->chain : KVR_HASH_CHAIN_ROOT;
     uint64_t chain = kvr_hash_chain(pch, b->content_hash);
-    uint64_t nchild = cmap_get(&H->absent, absent_key(ns, chain));
+    uint64_t nchild = H->absent.n ? cmap_get(&H->absent, absent_key(ns, chain)) : 0;
     struct node *x;
     int added, rc;
 
-    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, hid, (uint32_t)nchild, &x, &added);
-    if (rc < 0)
+    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, hid, (uint32_t)nchild + (more ? 1 : 0),
+                   &x, &added);
+    if (rc < 0) {
+        prov_cancel(c, hid);
         return rc;
+    }
     r = recmap_put(c->s, &H->recs, b->engine_hash, x);
     if (r == NULL) {
         if (added)
             (void)entry_del(c->ix, c->s, x, hid);
+        prov_cancel(c, hid);
         return -ENOMEM;
     }
     ADD(H->blocks, 1);
@@ -1690,10 +1813,14 @@ static int store_one(struct wctx *c, uint32_t tier, uint32_t ns, struct node **p
             (void)cmap_add(c->s, &H->absent, absent_key(ns, chain), -(int64_t)nchild);
             holes_add(c, H, -(int64_t)nchild);
         }
-        rc = hole_gain(c, H, hid, x, p);
+        rc = hole_gain(c, H, hid, x, p, c->prov != NULL && c->prov == p);
         if (rc < 0)
             kvr_log_error("index: out of memory in hole accounting");
+        if (c->prov != p)
+            prov_cancel(c, hid);
+        c->prov = more ? x : NULL;
     } else {
+        prov_cancel(c, hid);
         IX_ASSERT(nchild == 0);
         if (cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, 1) < 0)
             kvr_log_error("index: out of memory counting an engine-hash alias");
@@ -1704,16 +1831,24 @@ static int store_one(struct wctx *c, uint32_t tier, uint32_t ns, struct node **p
     return 0;
 }
 
-/* Drops one copy of r (holder H at tier). */
-static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r)
+/* Drops one copy of r (holder H at tier). hint: see hole_lose. */
+static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r,
+                    struct node *hint)
 {
-    if (--r->copies > 0)
+    uint32_t copies = REC_COPIES(r);
+    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->eh) > 0) {
+        (void)cmap_add(c->s, &H->extra, r->eh, -1);
         return;
-    struct node *x = r->nd;
+    }
+    if (copies > 1) {
+        r->nc -= 1ull << 48;
+        return;
+    }
+    struct node *x = REC_ND(r);
     recmap_del(c->s, &H->recs, r);
     ADD(H->blocks, -1);
     c->res->removed++;
-    if (cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
+    if (H->alias.n && cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
         (void)cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
         return;
     }
@@ -1721,7 +1856,7 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     uint64_t chain = x->chain, pchain = x->parent_chain;
     uint32_t hid = HOLDER(c->wid, tier);
     uint32_t nchild = entry_del(c->ix, c->s, x, hid);
-    hole_lose(c, H, hid, ns, pos, chain, pchain, nchild);
+    hole_lose(c, H, hid, ns, pos, chain, pchain, nchild, hint);
 }
 
 static void orph_remove_at(struct wctx *c, uint32_t i, uint32_t k)
@@ -1799,10 +1934,13 @@ static int orph_adopt(struct wctx *c)
                 i++;
                 continue;
             }
-            struct node *pn = r->nd;
+            struct node *pn = REC_ND(r);
             orph_remove_at(c, i, 1);
             struct kvr_index_block b = {pk.eh, pk.content};
-            int rc = store_one(c, pk.tier, pk.ns, &pn, &b);
+            struct holder *H = holder_get(c, pk.tier);
+            if (H == NULL)
+                return -ENOMEM;
+            int rc = store_one(c, H, pk.tier, pk.ns, &pn, &b, 0);
             if (rc < 0)
                 return rc;
             c->res->orphans_adopted++;
@@ -1823,6 +1961,7 @@ static int wbegin(struct kvr_index *ix, uint32_t wid, struct kvr_index_wres *res
     c->wid = wid;
     c->res = res;
     c->adopt = 0;
+    c->prov = NULL;
     c->s = slot_claim(ix, 0);
     ebr_enter(ix, c->s);
     return 0;
@@ -1865,11 +2004,28 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
                 rc = orph_adopt(&c);
             goto out;
         }
-        pn = r->nd;
+        pn = REC_ND(r);
     }
-    for (size_t i = 0; i < n; i++)
-        if ((rc = store_one(&c, tier, ns, &pn, &blocks[i])) < 0)
+    struct holder *H = holder_get(&c, tier);
+    if (H == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    recmap_reserve(c.s, &H->recs, n);
+    /* look ahead: the entries' table slots and the reverse map's slots, assuming the chain
+     * continues (a duplicate with another position only makes a prefetch useless) */
+    uint64_t la_chain = pn ? pn->chain : KVR_HASH_CHAIN_ROOT;
+    uint32_t la_pos = pn ? pn->pos + 1 : 0;
+    size_t la = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (; la < n && la < i + 8; la++) {
+            la_chain = kvr_hash_chain(la_chain, blocks[la].content_hash);
+            pf_slot(ix, key_hash(ns, la_pos + (uint32_t)la, la_chain));
+            recmap_prefetch(&H->recs, blocks[la].engine_hash);
+        }
+        if ((rc = store_one(&c, H, tier, ns, &pn, &blocks[i], i + 1 < n)) < 0)
             goto out;
+    }
     if (c.adopt)
         rc = orph_adopt(&c);
 out:
@@ -1889,10 +2045,16 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     if ((rc = wbegin(ix, wid, res ? res : &local, &c)) < 0)
         return rc;
     struct holder *H = c.w->h[tier];
+    if (H != NULL)
+        ebr_reserve(&c, n + 16);
     for (size_t i = 0; i < n; i++) {
+        if (H != NULL && i + 4 < n)
+            recmap_prefetch(&H->recs, hashes[i + 4]);
         struct rec *r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
         if (r != NULL) {
-            unstore(&c, H, tier, r);
+            /* removals usually walk a chain tail first: the next one is the parent */
+            struct rec *nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
+            unstore(&c, H, tier, r, nx ? REC_ND(nx) : NULL);
             continue;
         }
         uint32_t k;
@@ -1925,21 +2087,23 @@ static void holder_clear(struct wctx *c, uint32_t tier)
     if (H == NULL)
         return;
     uint32_t hid = HOLDER(c->wid, tier);
+    ebr_reserve(c, H->recs.n + 16);
     for (uint32_t i = 0; H->recs.s != NULL && i <= H->recs.mask; i++) {
         struct rec *r = &H->recs.s[i];
-        if (r->nd == NULL)
+        if (r->nc == 0)
             continue;
         c->res->cleared++;
-        uint64_t key = (uint64_t)(uintptr_t)r->nd;
-        if (cmap_get(&H->alias, key) > 0)
+        uint64_t key = (uint64_t)(uintptr_t)REC_ND(r);
+        if (H->alias.n && cmap_get(&H->alias, key) > 0)
             (void)cmap_add(c->s, &H->alias, key, -1);
         else
-            (void)entry_del(c->ix, c->s, r->nd, hid);
+            (void)entry_del(c->ix, c->s, REC_ND(r), hid);
     }
     sl_free(c->s, H->recs.s);
     memset(&H->recs, 0, sizeof(H->recs));
     cmap_free(c->s, &H->absent);
     cmap_free(c->s, &H->alias);
+    cmap_free(c->s, &H->extra);
     ST(H->blocks, 0);
     holes_add(c, H, -(int64_t)LD(H->holes));
 }
@@ -2134,14 +2298,6 @@ static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, cons
     r->nd[p] = x;
     r->ndq[p] = r->qid;
     return x;
-}
-
-/* Prefetch stage 1: the table slot where key hash h starts probing. */
-static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
-{
-    const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
-    if (t != NULL)
-        __builtin_prefetch(&t->slot[(h >> SHARD_BITS) & t->mask]);
 }
 
 /* Prefetch stage 2: the node the first matching-tag slot points to (not verified). */
