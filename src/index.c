@@ -159,6 +159,8 @@ struct ebr_slot {
     /* owner only */
     struct retired *ret;
     size_t nret, capret;
+    struct node *nfresh; /* nodes reclaimed at the end of the last call: reused first */
+    struct node *nnext;  /* nodes reclaimed at the end of this call */
     /* owner-written (relaxed), summed by stats */
     int64_t bytes, entries, pairs, orphans;
 } __attribute__((aligned(64)));
@@ -381,6 +383,15 @@ static inline void ebr_exit(struct ebr_slot *s)
     STR(s->epoch, 0);
 }
 
+/* Node memory: a free node's first word links it in a slot's cache. Nodes reclaimed at the
+ * end of a writer call serve the next call on that slot; whatever that call does not use is
+ * freed when it ends, so an idle index holds no cached nodes (memory follows contents). */
+struct node;
+static struct node *node_alloc(struct ebr_slot *s);
+static void node_cache_put(struct ebr_slot *s, void *p);
+static void node_cache_roll(struct ebr_slot *s);
+#define RET_NODE 1ull /* tag in a retired pointer: a node, recycled through the cache */
+
 /* Queues p to be freed when no thread can see it any more. Called with no node lock held
  * is not required (a bounded realloc of the slot's own list); on allocation failure the
  * object is leaked rather than freed early. */
@@ -456,10 +467,12 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
     }
     size_t k = 0;
     for (size_t i = 0; i < s->nret; i++) {
-        if (s->ret[i].epoch + 2 <= e)
-            sl_free(s, s->ret[i].p);
-        else
+        if (s->ret[i].epoch + 2 > e)
             s->ret[k++] = s->ret[i];
+        else if ((uintptr_t)s->ret[i].p & RET_NODE)
+            node_cache_put(s, (void *)((uintptr_t)s->ret[i].p & ~(uintptr_t)RET_NODE));
+        else
+            sl_free(s, s->ret[i].p);
     }
     s->nret = k;
     if (k == 0) {
@@ -470,6 +483,34 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 }
 
 /* ---- entries: nodes and holder sets ------------------------------------------------- */
+
+static struct node *node_alloc(struct ebr_slot *s)
+{
+    struct node *x = s->nfresh;
+    if (x != NULL) {
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        return x;
+    }
+    return sl_alloc(s, sizeof(struct node));
+}
+
+static void node_cache_put(struct ebr_slot *s, void *p)
+{
+    memcpy(p, &s->nnext, sizeof(s->nnext));
+    s->nnext = p;
+}
+
+/* End of a writer call: frees the cached nodes this call did not reuse. */
+static void node_cache_roll(struct ebr_slot *s)
+{
+    while (s->nfresh != NULL) {
+        struct node *x = s->nfresh;
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        sl_free(s, x);
+    }
+    s->nfresh = s->nnext;
+    s->nnext = NULL;
+}
 
 static inline uint64_t key_hash(uint32_t ns, uint32_t pos, uint64_t chain)
 {
@@ -582,27 +623,6 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
     STR(sh->tab, nt);
     sh->used = sh->live;
     ebr_retire(ix, s, ot);
-    return 0;
-}
-
-static int tab_insert_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
-                             struct node *x, uint64_t h)
-{
-    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->tab->mask + 1) * 3) {
-        int rc = tab_rebuild(ix, s, sh, sh->live + 1);
-        if (rc < 0)
-            return rc;
-    }
-    struct table *t = sh->tab;
-    uint64_t i = (h >> SHARD_BITS) & t->mask;
-    uint64_t v;
-    while ((v = LD(t->slot[i])) != 0 && v != SLOT_TOMB)
-        i = (i + 1) & t->mask;
-    IX_ASSERT(((uintptr_t)x >> 48) == 0);
-    STR(t->slot[i], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
-    sh->live++;
-    if (v == 0)
-        sh->used++;
     return 0;
 }
 
@@ -820,60 +840,76 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
     }
 }
 
-/* Adds holder to entry (ns, pos, chain), creating it. *added = 1 for a new membership. */
+/* Adds holder to entry (ns, pos, chain) (key hash h), creating it. *added = 1 for a new
+ * membership. One probe under the shard lock finds the entry or the slot for it. */
 static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint32_t pos,
-                     uint64_t chain, uint64_t pchain, uint32_t holder, uint32_t nchild,
-                     struct node **out, int *added)
+                     uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
+                     uint32_t nchild, struct node **out, int *added)
 {
-    uint64_t h = key_hash(ns, pos, chain);
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
     void *old = NULL;
     int rc;
 
-    struct node *x = tab_find(ix, ns, pos, chain, h);
-    if (x != NULL) {
-        node_lock(x);
-        if (!(LD(x->n) & N_DEAD)) {
-            rc = hs_add(s, x, holder, nchild, &old);
-            node_unlock(x);
-            goto done;
-        }
-        node_unlock(x);
-    }
     shard_lock(sh);
-    x = tab_find(ix, ns, pos, chain, h);
+    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->tab->mask + 1) * 3) {
+        rc = tab_rebuild(ix, s, sh, sh->live + 1);
+        if (rc < 0) {
+            shard_unlock(sh);
+            return rc;
+        }
+    }
+    struct table *t = sh->tab;
+    uint64_t mask = t->mask, i = (h >> SHARD_BITS) & mask, tag = h >> 48, ins = UINT64_MAX;
+    struct node *x = NULL;
+    for (;;) {
+        uint64_t v = LD(t->slot[i]);
+        if (v == 0) {
+            if (ins == UINT64_MAX)
+                ins = i;
+            break;
+        }
+        if (v == SLOT_TOMB) {
+            if (ins == UINT64_MAX)
+                ins = i;
+        } else if ((v >> 48) == tag) {
+            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
+            if (y->chain == chain && y->pos == pos && y->ns == ns) {
+                x = y;
+                break;
+            }
+        }
+        i = (i + 1) & mask;
+    }
     if (x != NULL) {
         node_lock(x);
-        IX_ASSERT(!(LD(x->n) & N_DEAD));
         rc = hs_add(s, x, holder, nchild, &old);
         node_unlock(x);
         shard_unlock(sh);
-        goto done;
-    }
-    x = sl_alloc(s, sizeof(*x));
-    if (x == NULL) {
+        ebr_retire(ix, s, old);
+        if (rc < 0)
+            return rc;
+    } else {
+        x = node_alloc(s);
+        if (x == NULL) {
+            shard_unlock(sh);
+            return -ENOMEM;
+        }
+        x->chain = chain;
+        x->parent_chain = pchain;
+        x->pos = pos;
+        x->ns = ns;
+        x->seq = 0;
+        x->n = 1;
+        x->h = pack_el(holder, nchild);
+        IX_ASSERT(((uintptr_t)x >> 48) == 0);
+        if (LD(t->slot[ins]) == 0)
+            sh->used++;
+        sh->live++;
+        STR(t->slot[ins], (uint64_t)(uintptr_t)x | tag << 48);
         shard_unlock(sh);
-        return -ENOMEM;
+        ADD(s->entries, 1);
+        rc = 1;
     }
-    x->chain = chain;
-    x->parent_chain = pchain;
-    x->pos = pos;
-    x->ns = ns;
-    x->seq = 0;
-    x->n = 1;
-    x->h = pack_el(holder, nchild);
-    rc = tab_insert_locked(ix, s, sh, x, h);
-    shard_unlock(sh);
-    if (rc < 0) {
-        sl_free(s, x);
-        return rc;
-    }
-    ADD(s->entries, 1);
-    rc = 1;
-done:
-    ebr_retire(ix, s, old);
-    if (rc < 0)
-        return rc;
     if (rc == 1)
         ADD(s->pairs, 1);
     *out = x;
@@ -909,7 +945,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
         ebr_retire(ix, s, old);
         if (dead) {
             ADD(s->entries, -1);
-            ebr_retire(ix, s, x);
+            ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
         }
         return nchild;
     }
@@ -935,7 +971,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
     shard_unlock(sh);
     if (dead) {
         ADD(s->entries, -1);
-        ebr_retire(ix, s, x);
+        ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
     }
     return nchild;
 }
@@ -1004,9 +1040,9 @@ static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
     return NULL;
 }
 
-/* eh must be absent. The returned pointer is valid until the next insert/delete. */
-static struct rec *recmap_put(struct ebr_slot *s, struct recmap *m, uint64_t eh,
-                              struct node *nd)
+/* The record of eh, or (nc == 0) the empty slot where it goes, after making room for one
+ * more; NULL when growing failed. Valid until the map changes. */
+static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh)
 {
     if (m->s == NULL || (m->n + 1) * 8 > (m->mask + 1) * 7) {
         uint32_t cap = m->s ? (m->mask + 1) * 2 : 8;
@@ -1014,11 +1050,8 @@ static struct rec *recmap_put(struct ebr_slot *s, struct recmap *m, uint64_t eh,
             return NULL;
     }
     uint32_t i = (uint32_t)mix64(eh) & m->mask;
-    while (m->s[i].nc != 0)
+    while (m->s[i].nc != 0 && m->s[i].eh != eh)
         i = (i + 1) & m->mask;
-    m->s[i].eh = eh;
-    m->s[i].nc = (uint64_t)(uintptr_t)nd | 1ull << 48;
-    m->n++;
     return &m->s[i];
 }
 
@@ -1233,8 +1266,17 @@ void kvr_index_destroy(struct kvr_index *ix)
     for (unsigned i = 0; i < EBR_SLOTS; i++) {
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
-            free(e->ret[k].p);
+            free((void *)((uintptr_t)e->ret[k].p & ~(uintptr_t)RET_NODE));
         free(e->ret);
+        for (int pass = 0; pass < 2; pass++) {
+            struct node *x = pass ? e->nnext : e->nfresh;
+            while (x != NULL) {
+                struct node *nx;
+                memcpy(&nx, x, sizeof(nx));
+                free(x);
+                x = nx;
+            }
+        }
     }
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
@@ -1774,8 +1816,12 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
                      struct node **pn, const struct kvr_index_block *b, int more)
 {
     uint32_t hid = HOLDER(c->wid, tier);
-    struct rec *r = recmap_get(&H->recs, b->engine_hash);
-    if (r != NULL) {
+    struct rec *r = recmap_slot(c->s, &H->recs, b->engine_hash);
+    if (r == NULL) {
+        prov_cancel(c, hid);
+        return -ENOMEM;
+    }
+    if (r->nc != 0) {
         prov_cancel(c, hid);
         if (REC_COPIES(r) < COPIES_MAX)
             r->nc += 1ull << 48;
@@ -1793,19 +1839,15 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
     struct node *x;
     int added, rc;
 
-    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, hid, (uint32_t)nchild + (more ? 1 : 0),
-                   &x, &added);
+    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, key_hash(ns, pos, chain), hid,
+                   (uint32_t)nchild + (more ? 1 : 0), &x, &added);
     if (rc < 0) {
         prov_cancel(c, hid);
         return rc;
     }
-    r = recmap_put(c->s, &H->recs, b->engine_hash, x);
-    if (r == NULL) {
-        if (added)
-            (void)entry_del(c->ix, c->s, x, hid);
-        prov_cancel(c, hid);
-        return -ENOMEM;
-    }
+    r->eh = b->engine_hash; /* the slot found above: nothing touched the map since */
+    r->nc = (uint64_t)(uintptr_t)x | 1ull << 48;
+    H->recs.n++;
     ADD(H->blocks, 1);
     c->res->stored++;
     if (added) {
@@ -1971,6 +2013,7 @@ static void wend(struct wctx *c)
 {
     ebr_exit(c->s);
     ebr_reclaim(c->ix, c->s);
+    node_cache_roll(c->s);
     slot_release(c->s);
 }
 
@@ -2047,16 +2090,24 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     struct holder *H = c.w->h[tier];
     if (H != NULL)
         ebr_reserve(&c, n + 16);
+    struct rec *nx = NULL, *nx_base = NULL;
     for (size_t i = 0; i < n; i++) {
         if (H != NULL && i + 4 < n)
             recmap_prefetch(&H->recs, hashes[i + 4]);
-        struct rec *r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
+        struct rec *r;
+        if (nx != NULL && H->recs.s == nx_base && nx->nc != 0 && nx->eh == hashes[i])
+            r = nx; /* looked up last round and not moved since */
+        else
+            r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
         if (r != NULL) {
             /* removals usually walk a chain tail first: the next one is the parent */
-            struct rec *nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
-            unstore(&c, H, tier, r, nx ? REC_ND(nx) : NULL);
+            nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
+            nx_base = H->recs.s; /* a resize in unstore invalidates nx */
+            struct node *hint = nx ? REC_ND(nx) : NULL;
+            unstore(&c, H, tier, r, hint);
             continue;
         }
+        nx = NULL;
         uint32_t k;
         for (k = 0; k < c.w->norph; k++)
             if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
