@@ -180,8 +180,13 @@ struct node {
     uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
 };
 
+/* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
+ * its tag is the top 16 bits: a rebuild up to 2^16 slots places entries from the tags alone,
+ * without touching the nodes. */
 struct table {
-    uint64_t mask; /* immutable */
+    uint64_t mask;  /* immutable */
+    uint32_t shift; /* immutable: 64 - log2(mask + 1) */
+    uint32_t pad;
     uint64_t slot[]; /* atomic */
 };
 
@@ -573,7 +578,7 @@ static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t p
     const struct table *t = LDA(sh->tab);
     if (t == NULL)
         return NULL;
-    uint64_t mask = t->mask, i = (h >> SHARD_BITS) & mask, tag = h >> 48;
+    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48;
     for (;;) {
         uint64_t v = LDA(t->slot[i]);
         if (v == 0)
@@ -592,7 +597,7 @@ static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
 {
     const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
     if (t != NULL)
-        __builtin_prefetch(&t->slot[(h >> SHARD_BITS) & t->mask]);
+        __builtin_prefetch(&t->slot[h >> t->shift]);
 }
 
 /* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it. */
@@ -606,15 +611,20 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
     if (nt == NULL)
         return -ENOMEM;
     nt->mask = cap - 1;
+    nt->shift = (uint32_t)__builtin_clzll(cap) + 1;
     struct table *ot = sh->tab;
     if (ot != NULL) {
         for (uint64_t i = 0; i <= ot->mask; i++) {
             uint64_t v = LD(ot->slot[i]);
             if (v == 0 || v == SLOT_TOMB)
                 continue;
-            const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
-            uint64_t h = key_hash(x->ns, x->pos, x->chain);
-            uint64_t j = (h >> SHARD_BITS) & nt->mask;
+            uint64_t j;
+            if (nt->shift >= 48) {
+                j = (v >> 48) >> (nt->shift - 48);
+            } else {
+                const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
+                j = key_hash(x->ns, x->pos, x->chain) >> nt->shift;
+            }
             while (nt->slot[j] != 0)
                 j = (j + 1) & nt->mask;
             nt->slot[j] = v;
@@ -630,15 +640,25 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
                               struct node *x, uint64_t h)
 {
     struct table *t = sh->tab;
-    uint64_t i = (h >> SHARD_BITS) & t->mask;
+    uint64_t i = h >> t->shift;
     for (;;) {
         uint64_t v = LD(t->slot[i]);
         IX_ASSERT(v != 0);
-        if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB) {
-            STR(t->slot[i], SLOT_TOMB);
+        if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB)
             break;
-        }
         i = (i + 1) & t->mask;
+    }
+    if (LD(t->slot[(i + 1) & t->mask]) != 0) {
+        STR(t->slot[i], SLOT_TOMB);
+    } else {
+        /* The next slot is empty, so no probe needs to pass here: empty it, and the
+         * tombstones just before it (readers' probes stop at the same place as before). */
+        STR(t->slot[i], 0ull);
+        sh->used--;
+        for (uint64_t j = (i - 1) & t->mask; LD(t->slot[j]) == SLOT_TOMB; j = (j - 1) & t->mask) {
+            STR(t->slot[j], 0ull);
+            sh->used--;
+        }
     }
     sh->live--;
     /* Shrink (memory follows live contents); a failed shrink is harmless. */
@@ -859,7 +879,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint
         }
     }
     struct table *t = sh->tab;
-    uint64_t mask = t->mask, i = (h >> SHARD_BITS) & mask, tag = h >> 48, ins = UINT64_MAX;
+    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48, ins = UINT64_MAX;
     struct node *x = NULL;
     for (;;) {
         uint64_t v = LD(t->slot[i]);
@@ -2092,8 +2112,8 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
         ebr_reserve(&c, n + 16);
     struct rec *nx = NULL, *nx_base = NULL;
     for (size_t i = 0; i < n; i++) {
-        if (H != NULL && i + 4 < n)
-            recmap_prefetch(&H->recs, hashes[i + 4]);
+        if (H != NULL && i + 8 < n)
+            recmap_prefetch(&H->recs, hashes[i + 8]);
         struct rec *r;
         if (nx != NULL && H->recs.s == nx_base && nx->nc != 0 && nx->eh == hashes[i])
             r = nx; /* looked up last round and not moved since */
@@ -2104,6 +2124,8 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
             nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
             nx_base = H->recs.s; /* a resize in unstore invalidates nx */
             struct node *hint = nx ? REC_ND(nx) : NULL;
+            if (hint != NULL)
+                __builtin_prefetch(hint);
             unstore(&c, H, tier, r, hint);
             continue;
         }
@@ -2357,7 +2379,7 @@ static inline void pf_node(const struct kvr_index *ix, uint64_t h)
     const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
     if (t == NULL)
         return;
-    uint64_t mask = t->mask, i = (h >> SHARD_BITS) & mask, tag = h >> 48;
+    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48;
     for (int k = 0; k < 4; k++, i = (i + 1) & mask) {
         uint64_t v = LD(t->slot[i]);
         if (v == 0)
