@@ -207,7 +207,7 @@ struct rec {
 
 struct recmap {
     struct rec *s;
-    uint32_t mask, n;
+    uint32_t cap, n;
 };
 
 struct cslot {
@@ -1007,55 +1007,73 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
 
 /* ---- writer-private maps --------------------------------------------------------------- */
 
+/* The reverse map is open addressing with linear probing over any capacity (home =
+ * multiply-high of the mixed hash), growing by half and shrinking to half full: a holder's
+ * map stays between 1/4 and 7/8 full instead of the 7/16..7/8 of power-of-two doubling. */
+static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
+{
+    return (uint32_t)(((unsigned __int128)mix64(eh) * m->cap) >> 64);
+}
+
+static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
+{
+    return i + 1 == m->cap ? 0 : i + 1;
+}
+
 static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
 {
-    struct rec *ns = NULL;
+    struct recmap nm = {NULL, cap, m->n};
     if (cap > 0) {
-        ns = sl_calloc(s, (size_t)cap * sizeof(*ns));
-        if (ns == NULL)
+        nm.s = sl_calloc(s, (size_t)cap * sizeof(*nm.s));
+        if (nm.s == NULL)
             return -ENOMEM;
-        for (uint32_t i = 0; m->s != NULL && i <= m->mask; i++) {
+        for (uint32_t i = 0; i < m->cap; i++) {
             if (m->s[i].nc == 0)
                 continue;
-            uint32_t j = (uint32_t)mix64(m->s[i].eh) & (cap - 1);
-            while (ns[j].nc != 0)
-                j = (j + 1) & (cap - 1);
-            ns[j] = m->s[i];
+            uint32_t j = rec_home(&nm, m->s[i].eh);
+            while (nm.s[j].nc != 0)
+                j = rec_next(&nm, j);
+            nm.s[j] = m->s[i];
         }
     }
     sl_free(s, m->s);
-    m->s = ns;
-    m->mask = cap ? cap - 1 : 0;
+    *m = nm;
     return 0;
+}
+
+#define RECMAP_LOAD 7 /* max load, in eighths */
+
+static inline uint32_t rec_cap_for(size_t need)
+{
+    size_t cap = need * 8 / RECMAP_LOAD + 1;
+    return (uint32_t)(cap < 8 ? 8 : cap);
 }
 
 /* Grows once for `more` insertions ahead (a store of many blocks). */
 static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
 {
-    size_t need = (size_t)m->n + more, cap = m->s ? (size_t)m->mask + 1 : 8;
-    if (need > (1u << 30))
+    size_t need = (size_t)m->n + more;
+    if (need > (1u << 30) || need * 8 <= (size_t)m->cap * RECMAP_LOAD)
         return;
-    while (need * 8 > cap * 7)
-        cap *= 2;
-    if (m->s == NULL || cap > (size_t)m->mask + 1)
-        (void)recmap_resize(s, m, (uint32_t)cap);
+    size_t grown = (size_t)m->cap * 3 / 2 * RECMAP_LOAD / 8; /* keep growth geometric */
+    (void)recmap_resize(s, m, rec_cap_for(need > grown ? need : grown));
 }
 
 static inline void recmap_prefetch(const struct recmap *m, uint64_t eh)
 {
     if (m->s != NULL)
-        __builtin_prefetch(&m->s[(uint32_t)mix64(eh) & m->mask]);
+        __builtin_prefetch(&m->s[rec_home(m, eh)]);
 }
 
 static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 {
     if (m->s == NULL)
         return NULL;
-    uint32_t i = (uint32_t)mix64(eh) & m->mask;
+    uint32_t i = rec_home(m, eh);
     while (m->s[i].nc != 0) {
         if (m->s[i].eh == eh)
             return &m->s[i];
-        i = (i + 1) & m->mask;
+        i = rec_next(m, i);
     }
     return NULL;
 }
@@ -1064,38 +1082,37 @@ static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
  * more; NULL when growing failed. Valid until the map changes. */
 static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh)
 {
-    if (m->s == NULL || (m->n + 1) * 8 > (m->mask + 1) * 7) {
-        uint32_t cap = m->s ? (m->mask + 1) * 2 : 8;
-        if (recmap_resize(s, m, cap) < 0)
+    if ((size_t)(m->n + 1) * 8 > (size_t)m->cap * RECMAP_LOAD) {
+        if (recmap_resize(s, m, rec_cap_for((size_t)m->cap * 3 / 2 * RECMAP_LOAD / 8 + 1)) < 0)
             return NULL;
     }
-    uint32_t i = (uint32_t)mix64(eh) & m->mask;
+    uint32_t i = rec_home(m, eh);
     while (m->s[i].nc != 0 && m->s[i].eh != eh)
-        i = (i + 1) & m->mask;
+        i = rec_next(m, i);
     return &m->s[i];
 }
 
 static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
 {
-    uint32_t i = (uint32_t)(r - m->s), j = i;
+    uint32_t i = (uint32_t)(r - m->s), j = i, cap = m->cap;
     for (;;) {
-        j = (j + 1) & m->mask;
+        j = rec_next(m, j);
         if (m->s[j].nc == 0)
             break;
-        uint32_t k = (uint32_t)mix64(m->s[j].eh) & m->mask;
-        /* move j to i when k is cyclically outside (i, j] */
-        if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+        uint32_t k = rec_home(m, m->s[j].eh);
+        /* j may fill the hole at i unless its home lies cyclically in (i, j] */
+        uint32_t dk = j >= k ? j - k : j + cap - k, di = j >= i ? j - i : j + cap - i;
+        if (dk >= di) {
             m->s[i] = m->s[j];
             i = j;
         }
     }
     m->s[i].nc = 0;
     m->n--;
-    uint32_t cap = m->mask + 1;
     if (m->n == 0)
         (void)recmap_resize(s, m, 0);
-    else if (cap > 8 && m->n * 8 < cap)
-        (void)recmap_resize(s, m, cap / 2);
+    else if (cap > 8 && (size_t)m->n * 4 < cap)
+        (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 7 / 4));
 }
 
 static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
@@ -2161,7 +2178,7 @@ static void holder_clear(struct wctx *c, uint32_t tier)
         return;
     uint32_t hid = HOLDER(c->wid, tier);
     ebr_reserve(c, H->recs.n + 16);
-    for (uint32_t i = 0; H->recs.s != NULL && i <= H->recs.mask; i++) {
+    for (uint32_t i = 0; i < H->recs.cap; i++) {
         struct rec *r = &H->recs.s[i];
         if (r->nc == 0)
             continue;
