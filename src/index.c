@@ -1,20 +1,27 @@
 /* index.c — the positional index (see index.h for the contract).
  *
  * DATA
- * - Entry (struct node): key (namespace, position, chain hash), plus the parent's chain hash
- *   and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the set
- *   sorted by id groups a worker's tiers together. One holder is stored inline in the node
- *   (8 bytes); two or more live in a separately allocated sorted array (struct hset) that
- *   grows and shrinks by halves. Each element is holder | nchild << 32, where nchild counts
- *   the children of this entry that the same holder holds (hole accounting, below).
- * - Main table: 1024 shards by key hash, each an open-addressing table of 8-byte slots
- *   (node pointer | 16-bit tag << 48, 0 empty, 1 tombstone). Nodes never move, so readers
- *   and the reverse maps keep plain pointers.
- * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> {node,
- *   copies}; absent, chain-keyed counts of held children whose parent entry the holder does
- *   not hold; alias, extra engine hashes that map to an entry the holder already holds
- *   (vLLM cache_salt / multimodal blocks: same tokens, different engine hash). Membership
- *   of a holder in an entry = 1 + alias count; it ends with the last engine hash.
+ * - Entry (struct node, 40 bytes): key (namespace, position, chain hash), the parent's chain
+ *   hash and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the
+ *   set sorted by id groups a worker's tiers together. One holder is stored inline in the
+ *   node; two or more live in a separately allocated sorted array (struct hset) that grows
+ *   and shrinks by halves (a system-prompt block held by 16k holders costs 8 bytes a holder,
+ *   a private block nothing beyond the node). Each element is holder | nchild << 32, where
+ *   nchild counts the children of this entry that the same holder holds (holes, below).
+ *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
+ * - Main table: 1024 shards by the key hash's low bits, each an open-addressing table
+ *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
+ *   1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a
+ *   rebuild of up to 2^16 slots places entries from their tags without touching nodes.
+ *   Unlinking before an empty slot clears the tombstones behind it. Nodes never move, so
+ *   readers and the reverse maps keep plain pointers.
+ * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
+ *   pointer | copies << 48 (16 bytes a block; copies past 65535 overflow into `extra`), open
+ *   addressing over any capacity (grows by half, max load 7/8); absent, chain-keyed counts
+ *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
+ *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
+ *   tokens, different engine hash). Membership of a holder in an entry = 1 + alias count; it
+ *   ends with the last engine hash. A holder's fixed record (~100 bytes) stays once used.
  * - The chain hash is never the engine's hash: store computes chain = kvr_hash_chain(parent
  *   entry's chain, content) with the parent found through the engine hash (same holder first,
  *   then the worker's other tiers, which share engine hashes for the same content chain).
@@ -22,15 +29,21 @@
  * HOLES AND EXACT JUMP SEARCH
  * holes(H) = number of entries H holds at position > 0 whose parent entry H does not hold.
  * Kept exact: gaining an entry E moves absent[E] into E's nchild (those children stop being
- * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse.
+ * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse. (Along
+ * a stored chain the next block's membership is counted in the new entry's nchild when it
+ * is created and withdrawn if that block turns out to be a duplicate: one lock less.)
  * Lemma: if holes(H) == 0 and H holds the entry at position L with the query's chain hash,
  * then H holds the entry of every position <= L of the query (its parent is held and has
  * chain[L-1] — equal chain hashes at equal positions mean equal prefixes — by induction).
- * So for a hole-free holder the positions of the query it holds are exactly [0, tm), and tm
- * is found by looking only at jump landings, scanning one stride back when it disappears.
- * A worker is "fast" when all its holders are hole-free: matched = max tm over its tiers,
- * and score follows from the tm values. Any other worker is scanned position by position
- * (exact, slower). No "same count means same set" shortcut: landings intersect the sets.
+ * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
+ * looks only at jump landings (chains computed there by independent multiplies, table
+ * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
+ * alive set (compared in place, element by element) costs one pass; holders missing at a
+ * landing are bisected within the stride behind it, split into groups by each probe. A
+ * worker is "fast" when all its holders are hole-free (a dense per-worker counter says so):
+ * matched = max tm over its tiers, and the score follows from the tm values. Any other
+ * worker is scanned position by position (exact, slower). No "same count means same set"
+ * shortcut anywhere: sets are compared or intersected.
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
@@ -49,25 +62,30 @@
  * CONCURRENCY
  * - Writers: one thread per worker at a time (index.h); different workers' writers run in
  *   parallel and meet on shared entries. A node is locked by its writer-side seqlock (seq
- *   odd = held; CAS from even), held for exactly one entry update. Creating or deleting an
- *   entry additionally takes its shard mutex (order: shard, then node); a node is marked
- *   dead and unlinked under both, so a node found alive under the shard lock stays linked.
+ *   odd = held; CAS from even), held for exactly one entry update. Finding-or-creating an
+ *   entry and deleting the last holder take the shard's spinlock (order: shard, then node);
+ *   a node is marked dead and unlinked under both, so a node found under the shard lock is
+ *   alive. Other updates (holders joining/leaving a shared entry, child counts) take only
+ *   the node lock.
  * - Readers never lock: table slots are read with acquire loads (insert publishes a fully
- *   built node with a release store; delete writes a tombstone; growth/shrink builds a new
- *   table and publishes its pointer; nothing in a published table moves), holder sets are
- *   read under the node's seqlock (all shared fields are accessed with atomics, so TSAN
- *   sees no data race); (n, array pointer) are validated before the array is touched.
+ *   built node with a release store; delete writes a tombstone or, before an empty slot, 0;
+ *   growth/shrink builds a new table and publishes its pointer; nothing in a published table
+ *   moves), holder sets are read under the node's seqlock (all shared fields are accessed
+ *   with atomics, so TSAN sees no data race); (n, array pointer) are validated before the
+ *   array is touched and the array's own capacity bounds the read.
  * - Memory reclamation: epoch-based (EBR). Every reader and every writer call holds a slot
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
  *   once the global epoch has advanced twice past their retirement (no thread can still
- *   see them). Writers try to advance the epoch when leaving a call.
+ *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes serve
+ *   the slot's next call; what that call does not reuse is freed when it ends.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
  *   malloc_usable_size() of everything this module allocates, added at malloc and removed
- *   at free (retired memory counts until it is really freed).
+ *   at free (retired and cached memory counts until it is really freed).
  * - Interning: one mutex for inserts; lookups are lock-free over immutable records in
  *   open-addressing tables whose replaced versions are kept until destroy.
- * - find makes no heap allocation: its scratch lives in the reader.
+ * - find makes no heap allocation: its scratch (sized by max_query_blocks and max_workers)
+ *   lives in the reader.
  */
 #include "index.h"
 
