@@ -287,6 +287,8 @@ struct itab {
 struct kvr_index {
     struct kvr_index_opts o;
     struct shard *sh; /* NSHARD */
+    uint64_t *tabw;   /* NSHARD, atomic: each shard's table pointer | shift << 56, one
+                       * compact array readers keep in L1 (no table header to load) */
 
     struct ebr_slot slots[EBR_SLOTS];
     uint64_t epoch;    /* atomic, starts at 1 */
@@ -588,15 +590,31 @@ static void shard_unlock(struct shard *sh)
     STR(sh->lock, 0u);
 }
 
+/* Under the shard lock: publishes the shard's table for readers. */
+static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)
+{
+    IX_ASSERT(((uintptr_t)t >> 48) == 0);
+    STR(sh->tab, t);
+    STR(ix->tabw[sh - ix->sh], t ? (uint64_t)(uintptr_t)t | (uint64_t)t->shift << 56 : 0);
+}
+
+static inline const struct table *tabw_get(const struct kvr_index *ix, uint64_t h,
+                                           uint32_t *shift)
+{
+    uint64_t w = LDA(ix->tabw[h & (NSHARD - 1)]);
+    *shift = (uint32_t)(w >> 56);
+    return (const struct table *)(uintptr_t)(w & PTR_MASK);
+}
+
 /* Lock-free lookup (readers and writers inside an epoch). */
 static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t pos,
                              uint64_t chain, uint64_t h)
 {
-    const struct shard *sh = &ix->sh[h & (NSHARD - 1)];
-    const struct table *t = LDA(sh->tab);
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
     if (t == NULL)
         return NULL;
-    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48;
+    uint64_t mask = (~0ull) >> shift, i = h >> shift, tag = h >> 48;
     for (;;) {
         uint64_t v = LDA(t->slot[i]);
         if (v == 0)
@@ -613,9 +631,10 @@ static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t p
 /* Prefetch stage 1: the table slot where key hash h starts probing. */
 static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
 {
-    const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
     if (t != NULL)
-        __builtin_prefetch(&t->slot[h >> t->shift]);
+        __builtin_prefetch(&t->slot[h >> shift]);
 }
 
 /* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it. */
@@ -648,7 +667,7 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
             nt->slot[j] = v;
         }
     }
-    STR(sh->tab, nt);
+    tab_publish(ix, sh, nt);
     sh->used = sh->live;
     ebr_retire(ix, s, ot);
     return 0;
@@ -681,7 +700,7 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
     sh->live--;
     /* Shrink (memory follows live contents); a failed shrink is harmless. */
     if (sh->live == 0) {
-        STR(sh->tab, (struct table *)NULL);
+        tab_publish(ix, sh, NULL);
         sh->used = 0;
         ebr_retire(ix, s, t);
     } else if (t->mask + 1 > 16 && sh->live * 8 < t->mask + 1) {
@@ -1259,12 +1278,13 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     ix->gbytes = usable(ix);
     pthread_mutex_init(&ix->imu, NULL);
     ix->sh = aligned_alloc(64, NSHARD * sizeof(struct shard));
+    ix->tabw = g_calloc(ix, NSHARD * sizeof(*ix->tabw));
     ix->workers = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->workers));
     ix->pods = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pods));
     ix->wslow = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wslow));
     ix->wpod = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wpod));
     ix->pw = g_calloc(ix, ((size_t)o.jump_stride + 1) * sizeof(*ix->pw));
-    if (ix->sh == NULL || ix->workers == NULL || ix->pods == NULL || ix->wslow == NULL ||
+    if (ix->sh == NULL || ix->tabw == NULL || ix->workers == NULL || ix->pods == NULL || ix->wslow == NULL ||
         ix->wpod == NULL || ix->pw == NULL) {
         kvr_index_destroy(ix);
         return -ENOMEM;
@@ -1318,6 +1338,7 @@ void kvr_index_destroy(struct kvr_index *ix)
         }
         free(ix->sh);
     }
+    free(ix->tabw);
     for (unsigned i = 0; i < EBR_SLOTS; i++) {
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
@@ -2276,6 +2297,7 @@ struct slowst {
 
 #define PF_SLOT 8 /* landings ahead whose table slot is prefetched */
 #define PF_NODE 4 /* landings ahead whose node is prefetched */
+#define PF_HSET 2 /* landings ahead looked up, their holder array prefetched */
 
 struct kvr_index_reader {
     struct kvr_index *ix;
@@ -2411,10 +2433,11 @@ static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, cons
 /* Prefetch stage 2: the node the first matching-tag slot points to (not verified). */
 static inline void pf_node(const struct kvr_index *ix, uint64_t h)
 {
-    const struct table *t = LDA(ix->sh[h & (NSHARD - 1)].tab);
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
     if (t == NULL)
         return;
-    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48;
+    uint64_t mask = (~0ull) >> shift, i = h >> shift, tag = h >> 48;
     for (int k = 0; k < 4; k++, i = (i + 1) & mask) {
         uint64_t v = LD(t->slot[i]);
         if (v == 0)
@@ -2424,6 +2447,16 @@ static inline void pf_node(const struct kvr_index *ix, uint64_t h)
             return;
         }
     }
+}
+
+/* Prefetch stage 3: the holder array of a node (likely cached by now), first lines. */
+static inline void pf_hset(const struct node *x)
+{
+    if (x == NULL || !(LD(x->n) & N_EXT))
+        return;
+    const char *p = (const char *)(uintptr_t)LD(x->h);
+    for (int k = 0; k < 4; k++)
+        __builtin_prefetch(p + 64 * k);
 }
 
 /* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) */
@@ -2553,15 +2586,16 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         }
         if (j + PF_NODE < issued)
             pf_node(ix, r->lh[j + PF_NODE]);
-        uint32_t L = LANDING(j);
-        struct node *x;
-        if (r->ndq[L] == r->qid) {
-            x = r->nd[L];
-        } else {
-            x = tab_find(ix, ns, L, r->ch[L], r->lh[j]);
-            r->nd[L] = x;
-            r->ndq[L] = r->qid;
+        for (uint32_t jj = j; jj <= j + PF_HSET && jj < issued; jj++) {
+            uint32_t LL = LANDING(jj);
+            if (r->ndq[LL] != r->qid) {
+                r->nd[LL] = tab_find(ix, ns, LL, r->ch[LL], r->lh[jj]);
+                r->ndq[LL] = r->qid;
+                pf_hset(r->nd[LL]);
+            }
         }
+        uint32_t L = LANDING(j);
+        struct node *x = r->nd[L];
         if (x != NULL && hs_equal(x, ah, na)) {
             prev = L;
             continue;
