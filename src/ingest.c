@@ -1372,6 +1372,7 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_gauge(out, "events_unsynced_streams", "Streams that may miss blocks", NULL,
                       (double)st_count[2]);
 
+    /* Prometheus wants the samples of one family together: one loop per family. */
     for (uint32_t i = 0; i < ing->nwriters; i++) {
         struct kvr_queue_stats qs;
         kvr_queue_stats(ing->w[i].q, &qs);
@@ -1379,10 +1380,15 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
         kvr_metrics_gauge(out, "events_queue_depth",
                           i == 0 ? "Messages waiting in a writer queue" : NULL, lab,
                           (double)qs.depth);
+        waits += qs.waits;
+    }
+    for (uint32_t i = 0; i < ing->nwriters; i++) {
+        struct kvr_queue_stats qs;
+        kvr_queue_stats(ing->w[i].q, &qs);
+        snprintf(lab, sizeof(lab), "writer=\"%u\"", i);
         kvr_metrics_gauge(out, "events_queue_max_depth",
                           i == 0 ? "High-water mark of a writer queue" : NULL, lab,
                           (double)qs.max_depth);
-        waits += qs.waits;
     }
     kvr_metrics_gauge(out, "events_queue_capacity", "Slots per writer queue", NULL,
                       (double)(ing->conf->queue_depth ? ing->conf->queue_depth : 4096));

@@ -462,6 +462,48 @@ static double metric(struct fx *f, const char *name, const char *labels)
     return v;
 }
 
+
+/* Prometheus text: the samples of one family must be contiguous, each family announced
+ * once. Fails the test otherwise. */
+static void assert_families_grouped(const char *text)
+{
+    char seen[256][96];
+    size_t nseen = 0;
+    char cur[96] = "";
+
+    for (const char *l = text; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        char name[96];
+        size_t n = 0;
+
+        if (len > 0 && l[0] != '#') {
+            while (n < len && n < sizeof(name) - 1 && l[n] != '{' && l[n] != ' ')
+                n++;
+            memcpy(name, l, n);
+            name[n] = '\0';
+            /* histogram series belong to their family */
+            for (const char *suf = "_bucket\0_sum\0_count\0"; *suf; suf += strlen(suf) + 1) {
+                size_t sl = strlen(suf);
+                if (n > sl && strcmp(name + n - sl, suf) == 0 &&
+                    strncmp(cur, name, n - sl) == 0 && cur[n - sl] == '\0') {
+                    name[n - sl] = '\0';
+                    break;
+                }
+            }
+            if (strcmp(name, cur) != 0) {
+                for (size_t i = 0; i < nseen; i++)
+                    if (strcmp(seen[i], name) == 0)
+                        fail_msg("metric family %s is not contiguous", name);
+                assert_true(nseen < 256);
+                snprintf(seen[nseen++], sizeof(seen[0]), "%s", name);
+                snprintf(cur, sizeof(cur), "%s", name);
+            }
+        }
+        l += len + (e ? 1 : 0);
+    }
+}
+
 static void wait_metric(struct fx *f, const char *name, const char *labels, double want)
 {
     int64_t deadline = kvr_now_ms() + WAIT_MS;
@@ -540,6 +582,13 @@ static void test_store_remove_clear(void **state)
     assert_true(metric(f, "events_total", "type=\"BlockStored\"") >= 2);
     assert_true(metric(f, "events_total", "type=\"AllBlocksCleared\"") >= 1);
     assert_true(metric(f, "events_lag_seconds_count", NULL) >= 5);
+    {
+        struct kvr_buf b;
+        kvr_buf_init(&b);
+        kvr_ingest_metrics(f->ing, &b);
+        assert_families_grouped(b.data);
+        kvr_buf_free(&b);
+    }
     fx_free(f);
 }
 
