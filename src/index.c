@@ -198,6 +198,23 @@ struct node {
     uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
 };
 
+#define NCHUNK 32768u /* node slab chunk: size and alignment */
+#define NCHUNK_HDR 64u
+#define NCHUNK_NODES ((NCHUNK - NCHUNK_HDR) / sizeof(struct node))
+
+struct nchunk { /* header of a node chunk, NCHUNK_HDR bytes */
+    struct nchunk *anext, *aprev; /* all chunks */
+    struct nchunk *pnext, *pprev; /* chunks with room */
+    struct node *free;
+    uint32_t live, bump;
+};
+
+struct slab {
+    uint32_t lock; /* spinlock */
+    uint32_t pad;
+    struct nchunk *all, *partial;
+} __attribute__((aligned(64)));
+
 /* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
  * its tag is the top 16 bits: a rebuild up to 2^16 slots places entries from the tags alone,
  * without touching the nodes. */
@@ -290,6 +307,7 @@ struct kvr_index {
     uint64_t *tabw;   /* NSHARD, atomic: each shard's table pointer | shift << 56, one
                        * compact array readers keep in L1 (no table header to load) */
 
+    struct slab slab;
     struct ebr_slot slots[EBR_SLOTS];
     uint64_t epoch;    /* atomic, starts at 1 */
     uint32_t nslots;   /* atomic: high-water mark of used slots */
@@ -412,9 +430,7 @@ static inline void ebr_exit(struct ebr_slot *s)
  * end of a writer call serve the next call on that slot; whatever that call does not use is
  * freed when it ends, so an idle index holds no cached nodes (memory follows contents). */
 struct node;
-static struct node *node_alloc(struct ebr_slot *s);
 static void node_cache_put(struct ebr_slot *s, void *p);
-static void node_cache_roll(struct ebr_slot *s);
 #define RET_NODE 1ull /* tag in a retired pointer: a node, recycled through the cache */
 
 /* Queues p to be freed when no thread can see it any more. Called with no node lock held
@@ -509,14 +525,123 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 
 /* ---- entries: nodes and holder sets ------------------------------------------------- */
 
-static struct node *node_alloc(struct ebr_slot *s)
+/* Node slab: nodes live in NCHUNK-aligned chunks (the chunk of a node is its address
+ * rounded down). A chunk keeps its free nodes in a list and a bump index for never-used
+ * ones; chunks with free room are on the slab's partial list. Writers take nodes in batches
+ * into their slot's cache and give back the unused and the reclaimed ones when the call
+ * ends, all under the slab's spinlock (one acquisition per batch, not per node). A chunk
+ * whose last node comes back is freed at once, so memory follows contents; bytes count the
+ * chunks' real allocations. */
+static struct nchunk *nchunk_of(void *x)
+{
+    return (struct nchunk *)((uintptr_t)x & ~(uintptr_t)(NCHUNK - 1));
+}
+
+static void slab_lock(struct slab *sb)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t z = 0;
+        if (LD(sb->lock) == 0 && __atomic_compare_exchange_n(&sb->lock, &z, 1, true,
+                                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        if (spins > 64)
+            sched_yield();
+        else
+            cpu_relax();
+    }
+}
+
+static void slab_unlock(struct slab *sb)
+{
+    STR(sb->lock, 0u);
+}
+
+static void chunk_link(struct nchunk **head, struct nchunk *c, int partial)
+{
+    struct nchunk **nx = partial ? &c->pnext : &c->anext, **pv = partial ? &c->pprev : &c->aprev;
+    *nx = *head;
+    *pv = NULL;
+    if (*head != NULL)
+        *(partial ? &(*head)->pprev : &(*head)->aprev) = c;
+    *head = c;
+}
+
+static void chunk_unlink(struct nchunk **head, struct nchunk *c, int partial)
+{
+    struct nchunk *nx = partial ? c->pnext : c->anext, *pv = partial ? c->pprev : c->aprev;
+    if (pv != NULL)
+        *(partial ? &pv->pnext : &pv->anext) = nx;
+    else
+        *head = nx;
+    if (nx != NULL)
+        *(partial ? &nx->pprev : &nx->aprev) = pv;
+}
+
+/* Slab locked: one node from a chunk with room (a new chunk if none), NULL on ENOMEM. */
+static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
+{
+    struct nchunk *c = sb->partial;
+    if (c == NULL) {
+        c = aligned_alloc(NCHUNK, NCHUNK);
+        if (c == NULL)
+            return NULL;
+        ADD(s->bytes, usable(c));
+        c->free = NULL;
+        c->live = 0;
+        c->bump = 0;
+        chunk_link(&sb->all, c, 0);
+        chunk_link(&sb->partial, c, 1);
+    }
+    struct node *x;
+    if (c->free != NULL) {
+        x = c->free;
+        memcpy(&c->free, x, sizeof(c->free));
+    } else {
+        x = (struct node *)((char *)c + NCHUNK_HDR) + c->bump++;
+    }
+    if (++c->live == NCHUNK_NODES)
+        chunk_unlink(&sb->partial, c, 1);
+    return x;
+}
+
+/* Slab locked: gives x back; frees its chunk when it empties. */
+static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
+{
+    struct nchunk *c = nchunk_of(x);
+    if (c->live == NCHUNK_NODES)
+        chunk_link(&sb->partial, c, 1);
+    if (--c->live == 0) {
+        chunk_unlink(&sb->partial, c, 1);
+        chunk_unlink(&sb->all, c, 0);
+        ADD(s->bytes, -usable(c));
+        free(c);
+        return;
+    }
+    memcpy(x, &c->free, sizeof(c->free));
+    c->free = x;
+}
+
+#define NODE_BATCH 64
+
+static struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
 {
     struct node *x = s->nfresh;
-    if (x != NULL) {
-        memcpy(&s->nfresh, x, sizeof(s->nfresh));
-        return x;
+    if (x == NULL) {
+        struct slab *sb = &ix->slab;
+        slab_lock(sb);
+        for (int k = 0; k < NODE_BATCH; k++) {
+            struct node *y = slab_take_locked(sb, s);
+            if (y == NULL)
+                break;
+            memcpy(y, &s->nfresh, sizeof(s->nfresh));
+            s->nfresh = y;
+        }
+        slab_unlock(sb);
+        if ((x = s->nfresh) == NULL)
+            return NULL;
     }
-    return sl_alloc(s, sizeof(struct node));
+    memcpy(&s->nfresh, x, sizeof(s->nfresh));
+    return x;
 }
 
 static void node_cache_put(struct ebr_slot *s, void *p)
@@ -525,16 +650,24 @@ static void node_cache_put(struct ebr_slot *s, void *p)
     s->nnext = p;
 }
 
-/* End of a writer call: frees the cached nodes this call did not reuse. */
-static void node_cache_roll(struct ebr_slot *s)
+/* End of a writer call: the slot's unused and reclaimed nodes go back to the slab. */
+static void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
 {
-    while (s->nfresh != NULL) {
-        struct node *x = s->nfresh;
-        memcpy(&s->nfresh, x, sizeof(s->nfresh));
-        sl_free(s, x);
+    if (s->nfresh == NULL && s->nnext == NULL)
+        return;
+    struct slab *sb = &ix->slab;
+    slab_lock(sb);
+    for (int pass = 0; pass < 2; pass++) {
+        struct node *x = pass ? s->nnext : s->nfresh;
+        while (x != NULL) {
+            struct node *nx;
+            memcpy(&nx, x, sizeof(nx));
+            slab_put_locked(sb, s, x);
+            x = nx;
+        }
     }
-    s->nfresh = s->nnext;
-    s->nnext = NULL;
+    slab_unlock(sb);
+    s->nfresh = s->nnext = NULL;
 }
 
 static inline uint64_t key_hash(uint32_t ns, uint32_t pos, uint64_t chain)
@@ -946,7 +1079,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint
         if (rc < 0)
             return rc;
     } else {
-        x = node_alloc(s);
+        x = node_alloc(ix, s);
         if (x == NULL) {
             shard_unlock(sh);
             return -ENOMEM;
@@ -1291,7 +1424,6 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     }
     __atomic_fetch_add(&ix->gbytes, usable(ix->sh), __ATOMIC_RELAXED);
     memset(ix->sh, 0, NSHARD * sizeof(struct shard));
-    for (unsigned i = 0; i < NSHARD; i++)
     strcpy(ix->tier_names[KVR_TIER_GPU], "gpu");
     strcpy(ix->tier_names[KVR_TIER_CPU], "cpu");
     strcpy(ix->tier_names[KVR_TIER_STORAGE], "storage");
@@ -1332,7 +1464,6 @@ void kvr_index_destroy(struct kvr_index *ix)
                 struct node *x = (struct node *)(uintptr_t)(v & PTR_MASK);
                 if (x->n & N_EXT)
                     sl_free(s, (void *)(uintptr_t)x->h);
-                sl_free(s, x);
             }
             sl_free(s, t);
         }
@@ -1342,17 +1473,14 @@ void kvr_index_destroy(struct kvr_index *ix)
     for (unsigned i = 0; i < EBR_SLOTS; i++) {
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
-            free((void *)((uintptr_t)e->ret[k].p & ~(uintptr_t)RET_NODE));
+            if (!((uintptr_t)e->ret[k].p & RET_NODE)) /* nodes: in the slab's chunks */
+                free(e->ret[k].p);
         free(e->ret);
-        for (int pass = 0; pass < 2; pass++) {
-            struct node *x = pass ? e->nnext : e->nfresh;
-            while (x != NULL) {
-                struct node *nx;
-                memcpy(&nx, x, sizeof(nx));
-                free(x);
-                x = nx;
-            }
-        }
+    }
+    while (ix->slab.all != NULL) {
+        struct nchunk *c = ix->slab.all;
+        ix->slab.all = c->anext;
+        free(c);
     }
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
@@ -2089,7 +2217,7 @@ static void wend(struct wctx *c)
 {
     ebr_exit(c->s);
     ebr_reclaim(c->ix, c->s);
-    node_cache_roll(c->s);
+    node_cache_roll(c->ix, c->s);
     slot_release(c->s);
 }
 
