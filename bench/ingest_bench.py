@@ -11,6 +11,7 @@
 
 Environment: BUILD, KVR_BENCH_TRACE, KVR_BENCH_EPOCHS (2), KVR_BENCH_ENGINES (8),
 KVR_BENCH_BLOCK_SIZE (16), KVR_BENCH_CACHE_BLOCKS (16384), KVR_BENCH_WRITERS (2),
+KVR_BENCH_QUEUE_DEPTH (4096), KVR_BENCH_RCVHWM (0),
 KVR_BENCH_PACED_FRACTION (0.5), KVR_BENCH_PACED_SECONDS (8).
 """
 
@@ -38,6 +39,8 @@ ENGINES = int(os.environ.get("KVR_BENCH_ENGINES", "8"))
 BS = int(os.environ.get("KVR_BENCH_BLOCK_SIZE", "16"))
 CACHE = int(os.environ.get("KVR_BENCH_CACHE_BLOCKS", "16384"))
 WRITERS = int(os.environ.get("KVR_BENCH_WRITERS", "2"))
+QUEUE_DEPTH = int(os.environ.get("KVR_BENCH_QUEUE_DEPTH", "4096"))
+RCVHWM = int(os.environ.get("KVR_BENCH_RCVHWM", "0"))
 PACED_FRACTION = float(os.environ.get("KVR_BENCH_PACED_FRACTION", "0.5"))
 PACED_SECONDS = float(os.environ.get("KVR_BENCH_PACED_SECONDS", "8"))
 READY_RE = re.compile(r"kvrouterd ready((?: [A-Za-z0-9_.-]+=[^\s\"]*)*)")
@@ -55,8 +58,8 @@ class Daemon:
         with open(conf, "w") as f:
             f.write("[log]\nlevel = info\n"
                     "[events]\nbind = tcp://127.0.0.1:*\nwriter_threads = %d\n"
-                    "queue_depth = 4096\nrcvhwm = 0\n"
-                    "[http]\nlisten = 127.0.0.1:0\n" % WRITERS)
+                    "queue_depth = %d\nrcvhwm = %d\n"
+                    "[http]\nlisten = 127.0.0.1:0\n" % (WRITERS, QUEUE_DEPTH, RCVHWM))
         self.err = open(os.path.join(self.tmp, "stderr.log"), "w+")
         self.proc = subprocess.Popen([BIN, "-c", conf], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.err)
