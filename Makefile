@@ -71,12 +71,10 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 .PHONY: all deps deps-test test unit integration fuzz-replay fuzz run bench install clean check-config
 .DEFAULT_GOAL := all
 
-all: $(BIN) build/kvrouterd
-
-# build/kvrouterd always points at the last built variant's binary (tests use it).
-build/kvrouterd: $(BIN)
+# build/kvrouterd always points at the binary of the variant built last (tests use it).
+all: $(BIN)
 	@mkdir -p build
-	@ln -sf $(VARIANT)/kvrouterd build/kvrouterd
+	@ln -sfn $(VARIANT)/kvrouterd build/kvrouterd
 
 $(BUILD)/src/%.o: src/%.c
 	@mkdir -p $(@D)

@@ -1,0 +1,176 @@
+/* main.c — kvrouterd entry point. Wiring only: argv, config, logging, signal mask, modules
+ * created in order and stopped in reverse, the signal wait loop. Everything a test would want
+ * to reach lives in src/ (conf, daemon, notify, and the modules).
+ *
+ * Threads: the main thread blocks SIGTERM/SIGINT/SIGHUP before any module starts a thread
+ * (so all threads inherit the mask), then waits for them in kvr_daemon_wait().
+ *
+ * Adding a module: a field in struct app, a create/start step in app_start() (logging and
+ * returning on failure; app_stop() must cope with a partially started app), the reverse step
+ * in app_stop(), and its listeners in the ready line in app_ready().
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conf.h"
+#include "daemon.h"
+#include "log.h"
+#include "notify.h"
+
+#ifndef KVR_DEFAULT_CONF
+#define KVR_DEFAULT_CONF "/etc/kvrouterd/kvrouterd.conf"
+#endif
+
+struct app {
+    struct kvr_conf conf;     /* live configuration (reloadable parts change on SIGHUP) */
+    struct kvr_notify notify;
+    sigset_t sigs;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: kvrouterd [-c FILE] [-t]\n"
+            "KV-cache-aware router: indexes vLLM KV-cache events, scores prompts over HTTP.\n"
+            "\n"
+            "  -c, --config FILE  configuration file (default " KVR_DEFAULT_CONF ")\n"
+            "  -t, --test         check the configuration and exit (0 ok, 1 with FILE:LINE: error)\n"
+            "      --version      print the version and exit\n"
+            "  -h, --help         print this help and exit\n"
+            "\n"
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log] and [score].\n");
+}
+
+/* Reload hook: push reloadable settings into running modules. */
+static void app_reloaded(void *arg, const struct kvr_conf *live)
+{
+    (void)arg;
+    (void)live;
+}
+
+static int app_start(struct app *a, struct kvr_err *err)
+{
+    (void)a;
+    (void)err;
+    return 0;
+}
+
+static void app_stop(struct app *a)
+{
+    (void)a;
+}
+
+static void app_ready(struct app *a)
+{
+    struct kvr_daemon_listeners l = {0};
+
+    kvr_daemon_log_ready(&l);
+    kvr_notify_ready(&a->notify, "ready");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"test", no_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *conf_path = KVR_DEFAULT_CONF;
+    struct app a;
+    struct kvr_err err;
+    struct kvr_daemon_loop loop;
+    bool check_only = false;
+    int opt, rc, status = 1;
+
+    memset(&a, 0, sizeof(a));
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, ":c:th", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'c':
+            conf_path = optarg;
+            break;
+        case 't':
+            check_only = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'V':
+            printf("kvrouterd %s (%s)\n", KVR_VERSION, KVR_GIT_REV);
+            return 0;
+        case ':':
+            fprintf(stderr, "kvrouterd: option requires an argument -- '%s'\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        default:
+            fprintf(stderr, "kvrouterd: unknown option '%s'\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "kvrouterd: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    rc = kvr_conf_load(conf_path, &a.conf, &err);
+    if (check_only) {
+        if (rc != 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        fprintf(stderr, "kvrouterd: configuration file %s is valid\n", conf_path);
+        kvr_conf_free(&a.conf);
+        return 0;
+    }
+    if (rc != 0) {
+        kvr_log_error("configuration: %s", err.msg);
+        return 1;
+    }
+    kvr_log_configure((enum kvr_log_level)a.conf.log_level,
+                      (enum kvr_log_format)a.conf.log_format);
+
+    /* Before any thread exists: every thread inherits this mask. */
+    if (kvr_daemon_block_signals(&a.sigs, &err) != 0) {
+        kvr_log_error("%s", err.msg);
+        goto out_conf;
+    }
+    if (kvr_notify_init(&a.notify, &err) != 0)
+        kvr_log_warn("systemd notification disabled: %s", err.msg);
+
+    kvr_log_info("kvrouterd %s (%s) starting with %s", KVR_VERSION, KVR_GIT_REV, conf_path);
+    if (app_start(&a, &err) != 0) {
+        kvr_log_error("startup failed: %s", err.msg);
+        app_stop(&a);
+        goto out_notify;
+    }
+    app_ready(&a);
+
+    loop = (struct kvr_daemon_loop){
+        .conf_path = conf_path,
+        .live = &a.conf,
+        .notify = &a.notify,
+        .sigs = &a.sigs,
+        .on_reload = app_reloaded,
+        .arg = &a,
+    };
+    kvr_daemon_wait(&loop);
+
+    kvr_notify_stopping(&a.notify);
+    /* Modules drain within shutdown_timeout; the guard ends a hung shutdown. */
+    kvr_daemon_shutdown_guard(a.conf.shutdown_timeout_ms + 10000);
+    app_stop(&a);
+    status = 0;
+    kvr_log_info("kvrouterd stopped");
+out_notify:
+    kvr_notify_deinit(&a.notify);
+out_conf:
+    kvr_conf_free(&a.conf);
+    return status;
+}

@@ -1,0 +1,1249 @@
+/* conf.c — INI file → validated struct kvr_conf, driven by one table of directives.
+ *
+ * Design
+ *   - `directives[]` below is the single source of truth: section, key, type, default (as the
+ *     text a user would write), range, flags (repeatable, reloadable, empty-ok) and the field
+ *     offset in struct kvr_conf. Defaults are applied by parsing the default text through the
+ *     same setter as user input, so a default can never bypass validation. Reload and the
+ *     "needs a restart" report walk the same table.
+ *   - libinih (Debian package, version 55) does the INI tokenizing through ini_parse_stream()
+ *     with our own line reader. The reader is what gives us exact line numbers (the packaged
+ *     library is built without INI_HANDLER_LINENO) and lets us normalise what the compiled-in
+ *     inih options would otherwise decide for us:
+ *       * leading whitespace is stripped, so an indented line is a normal line and never an
+ *         inih multi-line continuation (INI_ALLOW_MULTILINE is on in the Debian build);
+ *       * inline comments are cut here: " # ..." and " ; ..." (a '#' or ';' preceded by
+ *         whitespace), whatever INI_ALLOW_INLINE_COMMENTS was at build time. Consequence:
+ *         values cannot contain " #" or " ;";
+ *       * section headers are checked here (unknown section, missing ']', trailing text), so an
+ *         empty unknown section is an error too (inih only calls the handler for keys);
+ *       * "key = value" lines without '=' are syntax errors; lines longer than inih's buffer
+ *         (INI_MAX_LINE) are an error instead of being silently split.
+ *     The reader stops the parse at the first error, so err holds the first problem.
+ *   - After parsing: cross-checks (listen vs admin_listen, reconnect bounds, duplicate
+ *     endpoints, at least one event source), reported at the line of the later directive.
+ *
+ * Pure parsing: no threads, no sockets, no globals written. Errors are "FILE:LINE: message".
+ */
+#include "conf.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ini.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define CONF_MAX_FILE_BYTES (1 << 20)
+#define MAX_POD_ID 256
+#define MAX_ENDPOINT 512
+
+enum dtype {
+    T_LEVEL,     /* int: enum kvr_log_level */
+    T_FORMAT,    /* int: enum kvr_log_format */
+    T_DURATION,  /* int64_t ms */
+    T_SIZE,      /* int64_t bytes */
+    T_U32,       /* uint32_t plain integer */
+    T_I64,       /* int64_t plain integer */
+    T_STRING,    /* char * */
+    T_BIND,      /* char **bind + nbind (endpoint list) */
+    T_CONNECT,   /* struct kvr_conf_connect * + nconnect */
+    T_HOSTPORT,  /* char * "IP:PORT" */
+    T_WEIGHT,    /* weight.<tier>: weights[] */
+    T_DOUBLE,    /* double */
+};
+
+enum {
+    F_REPEATABLE = 1u << 0,
+    F_RELOADABLE = 1u << 1,
+    F_EMPTY_OK = 1u << 2,
+};
+
+struct directive {
+    const char *section;
+    const char *name; /* "weight.*" matches any weight.<tier> */
+    enum dtype type;
+    const char *def;  /* default as config text; NULL = unset */
+    double min, max;  /* inclusive range for numeric types */
+    unsigned flags;
+    size_t off;       /* offset of the field in struct kvr_conf */
+};
+
+#define OFF(f) offsetof(struct kvr_conf, f)
+#define MS_S 1000.0
+#define MS_M 60000.0
+#define MS_H 3600000.0
+#define KiB 1024.0
+#define MiB (1024.0 * 1024.0)
+#define GiB (1024.0 * 1024.0 * 1024.0)
+
+/* The table. Keep conf/kvrouterd.conf in sync (tests load it and compare against defaults). */
+static const struct directive directives[] = {
+    {"log", "level", T_LEVEL, "info", 0, 3, F_RELOADABLE, OFF(log_level)},
+    {"log", "format", T_FORMAT, "text", 0, 1, F_RELOADABLE, OFF(log_format)},
+    {"log", "ratelimit_interval", T_DURATION, "10s", 1, MS_H, F_RELOADABLE, OFF(log_ratelimit_ms)},
+    {"log", "ratelimit_burst", T_U32, "10", 1, 1000000, F_RELOADABLE, OFF(log_ratelimit_burst)},
+
+    {"events", "bind", T_BIND, NULL, 0, 0, F_REPEATABLE, OFF(bind)},
+    {"events", "connect", T_CONNECT, NULL, 0, 0, F_REPEATABLE, OFF(connect)},
+    {"events", "subscribe", T_STRING, "kv@", 0, 255, F_EMPTY_OK, OFF(subscribe)},
+    {"events", "writer_threads", T_U32, "2", 1, 64, 0, OFF(writer_threads)},
+    {"events", "queue_depth", T_U32, "4096", 1, 1048576, 0, OFF(queue_depth)},
+    {"events", "rcvhwm", T_I64, "100000", 0, 100000000, 0, OFF(rcvhwm)},
+    {"events", "max_message_size", T_SIZE, "64MiB", 1 * KiB, 1 * GiB, 0, OFF(max_message_size)},
+    {"events", "reconnect_interval", T_DURATION, "100ms", 1, MS_H, 0, OFF(reconnect_interval_ms)},
+    {"events", "reconnect_interval_max", T_DURATION, "5s", 0, MS_H, 0,
+     OFF(reconnect_interval_max_ms)},
+    {"events", "purge_after_disconnect", T_DURATION, "60s", 0, 7 * 24 * MS_H, 0,
+     OFF(purge_after_disconnect_ms)},
+    {"events", "replay_timeout", T_DURATION, "2s", 1, 10 * MS_M, 0, OFF(replay_timeout_ms)},
+    {"events", "max_concurrent_replays", T_U32, "4", 0, 1024, 0, OFF(max_concurrent_replays)},
+    {"events", "max_events_per_batch", T_U32, "65536", 1, 16777216, 0, OFF(max_events_per_batch)},
+    {"events", "max_tokens_per_event", T_U32, "1048576", 1, 67108864, 0,
+     OFF(max_tokens_per_event)},
+
+    {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
+    {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},
+    {"index", "orphan_capacity", T_U32, "65536", 0, 16777216, 0, OFF(orphan_capacity)},
+
+    {"http", "listen", T_HOSTPORT, "0.0.0.0:8080", 0, 0, 0, OFF(listen)},
+    {"http", "admin_listen", T_HOSTPORT, NULL, 0, 0, 0, OFF(admin_listen)},
+    {"http", "admin_token", T_STRING, NULL, 1, 255, 0, OFF(admin_token)},
+    {"http", "threads", T_U32, "1", 1, 64, 0, OFF(http_threads)},
+    {"http", "max_body_bytes", T_SIZE, "8MiB", 1 * KiB, 1 * GiB, 0, OFF(max_body_bytes)},
+    {"http", "max_header_bytes", T_SIZE, "16KiB", 1 * KiB, 1 * MiB, 0, OFF(max_header_bytes)},
+    {"http", "max_headers", T_U32, "64", 1, 1024, 0, OFF(max_headers)},
+    {"http", "request_timeout", T_DURATION, "10s", 1, MS_H, 0, OFF(request_timeout_ms)},
+    {"http", "idle_timeout", T_DURATION, "60s", 1, 24 * MS_H, 0, OFF(idle_timeout_ms)},
+    {"http", "max_connections", T_U32, "10000", 1, 1000000, 0, OFF(max_connections)},
+    {"http", "max_query_tokens", T_U32, "262144", 1, 16777216, 0, OFF(max_query_tokens)},
+
+    {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
+    {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
+
+    {"daemon", "shutdown_timeout", T_DURATION, "5s", 0, MS_H, 0, OFF(shutdown_timeout_ms)},
+};
+#define NDIRECTIVES (sizeof(directives) / sizeof(directives[0]))
+
+static const char *const sections[] = {"log", "events", "index", "http", "score", "daemon"};
+
+static const struct {
+    const char *name;
+    double weight;
+} default_weights[] = {{"gpu", 1.0}, {"cpu", 0.8}, {"storage", 0.5}};
+
+/* Parser state shared by the line reader and the inih handler. */
+struct pstate {
+    struct kvr_conf *c;
+    const char *file;
+    const char *text;
+    size_t len, pos;
+    int lineno;
+    int rc;               /* first error (negative errno) or 0 */
+    struct kvr_err *err;
+    int seen_line[NDIRECTIVES];          /* line a directive was first set on, 0 = unset */
+    int weight_line[KVR_CONF_MAX_TIERS]; /* per weights[] entry, 0 = default */
+    int section_line;     /* line of the last [section] header */
+};
+
+#define FIELD(c, d, T) ((T *)(void *)((char *)(c) + (d)->off))
+#define CFIELD(c, d, T) ((const T *)(const void *)((const char *)(c) + (d)->off))
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static void *xrealloc_array(void *p, size_t n, size_t sz)
+{
+    if (n != 0 && sz > SIZE_MAX / n)
+        return NULL;
+    return realloc(p, n * sz);
+}
+
+static void fmt_size(char *buf, size_t cap, double v)
+{
+    int64_t b = (int64_t)v;
+    if (b >= (int64_t)GiB && b % (int64_t)GiB == 0)
+        snprintf(buf, cap, "%lldGiB", (long long)(b / (int64_t)GiB));
+    else if (b >= (int64_t)MiB && b % (int64_t)MiB == 0)
+        snprintf(buf, cap, "%lldMiB", (long long)(b / (int64_t)MiB));
+    else if (b >= (int64_t)KiB && b % (int64_t)KiB == 0)
+        snprintf(buf, cap, "%lldKiB", (long long)(b / (int64_t)KiB));
+    else
+        snprintf(buf, cap, "%lldB", (long long)b);
+}
+
+static void fmt_duration(char *buf, size_t cap, double v)
+{
+    int64_t ms = (int64_t)v;
+    if (ms >= (int64_t)MS_H && ms % (int64_t)MS_H == 0)
+        snprintf(buf, cap, "%lldh", (long long)(ms / (int64_t)MS_H));
+    else if (ms >= (int64_t)MS_M && ms % (int64_t)MS_M == 0)
+        snprintf(buf, cap, "%lldm", (long long)(ms / (int64_t)MS_M));
+    else if (ms >= (int64_t)MS_S && ms % (int64_t)MS_S == 0)
+        snprintf(buf, cap, "%llds", (long long)(ms / (int64_t)MS_S));
+    else
+        snprintf(buf, cap, "%lldms", (long long)ms);
+}
+
+static void fmt_range(char *buf, size_t cap, const struct directive *d)
+{
+    char lo[32], hi[32];
+    switch (d->type) {
+    case T_SIZE:
+        fmt_size(lo, sizeof(lo), d->min);
+        fmt_size(hi, sizeof(hi), d->max);
+        break;
+    case T_DURATION:
+        fmt_duration(lo, sizeof(lo), d->min);
+        fmt_duration(hi, sizeof(hi), d->max);
+        break;
+    case T_WEIGHT:
+    case T_DOUBLE:
+        snprintf(lo, sizeof(lo), "%g", d->min);
+        snprintf(hi, sizeof(hi), "%g", d->max);
+        break;
+    default:
+        snprintf(lo, sizeof(lo), "%.0f", d->min);
+        snprintf(hi, sizeof(hi), "%.0f", d->max);
+        break;
+    }
+    snprintf(buf, cap, "%s..%s", lo, hi);
+}
+
+/* Parses an unsigned decimal integer prefix; returns chars consumed or -1/-ERANGE. */
+static int parse_digits(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    int n = 0;
+    while (isdigit((unsigned char)s[n])) {
+        unsigned dgt = (unsigned)(s[n] - '0');
+        if (v > (UINT64_MAX - dgt) / 10)
+            return -ERANGE;
+        v = v * 10 + dgt;
+        n++;
+    }
+    if (n == 0)
+        return -1;
+    *out = v;
+    return n;
+}
+
+/* ---- shared parsers (exported) ------------------------------------------------------- */
+
+int kvr_conf_parse_size(const char *s, int64_t *out)
+{
+    static const struct {
+        const char *unit;
+        int64_t mul;
+    } units[] = {{"", 1},           {"B", 1},
+                 {"K", 1LL << 10},  {"KiB", 1LL << 10},
+                 {"M", 1LL << 20},  {"MiB", 1LL << 20},
+                 {"G", 1LL << 30},  {"GiB", 1LL << 30}};
+    uint64_t v;
+    int n;
+
+    if (s == NULL)
+        return -EINVAL;
+    n = parse_digits(s, &v);
+    if (n == -ERANGE)
+        return -ERANGE;
+    if (n < 0)
+        return -EINVAL;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcasecmp(s + n, units[i].unit) == 0) {
+            if (v > (uint64_t)(INT64_MAX / units[i].mul))
+                return -ERANGE;
+            *out = (int64_t)v * units[i].mul;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+int kvr_conf_parse_duration(const char *s, int64_t *ms)
+{
+    static const struct {
+        const char *unit;
+        int64_t mul;
+    } units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    uint64_t v;
+    int n;
+
+    if (s == NULL)
+        return -EINVAL;
+    n = parse_digits(s, &v);
+    if (n == -ERANGE)
+        return -ERANGE;
+    if (n < 0)
+        return -EINVAL;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(s + n, units[i].unit) == 0) {
+            if (v > (uint64_t)(INT64_MAX / units[i].mul))
+                return -ERANGE;
+            *ms = (int64_t)v * units[i].mul;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+static bool is_hostname(const char *h, size_t n)
+{
+    if (n == 0 || n > 253)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)h[i];
+        if (!isalnum(ch) && ch != '.' && ch != '-' && ch != '_')
+            return false;
+    }
+    return h[0] != '-' && h[0] != '.';
+}
+
+/* Port: decimal 0..65535 (or "*" when allow_star, reported as 0). Whole string. */
+static int parse_port(const char *s, bool allow_star, int *port)
+{
+    uint64_t v;
+    int n;
+
+    if (allow_star && strcmp(s, "*") == 0) {
+        *port = 0;
+        return 0;
+    }
+    n = parse_digits(s, &v);
+    if (n <= 0 || s[n] != '\0' || n > 5 || v > 65535)
+        return -EINVAL;
+    *port = (int)v;
+    return 0;
+}
+
+/* Splits "HOST:PORT" / "[V6]:PORT" into host (without brackets) and the port text. */
+static int split_hostport(const char *s, char *host, size_t cap, const char **port_text,
+                          bool *bracketed)
+{
+    const char *colon;
+    size_t hl;
+
+    *bracketed = false;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (close == NULL || close[1] != ':')
+            return -EINVAL;
+        hl = (size_t)(close - s - 1);
+        if (hl == 0 || hl >= cap)
+            return -EINVAL;
+        memcpy(host, s + 1, hl);
+        host[hl] = '\0';
+        *port_text = close + 2;
+        *bracketed = true;
+        return 0;
+    }
+    colon = strrchr(s, ':');
+    if (colon == NULL)
+        return -EINVAL;
+    hl = (size_t)(colon - s);
+    if (hl == 0 || hl >= cap || memchr(s, ':', hl) != NULL) /* bare v6 needs brackets */
+        return -EINVAL;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    *port_text = colon + 1;
+    return 0;
+}
+
+int kvr_conf_parse_hostport(const char *s, char *host, size_t cap, int *port)
+{
+    char h[256];
+    const char *pt;
+    bool br;
+    unsigned char tmp[sizeof(struct in6_addr)];
+
+    if (s == NULL || split_hostport(s, h, sizeof(h), &pt, &br) != 0)
+        return -EINVAL;
+    if (br) {
+        if (inet_pton(AF_INET6, h, tmp) != 1)
+            return -EINVAL;
+    } else if (!is_hostname(h, strlen(h))) {
+        return -EINVAL;
+    }
+    if (parse_port(pt, false, port) != 0)
+        return -EINVAL;
+    if (strlen(h) >= cap)
+        return -ENAMETOOLONG;
+    memcpy(host, h, strlen(h) + 1);
+    return 0;
+}
+
+/* ZMQ endpoint syntax. for_bind: tcp host may be '*' and the port '*' or 0 (ephemeral). */
+static int check_endpoint(const char *ep, bool for_bind)
+{
+    char h[256];
+    const char *pt;
+    bool br;
+    int port;
+    unsigned char tmp[sizeof(struct in6_addr)];
+
+    if (strlen(ep) >= MAX_ENDPOINT)
+        return -EINVAL;
+    for (const char *p = ep; *p; p++)
+        if (isspace((unsigned char)*p) || !isprint((unsigned char)*p))
+            return -EINVAL;
+    if (strncmp(ep, "ipc://", 6) == 0)
+        return ep[6] != '\0' && strlen(ep + 6) <= 107 ? 0 : -EINVAL;
+    if (strncmp(ep, "inproc://", 9) == 0)
+        return ep[9] != '\0' ? 0 : -EINVAL;
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return -EINVAL;
+    if (split_hostport(ep + 6, h, sizeof(h), &pt, &br) != 0)
+        return -EINVAL;
+    if (br) {
+        if (inet_pton(AF_INET6, h, tmp) != 1)
+            return -EINVAL;
+    } else if (strcmp(h, "*") == 0) {
+        if (!for_bind)
+            return -EINVAL;
+    } else if (!is_hostname(h, strlen(h))) {
+        return -EINVAL;
+    }
+    if (parse_port(pt, for_bind, &port) != 0)
+        return -EINVAL;
+    if (!for_bind && port == 0)
+        return -EINVAL;
+    return 0;
+}
+
+/* ---- setters ------------------------------------------------------------------------- */
+
+/* Error reporting from a setter: message without the FILE:LINE prefix. */
+struct setctx {
+    char msg[KVR_ERR_MSG_MAX - 64];
+};
+
+static int set_msg(struct setctx *sc, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int set_msg(struct setctx *sc, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sc->msg, sizeof(sc->msg), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static int bad_value(struct setctx *sc, const struct directive *d, const char *v,
+                     const char *expected)
+{
+    return set_msg(sc, -EINVAL, "invalid value '%.200s' for [%s] %s: expected %s", v, d->section,
+                   d->name, expected);
+}
+
+static int out_of_range(struct setctx *sc, const struct directive *d, const char *key,
+                        const char *v)
+{
+    char r[80];
+    fmt_range(r, sizeof(r), d);
+    return set_msg(sc, -ERANGE, "[%s] %s = %.200s is out of range (%s)", d->section, key, v, r);
+}
+
+static int set_number(struct kvr_conf *c, const struct directive *d, const char *v,
+                      struct setctx *sc)
+{
+    int64_t x = 0;
+    uint64_t u;
+    int rc, n;
+
+    switch (d->type) {
+    case T_DURATION:
+        rc = kvr_conf_parse_duration(v, &x);
+        if (rc == -EINVAL)
+            return bad_value(sc, d, v, "a duration (e.g. 500ms, 10s, 5m, 1h; bare number = ms)");
+        break;
+    case T_SIZE:
+        rc = kvr_conf_parse_size(v, &x);
+        if (rc == -EINVAL)
+            return bad_value(sc, d, v, "a size (e.g. 512B, 64KiB, 16MiB, 1GiB; bare number = bytes)");
+        break;
+    default: /* T_U32, T_I64 */
+        n = parse_digits(v, &u);
+        if (n == -ERANGE) {
+            rc = -ERANGE;
+        } else if (n < 0 || v[n] != '\0') {
+            return bad_value(sc, d, v, "a non-negative integer");
+        } else {
+            rc = u > (uint64_t)INT64_MAX ? -ERANGE : 0;
+            x = (int64_t)u;
+        }
+        break;
+    }
+    if (rc == -ERANGE || (double)x < d->min || (double)x > d->max)
+        return out_of_range(sc, d, d->name, v);
+    if (d->type == T_U32)
+        *FIELD(c, d, uint32_t) = (uint32_t)x;
+    else
+        *FIELD(c, d, int64_t) = x;
+    return 0;
+}
+
+static int parse_double(const char *v, double *out)
+{
+    char *end;
+    double x;
+
+    if (v[0] == '\0' || isspace((unsigned char)v[0]))
+        return -EINVAL;
+    errno = 0;
+    x = strtod(v, &end);
+    if (*end != '\0' || errno == ERANGE || !isfinite(x))
+        return -EINVAL;
+    *out = x;
+    return 0;
+}
+
+static int set_weight(struct kvr_conf *c, const struct directive *d, const char *key,
+                      const char *v, struct pstate *st, struct setctx *sc)
+{
+    const char *tier = key + strlen("weight.");
+    char lower[sizeof(c->weights[0].name)];
+    size_t tl = strlen(tier), i;
+    double w;
+
+    if (tl == 0 || tl >= sizeof(lower))
+        return set_msg(sc, -EINVAL, "invalid tier name '%.64s' in [score] %.100s: expected 1..%zu "
+                                    "characters of [a-z0-9_-]",
+                       tier, key, sizeof(lower) - 1);
+    for (i = 0; i < tl; i++) {
+        unsigned char ch = (unsigned char)tolower((unsigned char)tier[i]);
+        if (!isalnum(ch) && ch != '_' && ch != '-')
+            return set_msg(sc, -EINVAL, "invalid tier name '%.64s' in [score] %.100s: expected "
+                                        "1..%zu characters of [a-z0-9_-]",
+                           tier, key, sizeof(lower) - 1);
+        lower[i] = (char)ch;
+    }
+    lower[tl] = '\0';
+    if (parse_double(v, &w) != 0)
+        return bad_value(sc, d, v, "a number (e.g. 0.8)");
+    if (w < d->min || w > d->max)
+        return out_of_range(sc, d, key, v);
+    for (i = 0; i < c->nweights; i++)
+        if (strcmp(c->weights[i].name, lower) == 0)
+            break;
+    if (i < c->nweights && st != NULL && st->weight_line[i] != 0)
+        return set_msg(sc, -EINVAL, "duplicate key '%s' in section [score] (first set on line %d)",
+                       key, st->weight_line[i]);
+    if (i == c->nweights) {
+        if (c->nweights == KVR_CONF_MAX_TIERS)
+            return set_msg(sc, -ENOSPC, "too many tiers in [score]: at most %d weight.<tier> "
+                                        "entries (including the defaults gpu, cpu, storage)",
+                           KVR_CONF_MAX_TIERS);
+        memcpy(c->weights[i].name, lower, tl + 1);
+        c->nweights++;
+    }
+    c->weights[i].weight = w;
+    if (st != NULL)
+        st->weight_line[i] = st->lineno;
+    return 0;
+}
+
+/* Parses "ENDPOINT [replay=ENDPOINT] [pod=ID]" into a new connect entry. */
+static int add_connect(struct kvr_conf *c, const struct directive *d, const char *v,
+                       struct setctx *sc)
+{
+    struct kvr_conf_connect cc = {0};
+    char *copy = strdup(v), *save = NULL, *tok;
+    struct kvr_conf_connect *grown;
+    int rc = 0;
+
+    if (copy == NULL)
+        return set_msg(sc, -ENOMEM, "out of memory");
+    tok = strtok_r(copy, " \t", &save);
+    if (tok == NULL || check_endpoint(tok, false) != 0) {
+        rc = set_msg(sc, -EINVAL, "invalid endpoint '%.200s' for [events] connect: expected "
+                                  "tcp://HOST:PORT, ipc://PATH or inproc://NAME",
+                     tok ? tok : "");
+        goto out;
+    }
+    cc.endpoint = strdup(tok);
+    if (cc.endpoint == NULL)
+        goto oom;
+    while ((tok = strtok_r(NULL, " \t", &save)) != NULL) {
+        if (strncmp(tok, "replay=", 7) == 0 && cc.replay == NULL) {
+            if (check_endpoint(tok + 7, false) != 0) {
+                rc = set_msg(sc, -EINVAL, "invalid replay endpoint '%.200s' for [events] connect: "
+                                          "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME",
+                             tok + 7);
+                goto out;
+            }
+            if ((cc.replay = strdup(tok + 7)) == NULL)
+                goto oom;
+        } else if (strncmp(tok, "pod=", 4) == 0 && cc.pod == NULL) {
+            size_t pl = strlen(tok + 4);
+            if (pl == 0 || pl >= MAX_POD_ID) {
+                rc = set_msg(sc, -EINVAL, "invalid pod id '%.200s' for [events] connect: expected "
+                                          "1..%d printable characters",
+                             tok + 4, MAX_POD_ID - 1);
+                goto out;
+            }
+            for (const char *p = tok + 4; *p; p++) {
+                if (!isprint((unsigned char)*p)) {
+                    rc = set_msg(sc, -EINVAL, "invalid pod id for [events] connect: expected "
+                                              "printable characters");
+                    goto out;
+                }
+            }
+            if ((cc.pod = strdup(tok + 4)) == NULL)
+                goto oom;
+        } else {
+            rc = set_msg(sc, -EINVAL, "invalid option '%.200s' for [events] connect: expected "
+                                      "replay=ENDPOINT or pod=ID (each at most once)",
+                         tok);
+            goto out;
+        }
+    }
+    grown = xrealloc_array(c->connect, c->nconnect + 1, sizeof(*grown));
+    if (grown == NULL)
+        goto oom;
+    c->connect = grown;
+    c->connect[c->nconnect++] = cc;
+    free(copy);
+    (void)d;
+    return 0;
+oom:
+    rc = set_msg(sc, -ENOMEM, "out of memory");
+out:
+    free(cc.endpoint);
+    free(cc.replay);
+    free(cc.pod);
+    free(copy);
+    return rc;
+}
+
+static int add_bind(struct kvr_conf *c, const char *v, struct setctx *sc)
+{
+    char **grown;
+    char *dup;
+
+    if (check_endpoint(v, true) != 0)
+        return set_msg(sc, -EINVAL, "invalid endpoint '%.200s' for [events] bind: expected "
+                                    "tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME",
+                       v);
+    dup = strdup(v);
+    grown = dup ? xrealloc_array(c->bind, c->nbind + 1, sizeof(*grown)) : NULL;
+    if (grown == NULL) {
+        free(dup);
+        return set_msg(sc, -ENOMEM, "out of memory");
+    }
+    c->bind = grown;
+    c->bind[c->nbind++] = dup;
+    return 0;
+}
+
+static int set_string(char **field, const char *v, struct setctx *sc)
+{
+    char *dup = strdup(v);
+    if (dup == NULL)
+        return set_msg(sc, -ENOMEM, "out of memory");
+    free(*field);
+    *field = dup;
+    return 0;
+}
+
+/* Applies one directive value. st is NULL when applying defaults. */
+static int set_value(struct kvr_conf *c, const struct directive *d, const char *key,
+                     const char *v, struct pstate *st, struct setctx *sc)
+{
+    switch (d->type) {
+    case T_LEVEL: {
+        enum kvr_log_level l;
+        if (kvr_log_level_parse(v, &l) != 0)
+            return bad_value(sc, d, v, "error, warn, info or debug");
+        *FIELD(c, d, int) = (int)l;
+        return 0;
+    }
+    case T_FORMAT:
+        if (strcasecmp(v, "text") == 0)
+            *FIELD(c, d, int) = KVR_LOG_TEXT;
+        else if (strcasecmp(v, "json") == 0)
+            *FIELD(c, d, int) = KVR_LOG_JSON;
+        else
+            return bad_value(sc, d, v, "text or json");
+        return 0;
+    case T_DURATION:
+    case T_SIZE:
+    case T_U32:
+    case T_I64:
+        return set_number(c, d, v, sc);
+    case T_DOUBLE: {
+        double x;
+        if (parse_double(v, &x) != 0)
+            return bad_value(sc, d, v, "a number (e.g. 0.5)");
+        if (x < d->min || x > d->max)
+            return out_of_range(sc, d, d->name, v);
+        *FIELD(c, d, double) = x;
+        return 0;
+    }
+    case T_STRING: {
+        size_t l = strlen(v);
+        if ((double)l > d->max)
+            return set_msg(sc, -EINVAL, "value for [%s] %s is too long (%zu bytes, at most %.0f)",
+                           d->section, d->name, l, d->max);
+        for (const char *p = v; *p; p++)
+            if (!isprint((unsigned char)*p))
+                return bad_value(sc, d, v, "printable characters");
+        return set_string(FIELD(c, d, char *), v, sc);
+    }
+    case T_HOSTPORT: {
+        char host[256];
+        int port;
+        unsigned char tmp[sizeof(struct in6_addr)];
+        if (kvr_conf_parse_hostport(v, host, sizeof(host), &port) != 0 ||
+            (inet_pton(AF_INET, host, tmp) != 1 && inet_pton(AF_INET6, host, tmp) != 1))
+            return bad_value(sc, d, v, "IP:PORT or [IPv6]:PORT with a numeric address and port "
+                                       "0..65535 (e.g. 127.0.0.1:8080)");
+        return set_string(FIELD(c, d, char *), v, sc);
+    }
+    case T_BIND:
+        return add_bind(c, v, sc);
+    case T_CONNECT:
+        return add_connect(c, d, v, sc);
+    case T_WEIGHT:
+        return set_weight(c, d, key, v, st, sc);
+    }
+    return set_msg(sc, -EINVAL, "internal: unknown directive type");
+}
+
+static const struct directive *find_directive(const char *section, const char *name)
+{
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct directive *d = &directives[i];
+        if (strcasecmp(d->section, section) != 0)
+            continue;
+        if (d->type == T_WEIGHT ? strncasecmp(name, "weight.", 7) == 0
+                                : strcasecmp(d->name, name) == 0)
+            return d;
+    }
+    return NULL;
+}
+
+static bool known_section(const char *s)
+{
+    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
+        if (strcasecmp(sections[i], s) == 0)
+            return true;
+    return false;
+}
+
+static int apply_defaults(struct kvr_conf *c, struct kvr_err *err)
+{
+    struct setctx sc;
+
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct directive *d = &directives[i];
+        if (d->def == NULL)
+            continue;
+        if (set_value(c, d, d->name, d->def, NULL, &sc) != 0)
+            return kvr_err_set(err, -EINVAL, "internal: bad default for [%s] %s: %s", d->section,
+                               d->name, sc.msg);
+    }
+    for (size_t i = 0; i < sizeof(default_weights) / sizeof(default_weights[0]); i++) {
+        snprintf(c->weights[i].name, sizeof(c->weights[i].name), "%s", default_weights[i].name);
+        c->weights[i].weight = default_weights[i].weight;
+    }
+    c->nweights = sizeof(default_weights) / sizeof(default_weights[0]);
+    return 0;
+}
+
+/* ---- inih glue ----------------------------------------------------------------------- */
+
+static int fail(struct pstate *st, int line, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(struct pstate *st, int line, int rc, const char *fmt, ...)
+{
+    char msg[KVR_ERR_MSG_MAX];
+    va_list ap;
+
+    if (st->rc != 0)
+        return st->rc; /* keep the first error */
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    st->rc = rc;
+    kvr_err_set(st->err, rc, "%s:%d: %s", st->file, line, msg);
+    return rc;
+}
+
+/* Checks a "[section]" line (leading whitespace already stripped, comment cut). */
+static void check_section_line(struct pstate *st, const char *line)
+{
+    const char *close = strchr(line, ']');
+    const char *p;
+    char name[64];
+    size_t n;
+
+    if (close == NULL) {
+        fail(st, st->lineno, -EINVAL, "missing ']' in section header");
+        return;
+    }
+    for (p = close + 1; *p; p++) {
+        if (!isspace((unsigned char)*p)) {
+            fail(st, st->lineno, -EINVAL, "unexpected text after section header: '%.100s'", p);
+            return;
+        }
+    }
+    p = line + 1;
+    n = (size_t)(close - p);
+    if (n >= sizeof(name))
+        n = sizeof(name) - 1;
+    memcpy(name, p, n);
+    name[n] = '\0';
+    if (!known_section(name)) {
+        fail(st, st->lineno, -EINVAL, "unknown section [%s] (expected one of [log], [events], "
+                                      "[index], [http], [score], [daemon])",
+             name);
+        return;
+    }
+    st->section_line = st->lineno;
+}
+
+/* inih line reader: one source line per call (so st->lineno is inih's line number). */
+static char *conf_reader(char *buf, int size, void *stream)
+{
+    struct pstate *st = stream;
+    const char *start, *nl;
+    size_t n, i;
+
+    if (st->rc != 0 || st->pos >= st->len)
+        return NULL;
+    start = st->text + st->pos;
+    nl = memchr(start, '\n', st->len - st->pos);
+    n = nl ? (size_t)(nl - start) : st->len - st->pos;
+    st->pos += n + (nl ? 1 : 0);
+    st->lineno++;
+
+    if (memchr(start, '\0', n) != NULL) {
+        fail(st, st->lineno, -EINVAL, "NUL byte in line");
+        return NULL;
+    }
+    /* UTF-8 BOM on the first line. */
+    if (st->lineno == 1 && n >= 3 && memcmp(start, "\xEF\xBB\xBF", 3) == 0) {
+        start += 3;
+        n -= 3;
+    }
+    while (n > 0 && (*start == ' ' || *start == '\t')) {
+        start++;
+        n--;
+    }
+    while (n > 0 && isspace((unsigned char)start[n - 1]))
+        n--;
+    if (size <= 1 || n >= (size_t)size - 1) {
+        fail(st, st->lineno, -EINVAL, "line too long (at most %d characters)", size - 2);
+        return NULL;
+    }
+    memcpy(buf, start, n);
+    buf[n] = '\0';
+    if (n == 0 || buf[0] == '#' || buf[0] == ';')
+        return buf;
+    /* Cut an inline comment: '#' or ';' preceded by whitespace. */
+    for (i = 1; i < n; i++) {
+        if ((buf[i] == '#' || buf[i] == ';') && (buf[i - 1] == ' ' || buf[i - 1] == '\t')) {
+            buf[i] = '\0';
+            n = i;
+            break;
+        }
+    }
+    while (n > 0 && isspace((unsigned char)buf[n - 1]))
+        buf[--n] = '\0';
+    if (buf[0] == '[') {
+        check_section_line(st, buf);
+    } else if (strchr(buf, '=') == NULL) {
+        fail(st, st->lineno, -EINVAL, "syntax error: expected 'key = value' or '[section]', "
+                                      "got '%.100s'",
+             buf);
+    }
+    return st->rc != 0 ? NULL : buf;
+}
+
+static int conf_handler(void *user, const char *section, const char *name, const char *value)
+{
+    struct pstate *st = user;
+    const struct directive *d;
+    struct setctx sc;
+    size_t idx;
+
+    if (st->rc != 0)
+        return 0;
+    if (section[0] == '\0') {
+        fail(st, st->lineno, -EINVAL, "key '%.100s' outside of any section", name);
+        return 0;
+    }
+    d = find_directive(section, name);
+    if (d == NULL) {
+        fail(st, st->lineno, -EINVAL, "unknown key '%.100s' in section [%s]", name, section);
+        return 0;
+    }
+    idx = (size_t)(d - directives);
+    if (!(d->flags & F_REPEATABLE) && st->seen_line[idx] != 0) {
+        fail(st, st->lineno, -EINVAL, "duplicate key '%s' in section [%s] (first set on line %d)",
+             d->name, d->section, st->seen_line[idx]);
+        return 0;
+    }
+    if (value[0] == '\0' && !(d->flags & F_EMPTY_OK)) {
+        fail(st, st->lineno, -EINVAL, "empty value for [%s] %.100s", d->section, name);
+        return 0;
+    }
+    if (set_value(st->c, d, name, value, st, &sc) != 0) {
+        fail(st, st->lineno, -EINVAL, "%s", sc.msg);
+        return 0;
+    }
+    if (st->seen_line[idx] == 0)
+        st->seen_line[idx] = st->lineno;
+    return 1;
+}
+
+static int seen_line(const struct pstate *st, const char *section, const char *name)
+{
+    const struct directive *d = find_directive(section, name);
+    return d ? st->seen_line[d - directives] : 0;
+}
+
+static int later(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+/* Wildcard addresses overlap with every address of their family for the same port. */
+static bool is_wildcard(const char *host)
+{
+    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+}
+
+/* tcp://HOST:* or tcp://HOST:0: each bind gets its own port, so repeats do not clash. */
+static bool ephemeral(const char *ep)
+{
+    size_t n = strlen(ep);
+    return n >= 2 && ep[n - 2] == ':' && (ep[n - 1] == '*' || ep[n - 1] == '0');
+}
+
+static void cross_check(struct pstate *st)
+{
+    struct kvr_conf *c = st->c;
+    int eof = st->lineno > 0 ? st->lineno : 1;
+
+    if (c->admin_listen != NULL) {
+        char h1[256], h2[256];
+        int p1, p2;
+        if (kvr_conf_parse_hostport(c->listen, h1, sizeof(h1), &p1) == 0 &&
+            kvr_conf_parse_hostport(c->admin_listen, h2, sizeof(h2), &p2) == 0 && p1 == p2 &&
+            p1 != 0 && (strcmp(h1, h2) == 0 || is_wildcard(h1) || is_wildcard(h2))) {
+            fail(st, later(seen_line(st, "http", "listen"), seen_line(st, "http", "admin_listen")),
+                 -EINVAL, "[http] admin_listen %s conflicts with listen %s: use another port",
+                 c->admin_listen, c->listen);
+            return;
+        }
+    }
+    if (c->reconnect_interval_max_ms != 0 &&
+        c->reconnect_interval_max_ms < c->reconnect_interval_ms) {
+        fail(st, later(seen_line(st, "events", "reconnect_interval"),
+                       seen_line(st, "events", "reconnect_interval_max")),
+             -EINVAL, "[events] reconnect_interval_max (%lldms) is below reconnect_interval "
+                      "(%lldms); use 0 to disable the backoff",
+             (long long)c->reconnect_interval_max_ms, (long long)c->reconnect_interval_ms);
+        return;
+    }
+    for (size_t i = 0; i < c->nbind; i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(c->bind[i], c->bind[j]) == 0 && !ephemeral(c->bind[i])) {
+                fail(st, eof, -EINVAL, "[events] bind %s is given twice", c->bind[i]);
+                return;
+            }
+        }
+    }
+    for (size_t i = 0; i < c->nconnect; i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(c->connect[i].endpoint, c->connect[j].endpoint) == 0) {
+                fail(st, eof, -EINVAL, "[events] connect %s is given twice",
+                     c->connect[i].endpoint);
+                return;
+            }
+        }
+    }
+    if (c->nbind == 0 && c->nconnect == 0) {
+        fail(st, eof, -EINVAL, "no event source: set [events] bind (engines connect to us) "
+                               "and/or [events] connect (we dial engines)");
+        return;
+    }
+}
+
+static int load_text(const char *name, const char *text, size_t len, struct kvr_conf *c,
+                     struct kvr_err *err)
+{
+    struct pstate *st;
+    int rc;
+
+    memset(c, 0, sizeof(*c));
+    c->path = strdup(name);
+    if (c->path == NULL)
+        return kvr_err_set(err, -ENOMEM, "%s: out of memory", name);
+    rc = apply_defaults(c, err);
+    if (rc != 0)
+        goto fail;
+    st = calloc(1, sizeof(*st));
+    if (st == NULL) {
+        rc = kvr_err_set(err, -ENOMEM, "%s: out of memory", name);
+        goto fail;
+    }
+    st->c = c;
+    st->file = name;
+    st->text = text;
+    st->len = len;
+    st->err = err;
+    rc = ini_parse_stream(conf_reader, st, conf_handler, st);
+    if (st->rc == 0 && rc > 0) /* inih found something our reader let through */
+        fail(st, rc, -EINVAL, "syntax error");
+    else if (st->rc == 0 && rc < 0)
+        fail(st, 1, -ENOMEM, "out of memory");
+    if (st->rc == 0)
+        cross_check(st);
+    rc = st->rc;
+    free(st);
+    if (rc != 0)
+        goto fail;
+    return 0;
+fail:
+    kvr_conf_free(c);
+    return rc == -ENOMEM ? rc : -EINVAL;
+}
+
+int kvr_conf_load_string(const char *name, const char *text, struct kvr_conf *c,
+                         struct kvr_err *err)
+{
+    return load_text(name, text, strlen(text), c, err);
+}
+
+int kvr_conf_load(const char *path, struct kvr_conf *c, struct kvr_err *err)
+{
+    struct stat sb;
+    char *buf = NULL;
+    size_t got = 0;
+    int fd, rc;
+
+    memset(c, 0, sizeof(*c));
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = -errno;
+        return kvr_err_set(err, rc, "%s: cannot open: %s", path, strerror(-rc));
+    }
+    if (fstat(fd, &sb) != 0) {
+        rc = -errno;
+        kvr_err_set(err, rc, "%s: cannot stat: %s", path, strerror(-rc));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        rc = kvr_err_set(err, -EINVAL, "%s: not a regular file", path);
+        goto out;
+    }
+    if (sb.st_size > CONF_MAX_FILE_BYTES) {
+        rc = kvr_err_set(err, -EFBIG, "%s: file too large (%lld bytes, at most %d)", path,
+                         (long long)sb.st_size, CONF_MAX_FILE_BYTES);
+        goto out;
+    }
+    buf = malloc((size_t)sb.st_size + 1);
+    if (buf == NULL) {
+        rc = kvr_err_set(err, -ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    while (got < (size_t)sb.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = -errno;
+            kvr_err_set(err, rc, "%s: cannot read: %s", path, strerror(-rc));
+            goto out;
+        }
+        if (r == 0)
+            break; /* file shrank: parse what we have */
+        got += (size_t)r;
+    }
+    buf[got] = '\0';
+    rc = load_text(path, buf, got, c, err);
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+void kvr_conf_free(struct kvr_conf *c)
+{
+    if (c == NULL)
+        return;
+    free(c->path);
+    for (size_t i = 0; i < c->nbind; i++)
+        free(c->bind[i]);
+    free(c->bind);
+    for (size_t i = 0; i < c->nconnect; i++) {
+        free(c->connect[i].endpoint);
+        free(c->connect[i].replay);
+        free(c->connect[i].pod);
+    }
+    free(c->connect);
+    free(c->subscribe);
+    free(c->listen);
+    free(c->admin_listen);
+    free(c->admin_token);
+    memset(c, 0, sizeof(*c));
+}
+
+/* ---- reload -------------------------------------------------------------------------- */
+
+static void list_add(struct kvr_err *e, size_t *len, const char *section, const char *name)
+{
+    int n;
+    if (e == NULL || *len >= sizeof(e->msg) - 1)
+        return;
+    n = snprintf(e->msg + *len, sizeof(e->msg) - *len, "%s%s.%s", *len ? ", " : "", section, name);
+    if (n > 0)
+        *len += (size_t)n;
+    if (*len >= sizeof(e->msg))
+        *len = sizeof(e->msg) - 1;
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+    if (a == NULL || b == NULL)
+        return a == b;
+    return strcmp(a, b) == 0;
+}
+
+static bool field_equal(const struct directive *d, const struct kvr_conf *a,
+                        const struct kvr_conf *b)
+{
+    switch (d->type) {
+    case T_LEVEL:
+    case T_FORMAT:
+        return *CFIELD(a, d, int) == *CFIELD(b, d, int);
+    case T_DURATION:
+    case T_SIZE:
+    case T_I64:
+        return *CFIELD(a, d, int64_t) == *CFIELD(b, d, int64_t);
+    case T_U32:
+        return *CFIELD(a, d, uint32_t) == *CFIELD(b, d, uint32_t);
+    case T_DOUBLE:
+        return *CFIELD(a, d, double) == *CFIELD(b, d, double);
+    case T_STRING:
+    case T_HOSTPORT:
+        return str_eq(*CFIELD(a, d, char *), *CFIELD(b, d, char *));
+    case T_BIND:
+        if (a->nbind != b->nbind)
+            return false;
+        for (size_t i = 0; i < a->nbind; i++)
+            if (!str_eq(a->bind[i], b->bind[i]))
+                return false;
+        return true;
+    case T_CONNECT:
+        if (a->nconnect != b->nconnect)
+            return false;
+        for (size_t i = 0; i < a->nconnect; i++)
+            if (!str_eq(a->connect[i].endpoint, b->connect[i].endpoint) ||
+                !str_eq(a->connect[i].replay, b->connect[i].replay) ||
+                !str_eq(a->connect[i].pod, b->connect[i].pod))
+                return false;
+        return true;
+    case T_WEIGHT:
+        return true; /* compared per tier in kvr_conf_apply_reload */
+    }
+    return true;
+}
+
+static void field_copy(const struct directive *d, struct kvr_conf *dst, const struct kvr_conf *src)
+{
+    switch (d->type) {
+    case T_LEVEL:
+    case T_FORMAT:
+        *FIELD(dst, d, int) = *CFIELD(src, d, int);
+        break;
+    case T_DURATION:
+    case T_SIZE:
+    case T_I64:
+        *FIELD(dst, d, int64_t) = *CFIELD(src, d, int64_t);
+        break;
+    case T_U32:
+        *FIELD(dst, d, uint32_t) = *CFIELD(src, d, uint32_t);
+        break;
+    case T_DOUBLE:
+        *FIELD(dst, d, double) = *CFIELD(src, d, double);
+        break;
+    default:
+        break; /* only scalar types are reloadable (weights handled by the caller) */
+    }
+}
+
+int kvr_conf_apply_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
+                          struct kvr_err *changed, struct kvr_err *ignored)
+{
+    size_t clen = 0, ilen = 0;
+    int nchanged = 0;
+
+    if (changed != NULL)
+        changed->msg[0] = '\0';
+    if (ignored != NULL)
+        ignored->msg[0] = '\0';
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct directive *d = &directives[i];
+        if (d->type == T_WEIGHT)
+            continue;
+        if (field_equal(d, live, fresh))
+            continue;
+        if (d->flags & F_RELOADABLE) {
+            field_copy(d, live, fresh);
+            list_add(changed, &clen, d->section, d->name);
+            nchanged++;
+        } else {
+            list_add(ignored, &ilen, d->section, d->name);
+        }
+    }
+    /* Weights: a tier changed when its effective weight differs (added, removed, new value). */
+    for (size_t i = 0; i < fresh->nweights; i++) {
+        const char *t = fresh->weights[i].name;
+        bool found = false;
+        for (size_t j = 0; j < live->nweights; j++) {
+            if (strcmp(live->weights[j].name, t) == 0) {
+                found = live->weights[j].weight == fresh->weights[i].weight;
+                break;
+            }
+        }
+        if (!found) {
+            char n[48];
+            snprintf(n, sizeof(n), "weight.%s", t);
+            list_add(changed, &clen, "score", n);
+            nchanged++;
+        }
+    }
+    for (size_t j = 0; j < live->nweights; j++) {
+        bool present = false;
+        for (size_t i = 0; i < fresh->nweights; i++)
+            present |= strcmp(live->weights[j].name, fresh->weights[i].name) == 0;
+        if (!present) {
+            char n[48];
+            snprintf(n, sizeof(n), "weight.%s", live->weights[j].name);
+            list_add(changed, &clen, "score", n);
+            nchanged++;
+        }
+    }
+    memcpy(live->weights, fresh->weights, sizeof(live->weights));
+    live->nweights = fresh->nweights;
+    return nchanged;
+}
+
+double kvr_conf_tier_weight(const struct kvr_conf *c, const char *tier)
+{
+    for (size_t i = 0; i < c->nweights; i++)
+        if (strcasecmp(c->weights[i].name, tier) == 0)
+            return c->weights[i].weight;
+    return c->default_weight;
+}

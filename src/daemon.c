@@ -1,0 +1,221 @@
+/* daemon.c — main-thread plumbing: signal mask, wait loop, reload, ready line, shutdown guard.
+ *
+ * Signal model: SIGTERM, SIGINT and SIGHUP are blocked in the main thread before any other
+ * thread is created, so every thread inherits the mask and no thread is ever interrupted by
+ * them; the main thread collects them synchronously with sigtimedwait(). The wait uses a
+ * bounded tick (half the systemd watchdog interval, at most 1 s) so watchdog pings are sent
+ * on time and the loop never blocks forever.
+ *
+ * Reload: parse the whole file into a fresh struct first; only when it is valid are the
+ * reloadable directives copied onto the live config (kvr_conf_apply_reload). A broken file
+ * leaves everything as it was and is logged with its FILE:LINE.
+ */
+#include "daemon.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l)
+{
+    kvr_buf_printf(b, "kvrouterd ready version=%s", KVR_VERSION);
+    if (l->http != NULL)
+        kvr_buf_printf(b, " http=%s", l->http);
+    if (l->admin != NULL)
+        kvr_buf_printf(b, " admin=%s", l->admin);
+    if (l->nevents > 0) {
+        kvr_buf_printf(b, " events=");
+        for (size_t i = 0; i < l->nevents; i++)
+            kvr_buf_printf(b, "%s%s", i ? "," : "", l->events[i]);
+    }
+}
+
+void kvr_daemon_log_ready(const struct kvr_daemon_listeners *l)
+{
+    struct kvr_buf b;
+
+    kvr_buf_init(&b);
+    kvr_daemon_format_ready(&b, l);
+    if (b.oom || b.data == NULL)
+        kvr_log_info("kvrouterd ready version=%s", KVR_VERSION);
+    else
+        kvr_log_info("%s", b.data);
+    kvr_buf_free(&b);
+}
+
+void kvr_daemon_hostport(char *buf, size_t cap, const char *conf_listen, int port)
+{
+    char host[256];
+    int p;
+
+    if (conf_listen == NULL || kvr_conf_parse_hostport(conf_listen, host, sizeof(host), &p) != 0) {
+        snprintf(buf, cap, "%s", conf_listen ? conf_listen : "?");
+        return;
+    }
+    if (strchr(host, ':') != NULL)
+        snprintf(buf, cap, "[%s]:%d", host, port);
+    else
+        snprintf(buf, cap, "%s:%d", host, port);
+}
+
+/* Never runs while the signals are blocked; installed so that, as PID 1 of a container
+ * (where the kernel discards signals left at SIG_DFL), SIGTERM is never dropped. */
+static void noop_handler(int sig)
+{
+    (void)sig;
+}
+
+int kvr_daemon_block_signals(sigset_t *set, struct kvr_err *err)
+{
+    static const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+    struct sigaction sa;
+    int rc;
+
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+    rc = pthread_sigmask(SIG_BLOCK, set, NULL);
+    if (rc != 0)
+        return kvr_err_set(err, -rc, "pthread_sigmask: %s", strerror(rc));
+    memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = noop_handler;
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        if (sigaction(sigs[i], &sa, NULL) != 0) {
+            rc = -errno;
+            return kvr_err_set(err, rc, "sigaction(%d): %s", sigs[i], strerror(-rc));
+        }
+    }
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGPIPE, &sa, NULL) != 0) {
+        rc = -errno;
+        return kvr_err_set(err, rc, "sigaction(SIGPIPE): %s", strerror(-rc));
+    }
+    return 0;
+}
+
+int kvr_daemon_reload(struct kvr_daemon_loop *l)
+{
+    struct kvr_conf fresh;
+    struct kvr_err err, changed, ignored;
+    enum kvr_log_level old_level = (enum kvr_log_level)l->live->log_level;
+    int rc, n;
+    bool logged = false;
+
+    rc = kvr_conf_load(l->conf_path, &fresh, &err);
+    if (rc != 0) {
+        kvr_log_error("reload failed: %s (keeping the previous configuration)", err.msg);
+        return rc;
+    }
+    n = kvr_conf_apply_reload(l->live, &fresh, &changed, &ignored);
+    kvr_conf_free(&fresh);
+    /* The result line must be visible under the more verbose of the old and new levels, so
+     * it is written before the switch when the level goes down, after it otherwise. */
+    if (l->live->log_level < (int)old_level) {
+        if (n > 0)
+            kvr_log_info("reload ok: changed %s", changed.msg);
+        else
+            kvr_log_info("reload ok: no changes");
+        logged = true;
+    }
+    kvr_log_configure((enum kvr_log_level)l->live->log_level,
+                      (enum kvr_log_format)l->live->log_format);
+    if (!logged) {
+        if (n > 0)
+            kvr_log_info("reload ok: changed %s", changed.msg);
+        else
+            kvr_log_info("reload ok: no changes");
+    }
+    if (ignored.msg[0] != '\0')
+        kvr_log_warn("reload: changes to %s need a restart and were not applied", ignored.msg);
+    kvr_log_debug("reload: log level is now %s",
+                  kvr_log_level_name((enum kvr_log_level)l->live->log_level));
+    if (l->on_reload != NULL)
+        l->on_reload(l->arg, l->live);
+    return 0;
+}
+
+int kvr_daemon_wait(struct kvr_daemon_loop *l)
+{
+    uint64_t wd = kvr_notify_watchdog_usec(l->notify);
+    int64_t tick_ms = 1000, next_ping = 0;
+
+    if (wd > 0) {
+        tick_ms = (int64_t)(wd / 2000);
+        if (tick_ms < 1)
+            tick_ms = 1;
+        if (tick_ms > 1000)
+            tick_ms = 1000;
+        kvr_log_debug("systemd watchdog: %llu us, pinging every %llu us",
+                      (unsigned long long)wd, (unsigned long long)(wd / 2));
+    }
+    for (;;) {
+        struct timespec ts;
+        siginfo_t si;
+        int sig;
+        int64_t now = kvr_now_ms();
+
+        if (wd > 0 && now >= next_ping) {
+            kvr_notify_watchdog(l->notify);
+            next_ping = now + (int64_t)(wd / 2000);
+        }
+        ts.tv_sec = tick_ms / 1000;
+        ts.tv_nsec = (tick_ms % 1000) * 1000000L;
+        sig = sigtimedwait(l->sigs, &si, &ts);
+        if (sig < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                continue;
+            kvr_log_error("sigtimedwait: %s", strerror(errno));
+            return SIGTERM;
+        }
+        switch (sig) {
+        case SIGTERM:
+        case SIGINT:
+            kvr_log_info("received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            return sig;
+        case SIGHUP:
+            kvr_log_info("received SIGHUP, reloading %s", l->conf_path);
+            kvr_notify_reloading(l->notify);
+            if (kvr_daemon_reload(l) == 0)
+                kvr_notify_ready(l->notify, "reloaded");
+            else
+                kvr_notify_ready(l->notify, "reload failed; running with the previous "
+                                            "configuration");
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void *guard_main(void *arg)
+{
+    int64_t ms = (int64_t)(intptr_t)arg;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    kvr_log_error("shutdown did not finish within %lld ms; exiting", (long long)ms);
+    _exit(1);
+    return NULL;
+}
+
+int kvr_daemon_shutdown_guard(int64_t ms)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    int rc;
+
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    rc = pthread_create(&t, &a, guard_main, (void *)(intptr_t)ms);
+    pthread_attr_destroy(&a);
+    return -rc;
+}

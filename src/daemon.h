@@ -1,0 +1,79 @@
+/* daemon.h — process-level plumbing shared by daemon/main.c and the tests: signal mask, the
+ * main-thread wait loop (SIGTERM/SIGINT stop, SIGHUP reload, systemd watchdog pings), the
+ * reload procedure, the ready line and the shutdown guard.
+ *
+ * The ready line is a contract with the integration harness and with operators' log
+ * scrapers: one INFO line "kvrouterd ready version=X [http=H:P] [admin=H:P] [events=E1,E2]",
+ * keys present only for listeners that exist.
+ *
+ * Threads: everything here runs on the main thread, except the shutdown guard which runs on
+ * its own detached thread.
+ */
+#ifndef KVR_DAEMON_H
+#define KVR_DAEMON_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "err.h"
+#include "metrics.h"
+#include "notify.h"
+
+#ifndef KVR_VERSION
+#define KVR_VERSION "0.0.0"
+#endif
+#ifndef KVR_GIT_REV
+#define KVR_GIT_REV "unknown"
+#endif
+
+/* What is listening, for the ready line. NULL / 0 entries are left out. */
+struct kvr_daemon_listeners {
+    const char *http;           /* "HOST:PORT" as bound */
+    const char *admin;          /* "HOST:PORT" as bound */
+    const char *const *events;  /* bound/connected event endpoints */
+    size_t nevents;
+};
+
+/* Renders "kvrouterd ready version=... http=... admin=... events=a,b" (no newline). */
+void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l);
+/* Logs the ready line at INFO. */
+void kvr_daemon_log_ready(const struct kvr_daemon_listeners *l);
+
+/* "HOST:PORT" from a configured listen address and the port actually bound (port 0 →
+ * the real one); IPv6 hosts are bracketed. */
+void kvr_daemon_hostport(char *buf, size_t cap, const char *conf_listen, int port);
+
+/* Blocks SIGTERM, SIGINT, SIGHUP in the calling thread (call before any thread exists so all
+ * threads inherit the mask), gives them a no-op handler (a container's PID 1 would otherwise
+ * never see SIGTERM) and ignores SIGPIPE. Fills *set with the blocked set. */
+int kvr_daemon_block_signals(sigset_t *set, struct kvr_err *err);
+
+/* Called after a successful reload, with live already updated (e.g. push score weights). */
+typedef void (*kvr_daemon_reload_cb)(void *arg, const struct kvr_conf *live);
+
+struct kvr_daemon_loop {
+    const char *conf_path;
+    struct kvr_conf *live;        /* the running configuration (reloadable parts updated) */
+    struct kvr_notify *notify;
+    const sigset_t *sigs;         /* from kvr_daemon_block_signals */
+    kvr_daemon_reload_cb on_reload;
+    void *arg;
+};
+
+/* Re-reads conf_path. On success applies the reloadable directives to live, reconfigures
+ * logging, calls on_reload and logs "reload ok: ..." (and a warning naming changed
+ * directives that need a restart); on failure keeps live and logs
+ * "reload failed: FILE:LINE: message". Returns 0 or the load error. */
+int kvr_daemon_reload(struct kvr_daemon_loop *l);
+
+/* Waits for signals until SIGTERM or SIGINT (returned), handling SIGHUP (RELOADING=1, reload,
+ * READY=1) and sending WATCHDOG=1 every half watchdog interval. */
+int kvr_daemon_wait(struct kvr_daemon_loop *l);
+
+/* Starts a detached thread that ends the process with exit status 1 if shutdown has not
+ * finished after ms milliseconds (a hung module must not keep a stopping service alive). */
+int kvr_daemon_shutdown_guard(int64_t ms);
+
+#endif
