@@ -622,7 +622,140 @@ static inline __attribute__((always_inline)) uint64_t prefix_xor(uint64_t x)
     }
 
 BLOCK_LOOP(blocks_sse2, , blk_sse2)
-BLOCK_LOOP(blocks_avx2, __attribute__((target("avx2,bmi"))), blk_avx2)
+
+/* Converts the numbers of one validated region (digit mask dig, starting at base) one by one;
+ * on overflow *qp is left at the offending number and false is returned. */
+static bool blocks_sse2_one(const char **qp, const char *base, const char *end, uint64_t region,
+                            uint64_t dig, uint32_t *out, size_t *cntp)
+{
+    uint64_t starts = dig & ~(dig << 1) & region, ends = dig & ~(dig >> 1) & region;
+    size_t cnt = *cntp;
+    (void)end;
+
+    while (starts) {
+        unsigned s0 = (unsigned)__builtin_ctzll(starts);
+        unsigned nd = (unsigned)__builtin_ctzll(ends) - s0 + 1;
+        uint64_t t = 0;
+        starts &= starts - 1;
+        ends &= ends - 1;
+        for (unsigned k = 0; k < nd && t <= UINT32_MAX; k++)
+            t = t * 10 + (uint64_t)(base[s0 + k] - '0');
+        if (t > UINT32_MAX) {
+            *qp = base + s0;
+            *cntp = cnt;
+            return false;
+        }
+        out[cnt++] = (uint32_t)t;
+    }
+    *cntp = cnt;
+    return true;
+}
+/* The AVX2 variant validates the same way, but converts four numbers per vector step: each
+ * number's 8 bytes are loaded and shifted so its digits end at the top byte (scalar, one load
+ * and one shift), then maddubs (x10 + y), madd (x100 + y) and a 32x32 multiply (x10000 + y)
+ * turn four such words into four values at once. A block holding a number of 9+ digits is
+ * converted by the scalar loop instead (with the overflow check). */
+__attribute__((target("avx2,bmi"))) static bool blocks_avx2(const char **pp, const char *end,
+                                                             uint32_t *out, size_t cap,
+                                                             size_t *cntp)
+{
+    const char *p = *pp;
+    size_t cnt = *cntp;
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    const __m256i m10 = _mm256_set1_epi16(0x010a); /* bytes 10, 1 */
+    const __m256i m100 = _mm256_set1_epi32(0x00010064); /* words 100, 1 */
+    const __m256i m10000 = _mm256_set1_epi64x(10000);
+    const __m256i pack = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    uint32_t vals[68];
+
+    while (end - p >= 72) {
+        struct blk b;
+        uint64_t region, starts, ends, x;
+        unsigned last, k = 0;
+        bool long_num = false;
+
+        blk_avx2(p, &b);
+        if (b.com == 0)
+            break;
+        last = 63u - (unsigned)__builtin_clzll(b.com);
+        region = last == 63 ? ~0ull : (2ull << last) - 1;
+        starts = b.dig & ~(b.dig << 1) & region;
+        ends = b.dig & ~(b.dig >> 1) & region;
+        x = prefix_xor(starts | (b.com & region));
+        if (((b.other & region) | (starts & ~x) | (b.com & region & x) |
+             (starts & b.zero & (b.dig >> 1))) != 0 ||
+            cnt + (size_t)__builtin_popcountll(starts) > cap) {
+            *pp = p;
+            *cntp = cnt;
+            return false;
+        }
+        {
+            /* four numbers per step, kept in registers; results go straight into out when
+             * the rounding-up slack fits, else through vals */
+            size_t nnum = (size_t)__builtin_popcountll(starts);
+            bool direct = cnt + nnum + 3 <= cap;
+            uint32_t *dst = direct ? out + cnt : vals;
+            unsigned bad = 0;
+#define NEXT_WORD(w)                                                                        \
+    do {                                                                                    \
+        if (starts) {                                                                       \
+            unsigned s0_ = (unsigned)__builtin_ctzll(starts);                               \
+            unsigned nd_ = (unsigned)__builtin_ctzll(ends) - s0_ + 1;                       \
+            uint64_t t_;                                                                    \
+            starts &= starts - 1;                                                           \
+            ends &= ends - 1;                                                               \
+            bad |= nd_ > 8;                                                                 \
+            memcpy(&t_, p + s0_, 8);                                                        \
+            (w) = LOAD_LE64(t_) << ((64 - 8 * nd_) & 63);                                   \
+        } else {                                                                            \
+            (w) = 0;                                                                        \
+        }                                                                                   \
+    } while (0)
+            while (starts) {
+                uint64_t w0, w1, w2, w3;
+                __m256i v;
+                NEXT_WORD(w0);
+                NEXT_WORD(w1);
+                NEXT_WORD(w2);
+                NEXT_WORD(w3);
+                v = _mm256_set_epi64x((long long)w3, (long long)w2, (long long)w1,
+                                      (long long)w0);
+                v = _mm256_and_si256(v, m0f);
+                v = _mm256_maddubs_epi16(v, m10);
+                v = _mm256_madd_epi16(v, m100);
+                v = _mm256_add_epi64(_mm256_mul_epu32(v, m10000), _mm256_srli_epi64(v, 32));
+                v = _mm256_permutevar8x32_epi32(v, pack);
+                _mm_storeu_si128((__m128i *)(void *)(dst + k), _mm256_castsi256_si128(v));
+                k += 4;
+            }
+#undef NEXT_WORD
+            if (__builtin_expect(bad != 0, 0))
+                long_num = true;
+            else if (!direct)
+                for (unsigned i = 0; i < nnum; i++)
+                    out[cnt + i] = vals[i];
+            k = (unsigned)nnum;
+        }
+        if (__builtin_expect(long_num, 0)) {
+            /* rare: redo this block number by number (9..10 digits, overflow check) */
+            const char *q = p;
+            size_t c0 = cnt;
+            if (!blocks_sse2_one(&q, p, end, region, b.dig, out, &c0)) {
+                *pp = q;
+                *cntp = c0;
+                return false;
+            }
+            cnt = c0;
+            p += last + 1;
+            continue;
+        }
+        cnt += k;
+        p += last + 1;
+    }
+    *pp = p;
+    *cntp = cnt;
+    return true;
+}
 
 #endif
 
