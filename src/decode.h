@@ -23,6 +23,10 @@
 
 struct kvr_decoder;
 
+/* A limit of 0 means its default (65536 events, 1048576 tokens, 65536 hashes, depth 16);
+ * max_depth is capped at 32 (msgpack-c's parser stack). An event that would need more than
+ * sizeof(msgpack_object) * (max_tokens + max_hashes) + 1 MiB of unpacked objects (say a huge
+ * extra_keys) is skipped as too_large without being unpacked. lim may be NULL (defaults). */
 struct kvr_decode_limits {
     uint32_t max_events;   /* events per batch; more → the batch is rejected */
     uint32_t max_tokens;   /* token ids per event; more → event skipped */
@@ -112,7 +116,11 @@ struct kvr_event {
 };
 
 /* Next event of the open batch: returns 1 with *ev filled, 0 at the end of the batch, or 2
- * when the event was skipped (*reason set; *ev partially filled: type may be set). */
+ * when the event was skipped (*reason set; *ev partially filled: type may be set).
+ * A BlockStored returned with block_size != 0 always has ntokens == nhashes * block_size
+ * (tokens [i*block_size, (i+1)*block_size) belong to hashes[i]); block_size == 0 means the
+ * field was absent (tokens unchecked) or 0 (then no tokens). Semantics of every field and
+ * the group filter are described at the top of decode.c. */
 int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_reason *reason);
 
 #endif

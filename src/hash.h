@@ -5,10 +5,15 @@
  *   share a content hash (and so never match).
  * - Content hash of a block: xxh3-64 over its token ids as u32 little-endian, seeded by the
  *   namespace seed.
- * - Chain hash of the prefix ending at a block: a cheap mix of the parent's chain hash and the
- *   block's content hash (position 0 mixes with KVR_HASH_CHAIN_ROOT). It is on the query hot
- *   path, so it is an inline multiply-xorshift, not a second xxh3 pass.
- *
+ * - Chain hash of the prefix ending at a block: chain = parent_chain * KVR_HASH_CHAIN_MUL +
+ *   content (mod 2^64); position 0 uses KVR_HASH_CHAIN_ROOT as its parent. It is on the query
+ *   hot path: one multiply-add per block, and because it is a polynomial in the content hashes
+ *   the index can compute the chain at a jump landing from independent multiplies
+ *   (chain[p+k] = chain[p]*M^k + sum c[p+i]*M^(k-i)) instead of a serial dependency chain.
+ *   Safety: content hashes are xxh3 outputs; two prefixes of equal length that differ in
+ *   exactly one block never collide (M is odd, so multiplication by M^j is a bijection), and
+ *   prefixes differing in several blocks collide with probability ~2^-64 like any 64-bit hash.
+ *   Equal chain hash at equal position is the index's definition of "same prefix".
  * The engine's own block hash is never compared with these: it only keys removals.
  * Pure functions; any thread.
  */
@@ -20,7 +25,7 @@
 
 #define KVR_HASH_CHAIN_ROOT 0x9e3779b97f4a7c15ull
 
-/* lora == NULL (or lora_len == 0 with lora == NULL) means "no LoRA". */
+/* lora == NULL or lora_len == 0 means "no LoRA" (both spell the same namespace). */
 uint64_t kvr_hash_ns_seed(const char *model, size_t model_len, const char *lora, size_t lora_len);
 
 /* xxh3-64 of tokens[0..n) as little-endian u32, seeded with seed. */
@@ -31,16 +36,11 @@ uint64_t kvr_hash_block(uint64_t seed, const uint32_t *tokens, size_t n);
 void kvr_hash_blocks(uint64_t seed, const uint32_t *tokens, size_t n, uint32_t block_size,
                      uint64_t *out);
 
+#define KVR_HASH_CHAIN_MUL 0xff51afd7ed558ccdull /* odd */
+
 static inline uint64_t kvr_hash_chain(uint64_t parent_chain, uint64_t content)
 {
-    uint64_t x = (parent_chain ^ (content + 0x9e3779b97f4a7c15ull + (parent_chain << 6) +
-                                  (parent_chain >> 2)));
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 29;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 32;
-    return x;
+    return parent_chain * KVR_HASH_CHAIN_MUL + content;
 }
 
 #endif

@@ -1,0 +1,639 @@
+/* bench_index.c — positional index benchmark.
+ *
+ * 1. Dynamo's microbenchmark shape (single thread): S sequences x B blocks, W workers
+ *    (worker = sequence % W), 25% shared prefix drawn from 4 prefix groups, jump 32. Per
+ *    B-block operation, avg / p50 / p99 in µs: store, remove, find full hit, find half hit +
+ *    half miss, find miss at block 0; plus bytes per (holder, block), reverse maps included.
+ *    Run for W = 128 (976 x 1024) and W = 4096 (one 1024-block sequence per worker).
+ * 2. Concurrent: one writer thread applies the event stream of the Mooncake synthetic trace
+ *    (each hash_id -> 512 deterministic token ids, 16-token blocks, 256 workers round-robin,
+ *    each an LRU cache of 16,384 blocks whose evictions become removes) while one reader
+ *    runs the trace's queries. Block operations per second and find p50/p99.
+ *
+ * Environment: KVR_BENCH_SEQS, KVR_BENCH_BLOCKS, KVR_BENCH_WORKERS (shape 1, default 976 /
+ * 1024 / 128), KVR_BENCH_BIG_WORKERS (default 4096, 0 = skip), KVR_BENCH_QUERIES (finds per
+ * kind, default 2000), KVR_TRACE (trace path; default ../shared/traces/synthetic_trace.jsonl
+ * from the repository root, "" = skip), KVR_TRACE_REQUESTS (limit), KVR_BENCH_SEED.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hash.h"
+#include "index.h"
+
+static uint64_t rng = 42;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static uint64_t mixh(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+static long envl(const char *n, long d)
+{
+    const char *v = getenv(n);
+    return v && *v ? strtol(v, NULL, 0) : d;
+}
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "bench_index: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static void report(const char *name, double *v, size_t n)
+{
+    if (n == 0)
+        return;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    qsort(v, n, sizeof(double), cmpd);
+    printf("  %-34s avg %8.2f  p50 %8.2f  p99 %8.2f  us  (n=%zu)\n", name, sum / (double)n,
+           v[n / 2], v[(size_t)((double)n * 0.99)], n);
+}
+
+/* ---- 1. microbenchmark shape ---------------------------------------------------------- */
+
+static void shape(uint32_t nseq, uint32_t nblk, uint32_t nworkers, uint32_t nq)
+{
+    printf("shape: %u sequences x %u blocks, %u workers (worker = seq %% %u), 25%% shared "
+           "prefix from 4 groups, jump 32\n",
+           nseq, nblk, nworkers, nworkers);
+    uint32_t npre = nblk / 4;
+    uint64_t *pre = xmalloc((size_t)4 * npre * sizeof(uint64_t));
+    for (size_t i = 0; i < (size_t)4 * npre; i++)
+        pre[i] = rnd();
+    struct kvr_index_block *blk = xmalloc((size_t)nseq * nblk * sizeof(*blk));
+    uint64_t *cont = xmalloc((size_t)nseq * nblk * sizeof(uint64_t));
+    for (uint32_t s = 0; s < nseq; s++) {
+        uint32_t g = (uint32_t)(rnd() % 4);
+        uint64_t eh = 0x5eed;
+        for (uint32_t i = 0; i < nblk; i++) {
+            uint64_t c = i < npre ? pre[(size_t)g * npre + i] : rnd();
+            eh = mixh(eh ^ c);
+            cont[(size_t)s * nblk + i] = c;
+            blk[(size_t)s * nblk + i] = (struct kvr_index_block){eh, c};
+        }
+    }
+    struct kvr_index *ix;
+    struct kvr_index_opts o = {.jump_stride = 32, .max_workers = nworkers};
+    if (kvr_index_create(&o, &ix) != 0)
+        exit(1);
+    struct kvr_index_reader *rd;
+    kvr_index_reader_create(ix, &rd);
+    uint32_t ns;
+    kvr_index_ns_intern(ix, "bench-model", NULL, &ns, NULL);
+    uint32_t *wid = xmalloc(nworkers * sizeof(uint32_t));
+    for (uint32_t w = 0; w < nworkers; w++) {
+        char pod[32];
+        snprintf(pod, sizeof(pod), "pod-%u", w);
+        kvr_index_worker_intern(ix, pod, 0, &wid[w]);
+    }
+    struct kvr_index_stats st0, st1;
+    kvr_index_stats(ix, &st0);
+
+    double *lat = xmalloc((size_t)(nseq > nq ? nseq : nq) * sizeof(double));
+    for (uint32_t s = 0; s < nseq; s++) {
+        struct kvr_index_wres r = {0};
+        double t0 = now_us();
+        kvr_index_store(ix, wid[s % nworkers], 0, ns, NULL, &blk[(size_t)s * nblk], nblk, &r);
+        lat[s] = now_us() - t0;
+    }
+    report("store (per sequence)", lat, nseq);
+    kvr_index_stats(ix, &st1);
+    printf("  memory: %llu entries, %llu (holder, block) pairs, %.1f bytes per pair "
+           "(%.1f MB in use, %.1f MB before the stores)\n",
+           (unsigned long long)st1.entries, (unsigned long long)st1.holders,
+           (double)(st1.bytes - st0.bytes) / (double)st1.holders, (double)st1.bytes / 1e6,
+           (double)st0.bytes / 1e6);
+
+    uint64_t *q = xmalloc((size_t)nblk * sizeof(uint64_t));
+    const struct kvr_index_hit *hits;
+    size_t nh;
+    uint64_t hits_total = 0;
+    const char *names[3] = {"find full hit", "find half hit + half miss", "find miss at block 0"};
+    for (int kind = 0; kind < 3; kind++) {
+        hits_total = 0;
+        for (uint32_t i = 0; i < nq; i++) {
+            uint32_t s = (uint32_t)(rnd() % nseq);
+            for (uint32_t b = 0; b < nblk; b++)
+                q[b] = (kind == 0 || (kind == 1 && b < nblk / 2)) ? cont[(size_t)s * nblk + b]
+                                                                   : rnd();
+            double t0 = now_us();
+            kvr_index_find(rd, ns, q, nblk, NULL, 0, NULL, &hits, &nh);
+            lat[i] = now_us() - t0;
+            hits_total += nh;
+        }
+        char nm[64];
+        snprintf(nm, sizeof(nm), "%s (%.1f hits)", names[kind], (double)hits_total / nq);
+        report(nm, lat, nq);
+    }
+
+    /* remove: every sequence, its blocks tail first (like vLLM's eviction order) */
+    uint64_t *h = xmalloc((size_t)nblk * sizeof(uint64_t));
+    for (uint32_t s = 0; s < nseq; s++) {
+        for (uint32_t b = 0; b < nblk; b++)
+            h[b] = blk[(size_t)s * nblk + (nblk - 1 - b)].engine_hash;
+        struct kvr_index_wres r = {0};
+        double t0 = now_us();
+        kvr_index_remove(ix, wid[s % nworkers], 0, h, nblk, &r);
+        lat[s] = now_us() - t0;
+    }
+    report("remove (per sequence)", lat, nseq);
+    kvr_index_stats(ix, &st1);
+    printf("  after removing everything: %llu entries, %.1f MB in use\n",
+           (unsigned long long)st1.entries, (double)st1.bytes / 1e6);
+    kvr_index_reader_destroy(rd);
+    kvr_index_destroy(ix);
+    free(h);
+    free(q);
+    free(lat);
+    free(wid);
+    free(blk);
+    free(cont);
+    free(pre);
+}
+
+/* ---- 2. Mooncake trace, concurrent ------------------------------------------------------ */
+
+#define TR_WORKERS 256
+#define TR_CAP 16384
+#define TR_BS 16
+#define TR_PER_ID (512 / TR_BS)
+
+struct ev {
+    uint32_t worker;
+    uint32_t store; /* 1 store, 0 remove */
+    uint32_t has_parent;
+    uint32_t n;
+    uint64_t parent;
+    size_t off; /* into evb (blocks) or evh (hashes) */
+};
+
+/* growable arrays */
+static struct ev *evs;
+static size_t nev, cev;
+static struct kvr_index_block *evb;
+static size_t nevb, cevb;
+static uint64_t *evh;
+static size_t nevh, cevh;
+
+static void *grow(void *p, size_t *cap, size_t need, size_t el)
+{
+    if (need <= *cap)
+        return p;
+    size_t nc = *cap ? *cap : 1024;
+    while (nc < need)
+        nc *= 2;
+    p = realloc(p, nc * el);
+    if (!p) {
+        fprintf(stderr, "bench_index: out of memory\n");
+        exit(1);
+    }
+    *cap = nc;
+    return p;
+}
+
+/* per-worker LRU of blocks (by engine hash) */
+struct lru_node {
+    uint64_t eh;
+    uint32_t prev, next; /* indices, UINT32_MAX = none */
+};
+struct lru {
+    struct lru_node *nodes; /* TR_CAP + 1 */
+    uint32_t *free_list, nfree;
+    uint32_t head, tail, n; /* head = most recent */
+    uint64_t *keys;         /* open addressing eh -> node index + 1 */
+    uint32_t *vals;
+    uint32_t mask;
+};
+static void lru_init(struct lru *l)
+{
+    l->nodes = xmalloc((TR_CAP + 1) * sizeof(*l->nodes));
+    l->free_list = xmalloc((TR_CAP + 1) * sizeof(uint32_t));
+    for (uint32_t i = 0; i <= TR_CAP; i++)
+        l->free_list[i] = TR_CAP - i;
+    l->nfree = TR_CAP + 1;
+    l->head = l->tail = UINT32_MAX;
+    l->n = 0;
+    l->mask = 65535;
+    l->keys = calloc(l->mask + 1, sizeof(uint64_t));
+    l->vals = calloc(l->mask + 1, sizeof(uint32_t));
+}
+static uint32_t *lru_slot(struct lru *l, uint64_t eh, int *found)
+{
+    uint32_t i = (uint32_t)mixh(eh) & l->mask;
+    while (l->vals[i]) {
+        if (l->keys[i] == eh) {
+            *found = 1;
+            return &l->vals[i];
+        }
+        i = (i + 1) & l->mask;
+    }
+    *found = 0;
+    l->keys[i] = eh;
+    return &l->vals[i];
+}
+static void lru_map_del(struct lru *l, uint64_t eh)
+{
+    uint32_t i = (uint32_t)mixh(eh) & l->mask;
+    while (l->keys[i] != eh || !l->vals[i])
+        i = (i + 1) & l->mask;
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & l->mask;
+        if (!l->vals[j])
+            break;
+        uint32_t k = (uint32_t)mixh(l->keys[j]) & l->mask;
+        if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+            l->keys[i] = l->keys[j];
+            l->vals[i] = l->vals[j];
+            i = j;
+        }
+    }
+    l->vals[i] = 0;
+}
+static void lru_unlink(struct lru *l, uint32_t x)
+{
+    struct lru_node *n = &l->nodes[x];
+    if (n->prev != UINT32_MAX)
+        l->nodes[n->prev].next = n->next;
+    else
+        l->head = n->next;
+    if (n->next != UINT32_MAX)
+        l->nodes[n->next].prev = n->prev;
+    else
+        l->tail = n->prev;
+}
+static void lru_push_front(struct lru *l, uint32_t x)
+{
+    l->nodes[x].prev = UINT32_MAX;
+    l->nodes[x].next = l->head;
+    if (l->head != UINT32_MAX)
+        l->nodes[l->head].prev = x;
+    l->head = x;
+    if (l->tail == UINT32_MAX)
+        l->tail = x;
+}
+static int lru_has(struct lru *l, uint64_t eh)
+{
+    uint32_t i = (uint32_t)mixh(eh) & l->mask;
+    while (l->vals[i]) {
+        if (l->keys[i] == eh)
+            return 1;
+        i = (i + 1) & l->mask;
+    }
+    return 0;
+}
+/* makes eh the most recent (inserting it) */
+static void lru_touch(struct lru *l, uint64_t eh)
+{
+    int found;
+    uint32_t *v = lru_slot(l, eh, &found);
+    if (found) {
+        lru_unlink(l, *v - 1);
+        lru_push_front(l, *v - 1);
+        return;
+    }
+    uint32_t x = l->free_list[--l->nfree];
+    l->nodes[x].eh = eh;
+    *v = x + 1;
+    lru_push_front(l, x);
+    l->n++;
+}
+static uint64_t lru_evict(struct lru *l)
+{
+    uint32_t x = l->tail;
+    uint64_t eh = l->nodes[x].eh;
+    lru_unlink(l, x);
+    lru_map_del(l, eh);
+    l->free_list[l->nfree++] = x;
+    l->n--;
+    return eh;
+}
+
+struct idmap { /* hash_id -> its 32 content hashes */
+    uint64_t *keys;
+    uint64_t (*vals)[TR_PER_ID];
+    uint8_t *used;
+    size_t mask;
+};
+
+static uint64_t *content_of(struct idmap *m, uint64_t id, uint64_t seed)
+{
+    size_t i = (size_t)mixh(id + 1) & m->mask;
+    while (m->used[i]) {
+        if (m->keys[i] == id)
+            return m->vals[i];
+        i = (i + 1) & m->mask;
+    }
+    m->used[i] = 1;
+    m->keys[i] = id;
+    uint32_t tok[512];
+    for (int j = 0; j < 512; j++)
+        tok[j] = (uint32_t)(mixh(id * 512 + (uint64_t)j) % 128000);
+    kvr_hash_blocks(seed, tok, TR_PER_ID, TR_BS, m->vals[i]);
+    return m->vals[i];
+}
+
+struct query {
+    size_t off;
+    uint32_t n;
+};
+
+struct trace_run {
+    struct kvr_index *ix;
+    uint32_t ns;
+    uint32_t wid[TR_WORKERS];
+    uint64_t *qc; /* query contents */
+    struct query *qs;
+    size_t nq;
+    volatile int done;
+    double *lat;
+    size_t nlat, clat;
+    uint64_t block_ops;
+    double writer_us;
+};
+
+static void *trace_writer(void *arg)
+{
+    struct trace_run *t = arg;
+    uint64_t ops = 0;
+    double t0 = now_us();
+    for (size_t i = 0; i < nev; i++) {
+        struct ev *e = &evs[i];
+        struct kvr_index_wres r = {0};
+        if (e->store)
+            kvr_index_store(t->ix, t->wid[e->worker], 0, t->ns, e->has_parent ? &e->parent : NULL,
+                            &evb[e->off], e->n, &r);
+        else
+            kvr_index_remove(t->ix, t->wid[e->worker], 0, &evh[e->off], e->n, &r);
+        ops += e->n;
+    }
+    t->writer_us = now_us() - t0;
+    t->block_ops = ops;
+    __atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void *trace_reader(void *arg)
+{
+    struct trace_run *t = arg;
+    struct kvr_index_reader *rd;
+    kvr_index_reader_create(t->ix, &rd);
+    const struct kvr_index_hit *hits;
+    size_t nh;
+    for (size_t i = 0; !__atomic_load_n(&t->done, __ATOMIC_ACQUIRE); i = (i + 1) % t->nq) {
+        struct query *q = &t->qs[i];
+        double t0 = now_us();
+        kvr_index_find(rd, t->ns, &t->qc[q->off], q->n, NULL, 0, NULL, &hits, &nh);
+        double d = now_us() - t0;
+        if (t->nlat < t->clat)
+            t->lat[t->nlat++] = d;
+    }
+    kvr_index_reader_destroy(rd);
+    return NULL;
+}
+
+static int trace(const char *path, long limit)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        printf("trace: %s: %s (skipped; set KVR_TRACE)\n", path, strerror(errno));
+        return 0;
+    }
+    struct trace_run t = {0};
+    struct kvr_index_opts o = {.jump_stride = 32, .max_workers = TR_WORKERS};
+    kvr_index_create(&o, &t.ix);
+    uint64_t seed;
+    kvr_index_ns_intern(t.ix, "mooncake", NULL, &t.ns, &seed);
+    for (uint32_t w = 0; w < TR_WORKERS; w++) {
+        char pod[32];
+        snprintf(pod, sizeof(pod), "pod-%u", w);
+        kvr_index_worker_intern(t.ix, pod, 0, &t.wid[w]);
+    }
+    struct idmap im;
+    im.mask = (1u << 20) - 1;
+    im.keys = xmalloc((im.mask + 1) * sizeof(uint64_t));
+    im.vals = xmalloc((im.mask + 1) * sizeof(*im.vals));
+    im.used = calloc(im.mask + 1, 1);
+    struct lru *lru = xmalloc(TR_WORKERS * sizeof(*lru));
+    for (int w = 0; w < TR_WORKERS; w++)
+        lru_init(&lru[w]);
+
+    size_t cq = 0, cqc = 0, nqc = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    uint64_t *ids = NULL;
+    size_t cids = 0;
+    uint64_t *bc = NULL, *beh = NULL;
+    size_t cbc = 0, cbeh = 0;
+    uint64_t requests = 0, blocks_req = 0, hit_blocks = 0;
+    while (getline(&line, &lcap, f) > 0 && (limit <= 0 || (long)requests < limit)) {
+        char *p = strstr(line, "\"input_length\"");
+        char *hp = strstr(line, "\"hash_ids\"");
+        if (!p || !hp)
+            continue;
+        long in_len = strtol(strchr(p, ':') + 1, NULL, 10);
+        hp = strchr(hp, '[') + 1;
+        size_t nid = 0;
+        while (*hp && *hp != ']') {
+            char *e;
+            unsigned long long v = strtoull(hp, &e, 10);
+            if (e == hp)
+                break;
+            ids = grow(ids, &cids, nid + 1, sizeof(*ids));
+            ids[nid++] = v;
+            hp = e;
+            while (*hp == ',' || *hp == ' ')
+                hp++;
+        }
+        uint32_t nb = (uint32_t)(in_len / TR_BS);
+        if (nb > nid * TR_PER_ID)
+            nb = (uint32_t)(nid * TR_PER_ID);
+        if (nb == 0)
+            continue;
+        bc = grow(bc, &cbc, nb, sizeof(*bc));
+        beh = grow(beh, &cbeh, nb, sizeof(*beh));
+        uint64_t eh = 0x5eed;
+        for (uint32_t b = 0; b < nb; b++) {
+            bc[b] = content_of(&im, ids[b / TR_PER_ID], seed)[b % TR_PER_ID];
+            beh[b] = eh = mixh(eh ^ bc[b]);
+        }
+        /* query */
+        t.qs = grow(t.qs, &cq, t.nq + 1, sizeof(*t.qs));
+        t.qc = grow(t.qc, &cqc, nqc + nb, sizeof(*t.qc));
+        memcpy(&t.qc[nqc], bc, nb * sizeof(uint64_t));
+        t.qs[t.nq++] = (struct query){nqc, nb};
+        nqc += nb;
+        /* worker cache: runs of missing blocks become store events */
+        uint32_t w = (uint32_t)(requests % TR_WORKERS);
+        struct lru *l = &lru[w];
+        for (uint32_t b = 0; b < nb;) {
+            if (lru_has(l, beh[b])) {
+                hit_blocks++;
+                b++;
+                continue;
+            }
+            uint32_t e2 = b;
+            while (e2 < nb && !lru_has(l, beh[e2]))
+                e2++;
+            evs = grow(evs, &cev, nev + 1, sizeof(*evs));
+            evb = grow(evb, &cevb, nevb + (e2 - b), sizeof(*evb));
+            evs[nev++] = (struct ev){w, 1, b > 0, e2 - b, b > 0 ? beh[b - 1] : 0, nevb};
+            for (uint32_t k = b; k < e2; k++)
+                evb[nevb++] = (struct kvr_index_block){beh[k], bc[k]};
+            b = e2;
+        }
+        /* touch tail first so a request's tail is evicted before its head (vLLM order);
+         * a request larger than the cache keeps its head */
+        size_t rm0 = nevh;
+        for (uint32_t b = nb; b-- > 0;) {
+            lru_touch(l, beh[b]);
+            if (l->n > TR_CAP) {
+                evh = grow(evh, &cevh, nevh + 1, sizeof(*evh));
+                evh[nevh++] = lru_evict(l);
+            }
+        }
+        if (nevh > rm0) {
+            evs = grow(evs, &cev, nev + 1, sizeof(*evs));
+            evs[nev++] = (struct ev){w, 0, 0, (uint32_t)(nevh - rm0), 0, rm0};
+        }
+        requests++;
+        blocks_req += nb;
+    }
+    fclose(f);
+    free(line);
+    size_t nstore = 0, nrm = 0;
+    for (size_t i = 0; i < nev; i++)
+        *(evs[i].store ? &nstore : &nrm) += evs[i].n;
+    printf("trace: %llu requests, %llu blocks requested (%.1f%% cache hits), events: %zu "
+           "(%zu blocks stored, %zu removed), %u workers x LRU %u blocks\n",
+           (unsigned long long)requests, (unsigned long long)blocks_req,
+           100.0 * (double)hit_blocks / (double)blocks_req, nev, nstore, nrm, TR_WORKERS,
+           TR_CAP);
+
+    /* writer alone first (throughput without a concurrent reader), then with one reader
+     * on a fresh index */
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) {
+            kvr_index_destroy(t.ix);
+            kvr_index_create(&o, &t.ix);
+            kvr_index_ns_intern(t.ix, "mooncake", NULL, &t.ns, &seed);
+            for (uint32_t w = 0; w < TR_WORKERS; w++) {
+                char pod[32];
+                snprintf(pod, sizeof(pod), "pod-%u", w);
+                kvr_index_worker_intern(t.ix, pod, 0, &t.wid[w]);
+            }
+        }
+        t.done = 0;
+        t.nlat = 0;
+        t.clat = 4u << 20;
+        t.lat = round == 1 ? xmalloc(t.clat * sizeof(double)) : NULL;
+        pthread_t wt, rt;
+        pthread_create(&wt, NULL, trace_writer, &t);
+        if (round == 1)
+            pthread_create(&rt, NULL, trace_reader, &t);
+        pthread_join(wt, NULL);
+        if (round == 1)
+            pthread_join(rt, NULL);
+        struct kvr_index_stats st;
+        kvr_index_stats(t.ix, &st);
+        printf("  %s: %llu block ops in %.1f ms = %.2f M block-ops/s; index %llu entries, "
+               "%llu pairs, %.1f MB\n",
+               round ? "writer + 1 concurrent reader" : "writer alone",
+               (unsigned long long)t.block_ops, t.writer_us / 1000,
+               (double)t.block_ops / t.writer_us, (unsigned long long)st.entries,
+               (unsigned long long)st.holders, (double)st.bytes / 1e6);
+        if (round == 1) {
+            report("concurrent find (trace queries)", t.lat, t.nlat);
+            free(t.lat);
+        }
+    }
+    /* the trace's queries on the final index, single thread */
+    {
+        struct kvr_index_reader *rd;
+        kvr_index_reader_create(t.ix, &rd);
+        size_t n = t.nq < 4000 ? t.nq : 4000;
+        double *lat = xmalloc(n * sizeof(double));
+        const struct kvr_index_hit *hits;
+        size_t nh, tot = 0;
+        for (size_t i = 0; i < n; i++) {
+            double t0 = now_us();
+            kvr_index_find(rd, t.ns, &t.qc[t.qs[i].off], t.qs[i].n, NULL, 0, NULL, &hits, &nh);
+            lat[i] = now_us() - t0;
+            tot += nh;
+        }
+        char nm[64];
+        snprintf(nm, sizeof(nm), "find, quiescent (%.1f hits)", (double)tot / (double)n);
+        report(nm, lat, n);
+        free(lat);
+        kvr_index_reader_destroy(rd);
+    }
+    kvr_index_destroy(t.ix);
+    for (int w = 0; w < TR_WORKERS; w++) {
+        free(lru[w].nodes);
+        free(lru[w].free_list);
+        free(lru[w].keys);
+        free(lru[w].vals);
+    }
+    free(lru);
+    free(im.keys);
+    free(im.vals);
+    free(im.used);
+    free(ids);
+    free(bc);
+    free(beh);
+    free(t.qs);
+    free(t.qc);
+    return 0;
+}
+
+int main(void)
+{
+    rng = (uint64_t)envl("KVR_BENCH_SEED", 42);
+    uint32_t nseq = (uint32_t)envl("KVR_BENCH_SEQS", 976);
+    uint32_t nblk = (uint32_t)envl("KVR_BENCH_BLOCKS", 1024);
+    uint32_t nw = (uint32_t)envl("KVR_BENCH_WORKERS", 128);
+    uint32_t big = (uint32_t)envl("KVR_BENCH_BIG_WORKERS", 4096);
+    uint32_t nq = (uint32_t)envl("KVR_BENCH_QUERIES", 2000);
+    if (nseq)
+        shape(nseq, nblk, nw, nq);
+    if (big)
+        shape(big, nblk, big, nq);
+    const char *tr = getenv("KVR_TRACE");
+    if (!tr)
+        tr = "../shared/traces/synthetic_trace.jsonl";
+    if (*tr)
+        trace(tr, envl("KVR_TRACE_REQUESTS", 0));
+    return 0;
+}

@@ -1,0 +1,25 @@
+#!/bin/sh
+# bench/index.sh — positional index benchmark (bench/bench_index.c).
+# Env: BUILD (default build/release), KVR_BENCH_SEQS / KVR_BENCH_BLOCKS / KVR_BENCH_WORKERS /
+# KVR_BENCH_BIG_WORKERS / KVR_BENCH_QUERIES to shrink shapes, KVR_TRACE (trace path, "" to
+# skip), KVR_TRACE_REQUESTS; KVR_BENCH_CALLGRIND=1 also runs a reduced find/store workload
+# under callgrind and prints instructions per call (stable where timings are noisy).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+BUILD=${BUILD:-build/release}
+cd "$root"
+make --no-print-directory "$BUILD/bench/bench_index" >/dev/null
+export KVR_TRACE="${KVR_TRACE-$root/../shared/traces/synthetic_trace.jsonl}"
+echo "== bench_index"
+"$BUILD/bench/bench_index"
+if [ "${KVR_BENCH_CALLGRIND:-0}" = 1 ] && command -v valgrind >/dev/null; then
+    out=$(mktemp /tmp/kvr-callgrind.XXXXXX)
+    echo "== callgrind: 128 sequences x 1024 blocks, 128 workers, 500 finds per kind (no trace)"
+    KVR_BENCH_SEQS=128 KVR_BENCH_BIG_WORKERS=0 KVR_BENCH_QUERIES=500 KVR_TRACE= \
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$BUILD/bench/bench_index" >/dev/null 2>&1
+    callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
+        grep -E "kvr_index_(store|remove|find) " | sed 's/^/  /'
+    echo "  (calls: store 128, remove 128, find 1500 = 500 full hit + 500 half + 500 miss)"
+    rm -f "$out"
+fi

@@ -1,0 +1,964 @@
+/* decode.c — vLLM KV-event wire format → plain event structs (see decode.h and
+ * ../shared/specs/vllm-kv-events.md §2, §6).
+ *
+ * Design
+ * - kvr_decode_batch() runs prescan(): a bounds-checked cursor walk over the raw msgpack
+ *   bytes of the whole batch, before anything is allocated for it. It rejects truncation,
+ *   trailing bytes, the reserved byte 0xc1, nesting deeper than max_depth, an events array
+ *   longer than max_events, and any declared length that exceeds the bytes left (a container
+ *   of n items needs >= n more bytes, a map >= 2n). Every declared item is therefore proven
+ *   to exist, so a 6-byte input declaring a 4-billion-item array is rejected here, before
+ *   msgpack-c (whose parser allocates by declared length) ever sees it. The walk also
+ *   records, per event: its byte span and exactly how much memory msgpack-c will take from
+ *   its zone to unpack it (sizeof(msgpack_object) per array item, sizeof(msgpack_object_kv)
+ *   per map pair; strings, bins and exts are referenced in place, not copied); and, for the
+ *   batch, upper bounds of the hashes and token ids to be decoded (arrays at the
+ *   block_hashes / token_ids positions of array events or under those keys in map events).
+ * - The outer scalars (ts, dp_rank) are unpacked from their spans; the events array itself
+ *   is never materialised. kvr_decode_next() unpacks one event at a time with
+ *   msgpack_unpack() into the decoder's zone, cleared per event. So the zone holds one event,
+ *   not the batch: its size is bounded by the limits (an event that would need more than
+ *   sizeof(msgpack_object) * (max_tokens + max_hashes) + 1 MiB is skipped as too_large
+ *   without being unpacked) instead of by the message size, and it stays cache-resident.
+ *   (msgpack_unpack_next() is not used: in msgpack-c 4.0 it frees the zone of its
+ *   msgpack_unpacked and creates a fresh default-size one on every call — checked by
+ *   counting mallocs. msgpack_unpack() is marked "obsolete" in unpack.h but is exported,
+ *   stable, and takes the caller's zone.)
+ * - Scratch arrays (hashes u64, tokens u32) are sized once per batch from the prescan
+ *   bounds, so every event handed out keeps valid pointers until the next
+ *   kvr_decode_batch(), as decode.h promises, and kvr_decode_next() never reallocates them.
+ * - Memory: the zone, the scratch arrays and the per-event span table are grow-only, so a
+ *   warm decoder makes no heap allocation per batch (test_decode checks it by counting
+ *   mallocs). The zone and the scratch arrays shrink back when they grew past a few MiB for
+ *   an unusual batch and the current one is much smaller.
+ * - Events: both eras. A tagged array (v0.9–v0.23; positions are a prefix-growing layout,
+ *   see locate_array()) or a tagged map (v0.24+; any key order, omitted defaults, unknown
+ *   keys ignored), both possibly in one batch. Any problem skips just that event with a
+ *   reason.
+ *
+ * Decisions (documented here because the spec leaves them open)
+ * - nil is treated like an absent field everywhere.
+ * - block_hashes is required for BlockStored/BlockRemoved: missing, nil or not an array →
+ *   KVR_SKIP_BAD_FIELD. An empty array is passed through (nhashes 0).
+ * - token_ids nil/absent → 0 tokens. When block_size is present (even 0), the event is only
+ *   yielded if ntokens == nhashes * block_size, otherwise KVR_SKIP_TOKEN_COUNT. So for every
+ *   yielded BlockStored with block_size != 0, tokens cover exactly nhashes whole blocks.
+ *   (Pre-v0.20 offload placeholders — tokens [] with a nonzero block_size — are therefore
+ *   skipped as token_count; they carry nothing a token-hash index could use.)
+ * - EAGLE-style (u32,u32) token pairs: the spec mentions them only as something Dynamo's
+ *   decoder accepts, never as a shape vLLM emits, so a non-int token → KVR_SKIP_BAD_TOKENS.
+ * - Group filter (hybrid models) for BlockStored: kv_cache_spec_kind present → indexed only
+ *   for full_attention / mla_attention / sink_full_attention (case-insensitive); absent →
+ *   indexed only if group_idx is absent or 0. BlockRemoved carries no kind, so its filter is
+ *   group_idx absent or 0. Filtered events → KVR_SKIP_GROUP. The filter runs after the field
+ *   type checks and before the hash/token conversion.
+ * - Types we expose are checked strictly (block_size: int in [0, 2^32); lora_id: int64;
+ *   medium, lora_name, kind: str; group_idx: int in [0, 2^31)) → KVR_SKIP_BAD_FIELD. Fields
+ *   we do not expose (extra_keys, kv_cache_spec_sliding_window, locality, ...) are ignored
+ *   whatever their type.
+ * - has_lora_id is set only when lora_name is absent and lora_id is an int.
+ * - ts: float32/float64 or any int. dp_rank: nil or an int in [0, 2^32); anything else
+ *   rejects the batch (the stream key depends on it).
+ * - Limits of 0 mean the defaults below; max_depth is clamped to 32, msgpack-c's own parser
+ *   stack (MSGPACK_EMBED_STACK_SIZE).
+ *
+ * Threads: a decoder belongs to one thread; the frame helpers are pure.
+ */
+#include "decode.h"
+#include "log.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define DEF_MAX_EVENTS 65536u
+#define DEF_MAX_TOKENS 1048576u
+#define DEF_MAX_HASHES 65536u
+#define DEF_MAX_DEPTH 16u
+/* msgpack-c parser stack (MSGPACK_EMBED_STACK_SIZE in msgpack/unpack_define.h, which
+ * msgpack.h does not include; libmsgpackc is built with the default 32). */
+#define HARD_MAX_DEPTH 32u
+#define ZONE_MIN_CHUNK ((size_t)64 * 1024)
+#define ZONE_KEEP ((size_t)4 << 20)       /* a bigger zone shrinks back when unused */
+#define SCRATCH_KEEP ((size_t)1 << 20)    /* entries, per scratch array, likewise */
+#define EV_ZONE_SLACK ((size_t)1 << 20)   /* per-event zone allowance beyond tokens+hashes */
+
+struct span {
+    size_t off;  /* first byte of the event */
+    size_t zone; /* zone bytes msgpack-c needs to unpack it */
+};
+
+struct kvr_decoder {
+    struct kvr_decode_limits lim;
+    size_t ev_zone_max;      /* events needing more zone than this are too_large */
+
+    msgpack_zone *zone;      /* owned; holds the current event only */
+    size_t zone_chunk;       /* first-chunk size of zone */
+
+    uint8_t scalar_width[256]; /* encoded size of fixed-size scalars (ints, floats, nil,
+                                * bools, fixext); 0 for containers, str, bin, ext, 0xc1 */
+
+    struct span *spans;      /* per event of the open batch, + end sentinel; grow-only */
+    size_t spans_cap;
+
+    uint64_t *hashes;        /* scratch for the whole open batch */
+    size_t hcap, hlen;
+    uint32_t *tokens;
+    size_t tcap, tlen;
+
+    const uint8_t *buf;      /* open batch (NULL when none) */
+    uint32_t nevents, next;
+};
+
+/* What prescan() learns about a batch. */
+struct scan {
+    size_t top_off[4];    /* start of top-level elements 0..3 (0 when absent) */
+    uint64_t ntop;        /* top-level array length */
+    bool events_array;    /* element [1] is an array */
+    uint32_t nevents;
+    size_t hbound, tbound; /* scratch needed, upper bounds */
+    size_t zone_max;       /* largest per-event zone need (events within ev_zone_max) */
+};
+
+/* Our own invariant broke (not the peer's bytes: those are validated before this can be
+ * reached). Assertions stay on in release builds (house style). */
+static _Noreturn void decode_bug(const char *what, uint32_t event)
+{
+    kvr_log_error("decode: internal error: %s (event %u)", what, event);
+    abort();
+}
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static inline uint64_t be_read(const uint8_t *p, size_t n)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* nil counts as absent */
+static inline const msgpack_object *opt(const msgpack_object *o)
+{
+    return (o == NULL || o->type == MSGPACK_OBJECT_NIL) ? NULL : o;
+}
+
+static inline bool str_eq(const msgpack_object_str *s, const char *lit, size_t n)
+{
+    return s->size == n && memcmp(s->ptr, lit, n) == 0;
+}
+#define STR_EQ(s, lit) str_eq((s), (lit), sizeof(lit) - 1)
+
+/* ---- frames -------------------------------------------------------------------------- */
+
+int kvr_decode_topic(const void *frame, size_t len, struct kvr_topic *out)
+{
+    const char *s = frame;
+    const char *at;
+
+    if (s == NULL || out == NULL || len < 3 || memcmp(s, "kv@", 3) != 0)
+        return -EINVAL;
+    /* Reject NUL bytes: pods and models end up as C strings downstream. */
+    if (memchr(s, '\0', len) != NULL)
+        return -EINVAL;
+    at = memchr(s + 3, '@', len - 3);
+    if (at == NULL)
+        return -EINVAL;
+    out->pod = s + 3;
+    out->pod_len = (size_t)(at - out->pod);
+    out->model = at + 1;
+    out->model_len = len - (size_t)(out->model - s);
+    if (out->pod_len == 0 || out->model_len == 0)
+        return -EINVAL;
+    return 0;
+}
+
+int kvr_decode_seq(const void *frame, size_t len, uint64_t *seq)
+{
+    if (frame == NULL || len != 8 || seq == NULL)
+        return -EINVAL;
+    *seq = be_read(frame, 8);
+    return 0;
+}
+
+int kvr_decode_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,
+                            uint64_t *seq, const void **payload, size_t *payload_len)
+{
+    size_t is;
+
+    if (frames == NULL || lens == NULL || seq == NULL || payload == NULL ||
+        payload_len == NULL)
+        return -EINVAL;
+    if (nframes == 3)
+        is = 1; /* [empty, seq, payload]          v0.9 – v0.24 */
+    else if (nframes == 4)
+        is = 2; /* [empty, topic, seq, payload]   v0.25+ */
+    else
+        return -EINVAL;
+    if (lens[0] != 0) /* the DEALER's empty delimiter */
+        return -EINVAL;
+    if (kvr_decode_seq(frames[is], lens[is], seq) != 0)
+        return -EINVAL;
+    if (lens[is + 1] != 0 && frames[is + 1] == NULL)
+        return -EINVAL;
+    *payload = frames[is + 1];
+    *payload_len = lens[is + 1];
+    return 0;
+}
+
+/* ---- decoder lifecycle --------------------------------------------------------------- */
+
+int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out)
+{
+    struct kvr_decoder *d;
+
+    if (out == NULL)
+        return -EINVAL;
+    d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return -ENOMEM;
+    if (lim != NULL)
+        d->lim = *lim;
+    if (d->lim.max_events == 0)
+        d->lim.max_events = DEF_MAX_EVENTS;
+    if (d->lim.max_tokens == 0)
+        d->lim.max_tokens = DEF_MAX_TOKENS;
+    if (d->lim.max_hashes == 0)
+        d->lim.max_hashes = DEF_MAX_HASHES;
+    if (d->lim.max_depth == 0)
+        d->lim.max_depth = DEF_MAX_DEPTH;
+    if (d->lim.max_depth > HARD_MAX_DEPTH)
+        d->lim.max_depth = HARD_MAX_DEPTH;
+
+    for (int b = 0; b < 256; b++) {
+        static const uint8_t w_cx[32] = {
+            /* c0 */ 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 5, 9, 2, 3, 5, 9,
+            /* d0 */ 2, 3, 5, 9, 3, 4, 6, 10, 18, 0, 0, 0, 0, 0, 0, 0,
+        };
+        d->scalar_width[b] = (b <= 0x7f || b >= 0xe0) ? 1 : (b >= 0xc0) ? w_cx[b - 0xc0] : 0;
+    }
+    d->ev_zone_max = sizeof(msgpack_object) * ((size_t)d->lim.max_tokens + d->lim.max_hashes) +
+                     EV_ZONE_SLACK;
+    d->zone_chunk = ZONE_MIN_CHUNK;
+    d->zone = msgpack_zone_new(d->zone_chunk);
+    if (d->zone == NULL)
+        goto fail_zone;
+    /* Never NULL afterwards (pointer arithmetic on them is then always defined). */
+    d->hcap = 1024;
+    d->hashes = malloc(d->hcap * sizeof(*d->hashes));
+    if (d->hashes == NULL)
+        goto fail_hashes;
+    d->tcap = 4096;
+    d->tokens = malloc(d->tcap * sizeof(*d->tokens));
+    if (d->tokens == NULL)
+        goto fail_tokens;
+    *out = d;
+    return 0;
+
+fail_tokens:
+    free(d->hashes);
+fail_hashes:
+    msgpack_zone_free(d->zone);
+fail_zone:
+    free(d);
+    return -ENOMEM;
+}
+
+void kvr_decoder_destroy(struct kvr_decoder *d)
+{
+    if (d == NULL)
+        return;
+    msgpack_zone_free(d->zone);
+    free(d->spans);
+    free(d->hashes);
+    free(d->tokens);
+    free(d);
+}
+
+/* ---- prescan: bounded walk over the raw bytes ---------------------------------------- */
+
+struct level {
+    uint64_t left, total; /* items (map: keys + values) */
+    bool map;
+};
+
+static bool is_container(uint8_t b)
+{
+    return (b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf);
+}
+
+static int reserve_spans(struct kvr_decoder *d, size_t n)
+{
+    struct span *p;
+    size_t cap;
+
+    if (n <= d->spans_cap)
+        return 0;
+    cap = d->spans_cap ? d->spans_cap : 256;
+    while (cap < n)
+        cap *= 2;
+    p = realloc(d->spans, cap * sizeof(*p));
+    if (p == NULL)
+        return -ENOMEM;
+    d->spans = p;
+    d->spans_cap = cap;
+    return 0;
+}
+
+/* Walks exactly one msgpack value spanning p[0..len) (see the design note). Fills *sc and
+ * d->spans[0..nevents]. Returns 0, -EBADMSG, or -ENOMEM. */
+static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct scan *sc)
+{
+    struct level st[HARD_MAX_DEPTH + 1];
+    size_t pos = 0, dummy_zone = 0, *ev_zone = &dummy_zone;
+    uint32_t depth = 0;
+    bool in_events = false;       /* st[2] is the events array */
+    const uint8_t *key = NULL;    /* last string key read in a map event */
+    size_t key_len = 0;
+
+    memset(sc, 0, sizeof(*sc));
+    st[0].left = st[0].total = 1;
+    st[0].map = false;
+    for (;;) {
+        size_t rem, hdr = 1, skip = 0;
+        uint64_t n = 0, idx;
+        int kind = 0; /* 0 scalar, 1 array, 2 map */
+        bool is_str = false;
+        uint8_t b;
+
+        while (depth > 0 && st[depth].left == 0) {
+            if (depth == 2 && in_events) { /* the events array ends here */
+                d->spans[sc->nevents].off = pos;
+                in_events = false;
+                ev_zone = &dummy_zone;
+            }
+            depth--;
+        }
+        if (depth == 0 && st[0].left == 0)
+            break;
+        if (depth >= 3 && !st[depth].map) {
+            /* Fast path for runs of fixed-size scalars inside an event (token ids, hashes):
+             * nothing to record for them. */
+            uint64_t left = st[depth].left;
+            uint8_t w;
+            while (left != 0 && pos < len && (w = d->scalar_width[p[pos]]) != 0) {
+                if (len - pos < w)
+                    return -EBADMSG;
+                pos += w;
+                left--;
+            }
+            st[depth].left = left;
+            if (left == 0)
+                continue;
+        }
+        idx = st[depth].total - st[depth].left;
+        st[depth].left--;
+        if (pos >= len)
+            return -EBADMSG; /* truncated */
+        rem = len - pos;
+        b = p[pos];
+
+        if (depth == 1 && idx < 4) {
+            sc->top_off[idx] = pos;
+        } else if (depth == 2 && in_events) {
+            d->spans[idx].off = pos;
+            d->spans[idx].zone = 0;
+            ev_zone = &d->spans[idx].zone;
+            key = NULL;
+        }
+
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+            /* fixint, nil, bool */
+        } else if (b <= 0x8f) {
+            kind = 2, n = b & 0x0f;
+        } else if (b <= 0x9f) {
+            kind = 1, n = b & 0x0f;
+        } else if (b <= 0xbf) {
+            skip = b & 0x1f, is_str = true;
+        } else {
+            switch (b) {
+            case 0xc4: case 0xc5: case 0xc6:   /* bin 8/16/32 */
+            case 0xc7: case 0xc8: case 0xc9: { /* ext 8/16/32 (+ type byte) */
+                size_t w = (size_t)1 << ((b - 0xc4) % 3);
+                if (rem < 1 + w)
+                    return -EBADMSG;
+                hdr = 1 + w + (b >= 0xc7);
+                skip = be_read(p + pos + 1, w);
+                break;
+            }
+            case 0xca: hdr = 5; break;
+            case 0xcb: hdr = 9; break;
+            case 0xcc: case 0xd0: hdr = 2; break;
+            case 0xcd: case 0xd1: hdr = 3; break;
+            case 0xce: case 0xd2: hdr = 5; break;
+            case 0xcf: case 0xd3: hdr = 9; break;
+            case 0xd4: hdr = 3; break;  /* fixext 1: type + 1 byte */
+            case 0xd5: hdr = 4; break;
+            case 0xd6: hdr = 6; break;
+            case 0xd7: hdr = 10; break;
+            case 0xd8: hdr = 18; break;
+            case 0xd9: case 0xda: case 0xdb: { /* str 8/16/32 */
+                size_t w = (size_t)1 << (b - 0xd9);
+                if (rem < 1 + w)
+                    return -EBADMSG;
+                hdr = 1 + w;
+                skip = be_read(p + pos + 1, w);
+                is_str = true;
+                break;
+            }
+            case 0xdc: case 0xdd: case 0xde: case 0xdf: { /* array/map 16/32 */
+                size_t w = (b == 0xdc || b == 0xde) ? 2 : 4;
+                if (rem < 1 + w)
+                    return -EBADMSG;
+                hdr = 1 + w;
+                n = be_read(p + pos + 1, w);
+                kind = (b <= 0xdd) ? 1 : 2;
+                break;
+            }
+            default: /* 0xc1: never used */
+                return -EBADMSG;
+            }
+        }
+        if (rem < hdr || rem - hdr < skip)
+            return -EBADMSG;
+        if (depth == 3 && in_events && st[3].map && idx % 2 == 0) {
+            key = is_str ? p + pos + hdr : NULL;
+            key_len = skip;
+        }
+        pos += hdr + skip;
+        if (kind == 0) {
+            if (depth == 0)
+                return -EBADMSG; /* a batch is an array */
+            continue;
+        }
+
+        /* A container: every declared item needs at least one byte of what is left. */
+        uint64_t items = (kind == 2) ? 2 * n : n;
+        if (items > len - pos)
+            return -EBADMSG;
+        if (depth + 1 > d->lim.max_depth)
+            return -EBADMSG;
+        if (depth == 0) {
+            if (kind != 1)
+                return -EBADMSG;
+            sc->ntop = n;
+        } else if (depth == 1 && idx == 1 && kind == 1) { /* the events array */
+            int rc;
+            if (n > d->lim.max_events)
+                return -EBADMSG;
+            rc = reserve_spans(d, (size_t)n + 1);
+            if (rc != 0)
+                return rc;
+            sc->events_array = true;
+            sc->nevents = (uint32_t)n;
+            in_events = true;
+        } else if (depth >= 2 && in_events) { /* an event or something inside one */
+            *ev_zone +=
+                (size_t)n * (kind == 2 ? sizeof(msgpack_object_kv) : sizeof(msgpack_object));
+            if (depth == 3 && kind == 1) { /* an array field of an event */
+                bool h, t;
+                if (!st[3].map) {
+                    h = (idx == 1), t = (idx == 3);
+                } else {
+                    h = idx % 2 == 1 && key && key_len == 12 && !memcmp(key, "block_hashes", 12);
+                    t = idx % 2 == 1 && key && key_len == 9 && !memcmp(key, "token_ids", 9);
+                }
+                if (h && n <= d->lim.max_hashes)
+                    sc->hbound += n;
+                if (t && n <= d->lim.max_tokens)
+                    sc->tbound += n;
+            }
+        }
+        depth++;
+        st[depth].left = st[depth].total = items;
+        st[depth].map = (kind == 2);
+    }
+    if (pos != len)
+        return -EBADMSG; /* trailing bytes */
+    for (uint32_t i = 0; i < sc->nevents; i++)
+        if (d->spans[i].zone <= d->ev_zone_max && d->spans[i].zone > sc->zone_max)
+            sc->zone_max = d->spans[i].zone;
+    return 0;
+}
+
+/* ---- event field location (shared by the sizing pass and kvr_decode_next) ------------ */
+
+struct fields {
+    enum kvr_event_type type;
+    const msgpack_object *hashes, *parent, *tokens, *block_size, *lora_id, *medium,
+        *lora_name, *group_idx, *kind;
+};
+
+static enum kvr_event_type tag_type(const msgpack_object_str *s)
+{
+    if (STR_EQ(s, "BlockStored"))
+        return KVR_EV_STORED;
+    if (STR_EQ(s, "BlockRemoved"))
+        return KVR_EV_REMOVED;
+    if (STR_EQ(s, "AllBlocksCleared"))
+        return KVR_EV_CLEARED;
+    return 0;
+}
+
+/* Positional layouts (the tag at [0]); each version only appended fields:
+ *   BlockStored  [1] block_hashes [2] parent_block_hash [3] token_ids [4] block_size
+ *                [5] lora_id (v0.9) [6] medium (v0.10.2) [7] lora_name (v0.14)
+ *                [8] extra_keys (v0.17) [9] group_idx (v0.20) [10] kv_cache_spec_kind
+ *                [11] kv_cache_spec_sliding_window (v0.22)
+ *   BlockRemoved [1] block_hashes [2] medium (v0.10.2) [3] group_idx (v0.20)
+ *   AllBlocksCleared: no fields. */
+static void locate_array(const msgpack_object_array *a, struct fields *f)
+{
+#define AT(i) ((i) < a->size ? opt(&a->ptr[i]) : NULL)
+    if (f->type == KVR_EV_STORED) {
+        f->hashes = AT(1);
+        f->parent = AT(2);
+        f->tokens = AT(3);
+        f->block_size = AT(4);
+        f->lora_id = AT(5);
+        f->medium = AT(6);
+        f->lora_name = AT(7);
+        f->group_idx = AT(9);
+        f->kind = AT(10);
+    } else if (f->type == KVR_EV_REMOVED) {
+        f->hashes = AT(1);
+        f->medium = AT(2);
+        f->group_idx = AT(3);
+    }
+#undef AT
+}
+
+static void locate_map_key(const msgpack_object_str *k, const msgpack_object *v,
+                           struct fields *f)
+{
+    v = opt(v);
+    switch (k->size) {
+    case 6:
+        if (STR_EQ(k, "medium"))
+            f->medium = v;
+        break;
+    case 7:
+        if (STR_EQ(k, "lora_id"))
+            f->lora_id = v;
+        break;
+    case 9:
+        if (STR_EQ(k, "token_ids"))
+            f->tokens = v;
+        else if (STR_EQ(k, "lora_name"))
+            f->lora_name = v;
+        else if (STR_EQ(k, "group_idx"))
+            f->group_idx = v;
+        break;
+    case 10:
+        if (STR_EQ(k, "block_size"))
+            f->block_size = v;
+        break;
+    case 12:
+        if (STR_EQ(k, "block_hashes"))
+            f->hashes = v;
+        break;
+    case 17:
+        if (STR_EQ(k, "parent_block_hash"))
+            f->parent = v;
+        break;
+    case 18:
+        if (STR_EQ(k, "kv_cache_spec_kind"))
+            f->kind = v;
+        break;
+    default:
+        break;
+    }
+}
+
+static enum kvr_skip_reason locate(const msgpack_object *o, struct fields *f)
+{
+    memset(f, 0, sizeof(*f));
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        const msgpack_object_array *a = &o->via.array;
+        if (a->size == 0 || a->ptr[0].type != MSGPACK_OBJECT_STR)
+            return KVR_SKIP_NO_TAG;
+        f->type = tag_type(&a->ptr[0].via.str);
+        if (f->type == 0)
+            return KVR_SKIP_UNKNOWN_TAG;
+        locate_array(a, f);
+        return KVR_SKIP_NONE;
+    }
+    if (o->type == MSGPACK_OBJECT_MAP) {
+        const msgpack_object_map *m = &o->via.map;
+        const msgpack_object *tag = NULL;
+        for (uint32_t i = 0; i < m->size; i++) {
+            const msgpack_object_kv *kv = &m->ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                continue;
+            if (STR_EQ(&kv->key.via.str, "type"))
+                tag = &kv->val;
+            else
+                locate_map_key(&kv->key.via.str, &kv->val, f);
+        }
+        if (tag == NULL || tag->type != MSGPACK_OBJECT_STR)
+            return KVR_SKIP_NO_TAG;
+        f->type = tag_type(&tag->via.str);
+        if (f->type == 0)
+            return KVR_SKIP_UNKNOWN_TAG;
+        /* keep only the fields this event type has */
+        if (f->type == KVR_EV_REMOVED) {
+            struct fields r = {.type = KVR_EV_REMOVED, .hashes = f->hashes,
+                               .medium = f->medium, .group_idx = f->group_idx};
+            *f = r;
+        } else if (f->type == KVR_EV_CLEARED) {
+            memset(f, 0, sizeof(*f));
+            f->type = KVR_EV_CLEARED;
+        }
+        return KVR_SKIP_NONE;
+    }
+    return KVR_SKIP_NOT_EVENT;
+}
+
+/* ---- batch ----------------------------------------------------------------------------- */
+
+/* Capacity for `need` entries: grow by doubling; shrink back when the capacity grew past
+ * `keep` and the need is under a quarter of it. Returns the current capacity when no
+ * change is wanted. */
+static size_t fit_cap(size_t cap, size_t need, size_t min, size_t keep)
+{
+    size_t want;
+
+    if (need <= cap && !(cap > keep && need <= cap / 4))
+        return cap;
+    want = min;
+    while (want < need)
+        want *= 2;
+    return want;
+}
+
+static int size_zone(struct kvr_decoder *d, size_t need)
+{
+    size_t chunk = fit_cap(d->zone_chunk, need + 64, ZONE_MIN_CHUNK, ZONE_KEEP);
+    msgpack_zone *z;
+
+    if (chunk == d->zone_chunk)
+        return 0;
+    z = msgpack_zone_new(chunk);
+    if (z == NULL)
+        return need + 64 <= d->zone_chunk ? 0 : -ENOMEM; /* failed shrink: keep the old */
+    msgpack_zone_free(d->zone);
+    d->zone = z;
+    d->zone_chunk = chunk;
+    return 0;
+}
+
+static int size_scratch(struct kvr_decoder *d, size_t nh, size_t nt)
+{
+    size_t hc = fit_cap(d->hcap, nh, 1024, SCRATCH_KEEP);
+    size_t tc = fit_cap(d->tcap, nt, 4096, SCRATCH_KEEP);
+
+    if (hc != d->hcap) {
+        uint64_t *p = realloc(d->hashes, hc * sizeof(*p));
+        if (p != NULL) {
+            d->hashes = p;
+            d->hcap = hc;
+        } else if (nh > d->hcap) {
+            return -ENOMEM;
+        }
+    }
+    if (tc != d->tcap) {
+        uint32_t *p = realloc(d->tokens, tc * sizeof(*p));
+        if (p != NULL) {
+            d->tokens = p;
+            d->tcap = tc;
+        } else if (nt > d->tcap) {
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* Unpacks the top-level scalar spanning buf[start, end). */
+static int unpack_scalar(struct kvr_decoder *d, const uint8_t *buf, size_t start, size_t end,
+                         msgpack_object *o)
+{
+    size_t off = start;
+
+    if (is_container(buf[start]))
+        return -EBADMSG;
+    msgpack_zone_clear(d->zone);
+    if (msgpack_unpack((const char *)buf, end, &off, d->zone, o) != MSGPACK_UNPACK_SUCCESS ||
+        off != end)
+        return -EBADMSG;
+    return 0;
+}
+
+int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct kvr_batch *out)
+{
+    const uint8_t *p = buf;
+    struct scan sc;
+    msgpack_object o;
+    int rc;
+
+    if (d == NULL || out == NULL || (buf == NULL && len != 0))
+        return -EINVAL;
+    d->buf = NULL;
+    d->nevents = d->next = 0;
+    d->hlen = d->tlen = 0;
+    memset(out, 0, sizeof(*out));
+    if (len == 0)
+        return -EBADMSG;
+
+    rc = prescan(d, p, len, &sc);
+    if (rc != 0)
+        return rc;
+    if (sc.ntop < 2 || !sc.events_array)
+        return -EBADMSG;
+
+    rc = unpack_scalar(d, p, sc.top_off[0], sc.top_off[1], &o);
+    if (rc != 0)
+        return rc;
+    switch (o.type) {
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        out->ts = o.via.f64;
+        break;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        out->ts = (double)o.via.u64;
+        break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        out->ts = (double)o.via.i64;
+        break;
+    default:
+        return -EBADMSG;
+    }
+    if (sc.ntop >= 3) {
+        rc = unpack_scalar(d, p, sc.top_off[2], sc.ntop >= 4 ? sc.top_off[3] : len, &o);
+        if (rc != 0)
+            return rc;
+        if (o.type == MSGPACK_OBJECT_POSITIVE_INTEGER && o.via.u64 <= UINT32_MAX) {
+            out->has_dp_rank = true;
+            out->dp_rank = (uint32_t)o.via.u64;
+        } else if (o.type != MSGPACK_OBJECT_NIL) {
+            return -EBADMSG;
+        }
+    }
+
+    rc = size_zone(d, sc.zone_max);
+    if (rc != 0)
+        return rc;
+    rc = size_scratch(d, sc.hbound, sc.tbound);
+    if (rc != 0)
+        return rc;
+    out->nevents = sc.nevents;
+    d->buf = p;
+    d->nevents = sc.nevents;
+    return 0;
+}
+
+/* ---- kvr_decode_next ----------------------------------------------------------------- */
+
+static bool hash_of(const msgpack_object *o, uint64_t *h)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *h = o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *h = (uint64_t)o->via.i64; /* two's complement */
+        return true;
+    case MSGPACK_OBJECT_BIN:
+        if (o->via.bin.size == 0)
+            return false;
+        if (o->via.bin.size >= 8)
+            *h = be_read((const uint8_t *)o->via.bin.ptr + o->via.bin.size - 8, 8);
+        else
+            *h = be_read((const uint8_t *)o->via.bin.ptr, o->via.bin.size);
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool kind_is_full(const msgpack_object_str *s)
+{
+    static const char *const ok[] = {"full_attention", "mla_attention", "sink_full_attention"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        size_t n = strlen(ok[i]);
+        if (s->size == n && strncasecmp(s->ptr, ok[i], n) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Type checks of the scalar fields, group filter. */
+static enum kvr_skip_reason check_fields(const struct fields *f, struct kvr_event *ev)
+{
+    if (f->hashes == NULL || f->hashes->type != MSGPACK_OBJECT_ARRAY)
+        return KVR_SKIP_BAD_FIELD;
+    if (f->medium) {
+        if (f->medium->type != MSGPACK_OBJECT_STR)
+            return KVR_SKIP_BAD_FIELD;
+        ev->medium = f->medium->via.str.ptr;
+        ev->medium_len = f->medium->via.str.size;
+    }
+    if (f->group_idx) {
+        if (f->group_idx->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            f->group_idx->via.u64 > INT32_MAX)
+            return KVR_SKIP_BAD_FIELD;
+        ev->group_idx = (int32_t)f->group_idx->via.u64;
+    }
+    if (f->type == KVR_EV_STORED) {
+        if (f->block_size) {
+            if (f->block_size->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                f->block_size->via.u64 > UINT32_MAX)
+                return KVR_SKIP_BAD_FIELD;
+            ev->block_size = (uint32_t)f->block_size->via.u64;
+        }
+        if (f->lora_name) {
+            if (f->lora_name->type != MSGPACK_OBJECT_STR)
+                return KVR_SKIP_BAD_FIELD;
+            ev->lora_name = f->lora_name->via.str.ptr;
+            ev->lora_name_len = f->lora_name->via.str.size;
+        }
+        if (f->lora_id) {
+            if (f->lora_id->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+                ev->lora_id = f->lora_id->via.i64;
+            } else if (f->lora_id->type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                       f->lora_id->via.u64 <= INT64_MAX) {
+                ev->lora_id = (int64_t)f->lora_id->via.u64;
+            } else {
+                return KVR_SKIP_BAD_FIELD;
+            }
+            ev->has_lora_id = (f->lora_name == NULL);
+            if (!ev->has_lora_id)
+                ev->lora_id = 0;
+        }
+        if (f->kind && f->kind->type != MSGPACK_OBJECT_STR)
+            return KVR_SKIP_BAD_FIELD;
+        if (f->kind ? !kind_is_full(&f->kind->via.str) : ev->group_idx != 0)
+            return KVR_SKIP_GROUP;
+    } else if (ev->group_idx != 0) {
+        return KVR_SKIP_GROUP;
+    }
+    return KVR_SKIP_NONE;
+}
+
+static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const msgpack_object *o,
+                                         struct kvr_event *ev)
+{
+    struct fields f;
+    enum kvr_skip_reason r;
+    const msgpack_object_array *ha, *ta = NULL;
+    uint64_t *hs;
+    uint32_t *ts;
+
+    r = locate(o, &f);
+    if (r != KVR_SKIP_NONE)
+        return r;
+    ev->type = f.type;
+    if (f.type == KVR_EV_CLEARED)
+        return KVR_SKIP_NONE;
+    r = check_fields(&f, ev);
+    if (r != KVR_SKIP_NONE)
+        return r;
+
+    ha = &f.hashes->via.array;
+    if (ha->size > d->lim.max_hashes)
+        return KVR_SKIP_TOO_LARGE;
+    if (f.type == KVR_EV_STORED && f.tokens) {
+        if (f.tokens->type != MSGPACK_OBJECT_ARRAY)
+            return KVR_SKIP_BAD_TOKENS;
+        ta = &f.tokens->via.array;
+        if (ta->size > d->lim.max_tokens)
+            return KVR_SKIP_TOO_LARGE;
+    }
+    /* Reserved by kvr_decode_batch from the prescan bounds. */
+    if (ha->size > d->hcap - d->hlen || (ta && ta->size > d->tcap - d->tlen))
+        decode_bug("scratch bound exceeded", d->next - 1);
+
+    hs = d->hashes + d->hlen;
+    for (uint32_t i = 0; i < ha->size; i++)
+        if (!hash_of(&ha->ptr[i], &hs[i]))
+            return KVR_SKIP_BAD_HASH;
+    if (f.type == KVR_EV_STORED && f.parent) {
+        if (!hash_of(f.parent, &ev->parent))
+            return KVR_SKIP_BAD_HASH;
+        ev->has_parent = true;
+    }
+    ts = d->tokens + d->tlen;
+    if (ta) {
+        for (uint32_t i = 0; i < ta->size; i++) {
+            const msgpack_object *t = &ta->ptr[i];
+            if (t->type != MSGPACK_OBJECT_POSITIVE_INTEGER || t->via.u64 > UINT32_MAX)
+                return KVR_SKIP_BAD_TOKENS;
+            ts[i] = (uint32_t)t->via.u64;
+        }
+    }
+    if (f.type == KVR_EV_STORED && f.block_size &&
+        (uint64_t)(ta ? ta->size : 0) != (uint64_t)ha->size * ev->block_size)
+        return KVR_SKIP_TOKEN_COUNT;
+
+    ev->hashes = ha->size ? hs : NULL;
+    ev->nhashes = ha->size;
+    d->hlen += ha->size;
+    if (ta && ta->size) {
+        ev->tokens = ts;
+        ev->ntokens = ta->size;
+        d->tlen += ta->size;
+    }
+    return KVR_SKIP_NONE;
+}
+
+int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_reason *reason)
+{
+    enum kvr_skip_reason r;
+    const struct span *s;
+    msgpack_object o;
+    size_t off, end;
+
+    if (reason)
+        *reason = KVR_SKIP_NONE;
+    if (d == NULL || ev == NULL || d->buf == NULL || d->next >= d->nevents)
+        return 0;
+    memset(ev, 0, sizeof(*ev));
+    s = &d->spans[d->next++];
+    off = s->off;
+    end = s[1].off;
+    if (s->zone > d->ev_zone_max) {
+        r = KVR_SKIP_TOO_LARGE; /* not unpacked at all */
+    } else {
+        /* The zone was sized for the batch's largest event; msgpack-c would expand it (one
+         * malloc) if that accounting were ever short, never fail. */
+        msgpack_unpack_return ur;
+        msgpack_zone_clear(d->zone);
+        ur = msgpack_unpack((const char *)d->buf, end, &off, d->zone, &o);
+        if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
+            r = KVR_SKIP_TOO_LARGE;
+        else if (ur != MSGPACK_UNPACK_SUCCESS || off != end)
+            decode_bug("msgpack-c disagrees with prescan", d->next - 1);
+        else
+            r = decode_event(d, &o, ev);
+    }
+    if (r == KVR_SKIP_NONE)
+        return 1;
+    if (reason)
+        *reason = r;
+    return 2;
+}
+
+const char *kvr_skip_reason_name(enum kvr_skip_reason r)
+{
+    switch (r) {
+    case KVR_SKIP_NONE: return "none";
+    case KVR_SKIP_NOT_EVENT: return "not_event";
+    case KVR_SKIP_NO_TAG: return "no_tag";
+    case KVR_SKIP_UNKNOWN_TAG: return "unknown_tag";
+    case KVR_SKIP_BAD_HASH: return "bad_hash";
+    case KVR_SKIP_BAD_FIELD: return "bad_field";
+    case KVR_SKIP_BAD_TOKENS: return "bad_tokens";
+    case KVR_SKIP_TOKEN_COUNT: return "token_count";
+    case KVR_SKIP_TOO_LARGE: return "too_large";
+    case KVR_SKIP_GROUP: return "group_filtered";
+    case KVR_SKIP_REASON_COUNT: break;
+    }
+    return "invalid";
+}

@@ -1,0 +1,73 @@
+/* hash.c — the router's block hashes (see hash.h).
+ *
+ * Namespace seed: xxh3-64 over an unambiguous encoding of (model, lora):
+ *   le64(model_len) model le64(lora_len + 1 or 0) lora
+ * so ("a", "b") and ("ab", NULL) differ. An empty LoRA name is the same as none (NULL): events
+ * and queries spell "no adapter" either way. Content hash: xxh3-64 of the block's
+ * token ids as u32 little-endian (on little-endian hosts the array is hashed in place; on
+ * big-endian hosts it is byte-swapped through a small stack buffer, never allocated).
+ * Pure functions, any thread.
+ */
+#include "hash.h"
+
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no allocation */
+#include <xxhash.h>
+
+static void put_le64(unsigned char *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(v >> (8 * i));
+}
+
+uint64_t kvr_hash_ns_seed(const char *model, size_t model_len, const char *lora, size_t lora_len)
+{
+    XXH3_state_t st;
+    unsigned char len[8];
+
+    XXH3_64bits_reset(&st);
+    put_le64(len, (uint64_t)model_len);
+    XXH3_64bits_update(&st, len, sizeof(len));
+    if (model_len > 0)
+        XXH3_64bits_update(&st, model, model_len);
+    if (lora == NULL)
+        lora_len = 0;
+    put_le64(len, lora_len == 0 ? 0 : (uint64_t)lora_len + 1);
+    XXH3_64bits_update(&st, len, sizeof(len));
+    if (lora_len > 0)
+        XXH3_64bits_update(&st, lora, lora_len);
+    return XXH3_64bits_digest(&st);
+}
+
+uint64_t kvr_hash_block(uint64_t seed, const uint32_t *tokens, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return XXH3_64bits_withSeed(tokens, n * sizeof(uint32_t), seed);
+#else
+    XXH3_state_t st;
+    unsigned char buf[1024];
+
+    XXH3_64bits_reset_withSeed(&st, seed);
+    while (n > 0) {
+        size_t k = n < sizeof(buf) / 4 ? n : sizeof(buf) / 4;
+        for (size_t i = 0; i < k; i++) {
+            uint32_t t = tokens[i];
+            buf[4 * i] = (unsigned char)t;
+            buf[4 * i + 1] = (unsigned char)(t >> 8);
+            buf[4 * i + 2] = (unsigned char)(t >> 16);
+            buf[4 * i + 3] = (unsigned char)(t >> 24);
+        }
+        XXH3_64bits_update(&st, buf, 4 * k);
+        tokens += k;
+        n -= k;
+    }
+    return XXH3_64bits_digest(&st);
+#endif
+}
+
+void kvr_hash_blocks(uint64_t seed, const uint32_t *tokens, size_t n, uint32_t block_size,
+                     uint64_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = kvr_hash_block(seed, tokens + i * (size_t)block_size, block_size);
+}

@@ -1,0 +1,149 @@
+/* fuzz_decode.c — libFuzzer target for the frame helpers and the batch decoder (decode.h).
+ *
+ * Input format (the seed corpus in tests/fuzz/corpus/decode/ follows it; regenerate with
+ * tests/unit/gen_decode_fixtures.py --corpus):
+ *   [topic_len u8][seq_len u8][topic][seq][payload]   (lengths clamped to what is left)
+ * The three parts are the three ZMQ frames of a live message: topic and seq are decoded,
+ * the payload is decoded as a batch by two long-lived decoders (default limits and tight
+ * ones, so both the limit paths and the normal paths run) and every event is iterated with
+ * its arrays read in full. The same parts are then fed as replay replies in both eras
+ * ([empty, seq, payload] and [empty, topic, seq, payload], plus a wrong delimiter), and the
+ * whole input as [empty, first 8 bytes, rest]; a payload that comes back is decoded too.
+ * Invariants the decoder promises are checked with abort().
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode.h"
+
+static struct kvr_decoder *g_def, *g_tight;
+
+static void check(int ok)
+{
+    if (!ok)
+        abort();
+}
+
+static void run_batch(struct kvr_decoder *d, const uint8_t *p, size_t n)
+{
+    struct kvr_batch bt;
+    struct kvr_event ev;
+    enum kvr_skip_reason why;
+    volatile uint64_t sink = 0;
+    uint32_t seen = 0;
+    int rc;
+
+    if (kvr_decode_batch(d, p, n, &bt) != 0) {
+        check(kvr_decode_next(d, &ev, &why) == 0);
+        return;
+    }
+    while ((rc = kvr_decode_next(d, &ev, &why)) != 0) {
+        seen++;
+        check(rc == 1 || rc == 2);
+        if (rc == 2) {
+            check(why > KVR_SKIP_NONE && why < KVR_SKIP_REASON_COUNT);
+            check(kvr_skip_reason_name(why) != NULL);
+            continue;
+        }
+        check(why == KVR_SKIP_NONE);
+        check(ev.type >= KVR_EV_STORED && ev.type <= KVR_EV_CLEARED);
+        check(ev.nhashes == 0 || ev.hashes != NULL);
+        check(ev.ntokens == 0 || ev.tokens != NULL);
+        if (ev.type == KVR_EV_STORED && ev.block_size != 0)
+            check(ev.ntokens == (uint64_t)ev.nhashes * ev.block_size);
+        for (size_t i = 0; i < ev.nhashes; i++)
+            sink += ev.hashes[i];
+        for (size_t i = 0; i < ev.ntokens; i++)
+            sink += ev.tokens[i];
+        /* borrowed strings point into the payload */
+        if (ev.medium)
+            check((const uint8_t *)ev.medium >= p &&
+                  (const uint8_t *)ev.medium + ev.medium_len <= p + n);
+        if (ev.lora_name)
+            check((const uint8_t *)ev.lora_name >= p &&
+                  (const uint8_t *)ev.lora_name + ev.lora_name_len <= p + n);
+    }
+    check(seen == bt.nevents);
+}
+
+static void run_replay(const void *const *f, const size_t *l, size_t nf)
+{
+    uint64_t seq;
+    const void *pl;
+    size_t pn;
+
+    if (kvr_decode_replay_reply(f, l, nf, &seq, &pl, &pn) != 0)
+        return;
+    check(pn == l[nf - 1] && pl == f[nf - 1]);
+    if (seq != KVR_REPLAY_END && pn != 0)
+        run_batch(g_def, pl, pn);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const uint8_t *topic, *seqf, *payload;
+    size_t tl = 0, sl = 0, pl;
+    struct kvr_topic t;
+    uint64_t seq;
+
+    if (g_def == NULL) {
+        struct kvr_decode_limits tight = {4, 32, 4, 6};
+        if (kvr_decoder_create(NULL, &g_def) != 0 || kvr_decoder_create(&tight, &g_tight) != 0)
+            abort();
+    }
+    if (size >= 2) {
+        tl = data[0];
+        sl = data[1];
+        data += 2;
+        size -= 2;
+    }
+    if (tl > size)
+        tl = size;
+    topic = data;
+    data += tl, size -= tl;
+    if (sl > size)
+        sl = size;
+    seqf = data;
+    data += sl, size -= sl;
+    payload = data;
+    pl = size;
+
+    /* live message */
+    if (kvr_decode_topic(topic, tl, &t) == 0) {
+        check(t.pod_len > 0 && t.model_len > 0);
+        check(t.pod == (const char *)topic + 3);
+        check(t.model + t.model_len == (const char *)topic + tl);
+        check(memchr(t.pod, '@', t.pod_len) == NULL);
+    }
+    if (kvr_decode_seq(seqf, sl, &seq) == 0)
+        check(sl == 8);
+    else
+        check(sl != 8);
+    run_batch(g_def, payload, pl);
+    run_batch(g_tight, payload, pl);
+
+    /* replay replies, both eras */
+    {
+        const void *f3[] = {"", seqf, payload};
+        size_t l3[] = {0, sl, pl};
+        const void *f4[] = {"", topic, seqf, payload};
+        size_t l4[] = {0, tl, sl, pl};
+        const void *fbad[] = {topic, seqf, payload}; /* delimiter not empty unless tl 0 */
+        size_t lbad[] = {tl, sl, pl};
+        run_replay(f3, l3, 3);
+        run_replay(f4, l4, 4);
+        run_replay(fbad, lbad, 3);
+    }
+    /* the whole input (after the 2 length bytes) as [empty, 8 bytes, rest] */
+    {
+        const uint8_t *all = topic;
+        size_t n = tl + sl + pl;
+        if (n >= 8) {
+            const void *f[] = {NULL, all, all + 8};
+            size_t l[] = {0, 8, n - 8};
+            run_replay(f, l, 3);
+        }
+    }
+    return 0;
+}
