@@ -9,6 +9,9 @@
  *   buffers have grown.
  * - The score path decodes the body in place (reqbody) into the thread's token array and
  *   hashes straight from it (score.c).
+ * - Ingestion is called through weak references (#pragma weak below): the daemon links it
+ *   (main.c calls kvr_ingest_create), while unit tests, fuzzers and benchmarks link this
+ *   module without it and pass ingest = NULL; routes that need it then answer 503.
  * Threads: handlers run on loop threads; shared state is read-only except `ready`.
  */
 #include "httpapi.h"
@@ -24,6 +27,15 @@
 
 #include "jtok.h"
 #include "reqbody.h"
+
+#pragma weak kvr_ingest_streams
+#pragma weak kvr_ingest_purge_pod
+#pragma weak kvr_ingest_endpoints
+#pragma weak kvr_ingest_endpoint_add
+#pragma weak kvr_ingest_endpoint_del
+#pragma weak kvr_ingest_ready
+#pragma weak kvr_ingest_metrics
+#pragma weak kvr_stream_state_name
 
 struct kvr_httpapi {
     const struct kvr_conf *conf;
@@ -60,6 +72,14 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->conf = deps->conf;
     api->score = deps->score;
     api->ingest = deps->ingest;
+    if (api->ingest != NULL &&
+        (kvr_ingest_streams == NULL || kvr_ingest_purge_pod == NULL ||
+         kvr_ingest_endpoints == NULL || kvr_ingest_endpoint_add == NULL ||
+         kvr_ingest_endpoint_del == NULL || kvr_ingest_ready == NULL ||
+         kvr_ingest_metrics == NULL || kvr_stream_state_name == NULL)) {
+        free(api);
+        return -ENOSYS; /* an ingest object without its module linked: a build error */
+    }
     api->index = deps->index;
     api->admin_listener = deps->admin_listener;
     api->max_tokens = deps->conf->max_query_tokens ? deps->conf->max_query_tokens : 262144;

@@ -385,6 +385,8 @@ static int on_headers_complete(http_parser *p)
 
     if (p->upgrade)
         return reject(c, 400, "protocol upgrade is not supported", -1);
+    if (p->http_major != 1)
+        return reject(c, 400, "unsupported HTTP version (HTTP/1.0 and HTTP/1.1 only)", -1);
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->lim->max_body)
         return reject(c, 413, "request body too large", KVR_LIMIT_BODY);
     if (c->expect_continue &&

@@ -320,6 +320,8 @@ static void test_malformed(void **state)
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
         "CONNECT h:1 HTTP/1.1\r\n\r\n",
+        "GET / HTTP/2.0\r\n\r\n",
+        "GET / HTTP/7.7\r\n\r\n",
         "\x01\x02\x03\r\n",
     };
     (void)state;
