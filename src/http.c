@@ -45,6 +45,7 @@
 #define READ_BUF_SIZE (256u * 1024u)
 #define LISTEN_BACKLOG 1024
 #define LINGER_MS 2000
+#define STOP_WRITE_MS 2000
 #define MAX_THREADS 64
 
 struct loop_thread;
@@ -82,6 +83,7 @@ struct loop_thread {
     pthread_t thread;
     bool started;
     bool stopping;          /* loop thread only */
+    int64_t stop_deadline;  /* loop thread only: pending writes are cut after this */
     struct kvr_httpstats stats;
     struct kvr_httpapi_thread *api_thread;
     struct kvr_buf scratch;
@@ -106,6 +108,8 @@ struct kvr_http {
 
 static void conn_rearm(struct conn *c);
 static void conn_flush(struct conn *c);
+static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 /* ---- metrics callback ------------------------------------------------------------------ */
 
@@ -170,6 +174,13 @@ static void conn_linger(struct conn *c)
         conn_close(c);
         return;
     }
+    /* read (and discard) until EOF or the linger deadline; reading may have been paused by
+     * the write that just finished */
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+        conn_close(c);
+        return;
+    }
     uv_timer_stop(&c->timer);
     c->timer_due = INT64_MAX;
     conn_rearm(c);
@@ -181,8 +192,11 @@ static int64_t conn_deadline(struct conn *c)
 {
     if (c->lingering)
         return c->linger_start + LINGER_MS;
-    if (c->writing)
-        return c->write_start + c->lt->h->lim.idle_timeout_ms;
+    if (c->writing) {
+        int64_t d = c->write_start + c->lt->h->lim.idle_timeout_ms;
+        /* stopping: a response still being written gets STOP_WRITE_MS, not the idle timeout */
+        return c->lt->stopping && c->lt->stop_deadline < d ? c->lt->stop_deadline : d;
+    }
     return kvr_httpconn_deadline(&c->hc);
 }
 
@@ -244,8 +258,6 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     buf->base = c->lt->rbuf;
     buf->len = READ_BUF_SIZE;
 }
-
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void on_write(uv_write_t *req, int status)
 {
@@ -429,6 +441,7 @@ static void on_stop(uv_async_t *a)
     struct conn *c, *next;
 
     lt->stopping = true;
+    lt->stop_deadline = (int64_t)uv_now(&lt->loop) + STOP_WRITE_MS;
     if (lt->has_listener)
         uv_close((uv_handle_t *)&lt->listener, on_listener_closed);
     if (lt->has_admin)
@@ -436,10 +449,12 @@ static void on_stop(uv_async_t *a)
     uv_close((uv_handle_t *)&lt->stop_async, NULL);
     for (c = lt->conns; c != NULL; c = next) {
         next = c->next;
-        if (c->writing && !c->close_after_write)
-            c->close_after_write = true; /* finish the response, then close */
-        else
+        if (c->writing) {
+            c->close_after_write = true; /* finish the response (bounded), then close */
+            conn_rearm(c);
+        } else {
             conn_close(c);
+        }
     }
 }
 

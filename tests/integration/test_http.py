@@ -766,3 +766,37 @@ def test_connection_cap(daemon_factory):
     lim = {lab["kind"]: v for _, lab, v in
            fams["kvrouter_http_limit_rejections_total"]["samples"]}
     assert lim["connections"] >= 1
+
+
+def test_slow_reader_is_cut(daemon_factory):
+    """A client that pipelines requests but never reads: the server stops reading while its
+    answers are stuck, and closes the connection after idle_timeout (write_timeout)."""
+    d = daemon_factory({"http": {"idle_timeout": "1s"}})
+    s = socket.create_connection(("127.0.0.1", d.http_port), timeout=5)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    req = b"GET /metrics HTTP/1.1\r\n\r\n" * 200
+    try:
+        for _ in range(50):
+            s.sendall(req)
+    except OSError:
+        pass                             # the server stopped reading or closed: expected
+    time.sleep(2.5)
+    ended = False
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            if not s.recv(1 << 20):
+                ended = True
+                break
+    except (ConnectionResetError, BrokenPipeError):
+        ended = True
+    except socket.timeout:
+        pass
+    s.close()
+    assert ended, "connection still open"
+    # the daemon still serves others
+    assert d.json("GET", "/healthz")[0] == 200
+    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    lim = {lab["kind"]: v for _, lab, v in
+           fams["kvrouter_http_limit_rejections_total"]["samples"]}
+    assert lim["write_timeout"] >= 1
