@@ -6,14 +6,17 @@
  *    half miss, find miss at block 0; plus bytes per (holder, block), reverse maps included.
  *    Run for W = 128 (976 x 1024) and W = 4096 (one 1024-block sequence per worker).
  * 2. Concurrent: one writer thread applies the event stream of the Mooncake synthetic trace
- *    (each hash_id -> 512 deterministic token ids, 16-token blocks, 256 workers round-robin,
- *    each an LRU cache of 16,384 blocks whose evictions become removes) while one reader
- *    runs the trace's queries. Block operations per second and find p50/p99.
+ *    (each hash_id -> 512 deterministic token ids, 16-token blocks, 256 workers, each an
+ *    LRU cache of 16,384 blocks whose evictions become removes) while one reader runs the
+ *    trace's queries. Block operations per second and find p50/p99. Workers are assigned
+ *    by hash of the first block (prefix-aware routing: many cache hits) and round-robin
+ *    (few hits, LRU evictions).
  *
  * Environment: KVR_BENCH_SEQS, KVR_BENCH_BLOCKS, KVR_BENCH_WORKERS (shape 1, default 976 /
  * 1024 / 128), KVR_BENCH_BIG_WORKERS (default 4096, 0 = skip), KVR_BENCH_QUERIES (finds per
  * kind, default 2000), KVR_TRACE (trace path; default ../shared/traces/synthetic_trace.jsonl
- * from the repository root, "" = skip), KVR_TRACE_REQUESTS (limit), KVR_BENCH_SEED.
+ * from the repository root, "" = skip), KVR_TRACE_REQUESTS (limit), KVR_TRACE_ASSIGN
+ * (hash or rr; default both), KVR_BENCH_SEED.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -381,14 +384,21 @@ struct trace_run {
     double *lat;
     size_t nlat, clat;
     uint64_t block_ops;
-    double writer_us;
+    double writer_us, writer_cpu_us;
 };
+
+static double cpu_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
 
 static void *trace_writer(void *arg)
 {
     struct trace_run *t = arg;
     uint64_t ops = 0;
-    double t0 = now_us();
+    double t0 = now_us(), c0 = cpu_us();
     for (size_t i = 0; i < nev; i++) {
         struct ev *e = &evs[i];
         struct kvr_index_wres r = {0};
@@ -400,6 +410,7 @@ static void *trace_writer(void *arg)
         ops += e->n;
     }
     t->writer_us = now_us() - t0;
+    t->writer_cpu_us = cpu_us() - c0;
     t->block_ops = ops;
     __atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
     return NULL;
@@ -424,7 +435,7 @@ static void *trace_reader(void *arg)
     return NULL;
 }
 
-static int trace(const char *path, long limit)
+static int trace(const char *path, long limit, int by_hash)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -432,6 +443,7 @@ static int trace(const char *path, long limit)
         return 0;
     }
     struct trace_run t = {0};
+    nev = nevb = nevh = 0;
     struct kvr_index_opts o = {.jump_stride = 32, .max_workers = TR_WORKERS};
     kvr_index_create(&o, &t.ix);
     uint64_t seed;
@@ -495,8 +507,11 @@ static int trace(const char *path, long limit)
         memcpy(&t.qc[nqc], bc, nb * sizeof(uint64_t));
         t.qs[t.nq++] = (struct query){nqc, nb};
         nqc += nb;
-        /* worker cache: runs of missing blocks become store events */
-        uint32_t w = (uint32_t)(requests % TR_WORKERS);
+        /* worker by hash of the first hash_id (requests sharing a prefix meet on one
+         * worker, as a prefix-aware router would send them); its cache: runs of missing
+         * blocks become store events */
+        uint32_t w = by_hash ? (uint32_t)(mixh(ids[0] + 0x77) % TR_WORKERS)
+                             : (uint32_t)(requests % TR_WORKERS);
         struct lru *l = &lru[w];
         for (uint32_t b = 0; b < nb;) {
             if (lru_has(l, beh[b])) {
@@ -536,9 +551,9 @@ static int trace(const char *path, long limit)
     size_t nstore = 0, nrm = 0;
     for (size_t i = 0; i < nev; i++)
         *(evs[i].store ? &nstore : &nrm) += evs[i].n;
-    printf("trace: %llu requests, %llu blocks requested (%.1f%% cache hits), events: %zu "
-           "(%zu blocks stored, %zu removed), %u workers x LRU %u blocks\n",
-           (unsigned long long)requests, (unsigned long long)blocks_req,
+    printf("trace (workers %s): %llu requests, %llu blocks requested (%.1f%% cache hits), "
+           "events: %zu (%zu blocks stored, %zu removed), %u workers x LRU %u blocks\n",
+           by_hash ? "by hash of the first block" : "round-robin", (unsigned long long)requests, (unsigned long long)blocks_req,
            100.0 * (double)hit_blocks / (double)blocks_req, nev, nstore, nrm, TR_WORKERS,
            TR_CAP);
 
@@ -568,12 +583,13 @@ static int trace(const char *path, long limit)
             pthread_join(rt, NULL);
         struct kvr_index_stats st;
         kvr_index_stats(t.ix, &st);
-        printf("  %s: %llu block ops in %.1f ms = %.2f M block-ops/s; index %llu entries, "
-               "%llu pairs, %.1f MB\n",
+        printf("  %s: %llu block ops in %.1f ms wall = %.2f M block-ops/s (%.2f M/s per "
+               "core of writer CPU time); index %llu entries, %llu pairs, %.1f MB\n",
                round ? "writer + 1 concurrent reader" : "writer alone",
                (unsigned long long)t.block_ops, t.writer_us / 1000,
-               (double)t.block_ops / t.writer_us, (unsigned long long)st.entries,
-               (unsigned long long)st.holders, (double)st.bytes / 1e6);
+               (double)t.block_ops / t.writer_us, (double)t.block_ops / t.writer_cpu_us,
+               (unsigned long long)st.entries, (unsigned long long)st.holders,
+               (double)st.bytes / 1e6);
         if (round == 1) {
             report("concurrent find (trace queries)", t.lat, t.nlat);
             free(t.lat);
@@ -633,7 +649,12 @@ int main(void)
     const char *tr = getenv("KVR_TRACE");
     if (!tr)
         tr = "../shared/traces/synthetic_trace.jsonl";
-    if (*tr)
-        trace(tr, envl("KVR_TRACE_REQUESTS", 0));
+    if (*tr) {
+        const char *mode = getenv("KVR_TRACE_ASSIGN"); /* hash, rr or both (default) */
+        if (!mode || strcmp(mode, "rr") != 0)
+            trace(tr, envl("KVR_TRACE_REQUESTS", 0), 1);
+        if (!mode || strcmp(mode, "hash") != 0)
+            trace(tr, envl("KVR_TRACE_REQUESTS", 0), 0);
+    }
     return 0;
 }

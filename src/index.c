@@ -1,20 +1,27 @@
 /* index.c — the positional index (see index.h for the contract).
  *
  * DATA
- * - Entry (struct node): key (namespace, position, chain hash), plus the parent's chain hash
- *   and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the set
- *   sorted by id groups a worker's tiers together. One holder is stored inline in the node
- *   (8 bytes); two or more live in a separately allocated sorted array (struct hset) that
- *   grows and shrinks by halves. Each element is holder | nchild << 32, where nchild counts
- *   the children of this entry that the same holder holds (hole accounting, below).
- * - Main table: 1024 shards by key hash, each an open-addressing table of 8-byte slots
- *   (node pointer | 16-bit tag << 48, 0 empty, 1 tombstone). Nodes never move, so readers
- *   and the reverse maps keep plain pointers.
- * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> {node,
- *   copies}; absent, chain-keyed counts of held children whose parent entry the holder does
- *   not hold; alias, extra engine hashes that map to an entry the holder already holds
- *   (vLLM cache_salt / multimodal blocks: same tokens, different engine hash). Membership
- *   of a holder in an entry = 1 + alias count; it ends with the last engine hash.
+ * - Entry (struct node, 40 bytes): key (namespace, position, chain hash), the parent's chain
+ *   hash and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the
+ *   set sorted by id groups a worker's tiers together. One holder is stored inline in the
+ *   node; two or more live in a separately allocated sorted array (struct hset) that grows
+ *   and shrinks by halves (a system-prompt block held by 16k holders costs 8 bytes a holder,
+ *   a private block nothing beyond the node). Each element is holder | nchild << 32, where
+ *   nchild counts the children of this entry that the same holder holds (holes, below).
+ *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
+ * - Main table: 1024 shards by the key hash's low bits, each an open-addressing table
+ *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
+ *   1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a
+ *   rebuild of up to 2^16 slots places entries from their tags without touching nodes.
+ *   Unlinking before an empty slot clears the tombstones behind it. Nodes never move, so
+ *   readers and the reverse maps keep plain pointers.
+ * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
+ *   pointer | copies << 48 (16 bytes a block; copies past 65535 overflow into `extra`), open
+ *   addressing over any capacity (grows by half, max load 7/8); absent, chain-keyed counts
+ *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
+ *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
+ *   tokens, different engine hash). Membership of a holder in an entry = 1 + alias count; it
+ *   ends with the last engine hash. A holder's fixed record (~100 bytes) stays once used.
  * - The chain hash is never the engine's hash: store computes chain = kvr_hash_chain(parent
  *   entry's chain, content) with the parent found through the engine hash (same holder first,
  *   then the worker's other tiers, which share engine hashes for the same content chain).
@@ -22,15 +29,21 @@
  * HOLES AND EXACT JUMP SEARCH
  * holes(H) = number of entries H holds at position > 0 whose parent entry H does not hold.
  * Kept exact: gaining an entry E moves absent[E] into E's nchild (those children stop being
- * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse.
+ * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse. (Along
+ * a stored chain the next block's membership is counted in the new entry's nchild when it
+ * is created and withdrawn if that block turns out to be a duplicate: one lock less.)
  * Lemma: if holes(H) == 0 and H holds the entry at position L with the query's chain hash,
  * then H holds the entry of every position <= L of the query (its parent is held and has
  * chain[L-1] — equal chain hashes at equal positions mean equal prefixes — by induction).
- * So for a hole-free holder the positions of the query it holds are exactly [0, tm), and tm
- * is found by looking only at jump landings, scanning one stride back when it disappears.
- * A worker is "fast" when all its holders are hole-free: matched = max tm over its tiers,
- * and score follows from the tm values. Any other worker is scanned position by position
- * (exact, slower). No "same count means same set" shortcut: landings intersect the sets.
+ * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
+ * looks only at jump landings (chains computed there by independent multiplies, table
+ * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
+ * alive set (compared in place, element by element) costs one pass; holders missing at a
+ * landing are bisected within the stride behind it, split into groups by each probe. A
+ * worker is "fast" when all its holders are hole-free (a dense per-worker counter says so):
+ * matched = max tm over its tiers, and the score follows from the tm values. Any other
+ * worker is scanned position by position (exact, slower). No "same count means same set"
+ * shortcut anywhere: sets are compared or intersected.
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
@@ -49,25 +62,30 @@
  * CONCURRENCY
  * - Writers: one thread per worker at a time (index.h); different workers' writers run in
  *   parallel and meet on shared entries. A node is locked by its writer-side seqlock (seq
- *   odd = held; CAS from even), held for exactly one entry update. Creating or deleting an
- *   entry additionally takes its shard mutex (order: shard, then node); a node is marked
- *   dead and unlinked under both, so a node found alive under the shard lock stays linked.
+ *   odd = held; CAS from even), held for exactly one entry update. Finding-or-creating an
+ *   entry and deleting the last holder take the shard's spinlock (order: shard, then node);
+ *   a node is marked dead and unlinked under both, so a node found under the shard lock is
+ *   alive. Other updates (holders joining/leaving a shared entry, child counts) take only
+ *   the node lock.
  * - Readers never lock: table slots are read with acquire loads (insert publishes a fully
- *   built node with a release store; delete writes a tombstone; growth/shrink builds a new
- *   table and publishes its pointer; nothing in a published table moves), holder sets are
- *   read under the node's seqlock (all shared fields are accessed with atomics, so TSAN
- *   sees no data race); (n, array pointer) are validated before the array is touched.
+ *   built node with a release store; delete writes a tombstone or, before an empty slot, 0;
+ *   growth/shrink builds a new table and publishes its pointer; nothing in a published table
+ *   moves), holder sets are read under the node's seqlock (all shared fields are accessed
+ *   with atomics, so TSAN sees no data race); (n, array pointer) are validated before the
+ *   array is touched and the array's own capacity bounds the read.
  * - Memory reclamation: epoch-based (EBR). Every reader and every writer call holds a slot
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
  *   once the global epoch has advanced twice past their retirement (no thread can still
- *   see them). Writers try to advance the epoch when leaving a call.
+ *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes serve
+ *   the slot's next call; what that call does not reuse is freed when it ends.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
  *   malloc_usable_size() of everything this module allocates, added at malloc and removed
- *   at free (retired memory counts until it is really freed).
+ *   at free (retired and cached memory counts until it is really freed).
  * - Interning: one mutex for inserts; lookups are lock-free over immutable records in
  *   open-addressing tables whose replaced versions are kept until destroy.
- * - find makes no heap allocation: its scratch lives in the reader.
+ * - find makes no heap allocation: its scratch (sized by max_query_blocks and max_workers)
+ *   lives in the reader.
  */
 #include "index.h"
 
@@ -159,6 +177,8 @@ struct ebr_slot {
     /* owner only */
     struct retired *ret;
     size_t nret, capret;
+    struct node *nfresh; /* nodes reclaimed at the end of the last call: reused first */
+    struct node *nnext;  /* nodes reclaimed at the end of this call */
     /* owner-written (relaxed), summed by stats */
     int64_t bytes, entries, pairs, orphans;
 } __attribute__((aligned(64)));
@@ -178,27 +198,34 @@ struct node {
     uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
 };
 
+/* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
+ * its tag is the top 16 bits: a rebuild up to 2^16 slots places entries from the tags alone,
+ * without touching the nodes. */
 struct table {
-    uint64_t mask; /* immutable */
+    uint64_t mask;  /* immutable */
+    uint32_t shift; /* immutable: 64 - log2(mask + 1) */
+    uint32_t pad;
     uint64_t slot[]; /* atomic */
 };
 
 struct shard {
-    pthread_mutex_t mu;  /* writers creating/deleting entries here */
-    struct table *tab;   /* atomic pointer; replaced under mu */
-    uint64_t live, used; /* under mu */
+    uint32_t lock;       /* spinlock: writers creating/deleting entries here */
+    uint32_t pad;
+    struct table *tab;   /* atomic pointer; replaced under lock */
+    uint64_t live, used; /* under lock */
 } __attribute__((aligned(64)));
 
 struct rec {
     uint64_t eh;
-    struct node *nd; /* NULL = empty slot */
-    uint32_t copies;
-    uint32_t pad;
+    uint64_t nc; /* node pointer | copies << 48 (0xffff = more in holder.extra); 0 = empty */
 };
+#define REC_ND(r) ((struct node *)(uintptr_t)((r)->nc & PTR_MASK))
+#define REC_COPIES(r) ((uint32_t)((r)->nc >> 48))
+#define COPIES_MAX 0xffffu
 
 struct recmap {
     struct rec *s;
-    uint32_t mask, n;
+    uint32_t cap, n;
 };
 
 struct cslot {
@@ -214,6 +241,7 @@ struct holder {
     struct recmap recs;  /* writer */
     struct cmap absent;  /* writer: key(ns, chain of a parent not held) -> held children */
     struct cmap alias;   /* writer: node pointer -> extra engine hashes */
+    struct cmap extra;   /* writer: engine hash -> copies beyond COPIES_MAX */
     uint64_t blocks;     /* atomic: distinct engine hashes held */
     uint64_t holes;      /* atomic: held entries whose parent entry is not held */
 };
@@ -259,6 +287,8 @@ struct itab {
 struct kvr_index {
     struct kvr_index_opts o;
     struct shard *sh; /* NSHARD */
+    uint64_t *tabw;   /* NSHARD, atomic: each shard's table pointer | shift << 56, one
+                       * compact array readers keep in L1 (no table header to load) */
 
     struct ebr_slot slots[EBR_SLOTS];
     uint64_t epoch;    /* atomic, starts at 1 */
@@ -275,7 +305,10 @@ struct kvr_index {
     uint32_t npods;                        /* atomic */
     char tier_names[KVR_TIER_MAX][KVR_NAME_MAX + 1];
     uint32_t ntiers; /* atomic */
-    uint64_t pow[64]; /* KVR_HASH_CHAIN_MUL^i */
+    uint32_t *wslow;  /* max_workers; atomic: holders of the worker with holes > 0 */
+    uint32_t *wpod;   /* max_workers; pod id of each worker (written before the worker is
+                       * published) */
+    uint64_t *pw;     /* KVR_HASH_CHAIN_MUL^i for i <= jump_stride */
 };
 
 /* ---- memory accounting and epoch-based reclamation ------------------------------------- */
@@ -375,6 +408,15 @@ static inline void ebr_exit(struct ebr_slot *s)
     STR(s->epoch, 0);
 }
 
+/* Node memory: a free node's first word links it in a slot's cache. Nodes reclaimed at the
+ * end of a writer call serve the next call on that slot; whatever that call does not use is
+ * freed when it ends, so an idle index holds no cached nodes (memory follows contents). */
+struct node;
+static struct node *node_alloc(struct ebr_slot *s);
+static void node_cache_put(struct ebr_slot *s, void *p);
+static void node_cache_roll(struct ebr_slot *s);
+#define RET_NODE 1ull /* tag in a retired pointer: a node, recycled through the cache */
+
 /* Queues p to be freed when no thread can see it any more. Called with no node lock held
  * is not required (a bounded realloc of the slot's own list); on allocation failure the
  * object is leaked rather than freed early. */
@@ -400,12 +442,37 @@ static void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p)
     s->nret++;
 }
 
+/* Makes room for `more` retirements (a big remove or clear) in one growth. */
+static void ebr_reserve_slot(struct ebr_slot *s, size_t more)
+{
+    size_t need = s->nret + more;
+    if (need <= s->capret)
+        return;
+    size_t nc = s->capret ? s->capret : 64;
+    while (nc < need)
+        nc *= 2;
+    struct retired *nr = sl_alloc(s, nc * sizeof(*nr));
+    if (nr == NULL)
+        return; /* ebr_retire grows on demand */
+    if (s->nret)
+        memcpy(nr, s->ret, s->nret * sizeof(*nr));
+    sl_free(s, s->ret);
+    s->ret = nr;
+    s->capret = nc;
+}
+
 /* Called by a writer after ebr_exit(): tries to advance the epoch (twice when nobody is in
  * a critical section) and frees what is old enough. */
 static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 {
-    if (s->nret == 0)
+    if (s->nret == 0) {
+        if (s->ret != NULL) { /* reserved but unused */
+            sl_free(s, s->ret);
+            s->ret = NULL;
+            s->capret = 0;
+        }
         return;
+    }
     uint64_t e = __atomic_load_n(&ix->epoch, __ATOMIC_SEQ_CST);
     for (int round = 0; round < 2; round++) {
         uint32_t nu = __atomic_load_n(&ix->nslots, __ATOMIC_SEQ_CST);
@@ -425,10 +492,12 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
     }
     size_t k = 0;
     for (size_t i = 0; i < s->nret; i++) {
-        if (s->ret[i].epoch + 2 <= e)
-            sl_free(s, s->ret[i].p);
-        else
+        if (s->ret[i].epoch + 2 > e)
             s->ret[k++] = s->ret[i];
+        else if ((uintptr_t)s->ret[i].p & RET_NODE)
+            node_cache_put(s, (void *)((uintptr_t)s->ret[i].p & ~(uintptr_t)RET_NODE));
+        else
+            sl_free(s, s->ret[i].p);
     }
     s->nret = k;
     if (k == 0) {
@@ -439,6 +508,34 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 }
 
 /* ---- entries: nodes and holder sets ------------------------------------------------- */
+
+static struct node *node_alloc(struct ebr_slot *s)
+{
+    struct node *x = s->nfresh;
+    if (x != NULL) {
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        return x;
+    }
+    return sl_alloc(s, sizeof(struct node));
+}
+
+static void node_cache_put(struct ebr_slot *s, void *p)
+{
+    memcpy(p, &s->nnext, sizeof(s->nnext));
+    s->nnext = p;
+}
+
+/* End of a writer call: frees the cached nodes this call did not reuse. */
+static void node_cache_roll(struct ebr_slot *s)
+{
+    while (s->nfresh != NULL) {
+        struct node *x = s->nfresh;
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        sl_free(s, x);
+    }
+    s->nfresh = s->nnext;
+    s->nnext = NULL;
+}
 
 static inline uint64_t key_hash(uint32_t ns, uint32_t pos, uint64_t chain)
 {
@@ -474,15 +571,50 @@ static void node_unlock(struct node *nd)
     STR(nd->seq, LD(nd->seq) + 1);
 }
 
+static void shard_lock(struct shard *sh)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t z = 0;
+        if (LD(sh->lock) == 0 && __atomic_compare_exchange_n(&sh->lock, &z, 1, true,
+                                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        if (spins > 64)
+            sched_yield();
+        else
+            cpu_relax();
+    }
+}
+
+static void shard_unlock(struct shard *sh)
+{
+    STR(sh->lock, 0u);
+}
+
+/* Under the shard lock: publishes the shard's table for readers. */
+static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)
+{
+    IX_ASSERT(((uintptr_t)t >> 48) == 0);
+    STR(sh->tab, t);
+    STR(ix->tabw[sh - ix->sh], t ? (uint64_t)(uintptr_t)t | (uint64_t)t->shift << 56 : 0);
+}
+
+static inline const struct table *tabw_get(const struct kvr_index *ix, uint64_t h,
+                                           uint32_t *shift)
+{
+    uint64_t w = LDA(ix->tabw[h & (NSHARD - 1)]);
+    *shift = (uint32_t)(w >> 56);
+    return (const struct table *)(uintptr_t)(w & PTR_MASK);
+}
+
 /* Lock-free lookup (readers and writers inside an epoch). */
 static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t pos,
                              uint64_t chain, uint64_t h)
 {
-    const struct shard *sh = &ix->sh[h & (NSHARD - 1)];
-    const struct table *t = LDA(sh->tab);
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
     if (t == NULL)
         return NULL;
-    uint64_t mask = t->mask, i = (h >> SHARD_BITS) & mask, tag = h >> 48;
+    uint64_t mask = (~0ull) >> shift, i = h >> shift, tag = h >> 48;
     for (;;) {
         uint64_t v = LDA(t->slot[i]);
         if (v == 0)
@@ -496,7 +628,16 @@ static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t p
     }
 }
 
-/* Under sh->mu: rebuilds the shard's table for `want` live entries, publishes it. */
+/* Prefetch stage 1: the table slot where key hash h starts probing. */
+static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
+{
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
+    if (t != NULL)
+        __builtin_prefetch(&t->slot[h >> shift]);
+}
+
+/* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it. */
 static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
                        uint64_t want)
 {
@@ -507,44 +648,28 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
     if (nt == NULL)
         return -ENOMEM;
     nt->mask = cap - 1;
+    nt->shift = (uint32_t)__builtin_clzll(cap) + 1;
     struct table *ot = sh->tab;
     if (ot != NULL) {
         for (uint64_t i = 0; i <= ot->mask; i++) {
             uint64_t v = LD(ot->slot[i]);
             if (v == 0 || v == SLOT_TOMB)
                 continue;
-            const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
-            uint64_t h = key_hash(x->ns, x->pos, x->chain);
-            uint64_t j = (h >> SHARD_BITS) & nt->mask;
+            uint64_t j;
+            if (nt->shift >= 48) {
+                j = (v >> 48) >> (nt->shift - 48);
+            } else {
+                const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
+                j = key_hash(x->ns, x->pos, x->chain) >> nt->shift;
+            }
             while (nt->slot[j] != 0)
                 j = (j + 1) & nt->mask;
             nt->slot[j] = v;
         }
     }
-    STR(sh->tab, nt);
+    tab_publish(ix, sh, nt);
     sh->used = sh->live;
     ebr_retire(ix, s, ot);
-    return 0;
-}
-
-static int tab_insert_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
-                             struct node *x, uint64_t h)
-{
-    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->tab->mask + 1) * 3) {
-        int rc = tab_rebuild(ix, s, sh, sh->live + 1);
-        if (rc < 0)
-            return rc;
-    }
-    struct table *t = sh->tab;
-    uint64_t i = (h >> SHARD_BITS) & t->mask;
-    uint64_t v;
-    while ((v = LD(t->slot[i])) != 0 && v != SLOT_TOMB)
-        i = (i + 1) & t->mask;
-    IX_ASSERT(((uintptr_t)x >> 48) == 0);
-    STR(t->slot[i], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
-    sh->live++;
-    if (v == 0)
-        sh->used++;
     return 0;
 }
 
@@ -552,20 +677,30 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
                               struct node *x, uint64_t h)
 {
     struct table *t = sh->tab;
-    uint64_t i = (h >> SHARD_BITS) & t->mask;
+    uint64_t i = h >> t->shift;
     for (;;) {
         uint64_t v = LD(t->slot[i]);
         IX_ASSERT(v != 0);
-        if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB) {
-            STR(t->slot[i], SLOT_TOMB);
+        if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB)
             break;
-        }
         i = (i + 1) & t->mask;
+    }
+    if (LD(t->slot[(i + 1) & t->mask]) != 0) {
+        STR(t->slot[i], SLOT_TOMB);
+    } else {
+        /* The next slot is empty, so no probe needs to pass here: empty it, and the
+         * tombstones just before it (readers' probes stop at the same place as before). */
+        STR(t->slot[i], 0ull);
+        sh->used--;
+        for (uint64_t j = (i - 1) & t->mask; LD(t->slot[j]) == SLOT_TOMB; j = (j - 1) & t->mask) {
+            STR(t->slot[j], 0ull);
+            sh->used--;
+        }
     }
     sh->live--;
     /* Shrink (memory follows live contents); a failed shrink is harmless. */
     if (sh->live == 0) {
-        STR(sh->tab, (struct table *)NULL);
+        tab_publish(ix, sh, NULL);
         sh->used = 0;
         ebr_retire(ix, s, t);
     } else if (t->mask + 1 > 16 && sh->live * 8 < t->mask + 1) {
@@ -762,60 +897,76 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
     }
 }
 
-/* Adds holder to entry (ns, pos, chain), creating it. *added = 1 for a new membership. */
+/* Adds holder to entry (ns, pos, chain) (key hash h), creating it. *added = 1 for a new
+ * membership. One probe under the shard lock finds the entry or the slot for it. */
 static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint32_t pos,
-                     uint64_t chain, uint64_t pchain, uint32_t holder, uint32_t nchild,
-                     struct node **out, int *added)
+                     uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
+                     uint32_t nchild, struct node **out, int *added)
 {
-    uint64_t h = key_hash(ns, pos, chain);
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
     void *old = NULL;
     int rc;
 
-    struct node *x = tab_find(ix, ns, pos, chain, h);
-    if (x != NULL) {
-        node_lock(x);
-        if (!(LD(x->n) & N_DEAD)) {
-            rc = hs_add(s, x, holder, nchild, &old);
-            node_unlock(x);
-            goto done;
+    shard_lock(sh);
+    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->tab->mask + 1) * 3) {
+        rc = tab_rebuild(ix, s, sh, sh->live + 1);
+        if (rc < 0) {
+            shard_unlock(sh);
+            return rc;
         }
-        node_unlock(x);
     }
-    pthread_mutex_lock(&sh->mu);
-    x = tab_find(ix, ns, pos, chain, h);
+    struct table *t = sh->tab;
+    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48, ins = UINT64_MAX;
+    struct node *x = NULL;
+    for (;;) {
+        uint64_t v = LD(t->slot[i]);
+        if (v == 0) {
+            if (ins == UINT64_MAX)
+                ins = i;
+            break;
+        }
+        if (v == SLOT_TOMB) {
+            if (ins == UINT64_MAX)
+                ins = i;
+        } else if ((v >> 48) == tag) {
+            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
+            if (y->chain == chain && y->pos == pos && y->ns == ns) {
+                x = y;
+                break;
+            }
+        }
+        i = (i + 1) & mask;
+    }
     if (x != NULL) {
         node_lock(x);
-        IX_ASSERT(!(LD(x->n) & N_DEAD));
         rc = hs_add(s, x, holder, nchild, &old);
         node_unlock(x);
-        pthread_mutex_unlock(&sh->mu);
-        goto done;
+        shard_unlock(sh);
+        ebr_retire(ix, s, old);
+        if (rc < 0)
+            return rc;
+    } else {
+        x = node_alloc(s);
+        if (x == NULL) {
+            shard_unlock(sh);
+            return -ENOMEM;
+        }
+        x->chain = chain;
+        x->parent_chain = pchain;
+        x->pos = pos;
+        x->ns = ns;
+        x->seq = 0;
+        x->n = 1;
+        x->h = pack_el(holder, nchild);
+        IX_ASSERT(((uintptr_t)x >> 48) == 0);
+        if (LD(t->slot[ins]) == 0)
+            sh->used++;
+        sh->live++;
+        STR(t->slot[ins], (uint64_t)(uintptr_t)x | tag << 48);
+        shard_unlock(sh);
+        ADD(s->entries, 1);
+        rc = 1;
     }
-    x = sl_alloc(s, sizeof(*x));
-    if (x == NULL) {
-        pthread_mutex_unlock(&sh->mu);
-        return -ENOMEM;
-    }
-    x->chain = chain;
-    x->parent_chain = pchain;
-    x->pos = pos;
-    x->ns = ns;
-    x->seq = 0;
-    x->n = 1;
-    x->h = pack_el(holder, nchild);
-    rc = tab_insert_locked(ix, s, sh, x, h);
-    pthread_mutex_unlock(&sh->mu);
-    if (rc < 0) {
-        sl_free(s, x);
-        return rc;
-    }
-    ADD(s->entries, 1);
-    rc = 1;
-done:
-    ebr_retire(ix, s, old);
-    if (rc < 0)
-        return rc;
     if (rc == 1)
         ADD(s->pairs, 1);
     *out = x;
@@ -829,7 +980,32 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
 {
     void *old = NULL;
     uint32_t nchild = 0;
+    uint64_t h = key_hash(x->ns, x->pos, x->chain);
+    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
+    int dead = 0;
 
+    if ((LD(x->n) & (N_COUNT | N_EXT)) == 1) {
+        /* most likely the last holder: delete in one critical section */
+        shard_lock(sh);
+        node_lock(x);
+        int r = hs_del(s, x, holder, &nchild, &old);
+        IX_ASSERT(r == 1);
+        if (LD(x->n) == 0) {
+            ST(x->n, N_DEAD);
+            dead = 1;
+        }
+        node_unlock(x);
+        if (dead)
+            tab_unlink_locked(ix, s, sh, x, h);
+        shard_unlock(sh);
+        ADD(s->pairs, -1);
+        ebr_retire(ix, s, old);
+        if (dead) {
+            ADD(s->entries, -1);
+            ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+        }
+        return nchild;
+    }
     node_lock(x);
     int r = hs_del(s, x, holder, &nchild, &old);
     uint32_t left = LD(x->n) & N_COUNT;
@@ -840,10 +1016,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
     if (left != 0)
         return nchild;
 
-    uint64_t h = key_hash(x->ns, x->pos, x->chain);
-    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
-    int dead = 0;
-    pthread_mutex_lock(&sh->mu);
+    shard_lock(sh);
     node_lock(x);
     if (LD(x->n) == 0) {
         ST(x->n, N_DEAD);
@@ -852,10 +1025,10 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
     node_unlock(x);
     if (dead)
         tab_unlink_locked(ix, s, sh, x, h);
-    pthread_mutex_unlock(&sh->mu);
+    shard_unlock(sh);
     if (dead) {
         ADD(s->entries, -1);
-        ebr_retire(ix, s, x);
+        ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
     }
     return nchild;
 }
@@ -871,81 +1044,112 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
 
 /* ---- writer-private maps --------------------------------------------------------------- */
 
+/* The reverse map is open addressing with linear probing over any capacity (home =
+ * multiply-high of the mixed hash), growing by half and shrinking to half full: a holder's
+ * map stays between 1/4 and 7/8 full instead of the 7/16..7/8 of power-of-two doubling. */
+static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
+{
+    return (uint32_t)(((unsigned __int128)mix64(eh) * m->cap) >> 64);
+}
+
+static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
+{
+    return i + 1 == m->cap ? 0 : i + 1;
+}
+
 static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
 {
-    struct rec *ns = NULL;
+    struct recmap nm = {NULL, cap, m->n};
     if (cap > 0) {
-        ns = sl_calloc(s, (size_t)cap * sizeof(*ns));
-        if (ns == NULL)
+        nm.s = sl_calloc(s, (size_t)cap * sizeof(*nm.s));
+        if (nm.s == NULL)
             return -ENOMEM;
-        for (uint32_t i = 0; m->s != NULL && i <= m->mask; i++) {
-            if (m->s[i].nd == NULL)
+        for (uint32_t i = 0; i < m->cap; i++) {
+            if (m->s[i].nc == 0)
                 continue;
-            uint32_t j = (uint32_t)mix64(m->s[i].eh) & (cap - 1);
-            while (ns[j].nd != NULL)
-                j = (j + 1) & (cap - 1);
-            ns[j] = m->s[i];
+            uint32_t j = rec_home(&nm, m->s[i].eh);
+            while (nm.s[j].nc != 0)
+                j = rec_next(&nm, j);
+            nm.s[j] = m->s[i];
         }
     }
     sl_free(s, m->s);
-    m->s = ns;
-    m->mask = cap ? cap - 1 : 0;
+    *m = nm;
     return 0;
+}
+
+#define RECMAP_LOAD 7 /* max load, in eighths */
+
+static inline uint32_t rec_cap_for(size_t need)
+{
+    size_t cap = need * 8 / RECMAP_LOAD + 1;
+    return (uint32_t)(cap < 8 ? 8 : cap);
+}
+
+/* Grows once for `more` insertions ahead (a store of many blocks). */
+static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
+{
+    size_t need = (size_t)m->n + more;
+    if (need > (1u << 30) || need * 8 <= (size_t)m->cap * RECMAP_LOAD)
+        return;
+    size_t grown = (size_t)m->cap * 3 / 2 * RECMAP_LOAD / 8; /* keep growth geometric */
+    (void)recmap_resize(s, m, rec_cap_for(need > grown ? need : grown));
+}
+
+static inline void recmap_prefetch(const struct recmap *m, uint64_t eh)
+{
+    if (m->s != NULL)
+        __builtin_prefetch(&m->s[rec_home(m, eh)]);
 }
 
 static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 {
     if (m->s == NULL)
         return NULL;
-    uint32_t i = (uint32_t)mix64(eh) & m->mask;
-    while (m->s[i].nd != NULL) {
+    uint32_t i = rec_home(m, eh);
+    while (m->s[i].nc != 0) {
         if (m->s[i].eh == eh)
             return &m->s[i];
-        i = (i + 1) & m->mask;
+        i = rec_next(m, i);
     }
     return NULL;
 }
 
-/* eh must be absent. The returned pointer is valid until the next insert/delete. */
-static struct rec *recmap_put(struct ebr_slot *s, struct recmap *m, uint64_t eh,
-                              struct node *nd)
+/* The record of eh, or (nc == 0) the empty slot where it goes, after making room for one
+ * more; NULL when growing failed. Valid until the map changes. */
+static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh)
 {
-    if (m->s == NULL || (m->n + 1) * 4 > (m->mask + 1) * 3) {
-        uint32_t cap = m->s ? (m->mask + 1) * 2 : 8;
-        if (recmap_resize(s, m, cap) < 0)
+    if ((size_t)(m->n + 1) * 8 > (size_t)m->cap * RECMAP_LOAD) {
+        if (recmap_resize(s, m, rec_cap_for((size_t)m->cap * 3 / 2 * RECMAP_LOAD / 8 + 1)) < 0)
             return NULL;
     }
-    uint32_t i = (uint32_t)mix64(eh) & m->mask;
-    while (m->s[i].nd != NULL)
-        i = (i + 1) & m->mask;
-    m->s[i].eh = eh;
-    m->s[i].nd = nd;
-    m->s[i].copies = 1;
-    m->n++;
+    uint32_t i = rec_home(m, eh);
+    while (m->s[i].nc != 0 && m->s[i].eh != eh)
+        i = rec_next(m, i);
     return &m->s[i];
 }
 
 static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
 {
-    uint32_t i = (uint32_t)(r - m->s), j = i;
+    uint32_t i = (uint32_t)(r - m->s), j = i, cap = m->cap;
     for (;;) {
-        j = (j + 1) & m->mask;
-        if (m->s[j].nd == NULL)
+        j = rec_next(m, j);
+        if (m->s[j].nc == 0)
             break;
-        uint32_t k = (uint32_t)mix64(m->s[j].eh) & m->mask;
-        /* move j to i when k is cyclically outside (i, j] */
-        if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
+        uint32_t k = rec_home(m, m->s[j].eh);
+        /* j may fill the hole at i unless its home lies cyclically in (i, j] */
+        uint32_t dk = j >= k ? j - k : j + cap - k, di = j >= i ? j - i : j + cap - i;
+        if (dk >= di) {
             m->s[i] = m->s[j];
             i = j;
         }
     }
-    m->s[i].nd = NULL;
+    m->s[i].nc = 0;
     m->n--;
-    uint32_t cap = m->mask + 1;
     if (m->n == 0)
         (void)recmap_resize(s, m, 0);
-    else if (cap > 8 && m->n * 8 < cap)
-        (void)recmap_resize(s, m, cap / 2);
+    else if (cap > 8 && (size_t)m->n * 4 < cap)
+        (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 7 / 4));
 }
 
 static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
@@ -1074,23 +1278,27 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     ix->gbytes = usable(ix);
     pthread_mutex_init(&ix->imu, NULL);
     ix->sh = aligned_alloc(64, NSHARD * sizeof(struct shard));
+    ix->tabw = g_calloc(ix, NSHARD * sizeof(*ix->tabw));
     ix->workers = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->workers));
     ix->pods = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pods));
-    if (ix->sh == NULL || ix->workers == NULL || ix->pods == NULL) {
+    ix->wslow = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wslow));
+    ix->wpod = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wpod));
+    ix->pw = g_calloc(ix, ((size_t)o.jump_stride + 1) * sizeof(*ix->pw));
+    if (ix->sh == NULL || ix->tabw == NULL || ix->workers == NULL || ix->pods == NULL || ix->wslow == NULL ||
+        ix->wpod == NULL || ix->pw == NULL) {
         kvr_index_destroy(ix);
         return -ENOMEM;
     }
     __atomic_fetch_add(&ix->gbytes, usable(ix->sh), __ATOMIC_RELAXED);
     memset(ix->sh, 0, NSHARD * sizeof(struct shard));
     for (unsigned i = 0; i < NSHARD; i++)
-        pthread_mutex_init(&ix->sh[i].mu, NULL);
     strcpy(ix->tier_names[KVR_TIER_GPU], "gpu");
     strcpy(ix->tier_names[KVR_TIER_CPU], "cpu");
     strcpy(ix->tier_names[KVR_TIER_STORAGE], "storage");
     ix->ntiers = 3;
-    ix->pow[0] = 1;
-    for (int i = 1; i < 64; i++)
-        ix->pow[i] = ix->pow[i - 1] * KVR_HASH_CHAIN_MUL;
+    ix->pw[0] = 1;
+    for (uint32_t i = 1; i <= o.jump_stride; i++)
+        ix->pw[i] = ix->pw[i - 1] * KVR_HASH_CHAIN_MUL;
     *out = ix;
     return 0;
 }
@@ -1127,15 +1335,24 @@ void kvr_index_destroy(struct kvr_index *ix)
                 sl_free(s, x);
             }
             sl_free(s, t);
-            pthread_mutex_destroy(&ix->sh[i].mu);
         }
         free(ix->sh);
     }
+    free(ix->tabw);
     for (unsigned i = 0; i < EBR_SLOTS; i++) {
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
-            free(e->ret[k].p);
+            free((void *)((uintptr_t)e->ret[k].p & ~(uintptr_t)RET_NODE));
         free(e->ret);
+        for (int pass = 0; pass < 2; pass++) {
+            struct node *x = pass ? e->nnext : e->nfresh;
+            while (x != NULL) {
+                struct node *nx;
+                memcpy(&nx, x, sizeof(nx));
+                free(x);
+                x = nx;
+            }
+        }
     }
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
@@ -1146,6 +1363,7 @@ void kvr_index_destroy(struct kvr_index *ix)
             free(hd->recs.s);
             free(hd->absent.s);
             free(hd->alias.s);
+            free(hd->extra.s);
             free(hd);
         }
         free(wk->orph);
@@ -1164,6 +1382,9 @@ void kvr_index_destroy(struct kvr_index *ix)
     itab_free(ix, ix->pod_tab, 1);
     free(ix->workers);
     free(ix->pods);
+    free(ix->wslow);
+    free(ix->wpod);
+    free(ix->pw);
     pthread_mutex_destroy(&ix->imu);
     free(ix);
 }
@@ -1435,6 +1656,7 @@ int kvr_index_worker_intern(struct kvr_index *ix, const char *pod, uint32_t dp_r
         goto fail;
     }
     pd->wids[pd->nw++] = id;
+    ix->wpod[id] = pid;
     STR(ix->workers[id], wk);
     STR(ix->nworkers, id + 1);
 found_locked:
@@ -1555,11 +1777,30 @@ struct wctx {
     uint32_t wid;
     struct kvr_index_wres *res;
     int adopt; /* a new engine hash is awaited by a parked block */
+    struct node *prov; /* entry holding a provisional child count (store_one) */
 };
+
+static void ebr_reserve(struct wctx *c, size_t more)
+{
+    ebr_reserve_slot(c->s, more);
+}
 
 static inline uint64_t absent_key(uint32_t ns, uint64_t chain)
 {
     return chain ^ ((uint64_t)ns + 1) * 0x9e3779b97f4a7c15ull;
+}
+
+/* All changes of a holder's hole count go through here: the worker's count of holey
+ * holders (read by find to pick the exact slow path) follows the 0 <-> non-zero edges. */
+static void holes_add(struct wctx *c, struct holder *H, int64_t delta)
+{
+    uint64_t before = LD(H->holes), after = before + (uint64_t)delta;
+    IX_ASSERT(delta >= 0 || before >= (uint64_t)-delta);
+    if (before == 0 && after != 0)
+        __atomic_fetch_add(&c->ix->wslow[c->wid], 1, __ATOMIC_RELAXED);
+    else if (before != 0 && after == 0)
+        __atomic_fetch_sub(&c->ix->wslow[c->wid], 1, __ATOMIC_RELAXED);
+    ST(H->holes, after);
 }
 
 static struct holder *holder_get(struct wctx *c, uint32_t tier)
@@ -1589,9 +1830,10 @@ static struct rec *worker_rec(struct worker *w, uint32_t tier, uint64_t eh)
     return NULL;
 }
 
-/* H just gained membership in x (pn = the store's parent node, or NULL). */
+/* H just gained membership in x. pn: the store's parent node (or NULL). When the parent
+ * already counted this block provisionally (store chains, see store_one) prov is set. */
 static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node *x,
-                     struct node *pn)
+                     struct node *pn, int prov)
 {
     if (x->pos == 0)
         return 0;
@@ -1599,79 +1841,104 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
     if (p == NULL || p->ns != x->ns || p->chain != x->parent_chain || p->pos + 1 != x->pos)
         p = tab_find(c->ix, x->ns, x->pos - 1, x->parent_chain,
                      key_hash(x->ns, x->pos - 1, x->parent_chain));
+    else if (prov)
+        return 0;
     if (p != NULL && entry_adj(p, hid, 1))
         return 0;
     int rc = cmap_add(c->s, &H->absent, absent_key(x->ns, x->parent_chain), 1);
     if (rc == 0)
-        ADD(H->holes, 1);
+        holes_add(c, H, 1);
     return rc;
 }
 
-/* H just lost membership in x, which had nchild held children. */
+/* H just lost membership in an entry (key ns/pos/chain, parent pchain) that had nchild
+ * held children. hint: a node that may be the parent (saves a lookup). */
 static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, uint32_t ns,
-                      uint32_t pos, uint64_t chain, uint64_t pchain, uint32_t nchild)
+                      uint32_t pos, uint64_t chain, uint64_t pchain, uint32_t nchild,
+                      struct node *hint)
 {
     if (nchild > 0) {
         if (cmap_add(c->s, &H->absent, absent_key(ns, chain), nchild) == 0)
-            ADD(H->holes, nchild);
+            holes_add(c, H, nchild);
         else
             kvr_log_error("index: out of memory in hole accounting");
     }
     if (pos == 0)
         return;
-    struct node *p = tab_find(c->ix, ns, pos - 1, pchain, key_hash(ns, pos - 1, pchain));
+    struct node *p = hint;
+    if (p == NULL || p->ns != ns || p->chain != pchain || p->pos + 1 != pos)
+        p = tab_find(c->ix, ns, pos - 1, pchain, key_hash(ns, pos - 1, pchain));
     if (p != NULL && entry_adj(p, hid, -1))
         return;
     (void)cmap_add(c->s, &H->absent, absent_key(ns, pchain), -1);
-    IX_ASSERT(LD(H->holes) > 0);
-    ADD(H->holes, -1);
+    holes_add(c, H, -1);
+}
+
+/* Withdraws the provisional child count store_one gave the previous block's entry. */
+static void prov_cancel(struct wctx *c, uint32_t hid)
+{
+    if (c->prov != NULL) {
+        int r = entry_adj(c->prov, hid, -1);
+        IX_ASSERT(r == 1);
+        c->prov = NULL;
+    }
 }
 
 /* Stores one block for holder (wid, tier) after parent node *pn (NULL = position 0);
- * *pn becomes this block's node. */
-static int store_one(struct wctx *c, uint32_t tier, uint32_t ns, struct node **pn,
-                     const struct kvr_index_block *b)
+ * *pn becomes this block's node. more: another block of the same chain follows in this
+ * store; its membership is then counted in this entry's nchild right away (one lock less
+ * per block) and withdrawn by prov_cancel if it does not happen. */
+static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t ns,
+                     struct node **pn, const struct kvr_index_block *b, int more)
 {
-    struct holder *H = holder_get(c, tier);
-    if (H == NULL)
+    uint32_t hid = HOLDER(c->wid, tier);
+    struct rec *r = recmap_slot(c->s, &H->recs, b->engine_hash);
+    if (r == NULL) {
+        prov_cancel(c, hid);
         return -ENOMEM;
-    struct rec *r = recmap_get(&H->recs, b->engine_hash);
-    if (r != NULL) {
-        r->copies++;
+    }
+    if (r->nc != 0) {
+        prov_cancel(c, hid);
+        if (REC_COPIES(r) < COPIES_MAX)
+            r->nc += 1ull << 48;
+        else if (cmap_add(c->s, &H->extra, b->engine_hash, 1) < 0)
+            return -ENOMEM;
         c->res->duplicates++;
-        *pn = r->nd;
+        *pn = REC_ND(r);
         return 0;
     }
-    uint32_t hid = HOLDER(c->wid, tier);
     struct node *p = *pn;
     uint32_t pos = p ? p->pos + 1 : 0;
     uint64_t pch = p ? p->chain : KVR_HASH_CHAIN_ROOT;
     uint64_t chain = kvr_hash_chain(pch, b->content_hash);
-    uint64_t nchild = cmap_get(&H->absent, absent_key(ns, chain));
+    uint64_t nchild = H->absent.n ? cmap_get(&H->absent, absent_key(ns, chain)) : 0;
     struct node *x;
     int added, rc;
 
-    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, hid, (uint32_t)nchild, &x, &added);
-    if (rc < 0)
+    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, key_hash(ns, pos, chain), hid,
+                   (uint32_t)nchild + (more ? 1 : 0), &x, &added);
+    if (rc < 0) {
+        prov_cancel(c, hid);
         return rc;
-    r = recmap_put(c->s, &H->recs, b->engine_hash, x);
-    if (r == NULL) {
-        if (added)
-            (void)entry_del(c->ix, c->s, x, hid);
-        return -ENOMEM;
     }
+    r->eh = b->engine_hash; /* the slot found above: nothing touched the map since */
+    r->nc = (uint64_t)(uintptr_t)x | 1ull << 48;
+    H->recs.n++;
     ADD(H->blocks, 1);
     c->res->stored++;
     if (added) {
         if (nchild > 0) {
             (void)cmap_add(c->s, &H->absent, absent_key(ns, chain), -(int64_t)nchild);
-            IX_ASSERT(LD(H->holes) >= nchild);
-            ADD(H->holes, -nchild);
+            holes_add(c, H, -(int64_t)nchild);
         }
-        rc = hole_gain(c, H, hid, x, p);
+        rc = hole_gain(c, H, hid, x, p, c->prov != NULL && c->prov == p);
         if (rc < 0)
             kvr_log_error("index: out of memory in hole accounting");
+        if (c->prov != p)
+            prov_cancel(c, hid);
+        c->prov = more ? x : NULL;
     } else {
+        prov_cancel(c, hid);
         IX_ASSERT(nchild == 0);
         if (cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, 1) < 0)
             kvr_log_error("index: out of memory counting an engine-hash alias");
@@ -1682,16 +1949,24 @@ static int store_one(struct wctx *c, uint32_t tier, uint32_t ns, struct node **p
     return 0;
 }
 
-/* Drops one copy of r (holder H at tier). */
-static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r)
+/* Drops one copy of r (holder H at tier). hint: see hole_lose. */
+static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r,
+                    struct node *hint)
 {
-    if (--r->copies > 0)
+    uint32_t copies = REC_COPIES(r);
+    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->eh) > 0) {
+        (void)cmap_add(c->s, &H->extra, r->eh, -1);
         return;
-    struct node *x = r->nd;
+    }
+    if (copies > 1) {
+        r->nc -= 1ull << 48;
+        return;
+    }
+    struct node *x = REC_ND(r);
     recmap_del(c->s, &H->recs, r);
     ADD(H->blocks, -1);
     c->res->removed++;
-    if (cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
+    if (H->alias.n && cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
         (void)cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
         return;
     }
@@ -1699,7 +1974,7 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     uint64_t chain = x->chain, pchain = x->parent_chain;
     uint32_t hid = HOLDER(c->wid, tier);
     uint32_t nchild = entry_del(c->ix, c->s, x, hid);
-    hole_lose(c, H, hid, ns, pos, chain, pchain, nchild);
+    hole_lose(c, H, hid, ns, pos, chain, pchain, nchild, hint);
 }
 
 static void orph_remove_at(struct wctx *c, uint32_t i, uint32_t k)
@@ -1777,10 +2052,13 @@ static int orph_adopt(struct wctx *c)
                 i++;
                 continue;
             }
-            struct node *pn = r->nd;
+            struct node *pn = REC_ND(r);
             orph_remove_at(c, i, 1);
             struct kvr_index_block b = {pk.eh, pk.content};
-            int rc = store_one(c, pk.tier, pk.ns, &pn, &b);
+            struct holder *H = holder_get(c, pk.tier);
+            if (H == NULL)
+                return -ENOMEM;
+            int rc = store_one(c, H, pk.tier, pk.ns, &pn, &b, 0);
             if (rc < 0)
                 return rc;
             c->res->orphans_adopted++;
@@ -1801,6 +2079,7 @@ static int wbegin(struct kvr_index *ix, uint32_t wid, struct kvr_index_wres *res
     c->wid = wid;
     c->res = res;
     c->adopt = 0;
+    c->prov = NULL;
     c->s = slot_claim(ix, 0);
     ebr_enter(ix, c->s);
     return 0;
@@ -1810,6 +2089,7 @@ static void wend(struct wctx *c)
 {
     ebr_exit(c->s);
     ebr_reclaim(c->ix, c->s);
+    node_cache_roll(c->s);
     slot_release(c->s);
 }
 
@@ -1843,11 +2123,28 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
                 rc = orph_adopt(&c);
             goto out;
         }
-        pn = r->nd;
+        pn = REC_ND(r);
     }
-    for (size_t i = 0; i < n; i++)
-        if ((rc = store_one(&c, tier, ns, &pn, &blocks[i])) < 0)
+    struct holder *H = holder_get(&c, tier);
+    if (H == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    recmap_reserve(c.s, &H->recs, n);
+    /* look ahead: the entries' table slots and the reverse map's slots, assuming the chain
+     * continues (a duplicate with another position only makes a prefetch useless) */
+    uint64_t la_chain = pn ? pn->chain : KVR_HASH_CHAIN_ROOT;
+    uint32_t la_pos = pn ? pn->pos + 1 : 0;
+    size_t la = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (; la < n && la < i + 8; la++) {
+            la_chain = kvr_hash_chain(la_chain, blocks[la].content_hash);
+            pf_slot(ix, key_hash(ns, la_pos + (uint32_t)la, la_chain));
+            recmap_prefetch(&H->recs, blocks[la].engine_hash);
+        }
+        if ((rc = store_one(&c, H, tier, ns, &pn, &blocks[i], i + 1 < n)) < 0)
             goto out;
+    }
     if (c.adopt)
         rc = orph_adopt(&c);
 out:
@@ -1867,12 +2164,28 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     if ((rc = wbegin(ix, wid, res ? res : &local, &c)) < 0)
         return rc;
     struct holder *H = c.w->h[tier];
+    if (H != NULL)
+        ebr_reserve(&c, n + 16);
+    struct rec *nx = NULL, *nx_base = NULL;
     for (size_t i = 0; i < n; i++) {
-        struct rec *r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
+        if (H != NULL && i + 8 < n)
+            recmap_prefetch(&H->recs, hashes[i + 8]);
+        struct rec *r;
+        if (nx != NULL && H->recs.s == nx_base && nx->nc != 0 && nx->eh == hashes[i])
+            r = nx; /* looked up last round and not moved since */
+        else
+            r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
         if (r != NULL) {
-            unstore(&c, H, tier, r);
+            /* removals usually walk a chain tail first: the next one is the parent */
+            nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
+            nx_base = H->recs.s; /* a resize in unstore invalidates nx */
+            struct node *hint = nx ? REC_ND(nx) : NULL;
+            if (hint != NULL)
+                __builtin_prefetch(hint);
+            unstore(&c, H, tier, r, hint);
             continue;
         }
+        nx = NULL;
         uint32_t k;
         for (k = 0; k < c.w->norph; k++)
             if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
@@ -1903,23 +2216,25 @@ static void holder_clear(struct wctx *c, uint32_t tier)
     if (H == NULL)
         return;
     uint32_t hid = HOLDER(c->wid, tier);
-    for (uint32_t i = 0; H->recs.s != NULL && i <= H->recs.mask; i++) {
+    ebr_reserve(c, H->recs.n + 16);
+    for (uint32_t i = 0; i < H->recs.cap; i++) {
         struct rec *r = &H->recs.s[i];
-        if (r->nd == NULL)
+        if (r->nc == 0)
             continue;
         c->res->cleared++;
-        uint64_t key = (uint64_t)(uintptr_t)r->nd;
-        if (cmap_get(&H->alias, key) > 0)
+        uint64_t key = (uint64_t)(uintptr_t)REC_ND(r);
+        if (H->alias.n && cmap_get(&H->alias, key) > 0)
             (void)cmap_add(c->s, &H->alias, key, -1);
         else
-            (void)entry_del(c->ix, c->s, r->nd, hid);
+            (void)entry_del(c->ix, c->s, REC_ND(r), hid);
     }
     sl_free(c->s, H->recs.s);
     memset(&H->recs, 0, sizeof(H->recs));
     cmap_free(c->s, &H->absent);
     cmap_free(c->s, &H->alias);
+    cmap_free(c->s, &H->extra);
     ST(H->blocks, 0);
-    ST(H->holes, 0);
+    holes_add(c, H, -(int64_t)LD(H->holes));
 }
 
 static void worker_clear(struct wctx *c, int tier)
@@ -1973,27 +2288,35 @@ int kvr_index_purge_pod(struct kvr_index *ix, uint32_t pod_id, struct kvr_index_
 
 struct slowst {
     uint32_t wid;
-    uint32_t alive;  /* tiers holding every position so far */
+    uint32_t alive; /* tiers holding every position so far */
     uint32_t done;
     uint32_t matched;
     uint32_t tm[KVR_TIER_MAX];
     double score;
 };
 
+#define PF_SLOT 8 /* landings ahead whose table slot is prefetched */
+#define PF_NODE 4 /* landings ahead whose node is prefetched */
+#define PF_HSET 2 /* landings ahead looked up, their holder array prefetched */
+
 struct kvr_index_reader {
     struct kvr_index *ix;
     struct ebr_slot *slot;
     uint32_t qid;
     uint32_t maxq, maxh, maxw;
-    uint32_t nch;
-    uint64_t *ch;          /* chain per position, valid for [0, nch) */
-    struct node **nd;      /* node cache per position, valid where ndq[p] == qid */
+    uint64_t *ch;       /* chain per position, valid where chq[p] == qid */
+    uint32_t *chq;
+    struct node **nd;   /* node per position, valid where ndq[p] == qid */
     uint32_t *ndq;
-    uint32_t *podq;        /* allowed pods: podq[pod] == qid */
-    uint32_t *s0;          /* holders at position 0 (filtered) */
-    uint32_t *buf;         /* a holder set being examined */
-    uint32_t *alive, *drop; /* indices into s0 */
-    uint32_t *tm;          /* per s0 index */
+    uint64_t *lh;       /* key hash per landing */
+    uint32_t *podq;     /* allowed pods: podq[pod] == qid */
+    uint32_t *s0;       /* holders at position 0 (filtered; bit 31 marks slow workers) */
+    uint32_t *buf;      /* a holder set being examined */
+    uint32_t *alive;    /* indices into s0 of fast holders still matching */
+    uint32_t *ah;       /* their holder ids */
+    uint32_t *drop;     /* indices into s0 that dropped out between two landings */
+    uint32_t *tmp;
+    uint32_t *tm;       /* per s0 index: positions matched by that holder */
     struct slowst *sw;
     struct kvr_index_hit *hits;
 };
@@ -2015,19 +2338,24 @@ int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
     r->maxq = ix->o.max_query_blocks;
     r->maxw = ix->o.max_workers;
     r->maxh = ix->o.max_workers * KVR_TIER_MAX;
-    r->ch = sl_alloc(s, (size_t)r->maxq * sizeof(*r->ch));
-    r->nd = sl_alloc(s, (size_t)r->maxq * sizeof(*r->nd));
-    r->ndq = sl_calloc(s, (size_t)r->maxq * sizeof(*r->ndq));
+    size_t q = r->maxq, h = r->maxh;
+    r->ch = sl_alloc(s, q * sizeof(*r->ch));
+    r->chq = sl_calloc(s, q * sizeof(*r->chq));
+    r->nd = sl_alloc(s, q * sizeof(*r->nd));
+    r->ndq = sl_calloc(s, q * sizeof(*r->ndq));
+    r->lh = sl_alloc(s, q * sizeof(*r->lh));
     r->podq = sl_calloc(s, (size_t)r->maxw * sizeof(*r->podq));
-    r->s0 = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->buf = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->alive = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->drop = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
-    r->tm = sl_alloc(s, (size_t)r->maxh * sizeof(uint32_t));
+    r->s0 = sl_alloc(s, h * sizeof(uint32_t));
+    r->buf = sl_alloc(s, h * sizeof(uint32_t));
+    r->alive = sl_alloc(s, h * sizeof(uint32_t));
+    r->ah = sl_alloc(s, h * sizeof(uint32_t));
+    r->drop = sl_alloc(s, h * sizeof(uint32_t));
+    r->tmp = sl_alloc(s, h * sizeof(uint32_t));
+    r->tm = sl_alloc(s, h * sizeof(uint32_t));
     r->sw = sl_alloc(s, (size_t)r->maxw * sizeof(*r->sw));
     r->hits = sl_alloc(s, (size_t)r->maxw * sizeof(*r->hits));
-    if (!r->ch || !r->nd || !r->ndq || !r->podq || !r->s0 || !r->buf || !r->alive ||
-        !r->drop || !r->tm || !r->sw || !r->hits) {
+    if (!r->ch || !r->chq || !r->nd || !r->ndq || !r->lh || !r->podq || !r->s0 || !r->buf ||
+        !r->alive || !r->ah || !r->drop || !r->tmp || !r->tm || !r->sw || !r->hits) {
         kvr_index_reader_destroy(r);
         return -ENOMEM;
     }
@@ -2040,32 +2368,54 @@ void kvr_index_reader_destroy(struct kvr_index_reader *r)
     if (r == NULL)
         return;
     struct ebr_slot *s = r->slot;
-    sl_free(s, r->ch);
-    sl_free(s, r->nd);
-    sl_free(s, r->ndq);
-    sl_free(s, r->podq);
-    sl_free(s, r->s0);
-    sl_free(s, r->buf);
-    sl_free(s, r->alive);
-    sl_free(s, r->drop);
-    sl_free(s, r->tm);
-    sl_free(s, r->sw);
-    sl_free(s, r->hits);
-    sl_free(s, r);
+    void *p[] = {r->ch, r->chq, r->nd, r->ndq, r->lh, r->podq, r->s0, r->buf,
+                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
+        sl_free(s, p[i]);
     slot_release(s);
 }
 
-static inline void chain_upto(struct kvr_index_reader *r, const uint64_t *q, uint32_t p)
+/* Chain hash at p, sequentially from the nearest position below already known. */
+static uint64_t chain_seq(struct kvr_index_reader *r, const uint64_t *q, uint32_t p)
 {
-    uint32_t k = r->nch;
-    if (k > p)
-        return;
-    uint64_t c = r->ch[k - 1];
-    for (; k <= p; k++) {
-        c = kvr_hash_chain(c, q[k]);
-        r->ch[k] = c;
+    const uint32_t qid = r->qid;
+    if (r->chq[p] == qid)
+        return r->ch[p];
+    uint32_t b = p;
+    while (b > 0 && r->chq[b - 1] != qid)
+        b--;
+    uint64_t c = b == 0 ? KVR_HASH_CHAIN_ROOT : r->ch[b - 1];
+    for (; b <= p; b++) {
+        c = kvr_hash_chain(c, q[b]);
+        r->ch[b] = c;
+        r->chq[b] = qid;
     }
-    r->nch = k;
+    return c;
+}
+
+/* Chain hash at L from the known one at base (L - base <= jump_stride), by independent
+ * multiplies: chain[L] = chain[base]*M^k + sum_{i=1..k} q[base+i]*M^(k-i). */
+static uint64_t chain_jump(struct kvr_index_reader *r, const uint64_t *q, uint32_t base,
+                           uint32_t L)
+{
+    if (r->chq[L] == r->qid)
+        return r->ch[L];
+    const uint64_t *pw = r->ix->pw;
+    const uint64_t *x = q + base;
+    uint32_t k = L - base, i = 1;
+    uint64_t a0 = r->ch[base] * pw[k], a1 = 0, a2 = 0, a3 = 0;
+    for (; i + 3 <= k; i += 4) {
+        a0 += x[i] * pw[k - i];
+        a1 += x[i + 1] * pw[k - i - 1];
+        a2 += x[i + 2] * pw[k - i - 2];
+        a3 += x[i + 3] * pw[k - i - 3];
+    }
+    for (; i <= k; i++)
+        a0 += x[i] * pw[k - i];
+    uint64_t c = a0 + a1 + a2 + a3;
+    r->ch[L] = c;
+    r->chq[L] = r->qid;
+    return c;
 }
 
 static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
@@ -2073,11 +2423,74 @@ static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, cons
 {
     if (r->ndq[p] == r->qid)
         return r->nd[p];
-    chain_upto(r, q, p);
-    struct node *x = tab_find(r->ix, ns, p, r->ch[p], key_hash(ns, p, r->ch[p]));
+    uint64_t c = chain_seq(r, q, p);
+    struct node *x = tab_find(r->ix, ns, p, c, key_hash(ns, p, c));
     r->nd[p] = x;
     r->ndq[p] = r->qid;
     return x;
+}
+
+/* Prefetch stage 2: the node the first matching-tag slot points to (not verified). */
+static inline void pf_node(const struct kvr_index *ix, uint64_t h)
+{
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
+    if (t == NULL)
+        return;
+    uint64_t mask = (~0ull) >> shift, i = h >> shift, tag = h >> 48;
+    for (int k = 0; k < 4; k++, i = (i + 1) & mask) {
+        uint64_t v = LD(t->slot[i]);
+        if (v == 0)
+            return;
+        if (v != SLOT_TOMB && (v >> 48) == tag) {
+            __builtin_prefetch((const void *)(uintptr_t)(v & PTR_MASK));
+            return;
+        }
+    }
+}
+
+/* Prefetch stage 3: the holder array of a node (likely cached by now), first lines. */
+static inline void pf_hset(const struct node *x)
+{
+    if (x == NULL || !(LD(x->n) & N_EXT))
+        return;
+    const char *p = (const char *)(uintptr_t)LD(x->h);
+    for (int k = 0; k < 4; k++)
+        __builtin_prefetch(p + 64 * k);
+}
+
+/* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) */
+static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
+{
+    for (;;) {
+        uint32_t s1 = LDA(x->seq);
+        if (s1 & 1) {
+            cpu_relax();
+            continue;
+        }
+        uint32_t n = LD(x->n);
+        uint64_t h = LD(x->h);
+        IX_FENCE(__ATOMIC_ACQUIRE);
+        if (LD(x->seq) != s1)
+            continue;
+        uint32_t cnt = (n & N_DEAD) ? 0 : n & N_COUNT;
+        int eq;
+        if (cnt != na)
+            eq = 0;
+        else if (cnt == 0)
+            eq = 1;
+        else if (!(n & N_EXT))
+            eq = el_holder(h) == a[0];
+        else {
+            const struct hset *hs = (const struct hset *)(uintptr_t)h;
+            eq = cnt <= LD(hs->cap);
+            for (uint32_t i = 0; eq && i < cnt; i++)
+                eq = el_holder(LD(hs->e[i])) == a[i];
+        }
+        IX_FENCE(__ATOMIC_ACQUIRE);
+        if (LD(x->seq) == s1)
+            return eq;
+    }
 }
 
 static inline double maxw_of(uint32_t mask, const double *w)
@@ -2091,6 +2504,164 @@ static inline double maxw_of(uint32_t mask, const double *w)
             first = 0;
         }
     return b;
+}
+
+/* The holders drop[0..nd) (sorted) hold position lo and not hi: find where each stops.
+ * Their held positions are a prefix (hole-free), so bisect, splitting the group at each
+ * probe into those still present (stop later) and those gone (stop earlier). */
+static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
+                        uint32_t nd, uint32_t lo, uint32_t hi)
+{
+    struct {
+        uint32_t b, c, lo, hi;
+    } st[64];
+    uint32_t *d = r->drop, *tmp = r->tmp, *buf = r->buf, *s0 = r->s0, *tm = r->tm;
+    int sp = 0;
+    st[sp].b = 0;
+    st[sp].c = nd;
+    st[sp].lo = lo;
+    st[sp++].hi = hi;
+    while (sp > 0) {
+        sp--;
+        uint32_t b = st[sp].b, c = st[sp].c, l = st[sp].lo, h = st[sp].hi;
+        if (h - l == 1) {
+            for (uint32_t i = 0; i < c; i++)
+                tm[d[b + i]] = h;
+            continue;
+        }
+        uint32_t m = l + (h - l) / 2;
+        struct node *x = node_at(r, ns, q, m);
+        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, np = 0, nab = 0;
+        for (uint32_t i = 0; i < c; i++) {
+            uint32_t e = d[b + i], hid = s0[e];
+            while (k < nb && buf[k] < hid)
+                k++;
+            if (k < nb && buf[k] == hid)
+                d[b + np++] = e;
+            else
+                tmp[nab++] = e;
+        }
+        memcpy(&d[b + np], tmp, nab * sizeof(*tmp));
+        /* stack depth: one pending sibling per halving, at most log2(stride) + 1 */
+        if (nab > 0) {
+            st[sp].b = b + np;
+            st[sp].c = nab;
+            st[sp].lo = l;
+            st[sp++].hi = m;
+        }
+        if (np > 0) {
+            st[sp].b = b;
+            st[sp].c = np;
+            st[sp].lo = m;
+            st[sp++].hi = h;
+        }
+    }
+}
+
+/* Fast holders (all of their worker's holders hole-free): positions held along the query
+ * are exactly [0, tm). Jump from landing to landing; when a holder is missing at a landing,
+ * scan the stride behind it (only for the holders that dropped). */
+static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, uint32_t n,
+                      uint32_t na)
+{
+    const struct kvr_index *ix = r->ix;
+    const uint32_t stride = ix->o.jump_stride;
+    uint32_t *tm = r->tm, *alive = r->alive, *ah = r->ah, *drop = r->drop, *buf = r->buf;
+    if (n <= 1) {
+        for (uint32_t a = 0; a < na; a++)
+            tm[alive[a]] = n;
+        return;
+    }
+    const uint32_t nl = (n - 2) / stride + 1; /* landings: min((j+1)*stride, n-1) */
+#define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : n - 1)
+    uint32_t issued = 0; /* landings whose chain and key hash are computed */
+    uint32_t prev = 0;
+    for (uint32_t j = 0; j < nl && na > 0; j++) {
+        while (issued < nl && issued < j + PF_SLOT) {
+            uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
+            uint64_t c = chain_jump(r, q, base, L);
+            r->lh[issued] = key_hash(ns, L, c);
+            pf_slot(ix, r->lh[issued]);
+            issued++;
+        }
+        if (j + PF_NODE < issued)
+            pf_node(ix, r->lh[j + PF_NODE]);
+        for (uint32_t jj = j; jj <= j + PF_HSET && jj < issued; jj++) {
+            uint32_t LL = LANDING(jj);
+            if (r->ndq[LL] != r->qid) {
+                r->nd[LL] = tab_find(ix, ns, LL, r->ch[LL], r->lh[jj]);
+                r->ndq[LL] = r->qid;
+                pf_hset(r->nd[LL]);
+            }
+        }
+        uint32_t L = LANDING(j);
+        struct node *x = r->nd[L];
+        if (x != NULL && hs_equal(x, ah, na)) {
+            prev = L;
+            continue;
+        }
+        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, ka = 0, nd = 0;
+        for (uint32_t a = 0; a < na; a++) {
+            uint32_t h = ah[a];
+            while (k < nb && buf[k] < h)
+                k++;
+            if (k < nb && buf[k] == h) {
+                alive[ka] = alive[a];
+                ah[ka++] = h;
+            } else {
+                drop[nd++] = alive[a];
+            }
+        }
+        na = ka;
+        if (nd > 0)
+            drop_search(r, ns, q, nd, prev, L);
+        prev = L;
+    }
+#undef LANDING
+    for (uint32_t a = 0; a < na; a++)
+        tm[alive[a]] = n;
+}
+
+/* Slow workers (some holder has holes): position by position, exact. */
+static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, uint32_t n,
+                      uint32_t nsw, const double *w)
+{
+    uint32_t left = nsw, *buf = r->buf;
+    for (uint32_t p = 1; p < n && left > 0; p++) {
+        struct node *x = node_at(r, ns, q, p);
+        uint32_t nb = x ? hs_read(x, buf) : 0, j = 0;
+        for (uint32_t i = 0; i < nsw; i++) {
+            struct slowst *sw = &r->sw[i];
+            if (sw->done)
+                continue;
+            while (j < nb && H_WID(buf[j]) < sw->wid)
+                j++;
+            uint32_t mask = 0;
+            while (j < nb && H_WID(buf[j]) == sw->wid)
+                mask |= 1u << H_TIER(buf[j++]);
+            if (mask == 0) {
+                sw->done = 1;
+                sw->matched = p;
+                left--;
+            } else {
+                sw->score += maxw_of(mask, w);
+            }
+            uint32_t gone = sw->alive & ~mask;
+            for (uint32_t t = 0; gone != 0; t++, gone >>= 1)
+                if (gone & 1)
+                    sw->tm[t] = p;
+            sw->alive &= mask;
+        }
+    }
+    for (uint32_t i = 0; i < nsw; i++) {
+        struct slowst *sw = &r->sw[i];
+        if (sw->done)
+            continue;
+        sw->matched = n;
+        for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
+            if (sw->alive >> t & 1)
+                sw->tm[t] = n;
+    }
 }
 
 int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, size_t n,
@@ -2114,6 +2685,7 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     for (int t = 0; t < KVR_TIER_MAX; t++)
         w[t] = weights ? weights[t] : 1.0;
     if (++r->qid == 0) {
+        memset(r->chq, 0, (size_t)r->maxq * sizeof(*r->chq));
         memset(r->ndq, 0, (size_t)r->maxq * sizeof(*r->ndq));
         memset(r->podq, 0, (size_t)r->maxw * sizeof(*r->podq));
         r->qid = 1;
@@ -2124,33 +2696,25 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             r->podq[pod_ids[i]] = qid;
 
     ebr_enter(ix, r->slot);
-    r->ch[0] = kvr_hash_chain(KVR_HASH_CHAIN_ROOT, q[0]);
-    r->nch = 1;
-    struct node *x = node_at(r, ns, q, 0);
     size_t nh = 0;
+    struct node *x = node_at(r, ns, q, 0);
     if (x == NULL)
         goto out;
     uint32_t n0 = hs_read(x, r->s0);
-    uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *drop = r->drop, *buf = r->buf;
+    uint32_t *s0 = r->s0, *tm = r->tm;
     uint32_t na = 0, nsw = 0, k = 0;
-    uint32_t ntiers = LDA(ix->ntiers);
+    uint32_t nw = LDA(ix->nworkers);
 
     /* filter by pod, classify workers fast / slow */
     for (uint32_t i = 0; i < n0;) {
         uint32_t wid = H_WID(s0[i]), j = i;
         while (j < n0 && H_WID(s0[j]) == wid)
             j++;
-        struct worker *wk = worker_get(ix, wid);
-        if (wk == NULL || (npods > 0 && r->podq[wk->pod_id] != qid)) {
+        if (wid >= nw || (npods > 0 && r->podq[ix->wpod[wid]] != qid)) {
             i = j;
             continue;
         }
-        int slow = 0;
-        for (uint32_t t = 0; t < ntiers && !slow; t++) {
-            struct holder *hd = LDA(wk->h[t]);
-            if (hd != NULL && LD(hd->holes) != 0)
-                slow = 1;
-        }
+        int slow = LD(ix->wslow[wid]) != 0;
         if (slow) {
             struct slowst *sw = &r->sw[nsw++];
             memset(sw, 0, sizeof(*sw));
@@ -2160,9 +2724,12 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             sw->score = maxw_of(sw->alive, w);
         }
         for (uint32_t m = i; m < j; m++) {
-            s0[k] = s0[m] | (slow ? 0x80000000u : 0); /* marks slow workers' entries */
-            if (!slow)
-                alive[na++] = k;
+            uint32_t h = s0[m];
+            s0[k] = h | (slow ? 0x80000000u : 0);
+            if (!slow) {
+                r->alive[na] = k;
+                r->ah[na++] = h;
+            }
             tm[k] = 0;
             k++;
         }
@@ -2170,83 +2737,9 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     }
     n0 = k;
 
-    /* fast holders: jump search */
-    const uint32_t stride = ix->o.jump_stride;
-    uint32_t prev = 0;
-    while (na > 0 && prev + 1 < n) {
-        uint32_t L = prev + stride < n - 1 ? prev + stride : (uint32_t)n - 1;
-        x = node_at(r, ns, q, L);
-        uint32_t nb = x ? hs_read(x, buf) : 0, j = 0, ka = 0, nd = 0;
-        for (uint32_t a = 0; a < na; a++) {
-            uint32_t h = s0[alive[a]];
-            while (j < nb && buf[j] < h)
-                j++;
-            if (j < nb && buf[j] == h)
-                alive[ka++] = alive[a];
-            else
-                drop[nd++] = alive[a];
-        }
-        na = ka;
-        for (uint32_t p = prev + 1; p < L && nd > 0; p++) {
-            x = node_at(r, ns, q, p);
-            nb = x ? hs_read(x, buf) : 0;
-            uint32_t kd = 0;
-            j = 0;
-            for (uint32_t a = 0; a < nd; a++) {
-                uint32_t h = s0[drop[a]];
-                while (j < nb && buf[j] < h)
-                    j++;
-                if (j < nb && buf[j] == h)
-                    drop[kd++] = drop[a];
-                else
-                    tm[drop[a]] = p;
-            }
-            nd = kd;
-        }
-        for (uint32_t a = 0; a < nd; a++)
-            tm[drop[a]] = L;
-        prev = L;
-    }
-    for (uint32_t a = 0; a < na; a++)
-        tm[alive[a]] = (uint32_t)n;
-
-    /* slow workers: position by position */
-    uint32_t nslow_alive = nsw;
-    for (uint32_t p = 1; p < n && nslow_alive > 0; p++) {
-        x = node_at(r, ns, q, p);
-        uint32_t nb = x ? hs_read(x, buf) : 0, j = 0;
-        for (uint32_t i = 0; i < nsw; i++) {
-            struct slowst *sw = &r->sw[i];
-            if (sw->done)
-                continue;
-            while (j < nb && H_WID(buf[j]) < sw->wid)
-                j++;
-            uint32_t mask = 0;
-            while (j < nb && H_WID(buf[j]) == sw->wid)
-                mask |= 1u << H_TIER(buf[j++]);
-            if (mask == 0) {
-                sw->done = 1;
-                sw->matched = p;
-                nslow_alive--;
-            } else {
-                sw->score += maxw_of(mask, w);
-            }
-            uint32_t gone = sw->alive & ~mask;
-            for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
-                if (gone >> t & 1)
-                    sw->tm[t] = p;
-            sw->alive &= mask;
-        }
-    }
-    for (uint32_t i = 0; i < nsw; i++) {
-        struct slowst *sw = &r->sw[i];
-        if (sw->done)
-            continue;
-        sw->matched = (uint32_t)n;
-        for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
-            if (sw->alive >> t & 1)
-                sw->tm[t] = (uint32_t)n;
-    }
+    find_fast(r, ns, q, (uint32_t)n, na);
+    if (nsw > 0)
+        find_slow(r, ns, q, (uint32_t)n, nsw, w);
 
     /* results, ascending wid */
     uint32_t si = 0;
@@ -2262,6 +2755,10 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             hit->matched = sw->matched;
             memcpy(hit->tier_matched, sw->tm, sizeof(sw->tm));
             hit->score = sw->score;
+        } else if (j == i + 1) { /* one tier: the common case */
+            hit->matched = tm[i];
+            hit->tier_matched[H_TIER(s0[i])] = tm[i];
+            hit->score = (double)tm[i] * w[H_TIER(s0[i])];
         } else {
             uint32_t ord[KVR_TIER_MAX], no = 0;
             for (uint32_t m = i; m < j; m++) {

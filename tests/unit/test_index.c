@@ -166,6 +166,30 @@ static void test_duplicates_refcounted(void **state)
     assert_int_equal(matched(&f, f.ns, 0, 40, f.w0), 0);
     r = rmv(&f, f.w0, 0, 0, 0, 40);
     assert_int_equal(r.unknown_removes, 40);
+
+    /* more copies than the record's inline counter holds (65535) */
+    size_t many = 70000;
+    struct kvr_index_block *bl = calloc(many, sizeof(*bl));
+    uint64_t *hh = calloc(many, sizeof(*hh));
+    for (size_t i = 0; i < many; i++) {
+        bl[i] = (struct kvr_index_block){E(5, 0), C(5, 0)};
+        hh[i] = E(5, 0);
+    }
+    r = (struct kvr_index_wres){0};
+    assert_int_equal(kvr_index_store(f.ix, f.w1, 0, f.ns, NULL, bl, many, &r), 0);
+    assert_int_equal(r.stored, 1);
+    assert_int_equal(r.duplicates, many - 1);
+    r = (struct kvr_index_wres){0};
+    assert_int_equal(kvr_index_remove(f.ix, f.w1, 0, hh, many - 1, &r), 0);
+    assert_int_equal(r.removed, 0);
+    assert_int_equal(matched(&f, f.ns, 5, 1, f.w1), 1);
+    r = (struct kvr_index_wres){0};
+    assert_int_equal(kvr_index_remove(f.ix, f.w1, 0, hh, 2, &r), 0);
+    assert_int_equal(r.removed, 1);
+    assert_int_equal(r.unknown_removes, 1);
+    assert_int_equal(matched(&f, f.ns, 5, 1, f.w1), 0);
+    free(bl);
+    free(hh);
     struct kvr_index_stats stt;
     kvr_index_stats(f.ix, &stt);
     assert_int_equal(stt.entries, 0);
@@ -566,6 +590,9 @@ static void test_churn_frees(void **state)
             st(&f, w, t, f.ns, 0, 0, 1);
             rmv(&f, w, t, 0, 0, 1);
         }
+    /* at rest: deferred frees done, the writers' node caches drained (two idle calls) */
+    for (int i = 0; i < 3; i++)
+        rmv(&f, f.w0, 0, 0, 0, 1);
     struct kvr_index_stats base, mid, end;
     kvr_index_stats(f.ix, &base);
     for (int round = 0; round < 20; round++) {
