@@ -135,7 +135,9 @@ int main(int argc, char **argv)
             bad |= kvr_jtok_u32_array(&j, out, n, &cnt) != 0 || cnt != n;
             sink += out[n - 1];
         });
-        report("jtok array", alen, iters, t);
+        report(kvr_jtok_force_isa(-1) == 3 ? "jtok array (avx512)"
+               : kvr_jtok_force_isa(-1) == 2 ? "jtok array (avx2)" : "jtok array (best)",
+               alen, iters, t);
 
         for (int lvl = 0; lvl < kvr_jtok_force_isa(-1); lvl++) {
             char lbl[32];
@@ -147,7 +149,8 @@ int main(int argc, char **argv)
                 bad |= kvr_jtok_u32_array(&j, out, n, &cnt) != 0 || cnt != n;
                 sink += out[n - 1];
             });
-            snprintf(lbl, sizeof(lbl), "jtok array (%s)", lvl == 0 ? "portable" : "sse2");
+            snprintf(lbl, sizeof(lbl), "jtok array (%s)",
+                     lvl == 0 ? "portable" : lvl == 1 ? "sse2" : "avx2");
             report(lbl, alen, iters, t);
         }
         kvr_jtok_force_isa(-1);

@@ -8,6 +8,9 @@
  *   them) are shifted to the top so the leading bytes become zeros, then three multiplies
  *   turn 8 digit bytes into the value (pairs, quads, octet). Numbers of 8+ digits take the
  *   scalar path, which also does the overflow check (>= 2^32 → error).
+ * - Blocks: 64 bytes classified at once (SSE2, AVX2 or AVX-512, chosen at run time); see the
+ *   notes above blocks_sse2/blocks_avx2/blocks_avx512. The per-token path does the rest and
+ *   reports every error precisely.
  * - Strings are decoded in place: the writer never overtakes the reader because every escape
  *   is at least as long as the UTF-8 it produces.
  * - Errors record the first failure only (static message, offset), so the hot path carries
@@ -757,10 +760,107 @@ __attribute__((target("avx2,bmi"))) static bool blocks_avx2(const char **pp, con
     return true;
 }
 
+
+/* AVX-512 (BW, VBMI, VBMI2) variant: no per-number scalar work at all. Per block region (up to
+ * its last comma, validated as above): the digits are compressed together (vpcompressb), the
+ * start and end offsets of the numbers within that digit string are compressed into two byte
+ * vectors, and one permute (vpermb) per eight numbers places each number's digits at the top of
+ * its own 8-byte lane, zero-padded; the lanes are then converted as in the AVX2 variant, eight
+ * at a time. A region with a number of 9+ digits takes the per-token path. */
+#define AVX512_TARGET "avx512f,avx512bw,avx512vbmi,avx512vbmi2,bmi,bmi2"
+
+__attribute__((target(AVX512_TARGET))) static bool blocks_avx512(const char **pp,
+                                                                 const char *end,
+                                                                 uint32_t *out, size_t cap,
+                                                                 size_t *cntp)
+{
+    const char *p = *pp;
+    size_t cnt = *cntp;
+    const __m512i c0 = _mm512_set1_epi8('0'), c10 = _mm512_set1_epi8(10);
+    const __m512i ccomma = _mm512_set1_epi8(',');
+    /* whitespace by nibble lookup: lut[c & 15] == c only for ' ', \t, \n, \r */
+    const __m512i wslut = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        ' ', (char)0x81, (char)0x82, (char)0x83, (char)0x84, (char)0x85, (char)0x86, (char)0x87,
+        (char)0x88, '\t', '\n', (char)0x8b, (char)0x8c, '\r', (char)0x8e, (char)0x8f));
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i m10 = _mm512_set1_epi16(0x010a);      /* bytes 10, 1 */
+    const __m512i m100 = _mm512_set1_epi32(0x00010064); /* words 100, 1 */
+    const __m512i m10000 = _mm512_set1_epi64(10000);
+    __m512i iota, lane, back;
+    uint8_t tmp[64];
+
+    for (int i = 0; i < 64; i++)
+        tmp[i] = (uint8_t)i;
+    iota = _mm512_loadu_si512(tmp);
+    for (int i = 0; i < 64; i++)
+        tmp[i] = (uint8_t)(i >> 3); /* output byte -> its lane (number) */
+    lane = _mm512_loadu_si512(tmp);
+    for (int i = 0; i < 64; i++)
+        tmp[i] = (uint8_t)(7 - (i & 7)); /* output byte -> distance from its lane's top */
+    back = _mm512_loadu_si512(tmp);
+
+    while (end - p >= 72) {
+        __m512i v = _mm512_loadu_si512(p), dstr, spos, epos;
+        uint64_t dig, com, wsp, zero, other, region, starts, ends, x, sbits, ebits;
+        unsigned last, k;
+
+        dig = _mm512_cmplt_epu8_mask(_mm512_sub_epi8(v, c0), c10);
+        com = _mm512_cmpeq_epi8_mask(v, ccomma);
+        wsp = _mm512_cmpeq_epi8_mask(_mm512_shuffle_epi8(wslut, v), v);
+        zero = _mm512_cmpeq_epi8_mask(v, c0);
+        other = ~(dig | com | wsp);
+        if (com == 0)
+            break;
+        last = 63u - (unsigned)__builtin_clzll(com);
+        region = last == 63 ? ~0ull : (2ull << last) - 1;
+        starts = dig & ~(dig << 1) & region;
+        ends = dig & ~(dig >> 1) & region;
+        x = prefix_xor(starts | (com & region));
+        k = (unsigned)__builtin_popcountll(starts);
+        if (((other & region) | (starts & ~x) | (com & region & x) |
+             (starts & zero & (dig >> 1))) != 0 ||
+            cnt + k + 8 > cap) {
+            *pp = p;
+            *cntp = cnt;
+            return false;
+        }
+        dig &= region;
+        dstr = _mm512_maskz_compress_epi8(dig, v);
+        sbits = _pext_u64(starts, dig);
+        ebits = _pext_u64(ends, dig);
+        spos = _mm512_maskz_compress_epi8(sbits, iota);
+        epos = _mm512_maskz_compress_epi8(ebits, iota);
+        /* any number longer than 8 digits: this region goes token by token */
+        if (_mm512_cmpgt_epu8_mask(_mm512_sub_epi8(epos, spos), _mm512_set1_epi8(7)) &
+            ((k >= 64 ? 0 : (1ull << k)) - 1)) {
+            *pp = p;
+            *cntp = cnt;
+            return false;
+        }
+        for (unsigned r = 0; r < k; r += 8) {
+            __m512i l = _mm512_add_epi8(lane, _mm512_set1_epi8((char)r));
+            __m512i eb = _mm512_permutexvar_epi8(l, epos);
+            __m512i sb = _mm512_permutexvar_epi8(l, spos);
+            __m512i src = _mm512_sub_epi8(eb, back);
+            __mmask64 valid = _mm512_cmpge_epi8_mask(src, sb);
+            __m512i w = _mm512_maskz_permutexvar_epi8(valid, src, dstr);
+            w = _mm512_and_si512(w, m0f);
+            w = _mm512_maddubs_epi16(w, m10);
+            w = _mm512_madd_epi16(w, m100);
+            w = _mm512_add_epi64(_mm512_mul_epu32(w, m10000), _mm512_srli_epi64(w, 32));
+            _mm256_storeu_si256((__m256i *)(void *)(out + cnt + r), _mm512_cvtepi64_epi32(w));
+        }
+        cnt += k;
+        p += last + 1;
+    }
+    *pp = p;
+    *cntp = cnt;
+    return true;
+}
 #endif
 
-/* 0 = per-token path only, 1 = + SSE2 blocks, 2 = + AVX2 blocks; -1 = not probed yet. Every
- * thread that probes stores the same value. */
+/* 0 = per-token path only, 1 = + SSE2 blocks, 2 = + AVX2 blocks, 3 = + AVX-512 VBMI2 blocks;
+ * -1 = not probed yet. Every thread that probes stores the same value. */
 static _Atomic int g_isa = -1;
 
 static int isa_level(void)
@@ -770,6 +870,10 @@ static int isa_level(void)
 #ifdef JTOK_BLOCKS
         __builtin_cpu_init();
         v = __builtin_cpu_supports("avx2") ? 2 : 1;
+        if (v == 2 && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
+            __builtin_cpu_supports("bmi2"))
+            v = 3;
 #else
         v = 0;
 #endif
@@ -831,7 +935,7 @@ int kvr_jtok_u32_array(struct kvr_jtok *j, uint32_t *out, size_t cap, size_t *n)
     size_t cnt = 0;
 #ifdef JTOK_BLOCKS
     int isa = isa_level();
-    bool blocks = isa > 0, avx2 = isa == 2;
+    bool blocks = isa > 0;
 #endif
 
     *n = 0;
@@ -855,7 +959,9 @@ int kvr_jtok_u32_array(struct kvr_jtok *j, uint32_t *out, size_t cap, size_t *n)
 #ifdef JTOK_BLOCKS
         if (blocks && end - p >= 72) {
             /* returns false when a block does not validate: finish token by token */
-            if (avx2)
+            if (isa == 3)
+                blocks = blocks_avx512(&p, end, out, cap, &cnt);
+            else if (isa == 2)
                 blocks = blocks_avx2(&p, end, out, cap, &cnt);
             else
                 blocks = blocks_sse2(&p, end, out, cap, &cnt);

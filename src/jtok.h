@@ -66,8 +66,9 @@ int kvr_jtok_array_next(struct kvr_jtok *j, int *state);
 int kvr_jtok_u32_array(struct kvr_jtok *j, uint32_t *out, size_t cap, size_t *n);
 
 /* Tests and benchmarks: limits the integer-array paths to 0 = portable per-token only,
- * 1 = + SSE2 blocks, 2 = + AVX2 blocks (x86-64; never above what the CPU has); -1 = the best
- * available (the default). Returns the level in effect. Not for concurrent use. */
+ * 1 = + SSE2 blocks, 2 = + AVX2 blocks, 3 = + AVX-512 (BW, VBMI, VBMI2) blocks (x86-64; never
+ * above what the CPU has); -1 = the best available (the default). Returns the level in
+ * effect. Not for concurrent use. */
 int kvr_jtok_force_isa(int level);
 
 /* Formats the recorded error as "MSG at byte N" or "MSG (element I, byte N)". */
