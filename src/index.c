@@ -1,14 +1,19 @@
 /* index.c — the positional index (see index.h for the contract).
  *
  * DATA
- * - Entry (struct node, 40 bytes): key (namespace, position, chain hash), the parent's chain
- *   hash and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the
+ * - Entry (struct node, 32 bytes, from a slab): key = the chain hash alone (the namespace is
+ *   folded into the chain's root, see ns_root; the position into the chain itself; a flag
+ *   marks position 0), the parent's chain hash and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the
  *   set sorted by id groups a worker's tiers together. One holder is stored inline in the
  *   node; two or more live in a separately allocated sorted array (struct hset) that grows
  *   and shrinks by halves (a system-prompt block held by 16k holders costs 8 bytes a holder,
  *   a private block nothing beyond the node). Each element is holder | nchild << 32, where
  *   nchild counts the children of this entry that the same holder holds (holes, below).
  *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
+ * - Node slab: 32 KB aligned chunks (a node's chunk is its address rounded down), each with
+ *   a free list, a bump index and a live count, under one spinlock; writers take nodes in
+ *   batches of 64 into their slot and give back the unused and the reclaimed ones when the
+ *   call ends. A chunk is freed when its last node comes back.
  * - Main table: 1024 shards by the key hash's low bits, each an open-addressing table
  *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
  *   1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a
@@ -17,7 +22,7 @@
  *   readers and the reverse maps keep plain pointers.
  * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
  *   pointer | copies << 48 (16 bytes a block; copies past 65535 overflow into `extra`), open
- *   addressing over any capacity (grows by half, max load 7/8); absent, chain-keyed counts
+ *   addressing over any capacity (grows by a quarter, max load 7/8); absent, chain-keyed counts
  *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
  *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
  *   tokens, different engine hash). Membership of a holder in an entry = 1 + alias count; it
@@ -34,7 +39,7 @@
  * is created and withdrawn if that block turns out to be a duplicate: one lock less.)
  * Lemma: if holes(H) == 0 and H holds the entry at position L with the query's chain hash,
  * then H holds the entry of every position <= L of the query (its parent is held and has
- * chain[L-1] — equal chain hashes at equal positions mean equal prefixes — by induction).
+ * chain[L-1] — equal chain hashes mean equal prefixes, 2^-64 bounds — by induction).
  * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
  * looks only at jump landings (chains computed there by independent multiplies, table
  * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
@@ -77,11 +82,12 @@
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
  *   once the global epoch has advanced twice past their retirement (no thread can still
- *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes serve
- *   the slot's next call; what that call does not reuse is freed when it ends.
+ *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
+ *   to the slab at the end of the call that reclaimed them.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
- *   malloc_usable_size() of everything this module allocates, added at malloc and removed
- *   at free (retired and cached memory counts until it is really freed).
+ *   malloc_usable_size() of everything this module allocates (slab chunks as whole chunks,
+ *   free nodes included), added at malloc and removed at free (retired and cached memory
+ *   counts until it is really freed).
  * - Interning: one mutex for inserts; lookups are lock-free over immutable records in
  *   open-addressing tables whose replaced versions are kept until destroy.
  * - find makes no heap allocation: its scratch (sized by max_query_blocks and max_workers)
@@ -159,7 +165,8 @@ static inline uint64_t mix64(uint64_t x)
 #define H_WID(h) ((h) >> 3)
 #define H_TIER(h) ((h) & 7u)
 
-#define N_COUNT 0x3fffffffu
+#define N_COUNT 0x1fffffffu
+#define N_ROOT 0x20000000u /* immutable: the entry is at position 0 */
 #define N_EXT 0x40000000u
 #define N_DEAD 0x80000000u
 
@@ -190,13 +197,30 @@ struct hset {
 };
 
 struct node {
-    uint64_t chain;        /* key; immutable */
+    uint64_t chain;        /* key (namespace and position folded in, see ns_root); immutable */
     uint64_t parent_chain; /* immutable (unused at position 0) */
-    uint32_t pos, ns;      /* key; immutable */
     uint32_t seq;          /* atomic: seqlock, odd while a writer holds the node */
     uint32_t n;            /* atomic: count | N_EXT | N_DEAD */
     uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
 };
+
+#define NCHUNK 32768u /* node slab chunk: size and alignment */
+#define NCHUNK_HDR 64u
+#define NCHUNK_NODES ((NCHUNK - NCHUNK_HDR) / sizeof(struct node))
+_Static_assert(sizeof(struct node) == 32, "node: 32 bytes, two per cache line");
+
+struct nchunk { /* header of a node chunk, NCHUNK_HDR bytes */
+    struct nchunk *anext, *aprev; /* all chunks */
+    struct nchunk *pnext, *pprev; /* chunks with room */
+    struct node *free;
+    uint32_t live, bump;
+};
+
+struct slab {
+    uint32_t lock; /* spinlock */
+    uint32_t pad;
+    struct nchunk *all, *partial;
+} __attribute__((aligned(64)));
 
 /* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
  * its tag is the top 16 bits: a rebuild up to 2^16 slots places entries from the tags alone,
@@ -290,6 +314,7 @@ struct kvr_index {
     uint64_t *tabw;   /* NSHARD, atomic: each shard's table pointer | shift << 56, one
                        * compact array readers keep in L1 (no table header to load) */
 
+    struct slab slab;
     struct ebr_slot slots[EBR_SLOTS];
     uint64_t epoch;    /* atomic, starts at 1 */
     uint32_t nslots;   /* atomic: high-water mark of used slots */
@@ -412,9 +437,7 @@ static inline void ebr_exit(struct ebr_slot *s)
  * end of a writer call serve the next call on that slot; whatever that call does not use is
  * freed when it ends, so an idle index holds no cached nodes (memory follows contents). */
 struct node;
-static struct node *node_alloc(struct ebr_slot *s);
 static void node_cache_put(struct ebr_slot *s, void *p);
-static void node_cache_roll(struct ebr_slot *s);
 #define RET_NODE 1ull /* tag in a retired pointer: a node, recycled through the cache */
 
 /* Queues p to be freed when no thread can see it any more. Called with no node lock held
@@ -509,14 +532,123 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 
 /* ---- entries: nodes and holder sets ------------------------------------------------- */
 
-static struct node *node_alloc(struct ebr_slot *s)
+/* Node slab: nodes live in NCHUNK-aligned chunks (the chunk of a node is its address
+ * rounded down). A chunk keeps its free nodes in a list and a bump index for never-used
+ * ones; chunks with free room are on the slab's partial list. Writers take nodes in batches
+ * into their slot's cache and give back the unused and the reclaimed ones when the call
+ * ends, all under the slab's spinlock (one acquisition per batch, not per node). A chunk
+ * whose last node comes back is freed at once, so memory follows contents; bytes count the
+ * chunks' real allocations. */
+static struct nchunk *nchunk_of(void *x)
+{
+    return (struct nchunk *)((uintptr_t)x & ~(uintptr_t)(NCHUNK - 1));
+}
+
+static void slab_lock(struct slab *sb)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t z = 0;
+        if (LD(sb->lock) == 0 && __atomic_compare_exchange_n(&sb->lock, &z, 1, true,
+                                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        if (spins > 64)
+            sched_yield();
+        else
+            cpu_relax();
+    }
+}
+
+static void slab_unlock(struct slab *sb)
+{
+    STR(sb->lock, 0u);
+}
+
+static void chunk_link(struct nchunk **head, struct nchunk *c, int partial)
+{
+    struct nchunk **nx = partial ? &c->pnext : &c->anext, **pv = partial ? &c->pprev : &c->aprev;
+    *nx = *head;
+    *pv = NULL;
+    if (*head != NULL)
+        *(partial ? &(*head)->pprev : &(*head)->aprev) = c;
+    *head = c;
+}
+
+static void chunk_unlink(struct nchunk **head, struct nchunk *c, int partial)
+{
+    struct nchunk *nx = partial ? c->pnext : c->anext, *pv = partial ? c->pprev : c->aprev;
+    if (pv != NULL)
+        *(partial ? &pv->pnext : &pv->anext) = nx;
+    else
+        *head = nx;
+    if (nx != NULL)
+        *(partial ? &nx->pprev : &nx->aprev) = pv;
+}
+
+/* Slab locked: one node from a chunk with room (a new chunk if none), NULL on ENOMEM. */
+static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
+{
+    struct nchunk *c = sb->partial;
+    if (c == NULL) {
+        c = aligned_alloc(NCHUNK, NCHUNK);
+        if (c == NULL)
+            return NULL;
+        ADD(s->bytes, usable(c));
+        c->free = NULL;
+        c->live = 0;
+        c->bump = 0;
+        chunk_link(&sb->all, c, 0);
+        chunk_link(&sb->partial, c, 1);
+    }
+    struct node *x;
+    if (c->free != NULL) {
+        x = c->free;
+        memcpy(&c->free, x, sizeof(c->free));
+    } else {
+        x = (struct node *)((char *)c + NCHUNK_HDR) + c->bump++;
+    }
+    if (++c->live == NCHUNK_NODES)
+        chunk_unlink(&sb->partial, c, 1);
+    return x;
+}
+
+/* Slab locked: gives x back; frees its chunk when it empties. */
+static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
+{
+    struct nchunk *c = nchunk_of(x);
+    if (c->live == NCHUNK_NODES)
+        chunk_link(&sb->partial, c, 1);
+    if (--c->live == 0) {
+        chunk_unlink(&sb->partial, c, 1);
+        chunk_unlink(&sb->all, c, 0);
+        ADD(s->bytes, -usable(c));
+        free(c);
+        return;
+    }
+    memcpy(x, &c->free, sizeof(c->free));
+    c->free = x;
+}
+
+#define NODE_BATCH 64
+
+static struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
 {
     struct node *x = s->nfresh;
-    if (x != NULL) {
-        memcpy(&s->nfresh, x, sizeof(s->nfresh));
-        return x;
+    if (x == NULL) {
+        struct slab *sb = &ix->slab;
+        slab_lock(sb);
+        for (int k = 0; k < NODE_BATCH; k++) {
+            struct node *y = slab_take_locked(sb, s);
+            if (y == NULL)
+                break;
+            memcpy(y, &s->nfresh, sizeof(s->nfresh));
+            s->nfresh = y;
+        }
+        slab_unlock(sb);
+        if ((x = s->nfresh) == NULL)
+            return NULL;
     }
-    return sl_alloc(s, sizeof(struct node));
+    memcpy(&s->nfresh, x, sizeof(s->nfresh));
+    return x;
 }
 
 static void node_cache_put(struct ebr_slot *s, void *p)
@@ -525,21 +657,38 @@ static void node_cache_put(struct ebr_slot *s, void *p)
     s->nnext = p;
 }
 
-/* End of a writer call: frees the cached nodes this call did not reuse. */
-static void node_cache_roll(struct ebr_slot *s)
+/* End of a writer call: the slot's unused and reclaimed nodes go back to the slab. */
+static void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
 {
-    while (s->nfresh != NULL) {
-        struct node *x = s->nfresh;
-        memcpy(&s->nfresh, x, sizeof(s->nfresh));
-        sl_free(s, x);
+    if (s->nfresh == NULL && s->nnext == NULL)
+        return;
+    struct slab *sb = &ix->slab;
+    slab_lock(sb);
+    for (int pass = 0; pass < 2; pass++) {
+        struct node *x = pass ? s->nnext : s->nfresh;
+        while (x != NULL) {
+            struct node *nx;
+            memcpy(&nx, x, sizeof(nx));
+            slab_put_locked(sb, s, x);
+            x = nx;
+        }
     }
-    s->nfresh = s->nnext;
-    s->nnext = NULL;
+    slab_unlock(sb);
+    s->nfresh = s->nnext = NULL;
 }
 
-static inline uint64_t key_hash(uint32_t ns, uint32_t pos, uint64_t chain)
+/* The chain hash of a prefix at position 0 starts from its namespace's root (the standard
+ * KVR_HASH_CHAIN_ROOT for namespace 0; mix64 is a bijection, so roots differ): an entry's
+ * chain hash alone is its key, as "equal chain hash = same namespace, position and prefix"
+ * carries the same 2^-64 collision bound as equal chains at one position already did. */
+static inline uint64_t ns_root(uint32_t ns)
 {
-    uint64_t h = chain ^ ((((uint64_t)pos << 32) | ns) * 0x9e3779b97f4a7c15ull);
+    return KVR_HASH_CHAIN_ROOT ^ mix64(ns);
+}
+
+static inline uint64_t key_hash(uint64_t chain)
+{
+    uint64_t h = chain;
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ull;
     h ^= h >> 32;
@@ -607,8 +756,7 @@ static inline const struct table *tabw_get(const struct kvr_index *ix, uint64_t 
 }
 
 /* Lock-free lookup (readers and writers inside an epoch). */
-static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t pos,
-                             uint64_t chain, uint64_t h)
+static struct node *tab_find(const struct kvr_index *ix, uint64_t chain, uint64_t h)
 {
     uint32_t shift;
     const struct table *t = tabw_get(ix, h, &shift);
@@ -621,7 +769,7 @@ static struct node *tab_find(const struct kvr_index *ix, uint32_t ns, uint32_t p
             return NULL;
         if (v != SLOT_TOMB && (v >> 48) == tag) {
             const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
-            if (x->chain == chain && x->pos == pos && x->ns == ns)
+            if (x->chain == chain)
                 return (struct node *)x;
         }
         i = (i + 1) & mask;
@@ -660,7 +808,7 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
                 j = (v >> 48) >> (nt->shift - 48);
             } else {
                 const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
-                j = key_hash(x->ns, x->pos, x->chain) >> nt->shift;
+                j = key_hash(x->chain) >> nt->shift;
             }
             while (nt->slot[j] != 0)
                 j = (j + 1) & nt->mask;
@@ -708,6 +856,9 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
     }
 }
 
+/* Node locked: sets count and flags, keeping the immutable N_ROOT. */
+#define N_SET(nd, v) ST((nd)->n, (v) | (LD((nd)->n) & N_ROOT))
+
 static inline uint32_t el_holder(uint64_t e)
 {
     return (uint32_t)e;
@@ -745,7 +896,7 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
 
     if (cnt == 0) {
         ST(nd->h, el);
-        ST(nd->n, 1u);
+        N_SET(nd, 1u);
         return 1;
     }
     if (!(n & N_EXT)) {
@@ -763,7 +914,7 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
             ST(hs->e[1], one);
         }
         ST(nd->h, (uint64_t)(uintptr_t)hs);
-        ST(nd->n, 2u | N_EXT);
+        N_SET(nd, 2u | N_EXT);
         return 1;
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
@@ -786,7 +937,7 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
             ST(hs->e[k], LD(hs->e[k - 1]));
         ST(hs->e[i], el);
     }
-    ST(nd->n, (cnt + 1) | N_EXT);
+    N_SET(nd, (cnt + 1) | N_EXT);
     return 1;
 }
 
@@ -803,7 +954,7 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         if (el_holder(one) != holder)
             return 0;
         *nchild = (uint32_t)(one >> 32);
-        ST(nd->n, 0u);
+        N_SET(nd, 0u);
         return 1;
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
@@ -814,7 +965,7 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
     uint32_t cap = LD(hs->cap);
     if (cnt == 2) {
         ST(nd->h, LD(hs->e[1 - i]));
-        ST(nd->n, 1u);
+        N_SET(nd, 1u);
         *old = hs;
         return 1;
     }
@@ -826,7 +977,7 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
                 if (k != i)
                     ST(nh->e[k2++], LD(hs->e[k]));
             ST(nd->h, (uint64_t)(uintptr_t)nh);
-            ST(nd->n, (cnt - 1) | N_EXT);
+            N_SET(nd, (cnt - 1) | N_EXT);
             *old = hs;
             return 1;
         }
@@ -834,7 +985,7 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
     }
     for (uint32_t k = i; k + 1 < cnt; k++)
         ST(hs->e[k], LD(hs->e[k + 1]));
-    ST(nd->n, (cnt - 1) | N_EXT);
+    N_SET(nd, (cnt - 1) | N_EXT);
     return 1;
 }
 
@@ -897,9 +1048,9 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
     }
 }
 
-/* Adds holder to entry (ns, pos, chain) (key hash h), creating it. *added = 1 for a new
+/* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
  * membership. One probe under the shard lock finds the entry or the slot for it. */
-static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint32_t pos,
+static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
                      uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
                      uint32_t nchild, struct node **out, int *added)
 {
@@ -930,7 +1081,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint
                 ins = i;
         } else if ((v >> 48) == tag) {
             struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
-            if (y->chain == chain && y->pos == pos && y->ns == ns) {
+            if (y->chain == chain) {
                 x = y;
                 break;
             }
@@ -946,17 +1097,15 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, uint32_t ns, uint
         if (rc < 0)
             return rc;
     } else {
-        x = node_alloc(s);
+        x = node_alloc(ix, s);
         if (x == NULL) {
             shard_unlock(sh);
             return -ENOMEM;
         }
         x->chain = chain;
         x->parent_chain = pchain;
-        x->pos = pos;
-        x->ns = ns;
         x->seq = 0;
-        x->n = 1;
+        x->n = 1u | (root ? N_ROOT : 0u);
         x->h = pack_el(holder, nchild);
         IX_ASSERT(((uintptr_t)x >> 48) == 0);
         if (LD(t->slot[ins]) == 0)
@@ -980,7 +1129,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
 {
     void *old = NULL;
     uint32_t nchild = 0;
-    uint64_t h = key_hash(x->ns, x->pos, x->chain);
+    uint64_t h = key_hash(x->chain);
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
     int dead = 0;
 
@@ -990,7 +1139,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
         node_lock(x);
         int r = hs_del(s, x, holder, &nchild, &old);
         IX_ASSERT(r == 1);
-        if (LD(x->n) == 0) {
+        if ((LD(x->n) & ~N_ROOT) == 0) {
             ST(x->n, N_DEAD);
             dead = 1;
         }
@@ -1018,7 +1167,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
 
     shard_lock(sh);
     node_lock(x);
-    if (LD(x->n) == 0) {
+    if ((LD(x->n) & ~N_ROOT) == 0) {
         ST(x->n, N_DEAD);
         dead = 1;
     }
@@ -1045,8 +1194,9 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
 /* ---- writer-private maps --------------------------------------------------------------- */
 
 /* The reverse map is open addressing with linear probing over any capacity (home =
- * multiply-high of the mixed hash), growing by half and shrinking to half full: a holder's
- * map stays between 1/4 and 7/8 full instead of the 7/16..7/8 of power-of-two doubling. */
+ * multiply-high of the mixed hash), growing by a quarter (70%..87% full after a growth
+ * spurt: 16-byte records cost ~20 bytes a block) and shrinking to 7/16 full when a quarter
+ * full; power-of-two doubling would leave it 7/16..7/8 full. */
 static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
 {
     return (uint32_t)(((unsigned __int128)mix64(eh) * m->cap) >> 64);
@@ -1079,6 +1229,9 @@ static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
 }
 
 #define RECMAP_LOAD 7 /* max load, in eighths */
+#ifndef RECMAP_GROW
+#define RECMAP_GROW 5 /* growth factor, in quarters */
+#endif
 
 static inline uint32_t rec_cap_for(size_t need)
 {
@@ -1092,7 +1245,7 @@ static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
     size_t need = (size_t)m->n + more;
     if (need > (1u << 30) || need * 8 <= (size_t)m->cap * RECMAP_LOAD)
         return;
-    size_t grown = (size_t)m->cap * 3 / 2 * RECMAP_LOAD / 8; /* keep growth geometric */
+    size_t grown = (size_t)m->cap * RECMAP_GROW / 4 * RECMAP_LOAD / 8; /* keep growth geometric */
     (void)recmap_resize(s, m, rec_cap_for(need > grown ? need : grown));
 }
 
@@ -1120,7 +1273,7 @@ static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh)
 {
     if ((size_t)(m->n + 1) * 8 > (size_t)m->cap * RECMAP_LOAD) {
-        if (recmap_resize(s, m, rec_cap_for((size_t)m->cap * 3 / 2 * RECMAP_LOAD / 8 + 1)) < 0)
+        if (recmap_resize(s, m, rec_cap_for((size_t)m->cap * RECMAP_GROW / 4 * RECMAP_LOAD / 8 + 1)) < 0)
             return NULL;
     }
     uint32_t i = rec_home(m, eh);
@@ -1291,7 +1444,6 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     }
     __atomic_fetch_add(&ix->gbytes, usable(ix->sh), __ATOMIC_RELAXED);
     memset(ix->sh, 0, NSHARD * sizeof(struct shard));
-    for (unsigned i = 0; i < NSHARD; i++)
     strcpy(ix->tier_names[KVR_TIER_GPU], "gpu");
     strcpy(ix->tier_names[KVR_TIER_CPU], "cpu");
     strcpy(ix->tier_names[KVR_TIER_STORAGE], "storage");
@@ -1332,7 +1484,6 @@ void kvr_index_destroy(struct kvr_index *ix)
                 struct node *x = (struct node *)(uintptr_t)(v & PTR_MASK);
                 if (x->n & N_EXT)
                     sl_free(s, (void *)(uintptr_t)x->h);
-                sl_free(s, x);
             }
             sl_free(s, t);
         }
@@ -1342,17 +1493,14 @@ void kvr_index_destroy(struct kvr_index *ix)
     for (unsigned i = 0; i < EBR_SLOTS; i++) {
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
-            free((void *)((uintptr_t)e->ret[k].p & ~(uintptr_t)RET_NODE));
+            if (!((uintptr_t)e->ret[k].p & RET_NODE)) /* nodes: in the slab's chunks */
+                free(e->ret[k].p);
         free(e->ret);
-        for (int pass = 0; pass < 2; pass++) {
-            struct node *x = pass ? e->nnext : e->nfresh;
-            while (x != NULL) {
-                struct node *nx;
-                memcpy(&nx, x, sizeof(nx));
-                free(x);
-                x = nx;
-            }
-        }
+    }
+    while (ix->slab.all != NULL) {
+        struct nchunk *c = ix->slab.all;
+        ix->slab.all = c->anext;
+        free(c);
     }
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
@@ -1785,9 +1933,9 @@ static void ebr_reserve(struct wctx *c, size_t more)
     ebr_reserve_slot(c->s, more);
 }
 
-static inline uint64_t absent_key(uint32_t ns, uint64_t chain)
+static inline uint64_t absent_key(uint64_t chain)
 {
-    return chain ^ ((uint64_t)ns + 1) * 0x9e3779b97f4a7c15ull;
+    return chain;
 }
 
 /* All changes of a holder's hole count go through here: the worker's count of holey
@@ -1835,42 +1983,40 @@ static struct rec *worker_rec(struct worker *w, uint32_t tier, uint64_t eh)
 static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node *x,
                      struct node *pn, int prov)
 {
-    if (x->pos == 0)
+    if (LD(x->n) & N_ROOT)
         return 0;
     struct node *p = pn;
-    if (p == NULL || p->ns != x->ns || p->chain != x->parent_chain || p->pos + 1 != x->pos)
-        p = tab_find(c->ix, x->ns, x->pos - 1, x->parent_chain,
-                     key_hash(x->ns, x->pos - 1, x->parent_chain));
+    if (p == NULL || p->chain != x->parent_chain)
+        p = tab_find(c->ix, x->parent_chain, key_hash(x->parent_chain));
     else if (prov)
         return 0;
     if (p != NULL && entry_adj(p, hid, 1))
         return 0;
-    int rc = cmap_add(c->s, &H->absent, absent_key(x->ns, x->parent_chain), 1);
+    int rc = cmap_add(c->s, &H->absent, absent_key(x->parent_chain), 1);
     if (rc == 0)
         holes_add(c, H, 1);
     return rc;
 }
 
-/* H just lost membership in an entry (key ns/pos/chain, parent pchain) that had nchild
- * held children. hint: a node that may be the parent (saves a lookup). */
-static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, uint32_t ns,
-                      uint32_t pos, uint64_t chain, uint64_t pchain, uint32_t nchild,
-                      struct node *hint)
+/* H just lost membership in an entry (key chain, parent pchain, root: at position 0) that
+ * had nchild held children. hint: a node that may be the parent (saves a lookup). */
+static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
+                      uint64_t chain, uint64_t pchain, uint32_t nchild, struct node *hint)
 {
     if (nchild > 0) {
-        if (cmap_add(c->s, &H->absent, absent_key(ns, chain), nchild) == 0)
+        if (cmap_add(c->s, &H->absent, absent_key(chain), nchild) == 0)
             holes_add(c, H, nchild);
         else
             kvr_log_error("index: out of memory in hole accounting");
     }
-    if (pos == 0)
+    if (root)
         return;
     struct node *p = hint;
-    if (p == NULL || p->ns != ns || p->chain != pchain || p->pos + 1 != pos)
-        p = tab_find(c->ix, ns, pos - 1, pchain, key_hash(ns, pos - 1, pchain));
+    if (p == NULL || p->chain != pchain)
+        p = tab_find(c->ix, pchain, key_hash(pchain));
     if (p != NULL && entry_adj(p, hid, -1))
         return;
-    (void)cmap_add(c->s, &H->absent, absent_key(ns, pchain), -1);
+    (void)cmap_add(c->s, &H->absent, absent_key(pchain), -1);
     holes_add(c, H, -1);
 }
 
@@ -1908,14 +2054,13 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
         return 0;
     }
     struct node *p = *pn;
-    uint32_t pos = p ? p->pos + 1 : 0;
-    uint64_t pch = p ? p->chain : KVR_HASH_CHAIN_ROOT;
+    uint64_t pch = p ? p->chain : ns_root(ns);
     uint64_t chain = kvr_hash_chain(pch, b->content_hash);
-    uint64_t nchild = H->absent.n ? cmap_get(&H->absent, absent_key(ns, chain)) : 0;
+    uint64_t nchild = H->absent.n ? cmap_get(&H->absent, absent_key(chain)) : 0;
     struct node *x;
     int added, rc;
 
-    rc = entry_add(c->ix, c->s, ns, pos, chain, pch, key_hash(ns, pos, chain), hid,
+    rc = entry_add(c->ix, c->s, p == NULL, chain, pch, key_hash(chain), hid,
                    (uint32_t)nchild + (more ? 1 : 0), &x, &added);
     if (rc < 0) {
         prov_cancel(c, hid);
@@ -1928,7 +2073,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
     c->res->stored++;
     if (added) {
         if (nchild > 0) {
-            (void)cmap_add(c->s, &H->absent, absent_key(ns, chain), -(int64_t)nchild);
+            (void)cmap_add(c->s, &H->absent, absent_key(chain), -(int64_t)nchild);
             holes_add(c, H, -(int64_t)nchild);
         }
         rc = hole_gain(c, H, hid, x, p, c->prov != NULL && c->prov == p);
@@ -1970,11 +2115,11 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
         (void)cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
         return;
     }
-    uint32_t ns = x->ns, pos = x->pos;
+    int root = (LD(x->n) & N_ROOT) != 0;
     uint64_t chain = x->chain, pchain = x->parent_chain;
     uint32_t hid = HOLDER(c->wid, tier);
     uint32_t nchild = entry_del(c->ix, c->s, x, hid);
-    hole_lose(c, H, hid, ns, pos, chain, pchain, nchild, hint);
+    hole_lose(c, H, hid, root, chain, pchain, nchild, hint);
 }
 
 static void orph_remove_at(struct wctx *c, uint32_t i, uint32_t k)
@@ -2089,7 +2234,7 @@ static void wend(struct wctx *c)
 {
     ebr_exit(c->s);
     ebr_reclaim(c->ix, c->s);
-    node_cache_roll(c->s);
+    node_cache_roll(c->ix, c->s);
     slot_release(c->s);
 }
 
@@ -2133,13 +2278,12 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
     recmap_reserve(c.s, &H->recs, n);
     /* look ahead: the entries' table slots and the reverse map's slots, assuming the chain
      * continues (a duplicate with another position only makes a prefetch useless) */
-    uint64_t la_chain = pn ? pn->chain : KVR_HASH_CHAIN_ROOT;
-    uint32_t la_pos = pn ? pn->pos + 1 : 0;
+    uint64_t la_chain = pn ? pn->chain : ns_root(ns);
     size_t la = 0;
     for (size_t i = 0; i < n; i++) {
         for (; la < n && la < i + 8; la++) {
             la_chain = kvr_hash_chain(la_chain, blocks[la].content_hash);
-            pf_slot(ix, key_hash(ns, la_pos + (uint32_t)la, la_chain));
+            pf_slot(ix, key_hash(la_chain));
             recmap_prefetch(&H->recs, blocks[la].engine_hash);
         }
         if ((rc = store_one(&c, H, tier, ns, &pn, &blocks[i], i + 1 < n)) < 0)
@@ -2304,6 +2448,7 @@ struct kvr_index_reader {
     struct ebr_slot *slot;
     uint32_t qid;
     uint32_t maxq, maxh, maxw;
+    uint64_t root;      /* the query namespace's chain root */
     uint64_t *ch;       /* chain per position, valid where chq[p] == qid */
     uint32_t *chq;
     struct node **nd;   /* node per position, valid where ndq[p] == qid */
@@ -2384,7 +2529,7 @@ static uint64_t chain_seq(struct kvr_index_reader *r, const uint64_t *q, uint32_
     uint32_t b = p;
     while (b > 0 && r->chq[b - 1] != qid)
         b--;
-    uint64_t c = b == 0 ? KVR_HASH_CHAIN_ROOT : r->ch[b - 1];
+    uint64_t c = b == 0 ? r->root : r->ch[b - 1];
     for (; b <= p; b++) {
         c = kvr_hash_chain(c, q[b]);
         r->ch[b] = c;
@@ -2424,7 +2569,7 @@ static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, cons
     if (r->ndq[p] == r->qid)
         return r->nd[p];
     uint64_t c = chain_seq(r, q, p);
-    struct node *x = tab_find(r->ix, ns, p, c, key_hash(ns, p, c));
+    struct node *x = tab_find(r->ix, c, key_hash(c));
     r->nd[p] = x;
     r->ndq[p] = r->qid;
     return x;
@@ -2580,7 +2725,7 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         while (issued < nl && issued < j + PF_SLOT) {
             uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
             uint64_t c = chain_jump(r, q, base, L);
-            r->lh[issued] = key_hash(ns, L, c);
+            r->lh[issued] = key_hash(c);
             pf_slot(ix, r->lh[issued]);
             issued++;
         }
@@ -2589,7 +2734,7 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         for (uint32_t jj = j; jj <= j + PF_HSET && jj < issued; jj++) {
             uint32_t LL = LANDING(jj);
             if (r->ndq[LL] != r->qid) {
-                r->nd[LL] = tab_find(ix, ns, LL, r->ch[LL], r->lh[jj]);
+                r->nd[LL] = tab_find(ix, r->ch[LL], r->lh[jj]);
                 r->ndq[LL] = r->qid;
                 pf_hset(r->nd[LL]);
             }
@@ -2691,6 +2836,7 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
         r->qid = 1;
     }
     const uint32_t qid = r->qid;
+    r->root = ns_root(ns);
     for (size_t i = 0; i < npods; i++)
         if (pod_ids[i] < r->maxw)
             r->podq[pod_ids[i]] = qid;
