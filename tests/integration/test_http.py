@@ -800,3 +800,40 @@ def test_slow_reader_is_cut(daemon_factory):
     lim = {lab["kind"]: v for _, lab, v in
            fams["kvrouter_http_limit_rejections_total"]["samples"]}
     assert lim["write_timeout"] >= 1
+
+
+def test_two_loop_threads(daemon_factory):
+    """[http] threads = 2: two loops share the port (SO_REUSEPORT); answers and counters are
+    the same as with one."""
+    import threading
+    d = daemon_factory({"http": {"threads": "2"}})
+    errors = []
+
+    def client(n):
+        import http.client
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=5)
+            for _ in range(n):
+                conn.request("POST", "/v1/score", body=json.dumps(
+                    {"model": "m", "token_ids": list(range(64))}),
+                    headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                body = json.loads(r.read())
+                if r.status != 200 or body["scores"] != []:
+                    errors.append((r.status, body))
+            conn.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(25,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors[:3]
+    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    reqs = {(lab["endpoint"], lab["code"]): v
+            for _, lab, v in fams["kvrouter_http_requests_total"]["samples"]}
+    assert reqs[("score", "2xx")] == 200
+    accepted = fams["kvrouter_http_connections_accepted_total"]["samples"][0][2]
+    assert accepted >= 9
