@@ -17,10 +17,12 @@
 
 #include "conf.h"
 #include "daemon.h"
+#include "http.h"
 #include "index.h"
 #include "ingest.h"
 #include "log.h"
 #include "notify.h"
+#include "score.h"
 
 #ifndef KVR_DEFAULT_CONF
 #define KVR_DEFAULT_CONF "/etc/kvrouterd/kvrouterd.conf"
@@ -31,7 +33,9 @@ struct app {
     struct kvr_notify notify;
     sigset_t sigs;
     struct kvr_index *index;
+    struct kvr_score *score;
     struct kvr_ingest *ingest;
+    struct kvr_http *http;
 };
 
 static void usage(FILE *f)
@@ -51,8 +55,10 @@ static void usage(FILE *f)
 /* Reload hook: push reloadable settings into running modules. */
 static void app_reloaded(void *arg, const struct kvr_conf *live)
 {
-    (void)arg;
-    (void)live;
+    struct app *a = arg;
+
+    if (a->score != NULL)
+        kvr_score_set_weights(a->score, live);
 }
 
 static int app_start(struct app *a, struct kvr_err *err)
@@ -61,25 +67,48 @@ static int app_start(struct app *a, struct kvr_err *err)
         .jump_stride = a->conf.jump_stride,
         .max_workers = a->conf.max_workers,
         .orphan_capacity = a->conf.orphan_capacity,
+        .max_query_blocks = a->conf.max_query_tokens, /* a block holds at least one token */
     };
+    struct kvr_http_deps hd;
     int rc;
 
     rc = kvr_index_create(&io, &a->index);
     if (rc != 0)
         return kvr_err_set(err, rc, "index: %s", strerror(-rc));
+    rc = kvr_score_create(a->index, &a->conf, &a->score);
+    if (rc != 0)
+        return kvr_err_set(err, rc, "score: %s", strerror(-rc));
     rc = kvr_ingest_create(&a->conf, a->index, &a->ingest, err);
     if (rc != 0)
         return rc;
-    return kvr_ingest_start(a->ingest, err);
+    rc = kvr_ingest_start(a->ingest, err);
+    if (rc != 0)
+        return rc;
+    hd = (struct kvr_http_deps){
+        .conf = &a->conf, .score = a->score, .ingest = a->ingest, .index = a->index};
+    rc = kvr_http_create(&hd, &a->http, err);
+    if (rc != 0)
+        return rc;
+    return kvr_http_start(a->http, err);
 }
 
-/* Reverse order; copes with a partially started app. */
+/* Reverse order; copes with a partially started app. Readiness drops first. */
 static void app_stop(struct app *a)
 {
+    if (a->http != NULL) {
+        kvr_http_set_ready(a->http, false);
+        kvr_http_stop(a->http); /* finishes responses being written */
+        kvr_http_destroy(a->http);
+        a->http = NULL;
+    }
     if (a->ingest != NULL) {
-        kvr_ingest_stop(a->ingest); /* drains: every received batch is applied */
+        kvr_ingest_stop(a->ingest); /* stops intake, drains: every received batch is applied */
         kvr_ingest_destroy(a->ingest);
         a->ingest = NULL;
+    }
+    if (a->score != NULL) {
+        kvr_score_destroy(a->score);
+        a->score = NULL;
     }
     if (a->index != NULL) {
         kvr_index_destroy(a->index);
@@ -90,11 +119,23 @@ static void app_stop(struct app *a)
 static void app_ready(struct app *a)
 {
     struct kvr_daemon_listeners l = {0};
+    char http[300], admin[300];
     const char *events[64];
 
     if (a->ingest != NULL) {
         l.nevents = kvr_ingest_bound_endpoints(a->ingest, events, 64);
         l.events = events;
+    }
+
+    if (a->http != NULL) {
+        kvr_daemon_hostport(http, sizeof(http), a->conf.listen, kvr_http_port(a->http));
+        l.http = http;
+        if (kvr_http_admin_port(a->http) != 0) {
+            kvr_daemon_hostport(admin, sizeof(admin), a->conf.admin_listen,
+                                kvr_http_admin_port(a->http));
+            l.admin = admin;
+        }
+        kvr_http_set_ready(a->http, true);
     }
     kvr_daemon_log_ready(&l);
     kvr_notify_ready(&a->notify, "ready");

@@ -1,0 +1,774 @@
+/* httpapi.c — routing and endpoints of the HTTP API (see httpapi.h for the route table).
+ *
+ * Design:
+ * - One routing function decides, in this order: route exists on this listener (404),
+ *   method (405 + Allow), bearer token for mutating routes (401/403), content type (415),
+ *   body (400/411/413), then the endpoint runs. Every error body is {"error": "..."}.
+ * - Score responses are written by hand into the thread's scratch buffer (escaped strings,
+ *   integers, a short fixed-point form for scores): no cJSON, no allocation once the
+ *   buffers have grown.
+ * - The score path decodes the body in place (reqbody) into the thread's token array and
+ *   hashes straight from it (score.c).
+ * - Ingestion is optional: unit tests, fuzzers and benchmarks pass ingest = NULL; routes
+ *   that need it then answer 503.
+ * Threads: handlers run on loop threads; shared state is read-only except `ready`.
+ */
+#include "httpapi.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "jtok.h"
+#include "reqbody.h"
+
+
+struct kvr_httpapi {
+    const struct kvr_conf *conf;
+    struct kvr_score *score;
+    struct kvr_ingest *ingest;
+    struct kvr_index *index;
+    bool admin_listener;
+    char *token;      /* NULL = no auth */
+    size_t token_len;
+    uint32_t max_tokens;
+    void (*server_metrics)(void *arg, struct kvr_buf *out);
+    void *server_metrics_arg;
+    _Atomic bool ready;
+};
+
+struct kvr_httpapi_thread {
+    struct kvr_httpapi *api;
+    struct kvr_httpstats *stats;
+    struct kvr_score_ctx *sctx;
+    uint32_t *tokens;
+    const char **pods;
+    char decoded[KVR_HTTPREQ_URL_MAX + 1];
+};
+
+int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi **out)
+{
+    struct kvr_httpapi *api;
+
+    if (deps == NULL || deps->conf == NULL || out == NULL)
+        return -EINVAL;
+    api = calloc(1, sizeof(*api));
+    if (api == NULL)
+        return -ENOMEM;
+    api->conf = deps->conf;
+    api->score = deps->score;
+    api->ingest = deps->ingest;
+    api->index = deps->index;
+    api->admin_listener = deps->admin_listener;
+    api->max_tokens = deps->conf->max_query_tokens ? deps->conf->max_query_tokens : 262144;
+    api->server_metrics = deps->server_metrics;
+    api->server_metrics_arg = deps->server_metrics_arg;
+    if (deps->conf->admin_token != NULL && deps->conf->admin_token[0] != '\0') {
+        api->token = strdup(deps->conf->admin_token);
+        if (api->token == NULL) {
+            free(api);
+            return -ENOMEM;
+        }
+        api->token_len = strlen(api->token);
+    }
+    atomic_init(&api->ready, false);
+    *out = api;
+    return 0;
+}
+
+void kvr_httpapi_destroy(struct kvr_httpapi *api)
+{
+    if (api == NULL)
+        return;
+    if (api->token != NULL) {
+        memset(api->token, 0, api->token_len);
+        free(api->token);
+    }
+    free(api);
+}
+
+void kvr_httpapi_set_ready(struct kvr_httpapi *api, bool ready)
+{
+    atomic_store_explicit(&api->ready, ready, memory_order_release);
+}
+
+bool kvr_httpapi_ready(const struct kvr_httpapi *api)
+{
+    return atomic_load_explicit(&api->ready, memory_order_acquire);
+}
+
+int kvr_httpapi_thread_create(struct kvr_httpapi *api, struct kvr_httpstats *stats,
+                              struct kvr_httpapi_thread **out)
+{
+    struct kvr_httpapi_thread *t = calloc(1, sizeof(*t));
+    int rc = -ENOMEM;
+
+    if (t == NULL)
+        return -ENOMEM;
+    t->api = api;
+    t->stats = stats;
+    t->tokens = malloc((size_t)api->max_tokens * sizeof(uint32_t));
+    t->pods = malloc(KVR_HTTPAPI_MAX_PODS * sizeof(char *));
+    if (t->tokens == NULL || t->pods == NULL)
+        goto fail;
+    if (api->score != NULL) {
+        rc = kvr_score_ctx_create(api->score, api->max_tokens, &t->sctx);
+        if (rc != 0)
+            goto fail;
+    }
+    *out = t;
+    return 0;
+fail:
+    free(t->tokens);
+    free(t->pods);
+    free(t);
+    return rc;
+}
+
+void kvr_httpapi_thread_destroy(struct kvr_httpapi_thread *t)
+{
+    if (t == NULL)
+        return;
+    kvr_score_ctx_destroy(t->sctx);
+    free(t->tokens);
+    free(t->pods);
+    free(t);
+}
+
+/* ---- small output helpers ---------------------------------------------------------------- */
+
+static void put(struct kvr_buf *b, const char *s)
+{
+    kvr_buf_append(b, s, strlen(s));
+}
+
+static void put_json_str(struct kvr_buf *b, const char *s)
+{
+    size_t n = strlen(s);
+    if (kvr_buf_reserve(b, 6 * n + 2) != 0)
+        return;
+    b->len += kvr_jtok_escape(b->data + b->len, s, n);
+    b->data[b->len] = '\0';
+}
+
+static void put_u64(struct kvr_buf *b, uint64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    if (kvr_buf_reserve(b, 24) != 0)
+        return;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        b->data[b->len++] = tmp[--n];
+    b->data[b->len] = '\0';
+}
+
+static void put_i64(struct kvr_buf *b, int64_t v)
+{
+    if (v < 0) {
+        put(b, "-");
+        put_u64(b, (uint64_t)0 - (uint64_t)v);
+    } else {
+        put_u64(b, (uint64_t)v);
+    }
+}
+
+void kvr_httpapi_put_double(struct kvr_buf *b, double v)
+{
+    uint64_t scaled, ip, fp;
+    char frac[8];
+    int n = 6;
+
+    if (!isfinite(v)) {
+        put(b, "0");
+        return;
+    }
+    if (v < 0) {
+        put(b, "-");
+        v = -v;
+    }
+    if (v >= 1e12) { /* not reached by sums of weights; keep it exact-ish and valid */
+        kvr_buf_printf(b, "%.17g", v);
+        return;
+    }
+    scaled = (uint64_t)llround(v * 1e6);
+    ip = scaled / 1000000u;
+    fp = scaled % 1000000u;
+    put_u64(b, ip);
+    if (fp == 0)
+        return;
+    for (int i = 5; i >= 0; i--) {
+        frac[i] = (char)('0' + fp % 10);
+        fp /= 10;
+    }
+    while (n > 0 && frac[n - 1] == '0')
+        n--;
+    put(b, ".");
+    kvr_buf_append(b, frac, (size_t)n);
+}
+
+static void fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
+{
+    char msg[KVR_ERR_MSG_MAX + 64];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    resp->status = status;
+    resp->content_type = "application/json";
+    kvr_http_error_body(resp->body, msg);
+}
+
+/* ---- request helpers --------------------------------------------------------------------- */
+
+int kvr_httpapi_percent_decode(const char *src, size_t len, char *dst, size_t cap)
+{
+    size_t w = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)src[i];
+        if (c == '%') {
+            int hi, lo;
+            if (len - i < 3)
+                return -EINVAL;
+            hi = src[i + 1];
+            lo = src[i + 2];
+#define HEX(x) ((x) >= '0' && (x) <= '9' ? (x) - '0' : (x) >= 'a' && (x) <= 'f' ? (x) - 'a' + 10 \
+               : (x) >= 'A' && (x) <= 'F' ? (x) - 'A' + 10 : -1)
+            hi = HEX(hi);
+            lo = HEX(lo);
+#undef HEX
+            if (hi < 0 || lo < 0)
+                return -EINVAL;
+            c = (unsigned char)(hi * 16 + lo);
+            if (c == 0)
+                return -EINVAL;
+            i += 2;
+        }
+        if (w + 1 >= cap)
+            return -EINVAL;
+        dst[w++] = (char)c;
+    }
+    if (cap == 0)
+        return -EINVAL;
+    dst[w] = '\0';
+    return 0;
+}
+
+enum body_kind { BODY_JSON, BODY_MSGPACK, BODY_OTHER };
+
+static enum body_kind content_kind(const char *ct)
+{
+    size_t n;
+
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    n = strcspn(ct, ";");
+    while (n > 0 && (ct[n - 1] == ' ' || ct[n - 1] == '\t'))
+        n--;
+    if (n == 0)
+        return BODY_JSON; /* absent: JSON */
+#define IS(s) (n == sizeof(s) - 1 && strncasecmp(ct, s, n) == 0)
+    if (IS("application/json"))
+        return BODY_JSON;
+    if (IS("application/msgpack") || IS("application/x-msgpack") || IS("application/vnd.msgpack"))
+        return BODY_MSGPACK;
+#undef IS
+    return BODY_OTHER;
+}
+
+/* Constant time in the expected token's length, whatever is presented. */
+static bool token_equal(const char *given, size_t glen, const char *want, size_t wlen)
+{
+    volatile unsigned char d = (unsigned char)(glen != wlen);
+    for (size_t i = 0; i < wlen; i++)
+        d = (unsigned char)(d | (unsigned char)(want[i] ^ (i < glen ? given[i] : 0)));
+    return d == 0;
+}
+
+/* 0 when allowed; else the response is filled (401 or 403). */
+static int check_auth(const struct kvr_httpapi *api, const struct kvr_httpreq *req,
+                      struct kvr_httpresp *resp)
+{
+    const char *a;
+    size_t n;
+
+    if (api->token == NULL)
+        return 0;
+    if (req->auth == NULL || req->auth_len < 7 || strncasecmp(req->auth, "bearer ", 7) != 0) {
+        fail(resp, 401, "missing bearer token (Authorization: Bearer <admin_token>)");
+        resp->extra_headers = "WWW-Authenticate: Bearer realm=\"kvrouterd\"\r\n";
+        return -1;
+    }
+    a = req->auth + 7;
+    n = req->auth_len - 7;
+    while (n > 0 && (*a == ' ' || *a == '\t')) {
+        a++;
+        n--;
+    }
+    while (n > 0 && (a[n - 1] == ' ' || a[n - 1] == '\t'))
+        n--;
+    if (req->auth_truncated || !token_equal(a, n, api->token, api->token_len)) {
+        fail(resp, 403, "wrong bearer token");
+        return -1;
+    }
+    return 0;
+}
+
+/* JSON body presence and type for endpoints that take one (score has its own). */
+static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+{
+    if (content_kind(req->content_type) != BODY_JSON) {
+        fail(resp, 415, "unsupported content type '%s' (use application/json)",
+             req->content_type);
+        return -1;
+    }
+    if (req->body_len == 0) {
+        if (!req->has_length)
+            fail(resp, 411, "request body required (Content-Length)");
+        else
+            fail(resp, 400, "empty request body");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- POST /v1/score -------------------------------------------------------------------- */
+
+static void write_score(struct kvr_buf *b, const char *model, const struct kvr_score_result *r)
+{
+    put(b, "{\"model\":");
+    put_json_str(b, model);
+    put(b, ",\"block_size\":");
+    if (r->block_size)
+        put_u64(b, r->block_size);
+    else
+        put(b, "null");
+    put(b, ",\"query_blocks\":");
+    put_u64(b, r->query_blocks);
+    put(b, ",\"scores\":[");
+    for (size_t i = 0; i < r->nentries; i++) {
+        const struct kvr_score_entry *e = &r->entries[i];
+        bool first = true;
+        put(b, i ? ",{\"pod\":" : "{\"pod\":");
+        put_json_str(b, e->pod);
+        put(b, ",\"dp_rank\":");
+        put_u64(b, e->dp_rank);
+        put(b, ",\"matched_blocks\":");
+        put_u64(b, e->matched_blocks);
+        put(b, ",\"matched_tokens\":");
+        put_u64(b, e->matched_tokens);
+        put(b, ",\"tiers\":{");
+        for (int t = 0; t < KVR_TIER_MAX; t++) {
+            const char *name = r->tier_names[t];
+            if (e->tiers[t] == 0)
+                continue;
+            if (name == NULL)
+                name = t == KVR_TIER_GPU ? "gpu" : t == KVR_TIER_CPU ? "cpu" : "storage";
+            if (!first)
+                put(b, ",");
+            first = false;
+            put_json_str(b, name);
+            put(b, ":");
+            put_u64(b, e->tiers[t]);
+        }
+        put(b, "},\"score\":");
+        kvr_httpapi_put_double(b, e->score);
+        put(b, "}");
+    }
+    put(b, "]}\n");
+}
+
+static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                     struct kvr_httpresp *resp)
+{
+    struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
+                                     KVR_HTTPAPI_MAX_PODS};
+    struct kvr_reqbody_query q;
+    struct kvr_score_query sq;
+    struct kvr_score_result res;
+    struct kvr_err err;
+    enum body_kind kind = content_kind(req->content_type);
+    int rc;
+
+    if (kind == BODY_OTHER) {
+        fail(resp, 415, "unsupported content type '%s' (use application/json or "
+                        "application/msgpack)", req->content_type);
+        return;
+    }
+    if (req->body_len == 0) {
+        if (!req->has_length)
+            fail(resp, 411, "request body required (Content-Length)");
+        else
+            fail(resp, 400, "empty request body");
+        return;
+    }
+    err.msg[0] = '\0';
+    if (kind == BODY_JSON)
+        rc = kvr_reqbody_query_json(req->body, req->body_len, &sc, &q, &err);
+    else
+        rc = kvr_reqbody_query_msgpack(req->body, req->body_len, &sc, &q, &err);
+    if (rc == -E2BIG) {
+        kvr_httpstats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "%s", err.msg);
+        return;
+    }
+    if (rc != 0) {
+        fail(resp, 400, "%s", err.msg[0] ? err.msg : "invalid body");
+        return;
+    }
+    if (t->sctx == NULL) {
+        fail(resp, 503, "scoring is not available");
+        return;
+    }
+    sq.model = q.model;
+    sq.lora_name = q.lora_name;
+    sq.tokens = q.tokens;
+    sq.ntokens = q.ntokens;
+    sq.pods = q.pods;
+    sq.npods = q.npods;
+    rc = kvr_score_query(t->sctx, &sq, &res);
+    if (rc == -E2BIG) {
+        kvr_httpstats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "query too large");
+        return;
+    }
+    if (rc != 0) {
+        fail(resp, 500, "scoring failed: %s", strerror(-rc));
+        return;
+    }
+    write_score(resp->body, q.model, &res);
+}
+
+/* ---- pods -------------------------------------------------------------------------------- */
+
+struct pods_ctx {
+    struct kvr_buf *b;
+    size_t n;
+};
+
+static void pod_cb(const struct kvr_stream_info *s, void *arg)
+{
+    struct pods_ctx *pc = arg;
+    struct kvr_buf *b = pc->b;
+    bool first = true;
+
+    put(b, pc->n++ ? ",{\"pod\":" : "{\"pod\":");
+    put_json_str(b, s->pod ? s->pod : "");
+    put(b, ",\"model\":");
+    put_json_str(b, s->model ? s->model : "");
+    put(b, ",\"dp_rank\":");
+    put_u64(b, s->dp_rank);
+    put(b, ",\"blocks\":");
+    put_u64(b, s->blocks);
+    put(b, ",\"tiers\":{");
+    for (int i = 0; i < KVR_TIER_MAX; i++) {
+        if (s->tier_names[i] == NULL || s->tier_blocks[i] == 0)
+            continue;
+        if (!first)
+            put(b, ",");
+        first = false;
+        put_json_str(b, s->tier_names[i]);
+        put(b, ":");
+        put_u64(b, s->tier_blocks[i]);
+    }
+    put(b, "},\"last_seq\":");
+    put_u64(b, s->last_seq);
+    put(b, ",\"gaps\":");
+    put_u64(b, s->gaps);
+    put(b, ",\"replays\":");
+    put_u64(b, s->replays);
+    put(b, ",\"restarts\":");
+    put_u64(b, s->restarts);
+    put(b, ",\"state\":");
+    put_json_str(b, kvr_stream_state_name(s->state));
+    put(b, ",\"last_event_age_ms\":");
+    put_i64(b, s->last_event_age_ms);
+    put(b, "}");
+}
+
+static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
+{
+    struct pods_ctx pc = {resp->body, 0};
+
+    put(resp->body, "{\"pods\":[");
+    kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
+    put(resp->body, "]}\n");
+}
+
+static void ep_pod_delete(struct kvr_httpapi_thread *t, const char *raw, size_t rawlen,
+                          struct kvr_httpresp *resp)
+{
+    uint64_t removed = 0;
+    int rc;
+
+    if (kvr_httpapi_percent_decode(raw, rawlen, t->decoded, sizeof(t->decoded)) != 0) {
+        fail(resp, 400, "bad percent-encoding in the pod name");
+        return;
+    }
+    rc = kvr_ingest_purge_pod(t->api->ingest, t->decoded, &removed);
+    if (rc == -ENOENT) {
+        fail(resp, 404, "unknown pod '%s'", t->decoded);
+        return;
+    }
+    if (rc != 0) {
+        fail(resp, 500, "purge failed: %s", strerror(-rc));
+        return;
+    }
+    put(resp->body, "{\"pod\":");
+    put_json_str(resp->body, t->decoded);
+    put(resp->body, ",\"removed_blocks\":");
+    put_u64(resp->body, removed);
+    put(resp->body, "}\n");
+}
+
+/* ---- endpoints --------------------------------------------------------------------------- */
+
+static void put_opt_str(struct kvr_buf *b, const char *s)
+{
+    if (s == NULL)
+        put(b, "null");
+    else
+        put_json_str(b, s);
+}
+
+struct eps_ctx {
+    struct kvr_buf *b;
+    size_t n;
+};
+
+static void ep_cb(const struct kvr_endpoint_info *e, void *arg)
+{
+    struct eps_ctx *ec = arg;
+    struct kvr_buf *b = ec->b;
+
+    put(b, ec->n++ ? ",{\"endpoint\":" : "{\"endpoint\":");
+    put_opt_str(b, e->endpoint);
+    put(b, ",\"replay_endpoint\":");
+    put_opt_str(b, e->replay);
+    put(b, ",\"pod\":");
+    put_opt_str(b, e->pod);
+    put(b, e->connected ? ",\"connected\":true" : ",\"connected\":false");
+    put(b, e->from_config ? ",\"from_config\":true}" : ",\"from_config\":false}");
+}
+
+static void ep_endpoints_get(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
+{
+    struct eps_ctx ec = {resp->body, 0};
+
+    put(resp->body, "{\"endpoints\":[");
+    kvr_ingest_endpoints(t->api->ingest, ep_cb, &ec);
+    put(resp->body, "]}\n");
+}
+
+static void ep_endpoints_change(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                                struct kvr_httpresp *resp, bool add)
+{
+    struct kvr_reqbody_endpoint e;
+    struct kvr_err err;
+    int rc;
+
+    if (need_json_body(req, resp) != 0)
+        return;
+    err.msg[0] = '\0';
+    if (kvr_reqbody_endpoint_json(req->body, req->body_len, &e, &err) != 0) {
+        fail(resp, 400, "%s", err.msg);
+        return;
+    }
+    err.msg[0] = '\0';
+    if (add)
+        rc = kvr_ingest_endpoint_add(t->api->ingest, e.endpoint, e.replay_endpoint, e.pod, &err);
+    else
+        rc = kvr_ingest_endpoint_del(t->api->ingest, e.endpoint, &err);
+    if (rc == -EEXIST) {
+        fail(resp, 409, "endpoint '%s' already exists", e.endpoint);
+        return;
+    }
+    if (rc == -ENOENT) {
+        fail(resp, 404, "endpoint '%s' is not configured", e.endpoint);
+        return;
+    }
+    if (rc == -EINVAL) {
+        fail(resp, 400, "%s", err.msg[0] ? err.msg : "invalid endpoint");
+        return;
+    }
+    if (rc != 0) {
+        fail(resp, 500, "%s: %s", add ? "adding the endpoint failed" : "removal failed",
+             err.msg[0] ? err.msg : strerror(-rc));
+        return;
+    }
+    resp->status = add ? 201 : 200;
+    put(resp->body, "{\"endpoint\":");
+    put_json_str(resp->body, e.endpoint);
+    if (add) {
+        put(resp->body, ",\"replay_endpoint\":");
+        put_opt_str(resp->body, e.replay_endpoint);
+        put(resp->body, ",\"pod\":");
+        put_opt_str(resp->body, e.pod);
+    } else {
+        put(resp->body, ",\"removed\":true");
+    }
+    put(resp->body, "}\n");
+}
+
+/* ---- health, readiness, metrics -------------------------------------------------------- */
+
+static void ep_readyz(struct kvr_httpapi *api, struct kvr_httpresp *resp)
+{
+    bool http_ready = kvr_httpapi_ready(api);
+    bool ing_ready = api->ingest == NULL || kvr_ingest_ready(api->ingest);
+
+    if (http_ready && ing_ready) {
+        put(resp->body, "{\"ready\":true}\n");
+        return;
+    }
+    fail(resp, 503, "not ready (%s)", !http_ready ? "starting or stopping" : "ingestion not ready");
+}
+
+static void index_gauges(struct kvr_index *ix, struct kvr_buf *b)
+{
+    struct kvr_index_stats st;
+
+    kvr_index_stats(ix, &st);
+    kvr_metrics_gauge(b, "index_entries", "Positional index entries", NULL, (double)st.entries);
+    kvr_metrics_gauge(b, "index_holders", "(holder, entry) pairs", NULL, (double)st.holders);
+    kvr_metrics_gauge(b, "index_memory_bytes", "Bytes used by the index", NULL,
+                      (double)st.bytes);
+    kvr_metrics_gauge(b, "index_workers", "Workers interned", NULL, (double)st.workers);
+    kvr_metrics_gauge(b, "index_namespaces", "(model, LoRA) namespaces", NULL,
+                      (double)st.namespaces);
+    kvr_metrics_gauge(b, "index_orphans", "Blocks parked waiting for their parent", NULL,
+                      (double)st.orphans);
+}
+
+static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
+{
+    struct kvr_buf *b = resp->body;
+
+    resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    kvr_metrics_gauge(b, "ready", "1 while /readyz answers 200", NULL,
+                      kvr_httpapi_ready(api) &&
+                              (api->ingest == NULL || kvr_ingest_ready(api->ingest))
+                          ? 1.0
+                          : 0.0);
+    if (api->ingest != NULL)
+        kvr_ingest_metrics(api->ingest, b);
+    else if (api->index != NULL)
+        index_gauges(api->index, b);
+    if (api->score != NULL)
+        kvr_score_metrics(api->score, b);
+    if (api->server_metrics != NULL)
+        api->server_metrics(api->server_metrics_arg, b);
+}
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+static bool path_is(const struct kvr_httpreq *req, const char *p)
+{
+    size_t n = strlen(p);
+    return req->path_len == n && memcmp(req->path, p, n) == 0;
+}
+
+/* Runs a void call and returns from the (void) handler. */
+#define RET_VOID(call) \
+    do {               \
+        call;          \
+        return;        \
+    } while (0)
+
+/* allow_hdr is a complete "Allow: ...\r\n" line (a string constant). */
+static void method_not_allowed(struct kvr_httpresp *resp, const char *allow_hdr)
+{
+    fail(resp, 405, "method not allowed (%.*s)", (int)strcspn(allow_hdr, "\r"), allow_hdr);
+    resp->extra_headers = allow_hdr;
+}
+
+#define ALLOW_GET "Allow: GET\r\n"
+#define ALLOW_POST "Allow: POST\r\n"
+#define ALLOW_DELETE "Allow: DELETE\r\n"
+#define ALLOW_ALL "Allow: GET, POST, DELETE\r\n"
+
+void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+{
+    struct kvr_httpapi_thread *t = arg;
+    struct kvr_httpapi *api = t->api;
+    int m = req->method;
+    bool admin_ok = !api->admin_listener || req->admin;
+
+    if (path_is(req, "/v1/score")) {
+        resp->endpoint = KVR_EP_SCORE;
+        if (m != HTTP_POST)
+            RET_VOID(method_not_allowed(resp, ALLOW_POST));
+        RET_VOID(ep_score(t, req, resp));
+    }
+    if (path_is(req, "/healthz")) {
+        resp->endpoint = KVR_EP_HEALTHZ;
+        if (m != HTTP_GET)
+            RET_VOID(method_not_allowed(resp, ALLOW_GET));
+        put(resp->body, "{\"status\":\"ok\"}\n");
+        return;
+    }
+    if (path_is(req, "/readyz")) {
+        resp->endpoint = KVR_EP_READYZ;
+        if (m != HTTP_GET)
+            RET_VOID(method_not_allowed(resp, ALLOW_GET));
+        RET_VOID(ep_readyz(api, resp));
+    }
+    if (path_is(req, "/metrics")) {
+        resp->endpoint = KVR_EP_METRICS;
+        if (m != HTTP_GET)
+            RET_VOID(method_not_allowed(resp, ALLOW_GET));
+        RET_VOID(ep_metrics(api, resp));
+    }
+    if (path_is(req, "/v1/pods")) {
+        resp->endpoint = KVR_EP_PODS;
+        if (m != HTTP_GET)
+            RET_VOID(method_not_allowed(resp, ALLOW_GET));
+        if (api->ingest == NULL)
+            RET_VOID(fail(resp, 503, "ingestion is not running"));
+        RET_VOID(ep_pods(t, resp));
+    }
+    if (req->path_len > 9 && memcmp(req->path, "/v1/pods/", 9) == 0) {
+        resp->endpoint = KVR_EP_POD_DELETE;
+        if (!admin_ok)
+            RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are served on "
+                                   "[http] admin_listen)"));
+        if (m != HTTP_DELETE)
+            RET_VOID(method_not_allowed(resp, ALLOW_DELETE));
+        if (check_auth(api, req, resp) != 0)
+            return;
+        if (api->ingest == NULL)
+            RET_VOID(fail(resp, 503, "ingestion is not running"));
+        RET_VOID(ep_pod_delete(t, req->path + 9, req->path_len - 9, resp));
+    }
+    if (path_is(req, "/v1/endpoints")) {
+        resp->endpoint = KVR_EP_ENDPOINTS;
+        if (m != HTTP_GET && m != HTTP_POST && m != HTTP_DELETE)
+            RET_VOID(method_not_allowed(resp, admin_ok ? ALLOW_ALL : ALLOW_GET));
+        if (m != HTTP_GET) {
+            if (!admin_ok)
+                RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are "
+                                       "served on [http] admin_listen)"));
+            if (check_auth(api, req, resp) != 0)
+                return;
+        }
+        if (api->ingest == NULL)
+            RET_VOID(fail(resp, 503, "ingestion is not running"));
+        if (m == HTTP_GET)
+            RET_VOID(ep_endpoints_get(t, resp));
+        RET_VOID(ep_endpoints_change(t, req, resp, m == HTTP_POST));
+    }
+    fail(resp, 404, "no such endpoint");
+}

@@ -1,0 +1,67 @@
+/* httpapi.h — the endpoints of the HTTP API: routing, admin-listener and bearer-token rules,
+ * request bodies, JSON responses, /metrics assembly. It is the handler that httpreq calls for
+ * each complete request; no sockets here, so the whole request path is testable in-process.
+ *
+ * Routes (see openapi.yaml):
+ *   POST   /v1/score           both listeners
+ *   GET    /v1/pods            both
+ *   DELETE /v1/pods/{pod}      admin *
+ *   GET    /v1/endpoints       both
+ *   POST   /v1/endpoints       admin *
+ *   DELETE /v1/endpoints       admin *
+ *   GET    /healthz, /readyz, /metrics   both
+ * (*) Mutating routes: with an admin listener configured they exist only there (404 on the
+ * main listener); with [http] admin_token set they need "Authorization: Bearer <token>"
+ * (401 without it, 403 with a wrong one; compared in constant time).
+ *
+ * Threads: struct kvr_httpapi is shared and read-only after create (except the ready flag,
+ * atomic); one struct kvr_httpapi_thread per loop thread holds the score ctx and scratch.
+ */
+#ifndef KVR_HTTPAPI_H
+#define KVR_HTTPAPI_H
+
+#include <stdbool.h>
+
+#include "conf.h"
+#include "httpreq.h"
+#include "index.h"
+#include "ingest.h"
+#include "metrics.h"
+#include "score.h"
+
+#define KVR_HTTPAPI_MAX_PODS 4096 /* pod filter entries per score query */
+
+struct kvr_httpapi;
+struct kvr_httpapi_thread;
+
+struct kvr_httpapi_deps {
+    const struct kvr_conf *conf;
+    struct kvr_score *score;   /* required for /v1/score */
+    struct kvr_ingest *ingest; /* NULL: pod/endpoint routes answer 503, readyz ignores it */
+    struct kvr_index *index;   /* index gauges in /metrics when ingest is NULL */
+    bool admin_listener;       /* an admin listener exists (mutations only there) */
+    /* Appends the server's own metrics (connections, requests, limits); may be NULL. */
+    void (*server_metrics)(void *arg, struct kvr_buf *out);
+    void *server_metrics_arg;
+};
+
+int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi **out);
+void kvr_httpapi_destroy(struct kvr_httpapi *api);
+void kvr_httpapi_set_ready(struct kvr_httpapi *api, bool ready);
+bool kvr_httpapi_ready(const struct kvr_httpapi *api);
+
+/* Per-thread state; stats receives the handler-level limit counts (tokens). */
+int kvr_httpapi_thread_create(struct kvr_httpapi *api, struct kvr_httpstats *stats,
+                              struct kvr_httpapi_thread **out);
+void kvr_httpapi_thread_destroy(struct kvr_httpapi_thread *t);
+
+/* The kvr_httpreq_handler: arg is the struct kvr_httpapi_thread. */
+void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *resp);
+
+/* Percent-decodes src[0..len) into dst (cap bytes incl. NUL): 0, or -EINVAL for a bad escape,
+ * an encoded NUL or overflow. '+' stays '+' (paths are not form data). */
+int kvr_httpapi_percent_decode(const char *src, size_t len, char *dst, size_t cap);
+/* Appends a JSON number for v (shortest of up to 6 decimals; "0" for non-finite). */
+void kvr_httpapi_put_double(struct kvr_buf *b, double v);
+
+#endif

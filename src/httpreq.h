@@ -1,0 +1,194 @@
+/* httpreq.h — one HTTP/1.1 server connection's protocol state, without sockets.
+ *
+ * Bytes read from a socket go into kvr_httpconn_feed(); it parses them with http-parser,
+ * enforces the request limits (one place for each), calls the handler for every complete
+ * request in arrival order (pipelining) and appends the responses to conn->out, which the
+ * socket layer writes out. Timeouts are driven by the caller's clock: kvr_httpconn_deadline()
+ * says when to call kvr_httpconn_timeout() next. Everything the socket layer must do comes
+ * back as flags (close after flushing `out`, close now).
+ *
+ * Limits (counted in struct kvr_httpstats.limits, each with its response):
+ *   Content-Length > max_body             → 413, connection closed, body never read
+ *   chunked body growing past max_body    → 413, close
+ *   header bytes > max_header_bytes       → 431, close      (request line + headers)
+ *   header count > max_headers            → 431, close
+ *   request target > KVR_HTTPREQ_URL_MAX  → 414, close
+ *   whole request not received within request_timeout → 408, close (slowloris)
+ *   no request within idle_timeout after the last response → close without a response
+ *   handler-level limits (tokens per query) are counted by the handler with
+ *   kvr_httpstats_limit().
+ * Malformed requests get 400 and close. Responses are JSON {"error": "..."} for errors.
+ *
+ * Threads: a connection belongs to the thread of its loop; stats are per thread (relaxed
+ * atomics so another thread may sum them for /metrics).
+ */
+#ifndef KVR_HTTPREQ_H
+#define KVR_HTTPREQ_H
+
+#include <http_parser.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "metrics.h"
+
+#define KVR_HTTPREQ_URL_MAX 4096
+#define KVR_HTTPREQ_CTYPE_MAX 128
+#define KVR_HTTPREQ_AUTH_MAX 1024
+
+/* Endpoints, for request counters. */
+enum kvr_http_ep {
+    KVR_EP_OTHER = 0, /* unrouted or rejected before routing */
+    KVR_EP_SCORE,
+    KVR_EP_PODS,
+    KVR_EP_POD_DELETE,
+    KVR_EP_ENDPOINTS,
+    KVR_EP_HEALTHZ,
+    KVR_EP_READYZ,
+    KVR_EP_METRICS,
+    KVR_EP_COUNT
+};
+const char *kvr_http_ep_name(enum kvr_http_ep ep);
+
+enum kvr_http_limit {
+    KVR_LIMIT_BODY = 0,
+    KVR_LIMIT_HEADER_BYTES,
+    KVR_LIMIT_HEADERS,
+    KVR_LIMIT_URI,
+    KVR_LIMIT_REQUEST_TIMEOUT,
+    KVR_LIMIT_IDLE_TIMEOUT,
+    KVR_LIMIT_WRITE_TIMEOUT,
+    KVR_LIMIT_CONNECTIONS,
+    KVR_LIMIT_TOKENS,
+    KVR_LIMIT_COUNT
+};
+const char *kvr_http_limit_name(enum kvr_http_limit l);
+
+/* Per-thread counters; written by the owning thread, read by any (relaxed). */
+struct kvr_httpstats {
+    _Atomic uint64_t requests[KVR_EP_COUNT][4]; /* by status class 2xx, 3xx, 4xx, 5xx */
+    _Atomic uint64_t limits[KVR_LIMIT_COUNT];
+    _Atomic uint64_t bad_requests;   /* malformed HTTP (400 from the parser) */
+    _Atomic uint64_t accepted;       /* connections accepted */
+    _Atomic uint64_t closed;         /* connections closed */
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+};
+void kvr_httpstats_limit(struct kvr_httpstats *st, enum kvr_http_limit l);
+/* Renders the sums over n per-thread stats, plus the open-connections gauge. */
+void kvr_httpstats_render(struct kvr_httpstats *const *st, size_t n, uint64_t open_conns,
+                          struct kvr_buf *out);
+
+struct kvr_httpreq_limits {
+    uint64_t max_body;
+    uint64_t max_header_bytes;
+    uint32_t max_headers;
+    int64_t request_timeout_ms;
+    int64_t idle_timeout_ms;
+};
+
+/* A complete request, as the handler sees it. Strings are NUL-terminated and valid during the
+ * handler call only. */
+struct kvr_httpreq {
+    int method;              /* enum http_method */
+    const char *path;        /* raw (not decoded) path, without the query */
+    size_t path_len;
+    const char *content_type; /* "" when absent */
+    const char *auth;         /* Authorization value, NULL when absent */
+    size_t auth_len;
+    bool auth_truncated;      /* longer than KVR_HTTPREQ_AUTH_MAX: never a valid token */
+    bool has_length;          /* Content-Length or chunked framing was present */
+    char *body;               /* mutable (in-place decoding); NULL when empty */
+    size_t body_len;
+    bool admin;               /* arrived on the admin listener */
+};
+
+struct kvr_httpresp {
+    int status;                 /* default 200 */
+    enum kvr_http_ep endpoint;  /* default KVR_EP_OTHER */
+    const char *content_type;   /* default application/json */
+    const char *extra_headers;  /* NULL or "Name: value\r\n..." */
+    struct kvr_buf *body;       /* the thread's scratch, reset before the call */
+    bool close;                 /* close the connection after this response */
+};
+
+typedef void (*kvr_httpreq_handler)(void *arg, const struct kvr_httpreq *req,
+                                    struct kvr_httpresp *resp);
+
+enum {
+    KVR_HTTPCONN_CLOSE = 1,     /* flush out, then close */
+    KVR_HTTPCONN_CLOSE_NOW = 2, /* close without writing (idle timeout) */
+};
+
+struct kvr_httpconn {
+    http_parser parser;
+    const struct kvr_httpreq_limits *lim;
+    struct kvr_httpstats *stats;
+    kvr_httpreq_handler handler;
+    void *handler_arg;
+    struct kvr_buf *scratch; /* response body scratch shared by the thread's connections */
+    bool admin;
+
+    bool in_request;       /* bytes of a request received, response not produced yet */
+    bool closing;          /* no more requests: flush and close */
+    int64_t req_start_ms;  /* first byte of the current request */
+    int64_t idle_since_ms; /* last response produced / connection opened */
+    int64_t now_ms;        /* clock of the current feed */
+
+    uint64_t header_bytes;
+    uint32_t nheaders;
+    bool last_was_value;
+    int cur_header;        /* which captured header the current value belongs to */
+    char field[32];
+    size_t field_len;
+    bool field_long;
+    char url[KVR_HTTPREQ_URL_MAX + 1];
+    size_t url_len;
+    char ctype[KVR_HTTPREQ_CTYPE_MAX + 1];
+    size_t ctype_len;
+    char auth[KVR_HTTPREQ_AUTH_MAX + 1];
+    size_t auth_len;
+    bool auth_present;
+    bool auth_long;
+    bool expect_continue;
+
+    /* body: zero-copy span of the current feed buffer, or copied into `body` */
+    const char *body_ptr;
+    size_t body_len;
+    bool body_copied;
+    struct kvr_buf body;
+
+    int reject_status;      /* set by a callback to stop parsing with this error */
+    const char *reject_msg;
+
+    struct kvr_buf out;     /* response bytes not yet handed to the socket */
+};
+
+void kvr_httpconn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
+                       struct kvr_httpstats *stats, kvr_httpreq_handler handler, void *arg,
+                       struct kvr_buf *scratch, bool admin, int64_t now_ms);
+void kvr_httpconn_deinit(struct kvr_httpconn *c);
+
+/* Parses data[0..len) (mutable: bodies are decoded in place); returns 0 or KVR_HTTPCONN_CLOSE.
+ * After CLOSE, further data is ignored. */
+int kvr_httpconn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms);
+/* The peer closed its side: a partial request is dropped. Returns KVR_HTTPCONN_CLOSE. */
+int kvr_httpconn_eof(struct kvr_httpconn *c);
+/* Absolute time (ms, caller's clock) at which kvr_httpconn_timeout() must run. */
+int64_t kvr_httpconn_deadline(const struct kvr_httpconn *c);
+/* 0 (nothing due), KVR_HTTPCONN_CLOSE (408 appended to out) or KVR_HTTPCONN_CLOSE_NOW. */
+int kvr_httpconn_timeout(struct kvr_httpconn *c, int64_t now_ms);
+/* The socket layer wrote n bytes of out. Keeps buffers; drops them when they grew large. */
+void kvr_httpconn_consumed(struct kvr_httpconn *c, size_t n);
+
+/* Appends a complete response (used for errors outside a connection too, e.g. 503 on the
+ * connection cap). body may be NULL for an empty body. */
+void kvr_http_write_response(struct kvr_buf *out, int status, const char *content_type,
+                             const char *extra_headers, const char *body, size_t body_len,
+                             bool close);
+/* {"error": "<escaped msg>"} into out (reset first). */
+void kvr_http_error_body(struct kvr_buf *out, const char *msg);
+const char *kvr_http_reason(int status);
+
+#endif

@@ -1,0 +1,54 @@
+/* reqbody.h — request bodies of the HTTP API, decoded without allocation.
+ *
+ * Score query: {"model": str, "token_ids": [u32], "lora_name"?: str|null, "pods"?: [str]|null}
+ * as JSON (strict, any key order, unknown keys ignored, duplicate known keys rejected) or the
+ * same map as msgpack (token ids of any integer width, non-negative and < 2^32).
+ * Endpoint admin: {"endpoint": str, "replay_endpoint"?: str|null, "pod"?: str|null} (JSON).
+ *
+ * Both decoders work in place on a mutable body buffer the caller owns: strings are decoded
+ * into the buffer and NUL-terminated, so the results borrow from it. Token ids go to the
+ * caller's scratch array and pod name pointers to the caller's pointer array, so a query
+ * costs no heap allocation.
+ *
+ * Errors: -EINVAL (400: syntax, types, values; message in err->msg) or -E2BIG (413: more
+ * token ids than the scratch holds). Pure; any thread.
+ */
+#ifndef KVR_REQBODY_H
+#define KVR_REQBODY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+struct kvr_reqbody_scratch {
+    uint32_t *tokens;
+    size_t max_tokens;
+    const char **pods;
+    size_t max_pods;
+};
+
+struct kvr_reqbody_query {
+    const char *model;      /* non-empty, at most KVR_NAME_MAX bytes */
+    const char *lora_name;  /* NULL when absent, null or "" */
+    const uint32_t *tokens; /* = scratch->tokens */
+    size_t ntokens;
+    const char *const *pods; /* = scratch->pods; npods 0 = no filter */
+    size_t npods;
+};
+
+int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_err *err);
+int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                              struct kvr_reqbody_query *q, struct kvr_err *err);
+
+struct kvr_reqbody_endpoint {
+    const char *endpoint;        /* non-empty */
+    const char *replay_endpoint; /* NULL when absent or null */
+    const char *pod;             /* NULL when absent or null */
+};
+
+int kvr_reqbody_endpoint_json(char *body, size_t len, struct kvr_reqbody_endpoint *e,
+                              struct kvr_err *err);
+
+#endif

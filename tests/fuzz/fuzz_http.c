@@ -1,0 +1,157 @@
+/* fuzz_http.c — the HTTP request path without sockets: raw bytes → http-parser, limits,
+ * pipelining, routing, auth, JSON/msgpack bodies, scoring against a tiny real index.
+ *
+ * Input: byte 0 picks the chunking (the request bytes are fed in pieces of 1 + byte0 % 64
+ * bytes, or all at once when byte0 >= 192) and byte 1 the listener (main/admin); the rest is
+ * the byte stream a client sends. After the feed, a timeout far in the future runs (408 /
+ * idle paths). The fixture (index with two pods holding blocks of model "m", block size 4,
+ * tokens 1..8; admin_token "tok") is built once.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conf.h"
+#include "hash.h"
+#include "httpapi.h"
+#include "httpreq.h"
+#include "index.h"
+#include "score.h"
+
+static struct kvr_conf conf;
+static struct kvr_index *ix;
+static struct kvr_score *score;
+static struct kvr_httpapi *api;
+static struct kvr_httpapi_thread *th;
+static struct kvr_httpstats stats;
+static struct kvr_buf scratch;
+static struct kvr_httpreq_limits lim = {
+    .max_body = 64 * 1024,
+    .max_header_bytes = 4096,
+    .max_headers = 32,
+    .request_timeout_ms = 1000,
+    .idle_timeout_ms = 5000,
+};
+
+static void store(const char *pod, uint32_t nblocks)
+{
+    static const uint32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t wid, ns;
+    uint64_t seed, content[2];
+    uint8_t tier;
+    struct kvr_index_block b[2];
+    struct kvr_index_wres res = {0};
+
+    if (kvr_index_worker_intern(ix, pod, 0, &wid) != 0 ||
+        kvr_index_ns_intern(ix, "m", NULL, &ns, &seed) != 0 ||
+        kvr_index_tier_intern(ix, "GPU", 3, &tier) != 0)
+        abort();
+    kvr_index_ns_set_block_size(ix, ns, 4);
+    kvr_hash_blocks(seed, toks, nblocks, 4, content);
+    for (uint32_t i = 0; i < nblocks; i++) {
+        b[i].engine_hash = 10 + i;
+        b[i].content_hash = content[i];
+    }
+    if (kvr_index_store(ix, wid, tier, ns, NULL, b, nblocks, &res) != 0)
+        abort();
+}
+
+static void setup(void)
+{
+    struct kvr_index_opts o = {0};
+    struct kvr_httpapi_deps d;
+    struct kvr_err err;
+
+    if (kvr_conf_load_string("fuzz",
+                             "[events]\nbind = tcp://127.0.0.1:*\n[http]\n"
+                             "admin_listen = 127.0.0.1:0\nadmin_token = tok\n"
+                             "max_query_tokens = 4096\n",
+                             &conf, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        abort();
+    }
+    o.max_query_blocks = 4096;
+    if (kvr_index_create(&o, &ix) != 0 || kvr_score_create(ix, &conf, &score) != 0)
+        abort();
+    store("pod-a", 2);
+    store("pod-b", 1);
+    memset(&d, 0, sizeof(d));
+    d.conf = &conf;
+    d.score = score;
+    d.index = ix;
+    d.admin_listener = true;
+    if (kvr_httpapi_create(&d, &api) != 0 || kvr_httpapi_thread_create(api, &stats, &th) != 0)
+        abort();
+    kvr_httpapi_set_ready(api, true);
+    kvr_buf_init(&scratch);
+}
+
+/* The fixture lives for the process; freed at exit so leak checkers see a clean heap (the
+ * index keeps compact references a leak scanner cannot follow). */
+static void teardown(void)
+{
+    kvr_httpapi_thread_destroy(th);
+    kvr_httpapi_destroy(api);
+    kvr_score_destroy(score);
+    kvr_index_destroy(ix);
+    kvr_conf_free(&conf);
+    kvr_buf_free(&scratch);
+}
+
+static int ready;
+
+static void setup_once(void)
+{
+    if (ready)
+        return;
+    setup();
+    atexit(teardown);
+    ready = 1;
+}
+
+/* libFuzzer calls this once before any input (allocations here are not charged to inputs);
+ * the gcc replay driver does not, so LLVMFuzzerTestOneInput also sets up lazily. */
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    setup_once();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct kvr_httpconn c;
+    size_t step, off = 0;
+    int rc = 0;
+
+    setup_once();
+    if (size < 2)
+        return 0;
+    step = data[0] >= 192 ? size : (size_t)(1 + data[0] % 64);
+    kvr_httpconn_init(&c, &lim, &stats, kvr_httpapi_handle, th, &scratch, data[1] & 1, 0);
+    data += 2;
+    size -= 2;
+    while (off < size && rc == 0) {
+        size_t n = size - off < step ? size - off : step;
+        char *piece = malloc(n); /* exact size, fresh each time: catches stale pointers */
+        if (piece == NULL)
+            break;
+        memcpy(piece, data + off, n);
+        rc = kvr_httpconn_feed(&c, piece, n, (int64_t)off);
+        memset(piece, 0xAA, n);
+        free(piece);
+        off += n;
+        if (c.out.len > 1 << 20)
+            kvr_httpconn_consumed(&c, c.out.len);
+    }
+    if (rc == 0)
+        (void)kvr_httpconn_timeout(&c, 1000000);
+    /* every response must at least start like one */
+    if (c.out.len > 0 && memcmp(c.out.data, "HTTP/1.1 ", 9) != 0)
+        abort();
+    kvr_httpconn_deinit(&c);
+    return 0;
+}

@@ -1,0 +1,466 @@
+/* test_reqbody.c — score-query and endpoint bodies, JSON and msgpack. Inputs are copied into
+ * exact-size heap buffers so sanitizer builds catch over-reads. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "reqbody.h"
+
+static uint32_t g_tokens[64];
+static const char *g_pods[4];
+static const struct kvr_reqbody_scratch g_sc = {g_tokens, 64, g_pods, 4};
+static char *g_buf; /* last body, freed by the next call */
+
+static int qjson(const char *s, struct kvr_reqbody_query *q, struct kvr_err *e)
+{
+    size_t len = strlen(s);
+    free(g_buf);
+    g_buf = malloc(len ? len : 1);
+    memcpy(g_buf, s, len);
+    return kvr_reqbody_query_json(g_buf, len, &g_sc, q, e);
+}
+
+static void test_json_query(void **state)
+{
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    (void)state;
+
+    assert_int_equal(qjson("{\"model\":\"m\",\"token_ids\":[1,2,3]}", &q, &e), 0);
+    assert_string_equal(q.model, "m");
+    assert_null(q.lora_name);
+    assert_int_equal(q.ntokens, 3);
+    assert_int_equal(q.tokens[2], 3);
+    assert_int_equal(q.npods, 0);
+
+    /* any key order, whitespace, escapes in keys and values, unknown keys skipped */
+    assert_int_equal(qjson(" { \"x\" : {\"a\": [1, {}]}, \"token_ids\" : [ ] ,\n"
+                           "\"pods\": [\"p\\u0031\", \"p2\"], \"lora_n\\u0061me\": \"l\\/a\","
+                           " \"mod\\u0065l\": \"Qwen/Qwen3-8B\", \"y\": null } ",
+                           &q, &e),
+                     0);
+    assert_string_equal(q.model, "Qwen/Qwen3-8B");
+    assert_string_equal(q.lora_name, "l/a");
+    assert_int_equal(q.ntokens, 0);
+    assert_int_equal(q.npods, 2);
+    assert_string_equal(q.pods[0], "p1");
+    assert_string_equal(q.pods[1], "p2");
+
+    /* null / empty lora and null pods */
+    assert_int_equal(qjson("{\"model\":\"m\",\"token_ids\":[0],\"lora_name\":null,\"pods\":null}",
+                           &q, &e),
+                     0);
+    assert_null(q.lora_name);
+    assert_int_equal(q.npods, 0);
+    assert_int_equal(qjson("{\"model\":\"m\",\"token_ids\":[0],\"lora_name\":\"\"}", &q, &e), 0);
+    assert_null(q.lora_name);
+}
+
+static void test_json_query_errors(void **state)
+{
+    static const struct {
+        const char *body;
+        int rc;
+        const char *msg;
+    } bad[] = {
+        {"", -EINVAL, "object"},
+        {"[]", -EINVAL, "object"},
+        {"{}", -EINVAL, "missing \"model\""},
+        {"{\"model\":\"m\"}", -EINVAL, "missing \"token_ids\""},
+        {"{\"token_ids\":[1]}", -EINVAL, "missing \"model\""},
+        {"{\"model\":\"\",\"token_ids\":[1]}", -EINVAL, "model"},
+        {"{\"model\":1,\"token_ids\":[1]}", -EINVAL, "model"},
+        {"{\"model\":null,\"token_ids\":[1]}", -EINVAL, "model"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"model\":\"n\"}", -EINVAL, "duplicate"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"token_ids\":[2]}", -EINVAL, "duplicate"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"pods\":[],\"pods\":[]}", -EINVAL, "duplicate"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"lora_name\":null,\"lora_name\":null}", -EINVAL,
+         "duplicate"},
+        {"{\"model\":\"m\",\"token_ids\":[1.0]}", -EINVAL, "fraction"},
+        {"{\"model\":\"m\",\"token_ids\":[-1]}", -EINVAL, "negative"},
+        {"{\"model\":\"m\",\"token_ids\":[4294967296]}", -EINVAL, "range"},
+        {"{\"model\":\"m\",\"token_ids\":[\"1\"]}", -EINVAL, "unsigned integer"},
+        {"{\"model\":\"m\",\"token_ids\":\"1\"}", -EINVAL, "array"},
+        {"{\"model\":\"m\",\"token_ids\":null}", -EINVAL, "array"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"lora_name\":3}", -EINVAL, "lora_name"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"pods\":\"p\"}", -EINVAL, "pods"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"pods\":[1]}", -EINVAL, "pods"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"pods\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", -EINVAL,
+         "too many pods"},
+        {"{\"model\":\"m\",\"token_ids\":[1]} x", -EINVAL, "trailing"},
+        {"{\"model\":\"m\",\"token_ids\":[1],}", -EINVAL, "key"},
+        {"{\"model\":\"m\" \"token_ids\":[1]}", -EINVAL, "','"},
+        {"{\"model\":\"m\",\"token_ids\":[1]", -EINVAL, "','"},
+        {"{\"model\":\"m\\u0000\",\"token_ids\":[1]}", -EINVAL, "NUL"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"x\":[1,}", -EINVAL, "JSON"},
+    };
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    char big[200];
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc;
+        memset(e.msg, 0, sizeof(e.msg));
+        rc = qjson(bad[i].body, &q, &e);
+        if (rc != bad[i].rc || strstr(e.msg, bad[i].msg) == NULL)
+            fail_msg("%s: rc %d msg '%s' (want %d '%s')", bad[i].body, rc, e.msg, bad[i].rc,
+                     bad[i].msg);
+    }
+    /* 64 tokens fit, 65 do not: -E2BIG */
+    {
+        char body[600];
+        size_t len = (size_t)snprintf(body, sizeof(body), "{\"model\":\"m\",\"token_ids\":[");
+        for (int i = 0; i < 65; i++)
+            len += (size_t)snprintf(body + len, sizeof(body) - len, "%s%d", i ? "," : "", i);
+        snprintf(body + len, sizeof(body) - len, "]}");
+        assert_int_equal(qjson(body, &q, &e), -E2BIG);
+        assert_non_null(strstr(e.msg, "too many token ids"));
+    }
+    /* model longer than KVR_NAME_MAX (256) */
+    {
+        char body[400];
+        memset(big, 'a', sizeof(big));
+        snprintf(body, sizeof(body), "{\"model\":\"%.199s%.70s\",\"token_ids\":[]}", big, big);
+        assert_int_equal(qjson(body, &q, &e), -EINVAL);
+    }
+}
+
+static void test_endpoint_json(void **state)
+{
+    struct kvr_reqbody_endpoint ep;
+    struct kvr_err e;
+    char buf[200];
+    (void)state;
+
+#define EP(s) (strcpy(buf, s), kvr_reqbody_endpoint_json(buf, strlen(buf), &ep, &e))
+    assert_int_equal(EP("{\"endpoint\":\"tcp://127.0.0.1:5557\"}"), 0);
+    assert_string_equal(ep.endpoint, "tcp://127.0.0.1:5557");
+    assert_null(ep.replay_endpoint);
+    assert_null(ep.pod);
+    assert_int_equal(EP("{\"pod\":\"p\",\"replay_endpoint\":\"tcp://h:1\",\"endpoint\":\"tcp://h:2\","
+                        "\"other\":[1]}"),
+                     0);
+    assert_string_equal(ep.pod, "p");
+    assert_string_equal(ep.replay_endpoint, "tcp://h:1");
+    assert_int_equal(EP("{\"endpoint\":\"a\",\"pod\":null}"), 0);
+    assert_null(ep.pod);
+    assert_int_equal(EP("{}"), -EINVAL);
+    assert_int_equal(EP("{\"endpoint\":\"\"}"), -EINVAL);
+    assert_int_equal(EP("{\"endpoint\":5}"), -EINVAL);
+    assert_int_equal(EP("{\"endpoint\":\"a\",\"endpoint\":\"b\"}"), -EINVAL);
+    assert_non_null(strstr(e.msg, "duplicate"));
+    assert_int_equal(EP("{\"endpoint\":\"a\",\"pod\":[]}"), -EINVAL);
+    assert_int_equal(EP("[\"endpoint\"]"), -EINVAL);
+    assert_int_equal(EP("{\"endpoint\":\"a\"}}"), -EINVAL);
+#undef EP
+}
+
+/* ---- msgpack ------------------------------------------------------------------------- */
+
+struct mpw {
+    unsigned char b[4096];
+    size_t n;
+};
+
+static void mp_raw(struct mpw *w, const void *p, size_t n)
+{
+    memcpy(w->b + w->n, p, n);
+    w->n += n;
+}
+static void mp_byte(struct mpw *w, unsigned v)
+{
+    w->b[w->n++] = (unsigned char)v;
+}
+static void mp_be(struct mpw *w, uint64_t v, unsigned nbytes)
+{
+    for (unsigned i = nbytes; i-- > 0;)
+        mp_byte(w, (unsigned)(v >> (8 * i)) & 0xff);
+}
+static void mp_str(struct mpw *w, const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 32) {
+        mp_byte(w, 0xa0 | (unsigned)n);
+    } else if (n < 256) {
+        mp_byte(w, 0xd9);
+        mp_byte(w, (unsigned)n);
+    } else {
+        mp_byte(w, 0xda);
+        mp_be(w, n, 2);
+    }
+    mp_raw(w, s, n);
+}
+static void mp_uint(struct mpw *w, uint64_t v)
+{
+    if (v < 128) {
+        mp_byte(w, (unsigned)v);
+    } else if (v < 256) {
+        mp_byte(w, 0xcc);
+        mp_byte(w, (unsigned)v);
+    } else if (v < 65536) {
+        mp_byte(w, 0xcd);
+        mp_be(w, v, 2);
+    } else if (v <= UINT32_MAX) {
+        mp_byte(w, 0xce);
+        mp_be(w, v, 4);
+    } else {
+        mp_byte(w, 0xcf);
+        mp_be(w, v, 8);
+    }
+}
+
+static int qmp(const struct mpw *w, struct kvr_reqbody_query *q, struct kvr_err *e)
+{
+    free(g_buf);
+    g_buf = malloc(w->n ? w->n : 1);
+    memcpy(g_buf, w->b, w->n);
+    return kvr_reqbody_query_msgpack(g_buf, w->n, &g_sc, q, e);
+}
+
+static void test_msgpack_query(void **state)
+{
+    struct mpw w = {.n = 0};
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    static const uint64_t vals[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 4294967295u, 7,
+                                    300, 70000, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+    size_t nv = sizeof(vals) / sizeof(vals[0]);
+    (void)state;
+
+    mp_byte(&w, 0x85);
+    mp_str(&w, "skip");
+    mp_byte(&w, 0x92); /* [1.5, {"a": bin}] */
+    mp_byte(&w, 0xcb);
+    mp_be(&w, 0x3ff8000000000000ull, 8);
+    mp_byte(&w, 0x81);
+    mp_str(&w, "a");
+    mp_byte(&w, 0xc4);
+    mp_byte(&w, 2);
+    mp_byte(&w, 0);
+    mp_byte(&w, 0);
+    mp_str(&w, "token_ids");
+    mp_byte(&w, 0xdc);
+    mp_be(&w, nv + 3, 2);
+    for (size_t i = 0; i < nv; i++)
+        mp_uint(&w, vals[i]);
+    /* other widths holding small non-negative values */
+    mp_byte(&w, 0xcf);
+    mp_be(&w, 42, 8);
+    mp_byte(&w, 0xd1);
+    mp_be(&w, 1000, 2);
+    mp_byte(&w, 0xd3);
+    mp_be(&w, 4294967295u, 8);
+    mp_str(&w, "model");
+    mp_str(&w, "Qwen/Qwen3-8B");
+    mp_str(&w, "lora_name");
+    mp_str(&w, "adapter-a");
+    mp_str(&w, "pods");
+    mp_byte(&w, 0x92);
+    mp_str(&w, "pod-a");
+    mp_str(&w, "pod-bb");
+
+    assert_int_equal(qmp(&w, &q, &e), 0);
+    assert_string_equal(q.model, "Qwen/Qwen3-8B");
+    assert_string_equal(q.lora_name, "adapter-a");
+    assert_int_equal(q.ntokens, nv + 3);
+    for (size_t i = 0; i < nv; i++)
+        assert_int_equal(q.tokens[i], vals[i]);
+    assert_int_equal(q.tokens[nv], 42);
+    assert_int_equal(q.tokens[nv + 1], 1000);
+    assert_int_equal(q.tokens[nv + 2], 4294967295u);
+    assert_int_equal(q.npods, 2);
+    assert_string_equal(q.pods[0], "pod-a");
+    assert_string_equal(q.pods[1], "pod-bb");
+
+    /* every truncation is rejected, never read past the end */
+    for (size_t k = 0; k < w.n; k++) {
+        struct mpw t = w;
+        t.n = k;
+        if (qmp(&t, &q, &e) == 0)
+            fail_msg("prefix %zu of %zu accepted", k, w.n);
+    }
+}
+
+static void one_bad_token(const unsigned char *tok, size_t toklen, const char *want)
+{
+    struct mpw w = {.n = 0};
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    int rc;
+
+    mp_byte(&w, 0x82);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    mp_str(&w, "token_ids");
+    mp_byte(&w, 0x92);
+    mp_byte(&w, 1);
+    mp_raw(&w, tok, toklen);
+    memset(e.msg, 0, sizeof(e.msg));
+    rc = qmp(&w, &q, &e);
+    if (rc != -EINVAL || strstr(e.msg, want) == NULL)
+        fail_msg("token %02x: rc %d msg '%s' want '%s'", tok[0], rc, e.msg, want);
+}
+
+static void test_msgpack_errors(void **state)
+{
+    static const unsigned char neg_fix[] = {0xff};
+    static const unsigned char neg8[] = {0xd0, 0x80};
+    static const unsigned char neg64[] = {0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    static const unsigned char big64[] = {0xcf, 0, 0, 0, 1, 0, 0, 0, 0};
+    static const unsigned char f64[] = {0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0};
+    static const unsigned char f32[] = {0xca, 0x3f, 0x80, 0, 0};
+    static const unsigned char str[] = {0xa1, '1'};
+    static const unsigned char nil[] = {0xc0};
+    static const unsigned char tru[] = {0xc3};
+    struct mpw w = {.n = 0};
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    (void)state;
+
+    one_bad_token(neg_fix, 1, "negative");
+    one_bad_token(neg8, 2, "negative");
+    one_bad_token(neg64, 9, "negative");
+    one_bad_token(big64, 9, "range");
+    one_bad_token(f64, 9, "not an integer");
+    one_bad_token(f32, 5, "not an integer");
+    one_bad_token(str, 2, "not an integer");
+    one_bad_token(nil, 1, "not an integer");
+    one_bad_token(tru, 1, "not an integer");
+
+    /* not a map; duplicate; trailing data; NUL in string; too many tokens; missing keys */
+    mp_byte(&w, 0x90);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    w.n = 0;
+    mp_byte(&w, 0x82);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "duplicate"));
+    w.n = 0;
+    mp_byte(&w, 0x82);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    mp_str(&w, "token_ids");
+    mp_byte(&w, 0x90);
+    assert_int_equal(qmp(&w, &q, &e), 0);
+    mp_byte(&w, 0xc0);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "trailing"));
+    w.n = 0;
+    mp_byte(&w, 0x82);
+    mp_str(&w, "model");
+    mp_raw(&w, "\xa3m\0x", 4);
+    mp_str(&w, "token_ids");
+    mp_byte(&w, 0x90);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "NUL"));
+    w.n = 0;
+    mp_byte(&w, 0x82);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    mp_str(&w, "token_ids");
+    mp_byte(&w, 0xdc);
+    mp_be(&w, 65, 2);
+    for (int i = 0; i < 65; i++)
+        mp_uint(&w, (uint64_t)i * 1000);
+    assert_int_equal(qmp(&w, &q, &e), -E2BIG);
+    w.n = 0;
+    mp_byte(&w, 0x81);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "token_ids"));
+    /* a huge declared container count with few bytes */
+    w.n = 0;
+    mp_byte(&w, 0xdf);
+    mp_be(&w, 0xffffffffu, 4);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    w.n = 0;
+    mp_byte(&w, 0x81);
+    mp_str(&w, "x");
+    mp_byte(&w, 0xdd);
+    mp_be(&w, 0xffffffffu, 4);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    /* deep nesting in an unknown key */
+    w.n = 0;
+    mp_byte(&w, 0x81);
+    mp_str(&w, "x");
+    for (int i = 0; i < 100; i++)
+        mp_byte(&w, 0x91);
+    mp_byte(&w, 0x01);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "deep"));
+}
+
+/* Random msgpack token arrays of mixed widths (long enough for the paired fast loop). */
+static void test_msgpack_random(void **state)
+{
+    unsigned seed0 = 12345;
+    uint32_t want[64];
+    (void)state;
+
+    for (int iter = 0; iter < 3000; iter++) {
+        unsigned s = seed0 + (unsigned)iter;
+        struct mpw w = {.n = 0};
+        struct kvr_reqbody_query q;
+        struct kvr_err e;
+        size_t n = (size_t)(rand_r(&s) % 65);
+
+        mp_byte(&w, 0x82);
+        mp_str(&w, "token_ids");
+        mp_byte(&w, 0xdc);
+        mp_be(&w, n, 2);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v;
+            switch (rand_r(&s) % 4) {
+            case 0: v = (uint32_t)(rand_r(&s) % 128); break;
+            case 1: v = (uint32_t)(rand_r(&s) % 256); break;
+            case 2: v = (uint32_t)(rand_r(&s) % 65536); break;
+            default: v = ((uint32_t)rand_r(&s) << 8) ^ (uint32_t)rand_r(&s); break;
+            }
+            want[i] = v;
+            if (rand_r(&s) % 16 == 0) { /* an unusual but valid width */
+                mp_byte(&w, 0xcf);
+                mp_be(&w, v, 8);
+            } else {
+                mp_uint(&w, v);
+            }
+        }
+        mp_str(&w, "model");
+        mp_str(&w, "m");
+        if (qmp(&w, &q, &e) != 0 || q.ntokens != n ||
+            memcmp(q.tokens, want, n * sizeof(uint32_t)) != 0)
+            fail_msg("seed %u: %s", seed0 + (unsigned)iter, e.msg);
+    }
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    free(g_buf);
+    g_buf = NULL;
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_query),
+        cmocka_unit_test(test_json_query_errors),
+        cmocka_unit_test(test_endpoint_json),
+        cmocka_unit_test(test_msgpack_query),
+        cmocka_unit_test(test_msgpack_errors),
+        cmocka_unit_test(test_msgpack_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown);
+}
