@@ -244,7 +244,8 @@ def main():
              pm.get("kvrouter_events_gaps_total", -1)))
     if problems:
         fail("; ".join(problems))
-    print("ingest bench: ok (targets on a 2-core machine: >= 2M blocks/s, p99 <= 5 ms)")
+    print("ingest bench: ok (correctness checks passed; reported against the targets >= 2M "
+          "blocks/s and p99 <= 5 ms, not gated)")
 
 
 if __name__ == "__main__":
