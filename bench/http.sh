@@ -7,15 +7,15 @@
 # 2. wrk (one thread, HTTP_BENCH_CONNS connections, keep-alive) posts them as JSON, then as
 #    msgpack, then the same JSON to nginx (step 4), interleaved for HTTP_BENCH_ROUNDS rounds
 #    (best of each kept: the machine is shared): requests/s, latency p50/p90/p99.
-# 3. Half load: bench_loadgen offers half the full-load JSON rate, open loop (wrk2 is not in
-#    Debian), latency p50/p99 from the scheduled send times.
+# 3. Half load: bench_loadgen offers 10000 JSON req/s (half the 20K/s target), open loop (wrk2
+#    is not in Debian), latency p50/p99 from the scheduled send times.
 # 4. nginx-light, one worker process, answers the same JSON POSTs with a fixed body of the
 #    average answer size (`return 200 '...'`, the body is read and discarded): our JSON rate as
 #    a fraction of that floor.
 #
 # Environment: BUILD (build/release), PYTHON, HTTP_BENCH_SECONDS (10), HTTP_BENCH_CONNS (32),
 # HTTP_BENCH_ENGINES (64), HTTP_BENCH_REQUESTS (1024 trace requests loaded),
-# HTTP_BENCH_QUERY_TOKENS (8192), HTTP_BENCH_ROUNDS (2), KVR_BIN (the binary; default $BUILD/kvrouterd). The machine
+# HTTP_BENCH_QUERY_TOKENS (8192), HTTP_BENCH_ROUNDS (2), HTTP_BENCH_HALF_RATE (10000), KVR_BIN (the binary; default $BUILD/kvrouterd). The machine
 # is shared: numbers are indicative.
 set -eu
 
@@ -155,9 +155,10 @@ while [ $r -lt "$ROUNDS" ]; do
 done
 
 # half load (wrk2 is not in Debian; wrk's delay() fires on 1 ms ticks, i.e. in bursts):
-# bench_loadgen offers half the full-load JSON rate open loop (a request every 1/rate s over
-# 64 keep-alive connections, latency from the scheduled time).
-half=$(awk -v r="$json_rps" 'BEGIN { printf "%d", r / 2 }')
+# bench_loadgen offers HTTP_BENCH_HALF_RATE req/s (default 10000, half the 20K/s target; the
+# measured full rate swings too much on a shared machine to take half of it) open loop: a
+# request every 1/rate s over 64 keep-alive connections, latency from the scheduled time.
+half=${HTTP_BENCH_HALF_RATE:-10000}
 "$LOADGEN" "$port" "$tmp/q/queries.json" "$half" "$DUR" 64 >"$tmp/lg.out" 2>&1 || { cat "$tmp/lg.out"; exit 1; }
 RPS=$(sed -n 's/.*answered (\([0-9]*\) req\/s).*/\1/p' "$tmp/lg.out")
 P50=$(sed -n 's/^LAT p50_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
@@ -165,13 +166,13 @@ P90=$(sed -n 's/^LAT .*p90_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
 P99=$(sed -n 's/^LAT .*p99_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
 P999=$(sed -n 's/^LAT .*p999_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
 printf '%-34s %10.0f req/s   p50 %6d us   p90 %6d us   p99 %6d us   p99.9 %6d us\n' \
-    "kvrouterd json, open loop ~half load" "$RPS" "$P50" "$P90" "$P99" "$P999"
+    "kvrouterd json, open loop $half/s" "$RPS" "$P50" "$P90" "$P99" "$P999"
 half_rps=$RPS half_p50=$P50 half_p99=$P99
 
 echo "-- summary"
 awk -v j="$json_rps" -v m="$mp_rps" -v n="$nginx_rps" -v h="$half_rps" -v h50="$half_p50" -v h99="$half_p99" 'BEGIN {
     printf "json %.0f req/s (target >= 20000); msgpack %.0f req/s = %.2fx json (target >= 2x)\n", j, m, m / j
-    printf "half load (open loop): %.0f req/s (%.2f of the json rate), p50 %d us, p99 %d us (target p99 <= 1000 us)\n", h, h / j, h50, h99
+    printf "half load (open loop): %.0f req/s (%.2f of the best json rate), p50 %d us, p99 %d us (target p99 <= 1000 us)\n", h, h / j, h50, h99
     printf "nginx floor %.0f req/s; kvrouterd json = %.2f of it (target >= 0.5)\n", n, j / n
 }'
 grep -E "^kvrouter_score_latency_seconds_(sum|count)" <<EOF || true
