@@ -119,8 +119,11 @@ test:
 	@$(MAKE) --no-print-directory WERROR=1 fuzz-replay
 	@$(MAKE) --no-print-directory WERROR=1 integration
 
-unit: $(UNIT_BINS)
-	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+# `make unit UNIT="test_a test_b"` runs only those.
+UNIT ?=
+UNIT_RUN := $(if $(UNIT),$(UNIT:%=$(BUILD)/tests/%),$(UNIT_BINS))
+unit: $(UNIT_RUN)
+	@set -e; for t in $(UNIT_RUN); do echo "== $$t"; $$t; done
 
 fuzz-replay: $(FUZZ_REPLAY)
 	@set -e; for t in $(FUZZ_REPLAY); do n=$$(basename $$t); \

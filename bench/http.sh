@@ -5,16 +5,17 @@
 #    real ZeroMQ event path with 64 engines' prompts from the Mooncake synthetic trace
 #    (bench/http_load.py; waits for /v1/pods last_seq) and writes 8K-token query bodies.
 # 2. wrk (one thread, HTTP_BENCH_CONNS connections, keep-alive) posts them as JSON, then as
-#    msgpack: requests/s, latency p50/p90/p99.
-# 3. Half load: bench_loadgen offers half the full-load JSON rate, open loop (wrk2 is not in
-#    Debian), latency p50/p99 from the scheduled send times.
+#    msgpack, then the same JSON to nginx (step 4), interleaved for HTTP_BENCH_ROUNDS rounds
+#    (best of each kept: the machine is shared): requests/s, latency p50/p90/p99.
+# 3. Half load: bench_loadgen offers 10000 JSON req/s (half the 20K/s target), open loop (wrk2
+#    is not in Debian), latency p50/p99 from the scheduled send times.
 # 4. nginx-light, one worker process, answers the same JSON POSTs with a fixed body of the
 #    average answer size (`return 200 '...'`, the body is read and discarded): our JSON rate as
 #    a fraction of that floor.
 #
 # Environment: BUILD (build/release), PYTHON, HTTP_BENCH_SECONDS (10), HTTP_BENCH_CONNS (32),
 # HTTP_BENCH_ENGINES (64), HTTP_BENCH_REQUESTS (1024 trace requests loaded),
-# HTTP_BENCH_QUERY_TOKENS (8192), KVR_BIN (the binary; default $BUILD/kvrouterd). The machine
+# HTTP_BENCH_QUERY_TOKENS (8192), HTTP_BENCH_ROUNDS (2), HTTP_BENCH_HALF_RATE (10000), KVR_BIN (the binary; default $BUILD/kvrouterd). The machine
 # is shared: numbers are indicative.
 set -eu
 
@@ -93,28 +94,6 @@ runwrk() {
         "$name" "$RPS" "$P50" "$P90" "$P99" "$ERR"
 }
 
-url=http://127.0.0.1:$port
-echo "-- wrk: 1 thread, $CONNS connections, ${DUR}s each; kvrouterd: 1 loop thread"
-runwrk "warm-up (json)" "$url" "$tmp/q/queries.json" json "$CONNS" >/dev/null
-runwrk "kvrouterd json ${QTOKENS} tokens" "$url" "$tmp/q/queries.json" json "$CONNS"
-json_rps=$RPS
-runwrk "kvrouterd msgpack ${QTOKENS} tokens" "$url" "$tmp/q/queries.mp" msgpack "$CONNS"
-mp_rps=$RPS
-
-# half load (wrk2 is not in Debian; wrk's delay() fires on 1 ms ticks, i.e. in bursts):
-# bench_loadgen offers half the full-load JSON rate open loop (a request every 1/rate s over
-# 64 keep-alive connections, latency from the scheduled time).
-half=$(awk -v r="$json_rps" 'BEGIN { printf "%d", r / 2 }')
-"$LOADGEN" "$port" "$tmp/q/queries.json" "$half" "$DUR" 64 >"$tmp/lg.out" 2>&1 || { cat "$tmp/lg.out"; exit 1; }
-RPS=$(sed -n 's/.*answered (\([0-9]*\) req\/s).*/\1/p' "$tmp/lg.out")
-P50=$(sed -n 's/^LAT p50_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
-P90=$(sed -n 's/^LAT .*p90_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
-P99=$(sed -n 's/^LAT .*p99_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
-P999=$(sed -n 's/^LAT .*p999_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
-printf '%-34s %10.0f req/s   p50 %6d us   p90 %6d us   p99 %6d us   p99.9 %6d us\n' \
-    "kvrouterd json, open loop ~half load" "$RPS" "$P50" "$P90" "$P99" "$P999"
-half_rps=$RPS half_p50=$P50 half_p99=$P99
-
 # nginx floor: same bodies, fixed answer of the same size
 nport=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mkdir -p "$tmp/nginx/tmp"
@@ -154,14 +133,46 @@ until "$PYTHON" -c "import socket,sys; socket.create_connection(('127.0.0.1',$np
     sleep 0.1
 done
 nurl=http://127.0.0.1:$nport
+url=http://127.0.0.1:$port
+
+# best of ROUNDS interleaved runs (kvrouterd json, msgpack, nginx): the machine is shared, and
+# interleaving exposes both servers to the same background load
+ROUNDS=${HTTP_BENCH_ROUNDS:-2}
+best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a + 0 > b + 0) ? a : b }'; }
+echo "-- wrk: 1 thread, $CONNS connections, ${DUR}s each, best of $ROUNDS interleaved rounds; kvrouterd: 1 loop thread"
+runwrk "warm-up (json)" "$url" "$tmp/q/queries.json" json "$CONNS" >/dev/null
 runwrk "warm-up (nginx)" "$nurl" "$tmp/q/queries.json" json "$CONNS" >/dev/null
-runwrk "nginx return 200 (same POSTs)" "$nurl" "$tmp/q/queries.json" json "$CONNS"
-nginx_rps=$RPS
+json_rps=0 mp_rps=0 nginx_rps=0
+r=0
+while [ $r -lt "$ROUNDS" ]; do
+    r=$((r + 1))
+    runwrk "kvrouterd json ${QTOKENS} tokens" "$url" "$tmp/q/queries.json" json "$CONNS"
+    json_rps=$(best "$json_rps" "$RPS")
+    runwrk "kvrouterd msgpack ${QTOKENS} tokens" "$url" "$tmp/q/queries.mp" msgpack "$CONNS"
+    mp_rps=$(best "$mp_rps" "$RPS")
+    runwrk "nginx return 200 (same POSTs)" "$nurl" "$tmp/q/queries.json" json "$CONNS"
+    nginx_rps=$(best "$nginx_rps" "$RPS")
+done
+
+# half load (wrk2 is not in Debian; wrk's delay() fires on 1 ms ticks, i.e. in bursts):
+# bench_loadgen offers HTTP_BENCH_HALF_RATE req/s (default 10000, half the 20K/s target; the
+# measured full rate swings too much on a shared machine to take half of it) open loop: a
+# request every 1/rate s over 64 keep-alive connections, latency from the scheduled time.
+half=${HTTP_BENCH_HALF_RATE:-10000}
+"$LOADGEN" "$port" "$tmp/q/queries.json" "$half" "$DUR" 64 >"$tmp/lg.out" 2>&1 || { cat "$tmp/lg.out"; exit 1; }
+RPS=$(sed -n 's/.*answered (\([0-9]*\) req\/s).*/\1/p' "$tmp/lg.out")
+P50=$(sed -n 's/^LAT p50_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
+P90=$(sed -n 's/^LAT .*p90_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
+P99=$(sed -n 's/^LAT .*p99_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
+P999=$(sed -n 's/^LAT .*p999_us=\([0-9]*\).*/\1/p' "$tmp/lg.out")
+printf '%-34s %10.0f req/s   p50 %6d us   p90 %6d us   p99 %6d us   p99.9 %6d us\n' \
+    "kvrouterd json, open loop $half/s" "$RPS" "$P50" "$P90" "$P99" "$P999"
+half_rps=$RPS half_p50=$P50 half_p99=$P99
 
 echo "-- summary"
 awk -v j="$json_rps" -v m="$mp_rps" -v n="$nginx_rps" -v h="$half_rps" -v h50="$half_p50" -v h99="$half_p99" 'BEGIN {
     printf "json %.0f req/s (target >= 20000); msgpack %.0f req/s = %.2fx json (target >= 2x)\n", j, m, m / j
-    printf "half load (open loop): %.0f req/s (%.2f of the json rate), p50 %d us, p99 %d us (target p99 <= 1000 us)\n", h, h / j, h50, h99
+    printf "half load (open loop): %.0f req/s (%.2f of the best json rate), p50 %d us, p99 %d us (target p99 <= 1000 us)\n", h, h / j, h50, h99
     printf "nginx floor %.0f req/s; kvrouterd json = %.2f of it (target >= 0.5)\n", n, j / n
 }'
 grep -E "^kvrouter_score_latency_seconds_(sum|count)" <<EOF || true

@@ -837,3 +837,55 @@ def test_two_loop_threads(daemon_factory):
     assert reqs[("score", "2xx")] == 200
     accepted = fams["kvrouter_http_connections_accepted_total"]["samples"][0][2]
     assert accepted >= 9
+
+
+def test_engine_cache_model_exact_scores(daemon_factory):
+    """Three engines from vllm_pub (vLLM's prefix cache in miniature: block reuse, LRU
+    eviction announced as BlockRemoved) serve a multi-turn workload with shared system
+    prompts; every score must equal the longest prefix each engine's cache really holds."""
+    import random
+    from vllm_pub import Engine, tokens_for
+
+    d = daemon_factory()
+    need_ingest(d)
+    engines = [Engine(pod="eng-%d" % i, model=MODEL, mode="connect", endpoints=[d.events[0]],
+                      num_blocks=40, block_size=BS) for i in range(3)]
+    try:
+        for e in engines:
+            e.wait_subscriber()
+        rnd = random.Random(11)
+        systems = [tokens_for(100 + k, 4 * BS) for k in range(3)]
+        prompts = []
+        for turn in range(40):
+            prompt = (systems[rnd.randrange(3)] +
+                      tokens_for(1000 + turn, rnd.randrange(1, 8) * BS + rnd.randrange(BS)))
+            r = engines[rnd.randrange(3)].rank(0)
+            r.request(prompt)
+            r.publish()
+            prompts.append(prompt)
+        for e in engines:
+            if e.rank(0).seq:
+                wait_seq(d, e.pod, MODEL, e.rank(0).seq - 1)
+        evicted_somewhere = False
+        nonempty = 0
+        for q in prompts + systems:
+            want = {}
+            for e in engines:
+                r, n = e.rank(0), 0
+                for h in r.chain(q):
+                    if r.cache.lookup(h) is None:
+                        break
+                    n += 1
+                if n:
+                    want[(e.pod, 0)] = n
+                if n < len(q) // BS:
+                    evicted_somewhere = True
+            body = score(d, q)
+            got = {(s["pod"], s["dp_rank"]): s["matched_blocks"] for s in body["scores"]}
+            assert got == want, (len(q) // BS, got, want)
+            nonempty += bool(want)
+        assert evicted_somewhere
+        assert nonempty >= 10, nonempty
+    finally:
+        for e in engines:
+            e.close()
