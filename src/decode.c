@@ -49,9 +49,14 @@
  *   decoder accepts, never as a shape vLLM emits, so a non-int token → KVR_SKIP_BAD_TOKENS.
  * - Group filter (hybrid models) for BlockStored: kv_cache_spec_kind present → indexed only
  *   for full_attention / mla_attention / sink_full_attention (case-insensitive); absent →
- *   indexed only if group_idx is absent or 0. BlockRemoved carries no kind, so its filter is
- *   group_idx absent or 0. Filtered events → KVR_SKIP_GROUP. The filter runs after the field
- *   type checks and before the hash/token conversion.
+ *   indexed only if group_idx is absent or 0. Filtered events → KVR_SKIP_GROUP, with type and
+ *   group_idx filled so the consumer can learn which groups are not indexed. The filter runs
+ *   after the field type checks and before the hash/token conversion. BlockRemoved carries
+ *   no kind: it is always yielded with its group_idx, and the consumer (ingest) decides from
+ *   the kinds it learned from that engine's BlockStored events. A stateless rule here would
+ *   either drop the removals of a full-attention group that is not group 0 (stale entries)
+ *   or apply a sliding-window group's removals to the full-attention group's blocks, which
+ *   carry the same hashes when block sizes match.
  * - Types we expose are checked strictly (block_size: int in [0, 2^32); lora_id: int64;
  *   medium, lora_name, kind: str; group_idx: int in [0, 2^31)) → KVR_SKIP_BAD_FIELD. Fields
  *   we do not expose (extra_keys, kv_cache_spec_sliding_window, locality, ...) are ignored
@@ -836,8 +841,6 @@ static enum kvr_skip_reason check_fields(const struct fields *f, struct kvr_even
             return KVR_SKIP_BAD_FIELD;
         if (f->kind ? !kind_is_full(&f->kind->via.str) : ev->group_idx != 0)
             return KVR_SKIP_GROUP;
-    } else if (ev->group_idx != 0) {
-        return KVR_SKIP_GROUP;
     }
     return KVR_SKIP_NONE;
 }

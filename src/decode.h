@@ -90,7 +90,8 @@ enum kvr_skip_reason {
     KVR_SKIP_BAD_TOKENS,     /* token id not an int in [0, 2^32) */
     KVR_SKIP_TOKEN_COUNT,    /* token count != hashes * block_size */
     KVR_SKIP_TOO_LARGE,      /* over max_tokens / max_hashes */
-    KVR_SKIP_GROUP,          /* not a full-attention group (hybrid models): filtered */
+    KVR_SKIP_GROUP,          /* BlockStored of a group that is not full attention (hybrid
+                              * models): filtered; ev->type and ev->group_idx are set */
     KVR_SKIP_REASON_COUNT
 };
 const char *kvr_skip_reason_name(enum kvr_skip_reason r); /* "unknown_tag", ... */
@@ -112,7 +113,8 @@ struct kvr_event {
     size_t lora_name_len;
     bool has_lora_id;       /* legacy lora_id (int) when lora_name is absent */
     int64_t lora_id;
-    int32_t group_idx;      /* 0 when absent */
+    int32_t group_idx;      /* 0 when absent. BlockRemoved is yielded for every group: the
+                             * consumer filters it with the kinds learned from BlockStored */
 };
 
 /* Next event of the open batch: returns 1 with *ev filled, 0 at the end of the batch, or 2

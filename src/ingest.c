@@ -83,6 +83,9 @@ struct ing_stream {
     uint32_t wid;
     uint32_t source;                /* writer: source of the last live batch */
     bool can_replay;
+    /* writer only: bit g set = KV-cache group g seen in BlockStored as full attention
+     * (indexed) / as another kind (filtered by the decoder); groups >= 64 are never learned */
+    uint64_t groups_full, groups_other;
     struct pend *pend;              /* writer: live batches buffered during a replay */
     size_t npend, cappend;
 
@@ -517,10 +520,38 @@ static void flush_removed(struct writer *w, struct ing_stream *s)
     w->nrm = 0;
 }
 
+static void learn_group(struct ing_stream *s, int32_t g, bool full)
+{
+    if (g >= 0 && g < 64) {
+        if (full)
+            s->groups_full |= 1ull << g;
+        else
+            s->groups_other |= 1ull << g;
+    }
+}
+
+/* Hybrid models announce the same token range once per KV-cache group, with the same hashes
+ * when block sizes match; only full-attention groups are indexed. BlockRemoved carries no
+ * kind, so a removal is applied when its group was seen storing full-attention blocks, or is
+ * group 0 not known as another kind (pre-HMA engines have only group 0). A block is always
+ * stored before it is removed, so the group of an indexed block is known by then. */
+static bool removal_indexed(const struct ing_stream *s, int32_t g)
+{
+    if (g < 0 || g >= 64)
+        return false;
+    if (s->groups_full & (1ull << g))
+        return true;
+    return g == 0 && !(s->groups_other & 1ull);
+}
+
 static void apply_removed(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
 {
     uint8_t tier;
 
+    if (!removal_indexed(s, ev->group_idx)) {
+        skip(w, s, KVR_SKIP_GROUP);
+        return;
+    }
     if (ev->nhashes == 0)
         return;
     if (tier_of(w, ev->medium, ev->medium_len, &tier) != 0) {
@@ -568,6 +599,8 @@ static void apply_batch(struct writer *w, struct ing_stream *s)
 
     while ((r = kvr_decode_next(w->dec, &ev, &reason)) != 0) {
         if (r == 2) {
+            if (reason == KVR_SKIP_GROUP && ev.type == KVR_EV_STORED)
+                learn_group(s, ev.group_idx, false);
             skip(w, s, reason < KVR_SKIP_REASON_COUNT ? (int)reason : KVR_SKIP_NOT_EVENT);
             continue;
         }
@@ -576,6 +609,7 @@ static void apply_batch(struct writer *w, struct ing_stream *s)
         switch (ev.type) {
         case KVR_EV_STORED:
             CINC(w->st.events[KVR_EV_STORED]);
+            learn_group(s, ev.group_idx, true);
             apply_stored(w, s, &ev);
             break;
         case KVR_EV_REMOVED:

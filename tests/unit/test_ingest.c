@@ -146,6 +146,7 @@ struct tev {
     int64_t lora_id;      /* < 0: nil */
     bool array_form;      /* legacy positional encoding */
     int group_idx;
+    const char *kind;     /* kv_cache_spec_kind; NULL → "full_attention" */
 };
 
 static void pk_str(msgpack_packer *p, const char *s)
@@ -194,7 +195,7 @@ static void pk_event(msgpack_packer *p, const struct tev *e)
                 msgpack_pack_nil(p);
             msgpack_pack_nil(p);            /* extra_keys */
             msgpack_pack_int(p, e->group_idx);
-            pk_str(p, "full_attention");
+            pk_str(p, e->kind ? e->kind : "full_attention");
             msgpack_pack_nil(p);            /* sliding window */
         } else {
             msgpack_pack_map(p, 10);
@@ -231,7 +232,7 @@ static void pk_event(msgpack_packer *p, const struct tev *e)
             pk_str(p, "group_idx");
             msgpack_pack_int(p, e->group_idx);
             pk_str(p, "kv_cache_spec_kind");
-            pk_str(p, "full_attention");
+            pk_str(p, e->kind ? e->kind : "full_attention");
         }
         break;
     case EV_REMOVED:
@@ -240,7 +241,7 @@ static void pk_event(msgpack_packer *p, const struct tev *e)
             pk_str(p, "BlockRemoved");
             pk_hashes(p, e->hashes, e->n);
             pk_str(p, medium);
-            msgpack_pack_int(p, 0);
+            msgpack_pack_int(p, e->group_idx);
         } else {
             msgpack_pack_map(p, 4);
             pk_str(p, "type");
@@ -250,7 +251,7 @@ static void pk_event(msgpack_packer *p, const struct tev *e)
             pk_str(p, "medium");
             pk_str(p, medium);
             pk_str(p, "group_idx");
-            msgpack_pack_int(p, 0);
+            msgpack_pack_int(p, e->group_idx);
         }
         break;
     case EV_CLEARED:
@@ -589,6 +590,67 @@ static void test_store_remove_clear(void **state)
         assert_families_grouped(b.data);
         kvr_buf_free(&b);
     }
+    fx_free(f);
+}
+
+/* Hybrid (HMA) models: the same blocks are announced once per KV-cache group with the same
+ * hashes. Only full-attention groups are indexed, and removals are applied only for those
+ * groups — also when the full-attention group is not group 0. */
+static void test_hybrid_groups(void **state)
+{
+    struct fx *f = fx_new(true, -1);
+    uint32_t tok[16];
+    uint64_t h[4] = {301, 302, 303, 304};
+    uint64_t g[4] = {401, 402, 403, 404};
+    struct kvr_stream_info si;
+    (void)state;
+
+    warm_up(f);
+    tokens_seq(tok, 16, 5000);
+    /* pod-h: group 0 full attention, group 1 sliding window, same hashes */
+    struct tev st[2] = {
+        {.type = EV_STORED, .hashes = h, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+         .lora_id = -1, .group_idx = 0},
+        {.type = EV_STORED, .hashes = h, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+         .lora_id = -1, .group_idx = 1, .kind = "sliding_window"},
+    };
+    publish(f->pub, "kv@pod-h@" MODEL, 0, st, 2, 0);
+    si = wait_seq(f, "pod-h", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 4);
+    /* the sliding-window group drops its out-of-window blocks: not ours */
+    struct tev rm1 = {.type = EV_REMOVED, .hashes = h, .n = 2, .group_idx = 1};
+    publish(f->pub, "kv@pod-h@" MODEL, 1, &rm1, 1, 0);
+    si = wait_seq(f, "pod-h", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 4);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 4, "pod-h", 0), 4);
+    /* the full-attention group evicts its tail: applied */
+    struct tev rm0 = {.type = EV_REMOVED, .hashes = h + 3, .n = 1, .group_idx = 0};
+    publish(f->pub, "kv@pod-h@" MODEL, 2, &rm0, 1, 0);
+    si = wait_seq(f, "pod-h", 0, 2, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 3);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 4, "pod-h", 0), 3);
+
+    /* pod-k: group 0 is sliding window, group 1 is full attention */
+    struct tev sk[2] = {
+        {.type = EV_STORED, .hashes = g, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+         .lora_id = -1, .group_idx = 0, .kind = "sliding_window", .array_form = true},
+        {.type = EV_STORED, .hashes = g, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+         .lora_id = -1, .group_idx = 1, .kind = "full_attention", .array_form = true},
+    };
+    publish(f->pub, "kv@pod-k@" MODEL, 0, sk, 2, 0);
+    si = wait_seq(f, "pod-k", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 4);
+    struct tev rk0 = {.type = EV_REMOVED, .hashes = g, .n = 4, .group_idx = 0};
+    publish(f->pub, "kv@pod-k@" MODEL, 1, &rk0, 1, 0);
+    si = wait_seq(f, "pod-k", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 4); /* group 0 is known as sliding window: filtered */
+    struct tev rk1 = {.type = EV_REMOVED, .hashes = g + 2, .n = 2, .group_idx = 1,
+                      .array_form = true};
+    publish(f->pub, "kv@pod-k@" MODEL, 2, &rk1, 1, 0);
+    si = wait_seq(f, "pod-k", 0, 2, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 2); /* group 1 is full attention: applied */
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 4, "pod-k", 0), 2);
+    assert_true(metric(f, "events_filtered_groups_total", NULL) >= 4);
     fx_free(f);
 }
 
@@ -1332,6 +1394,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_remove_clear),
+        cmocka_unit_test(test_hybrid_groups),
         cmocka_unit_test(test_dp_ranks_lora_tiers),
         cmocka_unit_test(test_bad_frames_and_events),
         cmocka_unit_test(test_restart_and_gap),
