@@ -79,7 +79,7 @@ struct kvr_stream_info {
     const char *pod;      /* borrowed for the duration of the callback */
     const char *model;
     uint32_t dp_rank;
-    uint64_t blocks;                 /* distinct blocks held, all tiers */
+    uint64_t blocks;                 /* sum of tier_blocks (a block in two tiers counts twice) */
     uint64_t tier_blocks[KVR_TIER_MAX];
     const char *tier_names[KVR_TIER_MAX]; /* NULL for unused tiers */
     uint64_t last_seq;    /* last batch applied to the index */
