@@ -10,10 +10,11 @@
  *   a private block nothing beyond the node). Each element is holder | nchild << 32, where
  *   nchild counts the children of this entry that the same holder holds (holes, below).
  *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
- * - Node slab: 32 KB aligned chunks (a node's chunk is its address rounded down), each with
- *   a free list, a bump index and a live count, under one spinlock; writers take nodes in
- *   batches of 64 into their slot and give back the unused and the reclaimed ones when the
- *   call ends. A chunk is freed when its last node comes back.
+ * - Node slab: 2 MB aligned chunks, each an anonymous mapping advised MADV_HUGEPAGE (a
+ *   node's chunk is its address rounded down), each with a free list, a bump index and a
+ *   live count, under one spinlock; writers take nodes in batches of 64 into their slot and
+ *   give back the unused and the reclaimed ones when the call ends. A chunk is unmapped when
+ *   its last node comes back, except one emptied chunk kept as a spare (counted in bytes).
  * - Main table: 1024 shards by the key hash's low bits, each an open-addressing table
  *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
  *   1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a
@@ -85,9 +86,9 @@
  *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
  *   to the slab at the end of the call that reclaimed them.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
- *   malloc_usable_size() of everything this module allocates (slab chunks as whole chunks,
- *   free nodes included), added at malloc and removed at free (retired and cached memory
- *   counts until it is really freed).
+ *   malloc_usable_size() of everything this module allocates (slab chunks as whole 2 MB
+ *   mappings, the spare and free nodes included), added at malloc and removed at free
+ *   (retired and cached memory counts until it is really freed).
  * - Interning: one mutex for inserts; lookups are lock-free over immutable records in
  *   open-addressing tables whose replaced versions are kept until destroy.
  * - find makes no heap allocation: its scratch (sized by max_query_blocks and max_workers)
@@ -104,6 +105,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* ---- basics ------------------------------------------------------------------------- */
 
@@ -204,7 +206,7 @@ struct node {
     uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
 };
 
-#define NCHUNK 32768u /* node slab chunk: size and alignment */
+#define NCHUNK (2u << 20) /* node slab chunk: size and alignment, one transparent huge page */
 #define NCHUNK_HDR 64u
 #define NCHUNK_NODES ((NCHUNK - NCHUNK_HDR) / sizeof(struct node))
 _Static_assert(sizeof(struct node) == 32, "node: 32 bytes, two per cache line");
@@ -220,6 +222,7 @@ struct slab {
     uint32_t lock; /* spinlock */
     uint32_t pad;
     struct nchunk *all, *partial;
+    struct nchunk *spare; /* one emptied chunk kept mapped (counted in bytes) */
 } __attribute__((aligned(64)));
 
 /* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
@@ -537,8 +540,8 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
  * ones; chunks with free room are on the slab's partial list. Writers take nodes in batches
  * into their slot's cache and give back the unused and the reclaimed ones when the call
  * ends, all under the slab's spinlock (one acquisition per batch, not per node). A chunk
- * whose last node comes back is freed at once, so memory follows contents; bytes count the
- * chunks' real allocations. */
+ * whose last node comes back is unmapped at once (but one spare), so memory follows
+ * contents; bytes count the chunks' whole mappings. */
 static struct nchunk *nchunk_of(void *x)
 {
     return (struct nchunk *)((uintptr_t)x & ~(uintptr_t)(NCHUNK - 1));
@@ -584,15 +587,44 @@ static void chunk_unlink(struct nchunk **head, struct nchunk *c, int partial)
         *(partial ? &nx->pprev : &nx->aprev) = pv;
 }
 
-/* Slab locked: one node from a chunk with room (a new chunk if none), NULL on ENOMEM. */
+/* A chunk is a 2 MB-aligned anonymous mapping advised as a transparent huge page: one TLB
+ * entry covers 65534 nodes (with 4 KB pages every new node page was a fault and the table
+ * walks of random nodes missed the TLB). bytes count the whole mapping. */
+static struct nchunk *chunk_map(struct ebr_slot *s)
+{
+    size_t len = 2 * (size_t)NCHUNK;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    uintptr_t a = ((uintptr_t)p + NCHUNK - 1) & ~(uintptr_t)(NCHUNK - 1);
+    size_t head = a - (uintptr_t)p, tail = len - head - NCHUNK;
+    if (head)
+        (void)munmap(p, head);
+    if (tail)
+        (void)munmap((char *)a + NCHUNK, tail);
+#ifdef MADV_HUGEPAGE
+    (void)madvise((void *)a, NCHUNK, MADV_HUGEPAGE);
+#endif
+    ADD(s->bytes, (int64_t)NCHUNK);
+    return (struct nchunk *)a;
+}
+
+static void chunk_unmap(struct ebr_slot *s, struct nchunk *c)
+{
+    ADD(s->bytes, -(int64_t)NCHUNK);
+    (void)munmap(c, NCHUNK);
+}
+
+/* Slab locked: one node from a chunk with room (the spare or a new chunk if none), NULL on
+ * ENOMEM. */
 static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
 {
     struct nchunk *c = sb->partial;
     if (c == NULL) {
-        c = aligned_alloc(NCHUNK, NCHUNK);
-        if (c == NULL)
+        if ((c = sb->spare) != NULL)
+            sb->spare = NULL;
+        else if ((c = chunk_map(s)) == NULL)
             return NULL;
-        ADD(s->bytes, usable(c));
         c->free = NULL;
         c->live = 0;
         c->bump = 0;
@@ -611,7 +643,9 @@ static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
     return x;
 }
 
-/* Slab locked: gives x back; frees its chunk when it empties. */
+/* Slab locked: gives x back. A chunk that empties becomes the spare (one chunk kept, so a
+ * small index churning around a chunk boundary does not map and zero 2 MB per call); a
+ * second one is unmapped. */
 static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
 {
     struct nchunk *c = nchunk_of(x);
@@ -620,8 +654,10 @@ static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
     if (--c->live == 0) {
         chunk_unlink(&sb->partial, c, 1);
         chunk_unlink(&sb->all, c, 0);
-        ADD(s->bytes, -usable(c));
-        free(c);
+        if (sb->spare == NULL)
+            sb->spare = c;
+        else
+            chunk_unmap(s, c);
         return;
     }
     memcpy(x, &c->free, sizeof(c->free));
@@ -1228,7 +1264,9 @@ static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
     return 0;
 }
 
+#ifndef RECMAP_LOAD
 #define RECMAP_LOAD 7 /* max load, in eighths */
+#endif
 #ifndef RECMAP_GROW
 #define RECMAP_GROW 5 /* growth factor, in quarters */
 #endif
@@ -1500,8 +1538,10 @@ void kvr_index_destroy(struct kvr_index *ix)
     while (ix->slab.all != NULL) {
         struct nchunk *c = ix->slab.all;
         ix->slab.all = c->anext;
-        free(c);
+        (void)munmap(c, NCHUNK);
     }
+    if (ix->slab.spare != NULL)
+        (void)munmap(ix->slab.spare, NCHUNK);
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
         for (int t = 0; t < KVR_TIER_MAX; t++) {
