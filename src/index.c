@@ -3,12 +3,14 @@
  * DATA
  * - Entry (struct node, 32 bytes, from a slab): key = the chain hash alone (the namespace is
  *   folded into the chain's root, see ns_root; the position into the chain itself; a flag
- *   marks position 0), the parent's chain hash and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the
- *   set sorted by id groups a worker's tiers together. One holder is stored inline in the
- *   node; two or more live in a separately allocated sorted array (struct hset) that grows
- *   and shrinks by halves (a system-prompt block held by 16k holders costs 8 bytes a holder,
- *   a private block nothing beyond the node). Each element is holder | nchild << 32, where
- *   nchild counts the children of this entry that the same holder holds (holes, below).
+ *   marks position 0), the parent's chain hash and the sorted set of holders that have it.
+ *   A holder id is wid << 3 | tier, so the set sorted by id groups a worker's tiers
+ *   together. One holder is stored inline in the node (holder | nchild << 32); two or more
+ *   live in a separately allocated array (struct hset) that grows and shrinks by halves (a
+ *   system-prompt block held by 16k holders costs 8 bytes a holder, a private block nothing
+ *   beyond the node): the sorted holder ids first, their nchild in a parallel array behind
+ *   them, so find compares and copies holder runs with memcmp/memcpy. nchild counts the
+ *   children of this entry that the same holder holds (holes, below).
  *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
  * - Node slab: 2 MB aligned chunks, each an anonymous mapping advised MADV_HUGEPAGE (a
  *   node's chunk is its address rounded down), each with a free list, a bump index and a
@@ -76,9 +78,11 @@
  * - Readers never lock: table slots are read with acquire loads (insert publishes a fully
  *   built node with a release store; delete writes a tombstone or, before an empty slot, 0;
  *   growth/shrink builds a new table and publishes its pointer; nothing in a published table
- *   moves), holder sets are read under the node's seqlock (all shared fields are accessed
- *   with atomics, so TSAN sees no data race); (n, array pointer) are validated before the
- *   array is touched and the array's own capacity bounds the read.
+ *   moves), holder sets are read under the node's seqlock; (n, array pointer) are
+ *   validated before the array is touched and the array's own capacity bounds the read.
+ *   Scalar shared fields are accessed with atomics; holder-id runs are copied/compared with
+ *   memcpy/memcmp and validated by the seqlock (in a TSAN build element-wise relaxed
+ *   atomics, so TSAN sees no data race).
  * - Memory reclamation: epoch-based (EBR). Every reader and every writer call holds a slot
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
@@ -195,8 +199,40 @@ struct ebr_slot {
 struct hset {
     uint32_t cap; /* atomic (read by readers through an unvalidated pointer) */
     uint32_t pad;
-    uint64_t e[]; /* atomic: holder | nchild << 32, sorted by holder */
+    uint32_t v[]; /* atomic: v[0..cap) holder ids, sorted; v[cap..2 cap) their nchild */
 };
+#define HS_HID(hs) ((hs)->v)
+#define HS_NCH(hs) ((hs)->v + LD((hs)->cap))
+
+/* Copies and comparisons of holder-id runs. Readers run them under a node's seqlock and
+ * validate it afterwards (a torn read is retried, never used); writers hold the node lock.
+ * ThreadSanitizer builds go element by element with relaxed atomics (every shared access
+ * atomic, as TSAN wants); others use memcpy/memmove/memcmp (vectorised). */
+static inline void hv_move(uint32_t *dst, const uint32_t *src, uint32_t n)
+{
+#if defined(__SANITIZE_THREAD__)
+    if (dst < src)
+        for (uint32_t k = 0; k < n; k++)
+            ST(dst[k], LD(src[k]));
+    else
+        for (uint32_t k = n; k-- > 0;)
+            ST(dst[k], LD(src[k]));
+#else
+    memmove(dst, src, (size_t)n * sizeof(*dst));
+#endif
+}
+
+static inline int hv_equal(const uint32_t *x, const uint32_t *a, uint32_t n)
+{
+#if defined(__SANITIZE_THREAD__)
+    for (uint32_t k = 0; k < n; k++)
+        if (LD(x[k]) != a[k])
+            return 0;
+    return 1;
+#else
+    return memcmp(x, a, (size_t)n * sizeof(*x)) == 0;
+#endif
+}
 
 struct node {
     uint64_t chain;        /* key (namespace and position folded in, see ns_root); immutable */
@@ -901,12 +937,12 @@ static inline uint32_t el_holder(uint64_t e)
 }
 
 /* Lower bound of holder in e[0..n). */
-static inline uint32_t hs_lb(const uint64_t *e, uint32_t n, uint32_t holder)
+static inline uint32_t hs_lb(const uint32_t *e, uint32_t n, uint32_t holder)
 {
     uint32_t lo = 0, hi = n;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
-        if (el_holder(LD(e[mid])) < holder)
+        if (LD(e[mid]) < holder)
             lo = mid + 1;
         else
             hi = mid;
@@ -916,7 +952,7 @@ static inline uint32_t hs_lb(const uint64_t *e, uint32_t n, uint32_t holder)
 
 static struct hset *hs_new(struct ebr_slot *s, uint32_t cap)
 {
-    struct hset *hs = sl_alloc(s, sizeof(*hs) + (size_t)cap * sizeof(uint64_t));
+    struct hset *hs = sl_alloc(s, sizeof(*hs) + 2 * (size_t)cap * sizeof(uint32_t));
     if (hs != NULL)
         ST(hs->cap, cap);
     return hs;
@@ -928,10 +964,9 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
                   void **old)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
-    uint64_t el = pack_el(holder, nchild);
 
     if (cnt == 0) {
-        ST(nd->h, el);
+        ST(nd->h, pack_el(holder, nchild));
         N_SET(nd, 1u);
         return 1;
     }
@@ -942,36 +977,38 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         struct hset *hs = hs_new(s, 4);
         if (hs == NULL)
             return -ENOMEM;
-        if (el_holder(one) < holder) {
-            ST(hs->e[0], one);
-            ST(hs->e[1], el);
-        } else {
-            ST(hs->e[0], el);
-            ST(hs->e[1], one);
-        }
+        uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs), lo = el_holder(one) < holder;
+        ST(hh[!lo], el_holder(one));
+        ST(nc[!lo], (uint32_t)(one >> 32));
+        ST(hh[lo], holder);
+        ST(nc[lo], nchild);
         ST(nd->h, (uint64_t)(uintptr_t)hs);
         N_SET(nd, 2u | N_EXT);
         return 1;
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
-    uint32_t i = hs_lb(hs->e, cnt, holder);
-    if (i < cnt && el_holder(LD(hs->e[i])) == holder)
+    uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs);
+    uint32_t i = hs_lb(hh, cnt, holder);
+    if (i < cnt && LD(hh[i]) == holder)
         return 0;
     if (cnt == LD(hs->cap)) {
         struct hset *nh = hs_new(s, LD(hs->cap) * 2);
         if (nh == NULL)
             return -ENOMEM;
-        for (uint32_t k = 0; k < i; k++)
-            ST(nh->e[k], LD(hs->e[k]));
-        ST(nh->e[i], el);
-        for (uint32_t k = i; k < cnt; k++)
-            ST(nh->e[k + 1], LD(hs->e[k]));
+        uint32_t *nhh = HS_HID(nh), *nnc = HS_NCH(nh);
+        hv_move(nhh, hh, i);
+        hv_move(nhh + i + 1, hh + i, cnt - i);
+        hv_move(nnc, nc, i);
+        hv_move(nnc + i + 1, nc + i, cnt - i);
+        ST(nhh[i], holder);
+        ST(nnc[i], nchild);
         ST(nd->h, (uint64_t)(uintptr_t)nh);
         *old = hs;
     } else {
-        for (uint32_t k = cnt; k > i; k--)
-            ST(hs->e[k], LD(hs->e[k - 1]));
-        ST(hs->e[i], el);
+        hv_move(hh + i + 1, hh + i, cnt - i);
+        hv_move(nc + i + 1, nc + i, cnt - i);
+        ST(hh[i], holder);
+        ST(nc[i], nchild);
     }
     N_SET(nd, (cnt + 1) | N_EXT);
     return 1;
@@ -994,13 +1031,14 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         return 1;
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
-    uint32_t i = hs_lb(hs->e, cnt, holder);
-    if (i >= cnt || el_holder(LD(hs->e[i])) != holder)
+    uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs);
+    uint32_t i = hs_lb(hh, cnt, holder);
+    if (i >= cnt || LD(hh[i]) != holder)
         return 0;
-    *nchild = (uint32_t)(LD(hs->e[i]) >> 32);
+    *nchild = LD(nc[i]);
     uint32_t cap = LD(hs->cap);
     if (cnt == 2) {
-        ST(nd->h, LD(hs->e[1 - i]));
+        ST(nd->h, pack_el(LD(hh[1 - i]), LD(nc[1 - i])));
         N_SET(nd, 1u);
         *old = hs;
         return 1;
@@ -1008,10 +1046,11 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
     if (cap > 4 && cnt - 1 <= cap / 4) {
         struct hset *nh = hs_new(s, cap / 2);
         if (nh != NULL) {
-            uint32_t k2 = 0;
-            for (uint32_t k = 0; k < cnt; k++)
-                if (k != i)
-                    ST(nh->e[k2++], LD(hs->e[k]));
+            uint32_t *nhh = HS_HID(nh), *nnc = HS_NCH(nh);
+            hv_move(nhh, hh, i);
+            hv_move(nhh + i, hh + i + 1, cnt - i - 1);
+            hv_move(nnc, nc, i);
+            hv_move(nnc + i, nc + i + 1, cnt - i - 1);
             ST(nd->h, (uint64_t)(uintptr_t)nh);
             N_SET(nd, (cnt - 1) | N_EXT);
             *old = hs;
@@ -1019,8 +1058,8 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         }
         /* no memory to shrink: keep the big array */
     }
-    for (uint32_t k = i; k + 1 < cnt; k++)
-        ST(hs->e[k], LD(hs->e[k + 1]));
+    hv_move(hh + i, hh + i + 1, cnt - i - 1);
+    hv_move(nc + i, nc + i + 1, cnt - i - 1);
     N_SET(nd, (cnt - 1) | N_EXT);
     return 1;
 }
@@ -1029,25 +1068,26 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
 static int hs_adj(struct node *nd, uint32_t holder, int delta)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
-    uint64_t *p;
 
     if (cnt == 0 || (n & N_DEAD))
         return 0;
     if (!(n & N_EXT)) {
-        p = &nd->h;
-    } else {
-        struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
-        uint32_t i = hs_lb(hs->e, cnt, holder);
-        if (i >= cnt)
+        uint64_t e = LD(nd->h);
+        if (el_holder(e) != holder)
             return 0;
-        p = &hs->e[i];
+        uint32_t c = (uint32_t)(e >> 32);
+        IX_ASSERT(delta > 0 || c >= (uint32_t)-delta);
+        ST(nd->h, pack_el(holder, c + (uint32_t)delta));
+        return 1;
     }
-    uint64_t e = LD(*p);
-    if (el_holder(e) != holder)
+    struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
+    uint32_t *hh = HS_HID(hs);
+    uint32_t i = hs_lb(hh, cnt, holder);
+    if (i >= cnt || LD(hh[i]) != holder)
         return 0;
-    uint32_t c = (uint32_t)(e >> 32);
+    uint32_t *p = &HS_NCH(hs)[i], c = LD(*p);
     IX_ASSERT(delta > 0 || c >= (uint32_t)-delta);
-    ST(*p, pack_el(holder, c + (uint32_t)delta));
+    ST(*p, c + (uint32_t)delta);
     return 1;
 }
 
@@ -1076,8 +1116,8 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
         uint32_t cap = LD(hs->cap);
         if (cnt > cap)
             cnt = cap;
-        for (k = 0; k < cnt; k++)
-            buf[k] = el_holder(LD(hs->e[k]));
+        hv_move(buf, hs->v, cnt);
+        k = cnt;
         IX_FENCE(__ATOMIC_ACQUIRE);
         if (LD(nd->seq) == s1)
             return k;
@@ -1231,7 +1271,8 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
 
 /* The reverse map is open addressing with linear probing over any capacity (home =
  * multiply-high of the mixed hash), doubling (7/16..7/8 full: 16-byte records cost 18-37
- * bytes a block) and shrinking to 7/16 full when a quarter full. Growing by a quarter
+ * bytes a block) and shrinking to 7/16 full when an eighth full (rehashing 0.4 records a
+ * removal; at a quarter full it was 1.3, half the remove's map cost). Growing by a quarter
  * instead (70%..87% full) saved ~2 bytes a pair but rehashed every record ~5 times into a
  * table already 70% full: 120 of the store's 594 instructions a block, plus the zeroing. */
 static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
@@ -1340,8 +1381,8 @@ static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
     m->n--;
     if (m->n == 0)
         (void)recmap_resize(s, m, 0);
-    else if (cap > 8 && (size_t)m->n * 4 < cap)
-        (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 7 / 4));
+    else if (cap > 8 && (size_t)m->n * 8 < cap)
+        (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 2));
 }
 
 static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
@@ -1967,6 +2008,8 @@ struct wctx {
     struct kvr_index_wres *res;
     int adopt; /* a new engine hash is awaited by a parked block */
     struct node *prov; /* entry holding a provisional child count (store_one) */
+    struct node *pend; /* remove: entry whose nchild for pend_hid owes a decrement */
+    uint32_t pend_hid;
 };
 
 static void ebr_reserve(struct wctx *c, size_t more)
@@ -2039,8 +2082,23 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
     return rc;
 }
 
+/* Applies the decrement remove deferred (see hole_lose). */
+static void pend_flush(struct wctx *c)
+{
+    if (c->pend != NULL) {
+        int r = entry_adj(c->pend, c->pend_hid, -1);
+        IX_ASSERT(r == 1);
+        c->pend = NULL;
+    }
+}
+
 /* H just lost membership in an entry (key chain, parent pchain, root: at position 0) that
- * had nchild held children. hint: a node that may be the parent (saves a lookup). */
+ * had nchild held children. hint: a node that may be the parent (saves a lookup); when it
+ * is, it is held by H (it comes from H's reverse map) and it is the next block the remove
+ * call names (removals walk a chain tail first), so the parent's nchild decrement is
+ * deferred in c->pend: if that next removal deletes H's membership, the decrement is
+ * folded into the nchild it returns (one node lock less a block); anything else applies
+ * it first (unstore, end of the call). Only this writer reads H's nchild values. */
 static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
                       uint64_t chain, uint64_t pchain, uint32_t nchild, struct node *hint)
 {
@@ -2053,8 +2111,13 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
     if (root)
         return;
     struct node *p = hint;
-    if (p == NULL || p->chain != pchain)
-        p = tab_find(c->ix, pchain, key_hash(pchain));
+    if (p != NULL && p->chain == pchain) {
+        IX_ASSERT(c->pend == NULL);
+        c->pend = p;
+        c->pend_hid = hid;
+        return;
+    }
+    p = tab_find(c->ix, pchain, key_hash(pchain));
     if (p != NULL && entry_adj(p, hid, -1))
         return;
     (void)cmap_add(c->s, &H->absent, absent_key(pchain), -1);
@@ -2139,27 +2202,38 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
 static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r,
                     struct node *hint)
 {
+    struct node *x = REC_ND(r);
+    uint32_t hid = HOLDER(c->wid, tier);
+    /* a deferred decrement is folded in only when this call ends H's membership of it */
+    if (c->pend != NULL && (c->pend != x || c->pend_hid != hid))
+        pend_flush(c);
     uint32_t copies = REC_COPIES(r);
     if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->eh) > 0) {
+        pend_flush(c);
         (void)cmap_add(c->s, &H->extra, r->eh, -1);
         return;
     }
     if (copies > 1) {
+        pend_flush(c);
         r->nc -= 1ull << 48;
         return;
     }
-    struct node *x = REC_ND(r);
     recmap_del(c->s, &H->recs, r);
     ADD(H->blocks, -1);
     c->res->removed++;
     if (H->alias.n && cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
+        pend_flush(c);
         (void)cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
         return;
     }
     int root = (LD(x->n) & N_ROOT) != 0;
     uint64_t chain = x->chain, pchain = x->parent_chain;
-    uint32_t hid = HOLDER(c->wid, tier);
     uint32_t nchild = entry_del(c->ix, c->s, x, hid);
+    if (c->pend != NULL) { /* == x: the decrement owed to this membership, now gone */
+        IX_ASSERT(nchild >= 1);
+        nchild--;
+        c->pend = NULL;
+    }
     hole_lose(c, H, hid, root, chain, pchain, nchild, hint);
 }
 
@@ -2266,6 +2340,7 @@ static int wbegin(struct kvr_index *ix, uint32_t wid, struct kvr_index_wres *res
     c->res = res;
     c->adopt = 0;
     c->prov = NULL;
+    c->pend = NULL;
     c->s = slot_claim(ix, 0);
     ebr_enter(ix, c->s);
     return 0;
@@ -2382,6 +2457,7 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
             c.res->unknown_removes++;
         }
     }
+    pend_flush(&c);
     wend(&c);
     return 0;
 }
@@ -2669,9 +2745,7 @@ static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
             eq = el_holder(h) == a[0];
         else {
             const struct hset *hs = (const struct hset *)(uintptr_t)h;
-            eq = cnt <= LD(hs->cap);
-            for (uint32_t i = 0; eq && i < cnt; i++)
-                eq = el_holder(LD(hs->e[i])) == a[i];
+            eq = cnt <= LD(hs->cap) && hv_equal(hs->v, a, cnt);
         }
         IX_FENCE(__ATOMIC_ACQUIRE);
         if (LD(x->seq) == s1)
@@ -2888,20 +2962,33 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     if (x == NULL)
         goto out;
     uint32_t n0 = hs_read(x, r->s0);
-    uint32_t *s0 = r->s0, *tm = r->tm;
+    uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *ah = r->ah;
+    const uint32_t *podq = r->podq, *wpod = ix->wpod;
+    uint32_t *wslow = ix->wslow;
     uint32_t na = 0, nsw = 0, k = 0;
     uint32_t nw = LDA(ix->nworkers);
 
     /* filter by pod, classify workers fast / slow */
     for (uint32_t i = 0; i < n0;) {
-        uint32_t wid = H_WID(s0[i]), j = i;
-        while (j < n0 && H_WID(s0[j]) == wid)
-            j++;
-        if (wid >= nw || (npods > 0 && r->podq[ix->wpod[wid]] != qid)) {
+        uint32_t wid = H_WID(s0[i]), j = i + 1;
+        if (j < n0 && H_WID(s0[j]) == wid) {
+            while (j < n0 && H_WID(s0[j]) == wid)
+                j++;
+        } else if (wid < nw && (npods == 0 || podq[wpod[wid]] == qid) &&
+                   LD(wslow[wid]) == 0) {
+            /* one hole-free holder: the common case */
+            s0[k] = s0[i];
+            alive[na] = k;
+            ah[na++] = s0[i];
+            tm[k++] = 0;
             i = j;
             continue;
         }
-        int slow = LD(ix->wslow[wid]) != 0;
+        if (wid >= nw || (npods > 0 && podq[wpod[wid]] != qid)) {
+            i = j;
+            continue;
+        }
+        int slow = LD(wslow[wid]) != 0;
         if (slow) {
             struct slowst *sw = &r->sw[nsw++];
             memset(sw, 0, sizeof(*sw));
@@ -2914,8 +3001,8 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             uint32_t h = s0[m];
             s0[k] = h | (slow ? 0x80000000u : 0);
             if (!slow) {
-                r->alive[na] = k;
-                r->ah[na++] = h;
+                alive[na] = k;
+                ah[na++] = h;
             }
             tm[k] = 0;
             k++;
@@ -2930,11 +3017,20 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
 
     /* results, ascending wid */
     uint32_t si = 0;
+    struct kvr_index_hit *hits_out = r->hits;
     for (uint32_t i = 0; i < n0;) {
-        uint32_t wid = H_WID(s0[i] & 0x7fffffffu), j = i;
+        uint32_t h0 = s0[i], wid = H_WID(h0 & 0x7fffffffu), j = i + 1;
+        struct kvr_index_hit *hit = &hits_out[nh++];
+        if (!(h0 & 0x80000000u) && (j == n0 || H_WID(s0[j] & 0x7fffffffu) != wid)) {
+            /* one hole-free holder: the common case */
+            *hit = (struct kvr_index_hit){.wid = wid, .matched = tm[i]};
+            hit->tier_matched[H_TIER(h0)] = tm[i];
+            hit->score = (double)tm[i] * w[H_TIER(h0)];
+            i = j;
+            continue;
+        }
         while (j < n0 && H_WID(s0[j] & 0x7fffffffu) == wid)
             j++;
-        struct kvr_index_hit *hit = &r->hits[nh++];
         memset(hit, 0, sizeof(*hit));
         hit->wid = wid;
         if (s0[i] & 0x80000000u) {
