@@ -39,7 +39,9 @@
  * Kept exact: gaining an entry E moves absent[E] into E's nchild (those children stop being
  * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse. (Along
  * a stored chain the next block's membership is counted in the new entry's nchild when it
- * is created and withdrawn if that block turns out to be a duplicate: one lock less.)
+ * is created and withdrawn if that block turns out to be a duplicate: one lock less. A
+ * remove walking a chain tail first defers the decrement of the parent's nchild to the
+ * parent's own removal, which is the next one: see hole_lose.)
  * Lemma: if holes(H) == 0 and H holds the entry at position L with the query's chain hash,
  * then H holds the entry of every position <= L of the query (its parent is held and has
  * chain[L-1] — equal chain hashes mean equal prefixes, 2^-64 bounds — by induction).
@@ -2412,6 +2414,16 @@ out:
     return rc;
 }
 
+#define RM_AHEAD 4 /* remove: records looked up this many blocks ahead */
+#define RM_RING 8  /* > RM_AHEAD */
+
+/* A record looked up ahead by remove, if it is still eh's (not moved by a deletion; the
+ * caller drops the ring when the map is resized). */
+static inline struct rec *rm_ahead(struct rec *r, uint64_t eh)
+{
+    return r != NULL && r->nc != 0 && r->eh == eh ? r : NULL;
+}
+
 int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uint64_t *hashes,
                      size_t n, struct kvr_index_wres *res)
 {
@@ -2426,26 +2438,52 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     struct holder *H = c.w->h[tier];
     if (H != NULL)
         ebr_reserve(&c, n + 16);
-    struct rec *nx = NULL, *nx_base = NULL;
+    /* look ahead: reverse-map slots RM_AHEAD * 2 blocks ahead, records (and their nodes)
+     * RM_AHEAD ahead, the nodes' table slots (for unlinking) RM_AHEAD / 2 ahead. A record
+     * looked up ahead is used only if still there (unstore may shift or resize the map). */
+    struct rec *lr[RM_RING];
+    struct node *ln[RM_RING];
+    struct rec *base = H ? H->recs.s : NULL; /* the ring's records are in this array */
+    size_t la = 0;
     for (size_t i = 0; i < n; i++) {
-        if (H != NULL && i + 8 < n)
-            recmap_prefetch(&H->recs, hashes[i + 8]);
-        struct rec *r;
-        if (nx != NULL && H->recs.s == nx_base && nx->nc != 0 && nx->eh == hashes[i])
-            r = nx; /* looked up last round and not moved since */
-        else
-            r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
+        struct rec *r = NULL;
+        if (H != NULL) {
+            if (H->recs.s != base) { /* resized: records looked up so far are stale */
+                base = H->recs.s;
+                for (size_t k = i; k < la; k++)
+                    lr[k % RM_RING] = NULL;
+            }
+            if (i + RM_AHEAD * 2 < n)
+                recmap_prefetch(&H->recs, hashes[i + RM_AHEAD * 2]);
+            for (; la < n && la <= i + RM_AHEAD; la++) {
+                struct rec *y = recmap_get(&H->recs, hashes[la]);
+                struct node *z = y ? REC_ND(y) : NULL;
+                lr[la % RM_RING] = y;
+                ln[la % RM_RING] = z;
+                if (z != NULL)
+                    __builtin_prefetch(z);
+            }
+            /* the node was H's when looked up and stays allocated during the call (epoch):
+             * its immutable chain is safe to read, only to prefetch */
+            struct node *z = i + RM_AHEAD / 2 < n ? ln[(i + RM_AHEAD / 2) % RM_RING] : NULL;
+            if (z != NULL)
+                pf_slot(ix, key_hash(z->chain));
+            r = rm_ahead(lr[i % RM_RING], hashes[i]);
+            if (r == NULL)
+                r = recmap_get(&H->recs, hashes[i]);
+        }
         if (r != NULL) {
             /* removals usually walk a chain tail first: the next one is the parent */
-            nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
-            nx_base = H->recs.s; /* a resize in unstore invalidates nx */
+            struct rec *nx = NULL;
+            if (i + 1 < n) {
+                nx = rm_ahead(lr[(i + 1) % RM_RING], hashes[i + 1]);
+                if (nx == NULL)
+                    nx = recmap_get(&H->recs, hashes[i + 1]);
+            }
             struct node *hint = nx ? REC_ND(nx) : NULL;
-            if (hint != NULL)
-                __builtin_prefetch(hint);
             unstore(&c, H, tier, r, hint);
             continue;
         }
-        nx = NULL;
         uint32_t k;
         for (k = 0; k < c.w->norph; k++)
             if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
