@@ -220,7 +220,15 @@ static inline void hv_move(uint32_t *dst, const uint32_t *src, uint32_t n)
         for (uint32_t k = n; k-- > 0;)
             ST(dst[k], LD(src[k]));
 #else
-    memmove(dst, src, (size_t)n * sizeof(*dst));
+    if (n > 16) {
+        memmove(dst, src, (size_t)n * sizeof(*dst));
+    } else if (dst < src) { /* short runs (the usual shift in a holder array): no call */
+        for (uint32_t k = 0; k < n; k++)
+            dst[k] = src[k];
+    } else {
+        for (uint32_t k = n; k-- > 0;)
+            dst[k] = src[k];
+    }
 #endif
 }
 
@@ -2830,6 +2838,13 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
         uint32_t m = l + (h - l) / 2;
         struct node *x = node_at(r, ns, q, m);
         uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, np = 0, nab = 0;
+        if (nb == 0) { /* nobody holds m: the whole group stops before it */
+            st[sp].b = b;
+            st[sp].c = c;
+            st[sp].lo = l;
+            st[sp++].hi = m;
+            continue;
+        }
         for (uint32_t i = 0; i < c; i++) {
             uint32_t e = d[b + i], hid = s0[e];
             while (k < nb && buf[k] < hid)
