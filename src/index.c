@@ -48,8 +48,10 @@
  * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
  * looks only at jump landings (chains computed there by independent multiplies, table
  * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
- * alive set (compared in place, element by element) costs one pass; holders missing at a
- * landing are bisected within the stride behind it, split into groups by each probe. A
+ * alive set (compared in place, one memcmp) costs one pass; holders missing at a landing
+ * are bisected within the stride behind it, split into groups by each probe (a probe whose
+ * set equals the set at the group's lower bound, unchanged since the group was seen there
+ * by its seqlock sequence, or the set at its upper bound, moves the whole group). A
  * worker is "fast" when all its holders are hole-free (a dense per-worker counter says so):
  * matched = max tm over its tiers, and the score follows from the tm values. Any other
  * worker is scanned position by position (exact, slower). No "same count means same set"
@@ -1101,8 +1103,9 @@ static int hs_adj(struct node *nd, uint32_t holder, int delta)
     return 1;
 }
 
-/* Reader side: copies the holder ids of nd into buf; returns their count. */
-static uint32_t hs_read(const struct node *nd, uint32_t *buf)
+/* Reader side: copies the holder ids of nd into buf; returns their count. *seq gets the
+ * node's (even) sequence number the copy is consistent with. */
+static uint32_t hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq)
 {
     for (;;) {
         uint32_t s1 = LDA(nd->seq);
@@ -1116,6 +1119,7 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
         if (LD(nd->seq) != s1)
             continue;
         uint32_t cnt = n & N_COUNT, k = 0;
+        *seq = s1;
         if ((n & N_DEAD) || cnt == 0)
             return 0;
         if (!(n & N_EXT)) {
@@ -1132,6 +1136,12 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
         if (LD(nd->seq) == s1)
             return k;
     }
+}
+
+static uint32_t hs_read(const struct node *nd, uint32_t *buf)
+{
+    uint32_t seq;
+    return hs_read_seq(nd, buf, &seq);
 }
 
 /* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
@@ -2767,8 +2777,9 @@ static inline void pf_hset(const struct node *x)
         __builtin_prefetch(p + 64 * k);
 }
 
-/* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) */
-static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
+/* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) *seq gets the
+ * sequence number the answer holds for. */
+static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na, uint32_t *seq)
 {
     for (;;) {
         uint32_t s1 = LDA(x->seq);
@@ -2794,8 +2805,10 @@ static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
             eq = cnt <= LD(hs->cap) && hv_equal(hs->v, a, cnt);
         }
         IX_FENCE(__ATOMIC_ACQUIRE);
-        if (LD(x->seq) == s1)
+        if (LD(x->seq) == s1) {
+            *seq = s1;
             return eq;
+        }
     }
 }
 
@@ -2816,20 +2829,21 @@ static inline double maxw_of(uint32_t mask, const double *w)
  * Their held positions are a prefix (hole-free), so bisect, splitting the group at each
  * probe into those still present (stop later) and those gone (stop earlier). */
 static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
-                        uint32_t nd, uint32_t lo, uint32_t hi)
+                        uint32_t nd, uint32_t lo, uint32_t hi, uint32_t loseq)
 {
     struct {
-        uint32_t b, c, lo, hi;
+        uint32_t b, c, lo, hi, lseq; /* lseq: lo's node seq when the group was seen there */
     } st[64];
     uint32_t *d = r->drop, *tmp = r->tmp, *buf = r->buf, *s0 = r->s0, *tm = r->tm;
     int sp = 0;
     st[sp].b = 0;
     st[sp].c = nd;
     st[sp].lo = lo;
+    st[sp].lseq = loseq;
     st[sp++].hi = hi;
     while (sp > 0) {
         sp--;
-        uint32_t b = st[sp].b, c = st[sp].c, l = st[sp].lo, h = st[sp].hi;
+        uint32_t b = st[sp].b, c = st[sp].c, l = st[sp].lo, h = st[sp].hi, ls = st[sp].lseq;
         if (h - l == 1) {
             for (uint32_t i = 0; i < c; i++)
                 tm[d[b + i]] = h;
@@ -2837,13 +2851,33 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
         }
         uint32_t m = l + (h - l) / 2;
         struct node *x = node_at(r, ns, q, m);
-        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, np = 0, nab = 0;
+        uint32_t ms = 0;
+        uint32_t nb = x ? hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
         if (nb == 0) { /* nobody holds m: the whole group stops before it */
             st[sp].b = b;
             st[sp].c = c;
             st[sp].lo = l;
+            st[sp].lseq = ls;
             st[sp++].hi = m;
             continue;
+        }
+        /* The group was seen holding l (node sequence ls) and not h. If m's holder set
+         * equals l's set unchanged since (same sequence), all of the group holds m; if it
+         * equals h's set, none does (exact set comparisons, one memcmp each; every
+         * conclusion rests on sets as they were read): a group that stops at one place is
+         * bisected without a per-member merge. */
+        if (c > 8) {
+            struct node *xl = node_at(r, ns, q, l), *xh = node_at(r, ns, q, h);
+            uint32_t sq = 0;
+            int all = xl != NULL && hs_equal(xl, buf, nb, &sq) && sq == ls;
+            if (all || (xh != NULL && hs_equal(xh, buf, nb, &sq))) {
+                st[sp].b = b;
+                st[sp].c = c;
+                st[sp].lo = all ? m : l;
+                st[sp].lseq = all ? ms : ls;
+                st[sp++].hi = all ? h : m;
+                continue;
+            }
         }
         for (uint32_t i = 0; i < c; i++) {
             uint32_t e = d[b + i], hid = s0[e];
@@ -2860,12 +2894,14 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
             st[sp].b = b + np;
             st[sp].c = nab;
             st[sp].lo = l;
+            st[sp].lseq = ls;
             st[sp++].hi = m;
         }
         if (np > 0) {
             st[sp].b = b;
             st[sp].c = np;
             st[sp].lo = m;
+            st[sp].lseq = ms;
             st[sp++].hi = h;
         }
     }
@@ -2875,7 +2911,7 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
  * are exactly [0, tm). Jump from landing to landing; when a holder is missing at a landing,
  * scan the stride behind it (only for the holders that dropped). */
 static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, uint32_t n,
-                      uint32_t na)
+                      uint32_t na, uint32_t seq0)
 {
     const struct kvr_index *ix = r->ix;
     const uint32_t stride = ix->o.jump_stride;
@@ -2888,7 +2924,7 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     const uint32_t nl = (n - 2) / stride + 1; /* landings: min((j+1)*stride, n-1) */
 #define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : n - 1)
     uint32_t issued = 0; /* landings whose chain and key hash are computed */
-    uint32_t prev = 0;
+    uint32_t prev = 0, pseq = seq0; /* seq of prev's node when alive[] was seen there */
     for (uint32_t j = 0; j < nl && na > 0; j++) {
         while (issued < nl && issued < j + PF_SLOT) {
             uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
@@ -2909,11 +2945,13 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         }
         uint32_t L = LANDING(j);
         struct node *x = r->nd[L];
-        if (x != NULL && hs_equal(x, ah, na)) {
+        uint32_t xs = 0;
+        if (x != NULL && hs_equal(x, ah, na, &xs)) {
             prev = L;
+            pseq = xs;
             continue;
         }
-        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, ka = 0, nd = 0;
+        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, k = 0, ka = 0, nd = 0;
         for (uint32_t a = 0; a < na; a++) {
             uint32_t h = ah[a];
             while (k < nb && buf[k] < h)
@@ -2927,8 +2965,9 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         }
         na = ka;
         if (nd > 0)
-            drop_search(r, ns, q, nd, prev, L);
+            drop_search(r, ns, q, nd, prev, L, pseq);
         prev = L;
+        pseq = xs;
     }
 #undef LANDING
     for (uint32_t a = 0; a < na; a++)
@@ -3014,7 +3053,8 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     struct node *x = node_at(r, ns, q, 0);
     if (x == NULL)
         goto out;
-    uint32_t n0 = hs_read(x, r->s0);
+    uint32_t seq0 = 0;
+    uint32_t n0 = hs_read_seq(x, r->s0, &seq0);
     uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *ah = r->ah;
     const uint32_t *podq = r->podq, *wpod = ix->wpod;
     uint32_t *wslow = ix->wslow;
@@ -3064,7 +3104,7 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     }
     n0 = k;
 
-    find_fast(r, ns, q, (uint32_t)n, na);
+    find_fast(r, ns, q, (uint32_t)n, na, seq0);
     if (nsw > 0)
         find_slow(r, ns, q, (uint32_t)n, nsw, w);
 
