@@ -3,17 +3,20 @@
  * DATA
  * - Entry (struct node, 32 bytes, from a slab): key = the chain hash alone (the namespace is
  *   folded into the chain's root, see ns_root; the position into the chain itself; a flag
- *   marks position 0), the parent's chain hash and the sorted set of holders that have it. A holder id is wid << 3 | tier, so the
- *   set sorted by id groups a worker's tiers together. One holder is stored inline in the
- *   node; two or more live in a separately allocated sorted array (struct hset) that grows
- *   and shrinks by halves (a system-prompt block held by 16k holders costs 8 bytes a holder,
- *   a private block nothing beyond the node). Each element is holder | nchild << 32, where
- *   nchild counts the children of this entry that the same holder holds (holes, below).
+ *   marks position 0), the parent's chain hash and the sorted set of holders that have it.
+ *   A holder id is wid << 3 | tier, so the set sorted by id groups a worker's tiers
+ *   together. One holder is stored inline in the node (holder | nchild << 32); two or more
+ *   live in a separately allocated array (struct hset) that grows and shrinks by halves (a
+ *   system-prompt block held by 16k holders costs 8 bytes a holder, a private block nothing
+ *   beyond the node): the sorted holder ids first, their nchild in a parallel array behind
+ *   them, so find compares and copies holder runs with memcmp/memcpy. nchild counts the
+ *   children of this entry that the same holder holds (holes, below).
  *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
- * - Node slab: 32 KB aligned chunks (a node's chunk is its address rounded down), each with
- *   a free list, a bump index and a live count, under one spinlock; writers take nodes in
- *   batches of 64 into their slot and give back the unused and the reclaimed ones when the
- *   call ends. A chunk is freed when its last node comes back.
+ * - Node slab: 2 MB aligned chunks, each an anonymous mapping advised MADV_HUGEPAGE (a
+ *   node's chunk is its address rounded down), each with a free list, a bump index and a
+ *   live count, under one spinlock; writers take nodes in batches of 64 into their slot and
+ *   give back the unused and the reclaimed ones when the call ends. A chunk is unmapped when
+ *   its last node comes back, except one emptied chunk kept as a spare (counted in bytes).
  * - Main table: 1024 shards by the key hash's low bits, each an open-addressing table
  *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
  *   1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a
@@ -22,7 +25,7 @@
  *   readers and the reverse maps keep plain pointers.
  * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
  *   pointer | copies << 48 (16 bytes a block; copies past 65535 overflow into `extra`), open
- *   addressing over any capacity (grows by a quarter, max load 7/8); absent, chain-keyed counts
+ *   addressing over any capacity (doubles, max load 7/8); absent, chain-keyed counts
  *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
  *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
  *   tokens, different engine hash). Membership of a holder in an entry = 1 + alias count; it
@@ -36,15 +39,19 @@
  * Kept exact: gaining an entry E moves absent[E] into E's nchild (those children stop being
  * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse. (Along
  * a stored chain the next block's membership is counted in the new entry's nchild when it
- * is created and withdrawn if that block turns out to be a duplicate: one lock less.)
+ * is created and withdrawn if that block turns out to be a duplicate: one lock less. A
+ * remove walking a chain tail first defers the decrement of the parent's nchild to the
+ * parent's own removal, which is the next one: see hole_lose.)
  * Lemma: if holes(H) == 0 and H holds the entry at position L with the query's chain hash,
  * then H holds the entry of every position <= L of the query (its parent is held and has
  * chain[L-1] — equal chain hashes mean equal prefixes, 2^-64 bounds — by induction).
  * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
  * looks only at jump landings (chains computed there by independent multiplies, table
  * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
- * alive set (compared in place, element by element) costs one pass; holders missing at a
- * landing are bisected within the stride behind it, split into groups by each probe. A
+ * alive set (compared in place, one memcmp) costs one pass; holders missing at a landing
+ * are bisected within the stride behind it, split into groups by each probe (a probe whose
+ * set equals the set at the group's lower bound, unchanged since the group was seen there
+ * by its seqlock sequence, or the set at its upper bound, moves the whole group). A
  * worker is "fast" when all its holders are hole-free (a dense per-worker counter says so):
  * matched = max tm over its tiers, and the score follows from the tm values. Any other
  * worker is scanned position by position (exact, slower). No "same count means same set"
@@ -75,9 +82,11 @@
  * - Readers never lock: table slots are read with acquire loads (insert publishes a fully
  *   built node with a release store; delete writes a tombstone or, before an empty slot, 0;
  *   growth/shrink builds a new table and publishes its pointer; nothing in a published table
- *   moves), holder sets are read under the node's seqlock (all shared fields are accessed
- *   with atomics, so TSAN sees no data race); (n, array pointer) are validated before the
- *   array is touched and the array's own capacity bounds the read.
+ *   moves), holder sets are read under the node's seqlock; (n, array pointer) are
+ *   validated before the array is touched and the array's own capacity bounds the read.
+ *   Scalar shared fields are accessed with atomics; holder-id runs are copied/compared with
+ *   memcpy/memcmp and validated by the seqlock (in a TSAN build element-wise relaxed
+ *   atomics, so TSAN sees no data race).
  * - Memory reclamation: epoch-based (EBR). Every reader and every writer call holds a slot
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
@@ -85,9 +94,9 @@
  *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
  *   to the slab at the end of the call that reclaimed them.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
- *   malloc_usable_size() of everything this module allocates (slab chunks as whole chunks,
- *   free nodes included), added at malloc and removed at free (retired and cached memory
- *   counts until it is really freed).
+ *   malloc_usable_size() of everything this module allocates (slab chunks as whole 2 MB
+ *   mappings, the spare and free nodes included), added at malloc and removed at free
+ *   (retired and cached memory counts until it is really freed).
  * - Interning: one mutex for inserts; lookups are lock-free over immutable records in
  *   open-addressing tables whose replaced versions are kept until destroy.
  * - find makes no heap allocation: its scratch (sized by max_query_blocks and max_workers)
@@ -104,6 +113,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* ---- basics ------------------------------------------------------------------------- */
 
@@ -193,8 +203,48 @@ struct ebr_slot {
 struct hset {
     uint32_t cap; /* atomic (read by readers through an unvalidated pointer) */
     uint32_t pad;
-    uint64_t e[]; /* atomic: holder | nchild << 32, sorted by holder */
+    uint32_t v[]; /* atomic: v[0..cap) holder ids, sorted; v[cap..2 cap) their nchild */
 };
+#define HS_HID(hs) ((hs)->v)
+#define HS_NCH(hs) ((hs)->v + LD((hs)->cap))
+
+/* Copies and comparisons of holder-id runs. Readers run them under a node's seqlock and
+ * validate it afterwards (a torn read is retried, never used); writers hold the node lock.
+ * ThreadSanitizer builds go element by element with relaxed atomics (every shared access
+ * atomic, as TSAN wants); others use memcpy/memmove/memcmp (vectorised). */
+static inline void hv_move(uint32_t *dst, const uint32_t *src, uint32_t n)
+{
+#if defined(__SANITIZE_THREAD__)
+    if (dst < src)
+        for (uint32_t k = 0; k < n; k++)
+            ST(dst[k], LD(src[k]));
+    else
+        for (uint32_t k = n; k-- > 0;)
+            ST(dst[k], LD(src[k]));
+#else
+    if (n > 16) {
+        memmove(dst, src, (size_t)n * sizeof(*dst));
+    } else if (dst < src) { /* short runs (the usual shift in a holder array): no call */
+        for (uint32_t k = 0; k < n; k++)
+            dst[k] = src[k];
+    } else {
+        for (uint32_t k = n; k-- > 0;)
+            dst[k] = src[k];
+    }
+#endif
+}
+
+static inline int hv_equal(const uint32_t *x, const uint32_t *a, uint32_t n)
+{
+#if defined(__SANITIZE_THREAD__)
+    for (uint32_t k = 0; k < n; k++)
+        if (LD(x[k]) != a[k])
+            return 0;
+    return 1;
+#else
+    return memcmp(x, a, (size_t)n * sizeof(*x)) == 0;
+#endif
+}
 
 struct node {
     uint64_t chain;        /* key (namespace and position folded in, see ns_root); immutable */
@@ -204,7 +254,7 @@ struct node {
     uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
 };
 
-#define NCHUNK 32768u /* node slab chunk: size and alignment */
+#define NCHUNK (2u << 20) /* node slab chunk: size and alignment, one transparent huge page */
 #define NCHUNK_HDR 64u
 #define NCHUNK_NODES ((NCHUNK - NCHUNK_HDR) / sizeof(struct node))
 _Static_assert(sizeof(struct node) == 32, "node: 32 bytes, two per cache line");
@@ -220,6 +270,7 @@ struct slab {
     uint32_t lock; /* spinlock */
     uint32_t pad;
     struct nchunk *all, *partial;
+    struct nchunk *spare; /* one emptied chunk kept mapped (counted in bytes) */
 } __attribute__((aligned(64)));
 
 /* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
@@ -537,8 +588,8 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
  * ones; chunks with free room are on the slab's partial list. Writers take nodes in batches
  * into their slot's cache and give back the unused and the reclaimed ones when the call
  * ends, all under the slab's spinlock (one acquisition per batch, not per node). A chunk
- * whose last node comes back is freed at once, so memory follows contents; bytes count the
- * chunks' real allocations. */
+ * whose last node comes back is unmapped at once (but one spare), so memory follows
+ * contents; bytes count the chunks' whole mappings. */
 static struct nchunk *nchunk_of(void *x)
 {
     return (struct nchunk *)((uintptr_t)x & ~(uintptr_t)(NCHUNK - 1));
@@ -584,15 +635,44 @@ static void chunk_unlink(struct nchunk **head, struct nchunk *c, int partial)
         *(partial ? &nx->pprev : &nx->aprev) = pv;
 }
 
-/* Slab locked: one node from a chunk with room (a new chunk if none), NULL on ENOMEM. */
+/* A chunk is a 2 MB-aligned anonymous mapping advised as a transparent huge page: one TLB
+ * entry covers 65534 nodes (with 4 KB pages every new node page was a fault and the table
+ * walks of random nodes missed the TLB). bytes count the whole mapping. */
+static struct nchunk *chunk_map(struct ebr_slot *s)
+{
+    size_t len = 2 * (size_t)NCHUNK;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    uintptr_t a = ((uintptr_t)p + NCHUNK - 1) & ~(uintptr_t)(NCHUNK - 1);
+    size_t head = a - (uintptr_t)p, tail = len - head - NCHUNK;
+    if (head)
+        (void)munmap(p, head);
+    if (tail)
+        (void)munmap((char *)a + NCHUNK, tail);
+#ifdef MADV_HUGEPAGE
+    (void)madvise((void *)a, NCHUNK, MADV_HUGEPAGE);
+#endif
+    ADD(s->bytes, (int64_t)NCHUNK);
+    return (struct nchunk *)a;
+}
+
+static void chunk_unmap(struct ebr_slot *s, struct nchunk *c)
+{
+    ADD(s->bytes, -(int64_t)NCHUNK);
+    (void)munmap(c, NCHUNK);
+}
+
+/* Slab locked: one node from a chunk with room (the spare or a new chunk if none), NULL on
+ * ENOMEM. */
 static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
 {
     struct nchunk *c = sb->partial;
     if (c == NULL) {
-        c = aligned_alloc(NCHUNK, NCHUNK);
-        if (c == NULL)
+        if ((c = sb->spare) != NULL)
+            sb->spare = NULL;
+        else if ((c = chunk_map(s)) == NULL)
             return NULL;
-        ADD(s->bytes, usable(c));
         c->free = NULL;
         c->live = 0;
         c->bump = 0;
@@ -611,7 +691,9 @@ static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
     return x;
 }
 
-/* Slab locked: gives x back; frees its chunk when it empties. */
+/* Slab locked: gives x back. A chunk that empties becomes the spare (one chunk kept, so a
+ * small index churning around a chunk boundary does not map and zero 2 MB per call); a
+ * second one is unmapped. */
 static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
 {
     struct nchunk *c = nchunk_of(x);
@@ -620,8 +702,10 @@ static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
     if (--c->live == 0) {
         chunk_unlink(&sb->partial, c, 1);
         chunk_unlink(&sb->all, c, 0);
-        ADD(s->bytes, -usable(c));
-        free(c);
+        if (sb->spare == NULL)
+            sb->spare = c;
+        else
+            chunk_unmap(s, c);
         return;
     }
     memcpy(x, &c->free, sizeof(c->free));
@@ -865,12 +949,12 @@ static inline uint32_t el_holder(uint64_t e)
 }
 
 /* Lower bound of holder in e[0..n). */
-static inline uint32_t hs_lb(const uint64_t *e, uint32_t n, uint32_t holder)
+static inline uint32_t hs_lb(const uint32_t *e, uint32_t n, uint32_t holder)
 {
     uint32_t lo = 0, hi = n;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
-        if (el_holder(LD(e[mid])) < holder)
+        if (LD(e[mid]) < holder)
             lo = mid + 1;
         else
             hi = mid;
@@ -880,7 +964,7 @@ static inline uint32_t hs_lb(const uint64_t *e, uint32_t n, uint32_t holder)
 
 static struct hset *hs_new(struct ebr_slot *s, uint32_t cap)
 {
-    struct hset *hs = sl_alloc(s, sizeof(*hs) + (size_t)cap * sizeof(uint64_t));
+    struct hset *hs = sl_alloc(s, sizeof(*hs) + 2 * (size_t)cap * sizeof(uint32_t));
     if (hs != NULL)
         ST(hs->cap, cap);
     return hs;
@@ -892,10 +976,9 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
                   void **old)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
-    uint64_t el = pack_el(holder, nchild);
 
     if (cnt == 0) {
-        ST(nd->h, el);
+        ST(nd->h, pack_el(holder, nchild));
         N_SET(nd, 1u);
         return 1;
     }
@@ -906,36 +989,38 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         struct hset *hs = hs_new(s, 4);
         if (hs == NULL)
             return -ENOMEM;
-        if (el_holder(one) < holder) {
-            ST(hs->e[0], one);
-            ST(hs->e[1], el);
-        } else {
-            ST(hs->e[0], el);
-            ST(hs->e[1], one);
-        }
+        uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs), lo = el_holder(one) < holder;
+        ST(hh[!lo], el_holder(one));
+        ST(nc[!lo], (uint32_t)(one >> 32));
+        ST(hh[lo], holder);
+        ST(nc[lo], nchild);
         ST(nd->h, (uint64_t)(uintptr_t)hs);
         N_SET(nd, 2u | N_EXT);
         return 1;
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
-    uint32_t i = hs_lb(hs->e, cnt, holder);
-    if (i < cnt && el_holder(LD(hs->e[i])) == holder)
+    uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs);
+    uint32_t i = hs_lb(hh, cnt, holder);
+    if (i < cnt && LD(hh[i]) == holder)
         return 0;
     if (cnt == LD(hs->cap)) {
         struct hset *nh = hs_new(s, LD(hs->cap) * 2);
         if (nh == NULL)
             return -ENOMEM;
-        for (uint32_t k = 0; k < i; k++)
-            ST(nh->e[k], LD(hs->e[k]));
-        ST(nh->e[i], el);
-        for (uint32_t k = i; k < cnt; k++)
-            ST(nh->e[k + 1], LD(hs->e[k]));
+        uint32_t *nhh = HS_HID(nh), *nnc = HS_NCH(nh);
+        hv_move(nhh, hh, i);
+        hv_move(nhh + i + 1, hh + i, cnt - i);
+        hv_move(nnc, nc, i);
+        hv_move(nnc + i + 1, nc + i, cnt - i);
+        ST(nhh[i], holder);
+        ST(nnc[i], nchild);
         ST(nd->h, (uint64_t)(uintptr_t)nh);
         *old = hs;
     } else {
-        for (uint32_t k = cnt; k > i; k--)
-            ST(hs->e[k], LD(hs->e[k - 1]));
-        ST(hs->e[i], el);
+        hv_move(hh + i + 1, hh + i, cnt - i);
+        hv_move(nc + i + 1, nc + i, cnt - i);
+        ST(hh[i], holder);
+        ST(nc[i], nchild);
     }
     N_SET(nd, (cnt + 1) | N_EXT);
     return 1;
@@ -958,13 +1043,14 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         return 1;
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
-    uint32_t i = hs_lb(hs->e, cnt, holder);
-    if (i >= cnt || el_holder(LD(hs->e[i])) != holder)
+    uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs);
+    uint32_t i = hs_lb(hh, cnt, holder);
+    if (i >= cnt || LD(hh[i]) != holder)
         return 0;
-    *nchild = (uint32_t)(LD(hs->e[i]) >> 32);
+    *nchild = LD(nc[i]);
     uint32_t cap = LD(hs->cap);
     if (cnt == 2) {
-        ST(nd->h, LD(hs->e[1 - i]));
+        ST(nd->h, pack_el(LD(hh[1 - i]), LD(nc[1 - i])));
         N_SET(nd, 1u);
         *old = hs;
         return 1;
@@ -972,10 +1058,11 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
     if (cap > 4 && cnt - 1 <= cap / 4) {
         struct hset *nh = hs_new(s, cap / 2);
         if (nh != NULL) {
-            uint32_t k2 = 0;
-            for (uint32_t k = 0; k < cnt; k++)
-                if (k != i)
-                    ST(nh->e[k2++], LD(hs->e[k]));
+            uint32_t *nhh = HS_HID(nh), *nnc = HS_NCH(nh);
+            hv_move(nhh, hh, i);
+            hv_move(nhh + i, hh + i + 1, cnt - i - 1);
+            hv_move(nnc, nc, i);
+            hv_move(nnc + i, nc + i + 1, cnt - i - 1);
             ST(nd->h, (uint64_t)(uintptr_t)nh);
             N_SET(nd, (cnt - 1) | N_EXT);
             *old = hs;
@@ -983,8 +1070,8 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         }
         /* no memory to shrink: keep the big array */
     }
-    for (uint32_t k = i; k + 1 < cnt; k++)
-        ST(hs->e[k], LD(hs->e[k + 1]));
+    hv_move(hh + i, hh + i + 1, cnt - i - 1);
+    hv_move(nc + i, nc + i + 1, cnt - i - 1);
     N_SET(nd, (cnt - 1) | N_EXT);
     return 1;
 }
@@ -993,30 +1080,32 @@ static int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
 static int hs_adj(struct node *nd, uint32_t holder, int delta)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
-    uint64_t *p;
 
     if (cnt == 0 || (n & N_DEAD))
         return 0;
     if (!(n & N_EXT)) {
-        p = &nd->h;
-    } else {
-        struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
-        uint32_t i = hs_lb(hs->e, cnt, holder);
-        if (i >= cnt)
+        uint64_t e = LD(nd->h);
+        if (el_holder(e) != holder)
             return 0;
-        p = &hs->e[i];
+        uint32_t c = (uint32_t)(e >> 32);
+        IX_ASSERT(delta > 0 || c >= (uint32_t)-delta);
+        ST(nd->h, pack_el(holder, c + (uint32_t)delta));
+        return 1;
     }
-    uint64_t e = LD(*p);
-    if (el_holder(e) != holder)
+    struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
+    uint32_t *hh = HS_HID(hs);
+    uint32_t i = hs_lb(hh, cnt, holder);
+    if (i >= cnt || LD(hh[i]) != holder)
         return 0;
-    uint32_t c = (uint32_t)(e >> 32);
+    uint32_t *p = &HS_NCH(hs)[i], c = LD(*p);
     IX_ASSERT(delta > 0 || c >= (uint32_t)-delta);
-    ST(*p, pack_el(holder, c + (uint32_t)delta));
+    ST(*p, c + (uint32_t)delta);
     return 1;
 }
 
-/* Reader side: copies the holder ids of nd into buf; returns their count. */
-static uint32_t hs_read(const struct node *nd, uint32_t *buf)
+/* Reader side: copies the holder ids of nd into buf; returns their count. *seq gets the
+ * node's (even) sequence number the copy is consistent with. */
+static uint32_t hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq)
 {
     for (;;) {
         uint32_t s1 = LDA(nd->seq);
@@ -1030,6 +1119,7 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
         if (LD(nd->seq) != s1)
             continue;
         uint32_t cnt = n & N_COUNT, k = 0;
+        *seq = s1;
         if ((n & N_DEAD) || cnt == 0)
             return 0;
         if (!(n & N_EXT)) {
@@ -1040,12 +1130,18 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
         uint32_t cap = LD(hs->cap);
         if (cnt > cap)
             cnt = cap;
-        for (k = 0; k < cnt; k++)
-            buf[k] = el_holder(LD(hs->e[k]));
+        hv_move(buf, hs->v, cnt);
+        k = cnt;
         IX_FENCE(__ATOMIC_ACQUIRE);
         if (LD(nd->seq) == s1)
             return k;
     }
+}
+
+static uint32_t hs_read(const struct node *nd, uint32_t *buf)
+{
+    uint32_t seq;
+    return hs_read_seq(nd, buf, &seq);
 }
 
 /* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
@@ -1194,9 +1290,11 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
 /* ---- writer-private maps --------------------------------------------------------------- */
 
 /* The reverse map is open addressing with linear probing over any capacity (home =
- * multiply-high of the mixed hash), growing by a quarter (70%..87% full after a growth
- * spurt: 16-byte records cost ~20 bytes a block) and shrinking to 7/16 full when a quarter
- * full; power-of-two doubling would leave it 7/16..7/8 full. */
+ * multiply-high of the mixed hash), doubling (7/16..7/8 full: 16-byte records cost 18-37
+ * bytes a block) and shrinking to 7/16 full when an eighth full (rehashing 0.4 records a
+ * removal; at a quarter full it was 1.3, half the remove's map cost). Growing by a quarter
+ * instead (70%..87% full) saved ~2 bytes a pair but rehashed every record ~5 times into a
+ * table already 70% full: 120 of the store's 594 instructions a block, plus the zeroing. */
 static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
 {
     return (uint32_t)(((unsigned __int128)mix64(eh) * m->cap) >> 64);
@@ -1228,9 +1326,11 @@ static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
     return 0;
 }
 
+#ifndef RECMAP_LOAD
 #define RECMAP_LOAD 7 /* max load, in eighths */
+#endif
 #ifndef RECMAP_GROW
-#define RECMAP_GROW 5 /* growth factor, in quarters */
+#define RECMAP_GROW 8 /* growth factor, in quarters */
 #endif
 
 static inline uint32_t rec_cap_for(size_t need)
@@ -1301,8 +1401,8 @@ static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
     m->n--;
     if (m->n == 0)
         (void)recmap_resize(s, m, 0);
-    else if (cap > 8 && (size_t)m->n * 4 < cap)
-        (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 7 / 4));
+    else if (cap > 8 && (size_t)m->n * 8 < cap)
+        (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 2));
 }
 
 static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
@@ -1500,8 +1600,10 @@ void kvr_index_destroy(struct kvr_index *ix)
     while (ix->slab.all != NULL) {
         struct nchunk *c = ix->slab.all;
         ix->slab.all = c->anext;
-        free(c);
+        (void)munmap(c, NCHUNK);
     }
+    if (ix->slab.spare != NULL)
+        (void)munmap(ix->slab.spare, NCHUNK);
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
         for (int t = 0; t < KVR_TIER_MAX; t++) {
@@ -1926,6 +2028,8 @@ struct wctx {
     struct kvr_index_wres *res;
     int adopt; /* a new engine hash is awaited by a parked block */
     struct node *prov; /* entry holding a provisional child count (store_one) */
+    struct node *pend; /* remove: entry whose nchild for pend_hid owes a decrement */
+    uint32_t pend_hid;
 };
 
 static void ebr_reserve(struct wctx *c, size_t more)
@@ -1998,8 +2102,23 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
     return rc;
 }
 
+/* Applies the decrement remove deferred (see hole_lose). */
+static void pend_flush(struct wctx *c)
+{
+    if (c->pend != NULL) {
+        int r = entry_adj(c->pend, c->pend_hid, -1);
+        IX_ASSERT(r == 1);
+        c->pend = NULL;
+    }
+}
+
 /* H just lost membership in an entry (key chain, parent pchain, root: at position 0) that
- * had nchild held children. hint: a node that may be the parent (saves a lookup). */
+ * had nchild held children. hint: a node that may be the parent (saves a lookup); when it
+ * is, it is held by H (it comes from H's reverse map) and it is the next block the remove
+ * call names (removals walk a chain tail first), so the parent's nchild decrement is
+ * deferred in c->pend: if that next removal deletes H's membership, the decrement is
+ * folded into the nchild it returns (one node lock less a block); anything else applies
+ * it first (unstore, end of the call). Only this writer reads H's nchild values. */
 static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
                       uint64_t chain, uint64_t pchain, uint32_t nchild, struct node *hint)
 {
@@ -2012,8 +2131,13 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
     if (root)
         return;
     struct node *p = hint;
-    if (p == NULL || p->chain != pchain)
-        p = tab_find(c->ix, pchain, key_hash(pchain));
+    if (p != NULL && p->chain == pchain) {
+        IX_ASSERT(c->pend == NULL);
+        c->pend = p;
+        c->pend_hid = hid;
+        return;
+    }
+    p = tab_find(c->ix, pchain, key_hash(pchain));
     if (p != NULL && entry_adj(p, hid, -1))
         return;
     (void)cmap_add(c->s, &H->absent, absent_key(pchain), -1);
@@ -2098,27 +2222,38 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
 static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r,
                     struct node *hint)
 {
+    struct node *x = REC_ND(r);
+    uint32_t hid = HOLDER(c->wid, tier);
+    /* a deferred decrement is folded in only when this call ends H's membership of it */
+    if (c->pend != NULL && (c->pend != x || c->pend_hid != hid))
+        pend_flush(c);
     uint32_t copies = REC_COPIES(r);
     if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->eh) > 0) {
+        pend_flush(c);
         (void)cmap_add(c->s, &H->extra, r->eh, -1);
         return;
     }
     if (copies > 1) {
+        pend_flush(c);
         r->nc -= 1ull << 48;
         return;
     }
-    struct node *x = REC_ND(r);
     recmap_del(c->s, &H->recs, r);
     ADD(H->blocks, -1);
     c->res->removed++;
     if (H->alias.n && cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
+        pend_flush(c);
         (void)cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
         return;
     }
     int root = (LD(x->n) & N_ROOT) != 0;
     uint64_t chain = x->chain, pchain = x->parent_chain;
-    uint32_t hid = HOLDER(c->wid, tier);
     uint32_t nchild = entry_del(c->ix, c->s, x, hid);
+    if (c->pend != NULL) { /* == x: the decrement owed to this membership, now gone */
+        IX_ASSERT(nchild >= 1);
+        nchild--;
+        c->pend = NULL;
+    }
     hole_lose(c, H, hid, root, chain, pchain, nchild, hint);
 }
 
@@ -2225,6 +2360,7 @@ static int wbegin(struct kvr_index *ix, uint32_t wid, struct kvr_index_wres *res
     c->res = res;
     c->adopt = 0;
     c->prov = NULL;
+    c->pend = NULL;
     c->s = slot_claim(ix, 0);
     ebr_enter(ix, c->s);
     return 0;
@@ -2296,6 +2432,16 @@ out:
     return rc;
 }
 
+#define RM_AHEAD 4 /* remove: records looked up this many blocks ahead */
+#define RM_RING 8  /* > RM_AHEAD */
+
+/* A record looked up ahead by remove, if it is still eh's (not moved by a deletion; the
+ * caller drops the ring when the map is resized). */
+static inline struct rec *rm_ahead(struct rec *r, uint64_t eh)
+{
+    return r != NULL && r->nc != 0 && r->eh == eh ? r : NULL;
+}
+
 int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uint64_t *hashes,
                      size_t n, struct kvr_index_wres *res)
 {
@@ -2310,26 +2456,52 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     struct holder *H = c.w->h[tier];
     if (H != NULL)
         ebr_reserve(&c, n + 16);
-    struct rec *nx = NULL, *nx_base = NULL;
+    /* look ahead: reverse-map slots RM_AHEAD * 2 blocks ahead, records (and their nodes)
+     * RM_AHEAD ahead, the nodes' table slots (for unlinking) RM_AHEAD / 2 ahead. A record
+     * looked up ahead is used only if still there (unstore may shift or resize the map). */
+    struct rec *lr[RM_RING];
+    struct node *ln[RM_RING];
+    struct rec *base = H ? H->recs.s : NULL; /* the ring's records are in this array */
+    size_t la = 0;
     for (size_t i = 0; i < n; i++) {
-        if (H != NULL && i + 8 < n)
-            recmap_prefetch(&H->recs, hashes[i + 8]);
-        struct rec *r;
-        if (nx != NULL && H->recs.s == nx_base && nx->nc != 0 && nx->eh == hashes[i])
-            r = nx; /* looked up last round and not moved since */
-        else
-            r = H ? recmap_get(&H->recs, hashes[i]) : NULL;
+        struct rec *r = NULL;
+        if (H != NULL) {
+            if (H->recs.s != base) { /* resized: records looked up so far are stale */
+                base = H->recs.s;
+                for (size_t k = i; k < la; k++)
+                    lr[k % RM_RING] = NULL;
+            }
+            if (i + RM_AHEAD * 2 < n)
+                recmap_prefetch(&H->recs, hashes[i + RM_AHEAD * 2]);
+            for (; la < n && la <= i + RM_AHEAD; la++) {
+                struct rec *y = recmap_get(&H->recs, hashes[la]);
+                struct node *z = y ? REC_ND(y) : NULL;
+                lr[la % RM_RING] = y;
+                ln[la % RM_RING] = z;
+                if (z != NULL)
+                    __builtin_prefetch(z);
+            }
+            /* the node was H's when looked up and stays allocated during the call (epoch):
+             * its immutable chain is safe to read, only to prefetch */
+            struct node *z = i + RM_AHEAD / 2 < n ? ln[(i + RM_AHEAD / 2) % RM_RING] : NULL;
+            if (z != NULL)
+                pf_slot(ix, key_hash(z->chain));
+            r = rm_ahead(lr[i % RM_RING], hashes[i]);
+            if (r == NULL)
+                r = recmap_get(&H->recs, hashes[i]);
+        }
         if (r != NULL) {
             /* removals usually walk a chain tail first: the next one is the parent */
-            nx = i + 1 < n ? recmap_get(&H->recs, hashes[i + 1]) : NULL;
-            nx_base = H->recs.s; /* a resize in unstore invalidates nx */
+            struct rec *nx = NULL;
+            if (i + 1 < n) {
+                nx = rm_ahead(lr[(i + 1) % RM_RING], hashes[i + 1]);
+                if (nx == NULL)
+                    nx = recmap_get(&H->recs, hashes[i + 1]);
+            }
             struct node *hint = nx ? REC_ND(nx) : NULL;
-            if (hint != NULL)
-                __builtin_prefetch(hint);
             unstore(&c, H, tier, r, hint);
             continue;
         }
-        nx = NULL;
         uint32_t k;
         for (k = 0; k < c.w->norph; k++)
             if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
@@ -2341,6 +2513,7 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
             c.res->unknown_removes++;
         }
     }
+    pend_flush(&c);
     wend(&c);
     return 0;
 }
@@ -2604,8 +2777,9 @@ static inline void pf_hset(const struct node *x)
         __builtin_prefetch(p + 64 * k);
 }
 
-/* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) */
-static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
+/* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) *seq gets the
+ * sequence number the answer holds for. */
+static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na, uint32_t *seq)
 {
     for (;;) {
         uint32_t s1 = LDA(x->seq);
@@ -2628,13 +2802,13 @@ static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na)
             eq = el_holder(h) == a[0];
         else {
             const struct hset *hs = (const struct hset *)(uintptr_t)h;
-            eq = cnt <= LD(hs->cap);
-            for (uint32_t i = 0; eq && i < cnt; i++)
-                eq = el_holder(LD(hs->e[i])) == a[i];
+            eq = cnt <= LD(hs->cap) && hv_equal(hs->v, a, cnt);
         }
         IX_FENCE(__ATOMIC_ACQUIRE);
-        if (LD(x->seq) == s1)
+        if (LD(x->seq) == s1) {
+            *seq = s1;
             return eq;
+        }
     }
 }
 
@@ -2655,20 +2829,21 @@ static inline double maxw_of(uint32_t mask, const double *w)
  * Their held positions are a prefix (hole-free), so bisect, splitting the group at each
  * probe into those still present (stop later) and those gone (stop earlier). */
 static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
-                        uint32_t nd, uint32_t lo, uint32_t hi)
+                        uint32_t nd, uint32_t lo, uint32_t hi, uint32_t loseq)
 {
     struct {
-        uint32_t b, c, lo, hi;
+        uint32_t b, c, lo, hi, lseq; /* lseq: lo's node seq when the group was seen there */
     } st[64];
     uint32_t *d = r->drop, *tmp = r->tmp, *buf = r->buf, *s0 = r->s0, *tm = r->tm;
     int sp = 0;
     st[sp].b = 0;
     st[sp].c = nd;
     st[sp].lo = lo;
+    st[sp].lseq = loseq;
     st[sp++].hi = hi;
     while (sp > 0) {
         sp--;
-        uint32_t b = st[sp].b, c = st[sp].c, l = st[sp].lo, h = st[sp].hi;
+        uint32_t b = st[sp].b, c = st[sp].c, l = st[sp].lo, h = st[sp].hi, ls = st[sp].lseq;
         if (h - l == 1) {
             for (uint32_t i = 0; i < c; i++)
                 tm[d[b + i]] = h;
@@ -2676,7 +2851,34 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
         }
         uint32_t m = l + (h - l) / 2;
         struct node *x = node_at(r, ns, q, m);
-        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, np = 0, nab = 0;
+        uint32_t ms = 0;
+        uint32_t nb = x ? hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
+        if (nb == 0) { /* nobody holds m: the whole group stops before it */
+            st[sp].b = b;
+            st[sp].c = c;
+            st[sp].lo = l;
+            st[sp].lseq = ls;
+            st[sp++].hi = m;
+            continue;
+        }
+        /* The group was seen holding l (node sequence ls) and not h. If m's holder set
+         * equals l's set unchanged since (same sequence), all of the group holds m; if it
+         * equals h's set, none does (exact set comparisons, one memcmp each; every
+         * conclusion rests on sets as they were read): a group that stops at one place is
+         * bisected without a per-member merge. */
+        if (c > 8) {
+            struct node *xl = node_at(r, ns, q, l), *xh = node_at(r, ns, q, h);
+            uint32_t sq = 0;
+            int all = xl != NULL && hs_equal(xl, buf, nb, &sq) && sq == ls;
+            if (all || (xh != NULL && hs_equal(xh, buf, nb, &sq))) {
+                st[sp].b = b;
+                st[sp].c = c;
+                st[sp].lo = all ? m : l;
+                st[sp].lseq = all ? ms : ls;
+                st[sp++].hi = all ? h : m;
+                continue;
+            }
+        }
         for (uint32_t i = 0; i < c; i++) {
             uint32_t e = d[b + i], hid = s0[e];
             while (k < nb && buf[k] < hid)
@@ -2692,12 +2894,14 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
             st[sp].b = b + np;
             st[sp].c = nab;
             st[sp].lo = l;
+            st[sp].lseq = ls;
             st[sp++].hi = m;
         }
         if (np > 0) {
             st[sp].b = b;
             st[sp].c = np;
             st[sp].lo = m;
+            st[sp].lseq = ms;
             st[sp++].hi = h;
         }
     }
@@ -2707,7 +2911,7 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
  * are exactly [0, tm). Jump from landing to landing; when a holder is missing at a landing,
  * scan the stride behind it (only for the holders that dropped). */
 static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, uint32_t n,
-                      uint32_t na)
+                      uint32_t na, uint32_t seq0)
 {
     const struct kvr_index *ix = r->ix;
     const uint32_t stride = ix->o.jump_stride;
@@ -2720,7 +2924,7 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     const uint32_t nl = (n - 2) / stride + 1; /* landings: min((j+1)*stride, n-1) */
 #define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : n - 1)
     uint32_t issued = 0; /* landings whose chain and key hash are computed */
-    uint32_t prev = 0;
+    uint32_t prev = 0, pseq = seq0; /* seq of prev's node when alive[] was seen there */
     for (uint32_t j = 0; j < nl && na > 0; j++) {
         while (issued < nl && issued < j + PF_SLOT) {
             uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
@@ -2741,11 +2945,13 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         }
         uint32_t L = LANDING(j);
         struct node *x = r->nd[L];
-        if (x != NULL && hs_equal(x, ah, na)) {
+        uint32_t xs = 0;
+        if (x != NULL && hs_equal(x, ah, na, &xs)) {
             prev = L;
+            pseq = xs;
             continue;
         }
-        uint32_t nb = x ? hs_read(x, buf) : 0, k = 0, ka = 0, nd = 0;
+        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, k = 0, ka = 0, nd = 0;
         for (uint32_t a = 0; a < na; a++) {
             uint32_t h = ah[a];
             while (k < nb && buf[k] < h)
@@ -2759,8 +2965,9 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         }
         na = ka;
         if (nd > 0)
-            drop_search(r, ns, q, nd, prev, L);
+            drop_search(r, ns, q, nd, prev, L, pseq);
         prev = L;
+        pseq = xs;
     }
 #undef LANDING
     for (uint32_t a = 0; a < na; a++)
@@ -2846,21 +3053,35 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     struct node *x = node_at(r, ns, q, 0);
     if (x == NULL)
         goto out;
-    uint32_t n0 = hs_read(x, r->s0);
-    uint32_t *s0 = r->s0, *tm = r->tm;
+    uint32_t seq0 = 0;
+    uint32_t n0 = hs_read_seq(x, r->s0, &seq0);
+    uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *ah = r->ah;
+    const uint32_t *podq = r->podq, *wpod = ix->wpod;
+    uint32_t *wslow = ix->wslow;
     uint32_t na = 0, nsw = 0, k = 0;
     uint32_t nw = LDA(ix->nworkers);
 
     /* filter by pod, classify workers fast / slow */
     for (uint32_t i = 0; i < n0;) {
-        uint32_t wid = H_WID(s0[i]), j = i;
-        while (j < n0 && H_WID(s0[j]) == wid)
-            j++;
-        if (wid >= nw || (npods > 0 && r->podq[ix->wpod[wid]] != qid)) {
+        uint32_t wid = H_WID(s0[i]), j = i + 1;
+        if (j < n0 && H_WID(s0[j]) == wid) {
+            while (j < n0 && H_WID(s0[j]) == wid)
+                j++;
+        } else if (wid < nw && (npods == 0 || podq[wpod[wid]] == qid) &&
+                   LD(wslow[wid]) == 0) {
+            /* one hole-free holder: the common case */
+            s0[k] = s0[i];
+            alive[na] = k;
+            ah[na++] = s0[i];
+            tm[k++] = 0;
             i = j;
             continue;
         }
-        int slow = LD(ix->wslow[wid]) != 0;
+        if (wid >= nw || (npods > 0 && podq[wpod[wid]] != qid)) {
+            i = j;
+            continue;
+        }
+        int slow = LD(wslow[wid]) != 0;
         if (slow) {
             struct slowst *sw = &r->sw[nsw++];
             memset(sw, 0, sizeof(*sw));
@@ -2873,8 +3094,8 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             uint32_t h = s0[m];
             s0[k] = h | (slow ? 0x80000000u : 0);
             if (!slow) {
-                r->alive[na] = k;
-                r->ah[na++] = h;
+                alive[na] = k;
+                ah[na++] = h;
             }
             tm[k] = 0;
             k++;
@@ -2883,17 +3104,26 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     }
     n0 = k;
 
-    find_fast(r, ns, q, (uint32_t)n, na);
+    find_fast(r, ns, q, (uint32_t)n, na, seq0);
     if (nsw > 0)
         find_slow(r, ns, q, (uint32_t)n, nsw, w);
 
     /* results, ascending wid */
     uint32_t si = 0;
+    struct kvr_index_hit *hits_out = r->hits;
     for (uint32_t i = 0; i < n0;) {
-        uint32_t wid = H_WID(s0[i] & 0x7fffffffu), j = i;
+        uint32_t h0 = s0[i], wid = H_WID(h0 & 0x7fffffffu), j = i + 1;
+        struct kvr_index_hit *hit = &hits_out[nh++];
+        if (!(h0 & 0x80000000u) && (j == n0 || H_WID(s0[j] & 0x7fffffffu) != wid)) {
+            /* one hole-free holder: the common case */
+            *hit = (struct kvr_index_hit){.wid = wid, .matched = tm[i]};
+            hit->tier_matched[H_TIER(h0)] = tm[i];
+            hit->score = (double)tm[i] * w[H_TIER(h0)];
+            i = j;
+            continue;
+        }
         while (j < n0 && H_WID(s0[j] & 0x7fffffffu) == wid)
             j++;
-        struct kvr_index_hit *hit = &r->hits[nh++];
         memset(hit, 0, sizeof(*hit));
         hit->wid = wid;
         if (s0[i] & 0x80000000u) {
