@@ -46,7 +46,8 @@
  * then H holds the entry of every position <= L of the query (its parent is held and has
  * chain[L-1] — equal chain hashes mean equal prefixes, 2^-64 bounds — by induction).
  * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
- * looks only at jump landings (chains computed there by independent multiplies, table
+ * looks only at jump landings (chains computed 8 landings at a time: each stride's content
+ * sum by its own Horner chain, 8 interleaved, then one multiply-add per landing; table
  * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
  * alive set (compared in place, one memcmp) costs one pass; holders missing at a landing
  * are bisected within the stride behind it, split into groups by each probe (a probe whose
@@ -2736,6 +2737,38 @@ static uint64_t chain_jump(struct kvr_index_reader *r, const uint64_t *q, uint32
     return c;
 }
 
+/* Chains at the 8 full-stride landings (j0+1..j0+8)*stride from the known one at j0*stride:
+ * each stride's content sum S_u = sum_{i=1..k} q[base_u+i]*M^(k-i) is a Horner chain of its
+ * own, the 8 run interleaved (8 independent multiply chains, 2 instructions a block), then
+ * chain[L_u] = chain[L_{u-1}]*M^k + S_u: 8 dependent steps instead of a 1024-step chain. */
+static void chain_land8(struct kvr_index_reader *r, const uint64_t *q, uint32_t j0, uint32_t k,
+                        uint64_t *lh)
+{
+    const uint64_t M = KVR_HASH_CHAIN_MUL;
+    const uint64_t *x = q + (size_t)j0 * k + 1;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        s0 = s0 * M + x[i];
+        s1 = s1 * M + x[i + k];
+        s2 = s2 * M + x[i + 2 * k];
+        s3 = s3 * M + x[i + 3 * k];
+        s4 = s4 * M + x[i + 4 * k];
+        s5 = s5 * M + x[i + 5 * k];
+        s6 = s6 * M + x[i + 6 * k];
+        s7 = s7 * M + x[i + 7 * k];
+    }
+    const uint64_t mk = r->ix->pw[k], qid = r->qid;
+    uint32_t L = j0 * k;
+    uint64_t c = r->ch[L], sv[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (int u = 0; u < 8; u++) {
+        L += k;
+        c = c * mk + sv[u];
+        r->ch[L] = c;
+        r->chq[L] = (uint32_t)qid;
+        lh[u] = key_hash(c);
+    }
+}
+
 static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
                                    uint32_t p)
 {
@@ -2927,6 +2960,13 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     uint32_t prev = 0, pseq = seq0; /* seq of prev's node when alive[] was seen there */
     for (uint32_t j = 0; j < nl && na > 0; j++) {
         while (issued < nl && issued < j + PF_SLOT) {
+            if (issued + 8 < nl) { /* 8 full strides, all before the last landing */
+                chain_land8(r, q, issued, stride, &r->lh[issued]);
+                for (uint32_t u = 0; u < 8; u++)
+                    pf_slot(ix, r->lh[issued + u]);
+                issued += 8;
+                continue;
+            }
             uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
             uint64_t c = chain_jump(r, q, base, L);
             r->lh[issued] = key_hash(c);
