@@ -2800,19 +2800,24 @@ static inline void pf_node(const struct kvr_index *ix, uint64_t h)
     }
 }
 
-/* Prefetch stage 3: the holder array of a node (likely cached by now), first lines. */
+/* Prefetch stage 3: the holder array of a node (likely cached by now): its header and id
+ * run, up to 16 lines (a reader compares or copies the whole run). */
 static inline void pf_hset(const struct node *x)
 {
-    if (x == NULL || !(LD(x->n) & N_EXT))
+    uint32_t n;
+    if (x == NULL || !((n = LD(x->n)) & N_EXT))
         return;
     const char *p = (const char *)(uintptr_t)LD(x->h);
-    for (int k = 0; k < 4; k++)
+    uint32_t cnt = n & N_COUNT, lines = (8 + cnt * 4 + 63) / 64;
+    if (lines > 16)
+        lines = 16;
+    for (uint32_t k = 0; k < lines; k++)
         __builtin_prefetch(p + 64 * k);
 }
 
 /* Reader side: is the holder set of x exactly a[0..na)? (seqlock, no copy) *seq gets the
  * sequence number the answer holds for. */
-static int hs_equal(const struct node *x, const uint32_t *a, uint32_t na, uint32_t *seq)
+static inline int hs_equal(const struct node *x, const uint32_t *a, uint32_t na, uint32_t *seq)
 {
     for (;;) {
         uint32_t s1 = LDA(x->seq);
@@ -2883,6 +2888,11 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
             continue;
         }
         uint32_t m = l + (h - l) / 2;
+        /* the next probe is one of m's two children: their table slots load meanwhile */
+        if (m - l > 1 && r->ndq[l + (m - l) / 2] != r->qid)
+            pf_slot(r->ix, key_hash(chain_seq(r, q, l + (m - l) / 2)));
+        if (h - m > 1 && r->ndq[m + (h - m) / 2] != r->qid)
+            pf_slot(r->ix, key_hash(chain_seq(r, q, m + (h - m) / 2)));
         struct node *x = node_at(r, ns, q, m);
         uint32_t ms = 0;
         uint32_t nb = x ? hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
@@ -2957,6 +2967,7 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     const uint32_t nl = (n - 2) / stride + 1; /* landings: min((j+1)*stride, n-1) */
 #define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : n - 1)
     uint32_t issued = 0; /* landings whose chain and key hash are computed */
+    uint32_t looked = 0; /* landings whose node is looked up */
     uint32_t prev = 0, pseq = seq0; /* seq of prev's node when alive[] was seen there */
     for (uint32_t j = 0; j < nl && na > 0; j++) {
         while (issued < nl && issued < j + PF_SLOT) {
@@ -2975,10 +2986,10 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
         }
         if (j + PF_NODE < issued)
             pf_node(ix, r->lh[j + PF_NODE]);
-        for (uint32_t jj = j; jj <= j + PF_HSET && jj < issued; jj++) {
-            uint32_t LL = LANDING(jj);
+        for (; looked < issued && looked <= j + PF_HSET; looked++) {
+            uint32_t LL = LANDING(looked);
             if (r->ndq[LL] != r->qid) {
-                r->nd[LL] = tab_find(ix, r->ch[LL], r->lh[jj]);
+                r->nd[LL] = tab_find(ix, r->ch[LL], r->lh[looked]);
                 r->ndq[LL] = r->qid;
                 pf_hset(r->nd[LL]);
             }
