@@ -3109,11 +3109,32 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *ah = r->ah;
     const uint32_t *podq = r->podq, *wpod = ix->wpod;
     uint32_t *wslow = ix->wslow;
-    uint32_t na = 0, nsw = 0, k = 0;
+    uint32_t na = 0, nsw = 0, k = 0, i = 0;
     uint32_t nw = LDA(ix->nworkers);
 
-    /* filter by pod, classify workers fast / slow */
-    for (uint32_t i = 0; i < n0;) {
+    /* The common case first: a leading run of holders each the only one of its worker,
+     * hole-free, no pod filter. s0 stays as it is, alive is the identity, ah a copy. */
+    if (npods == 0) {
+        uint32_t pw = UINT32_MAX;
+        for (; i < n0; i++) {
+            uint32_t wid = H_WID(s0[i]);
+            if (wid == pw || wid >= nw || LD(wslow[wid]) != 0)
+                break;
+            pw = wid;
+        }
+        if (i > 0 && i < n0 && H_WID(s0[i]) == pw)
+            i--; /* s0[i - 1] shares its worker with s0[i] */
+        for (uint32_t a = 0; a < i; a++) {
+            alive[a] = a;
+            tm[a] = 0;
+        }
+        memcpy(ah, s0, (size_t)i * sizeof(*ah));
+        na = k = i;
+    }
+    const uint32_t ncommon = i;
+
+    /* the rest: filter by pod, classify workers fast / slow */
+    while (i < n0) {
         uint32_t wid = H_WID(s0[i]), j = i + 1;
         if (j < n0 && H_WID(s0[j]) == wid) {
             while (j < n0 && H_WID(s0[j]) == wid)
@@ -3159,10 +3180,18 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     if (nsw > 0)
         find_slow(r, ns, q, (uint32_t)n, nsw, w);
 
-    /* results, ascending wid */
+    /* results, ascending wid; the common run first */
     uint32_t si = 0;
     struct kvr_index_hit *hits_out = r->hits;
-    for (uint32_t i = 0; i < n0;) {
+    for (uint32_t a = 0; a < ncommon; a++) {
+        uint32_t h0 = s0[a], m = tm[a];
+        struct kvr_index_hit *hit = &hits_out[a];
+        *hit = (struct kvr_index_hit){.wid = H_WID(h0), .matched = m};
+        hit->tier_matched[H_TIER(h0)] = m;
+        hit->score = (double)m * w[H_TIER(h0)];
+    }
+    nh = ncommon;
+    for (i = ncommon; i < n0;) {
         uint32_t h0 = s0[i], wid = H_WID(h0 & 0x7fffffffu), j = i + 1;
         struct kvr_index_hit *hit = &hits_out[nh++];
         if (!(h0 & 0x80000000u) && (j == n0 || H_WID(s0[j] & 0x7fffffffu) != wid)) {
