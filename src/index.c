@@ -64,6 +64,13 @@
  * ticks a landing (32 landings; ~25 when cached), the bisection after the shared prefix
  * ends ~1.2K (its probes are dependent misses), landing chains ~0.7K, classification and
  * output ~0.8K. At 4096 workers (1024 hits) classification + output are ~7K of ~19K.
+ * Measured and dropped: longer landing prefetch distances (16/8/4 and more: slower), no
+ * node stage (slower), prefetching every table slot of a bisected stride, or the children's
+ * nodes and grandchildren's slots at each probe (both slower: the node stage's slot loads
+ * stall), tab_find inlined into the landing loop (no change); in store/remove, inlining
+ * node_lock/cmap_get/holes_add/prov_cancel (-0.6%/-1.7% instructions, remove 20% slower),
+ * a 16/32-block store look-ahead (no change), glibc THP/mmap-threshold tunables (no change
+ * at p50). jump_stride 64 (KVR_BENCH_STRIDE=64) gives find full hit ~1.97 µs, half ~2.3.
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
