@@ -488,8 +488,13 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
                                      0xf0f0f0f0f0f0f0f0ull, 0xff00ff00ff00ff00ull,
                                      0xffff0000ffff0000ull, 0xffffffff00000000ull};
     const unsigned char *q = *pp;
-    unsigned c = 0;
     size_t cnt = 0;
+    const __m512i ctab = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 2, 4, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                              0, 0, 0, 0, 0));
+    const __m512i x_cc = _mm512_set1_epi8((char)0xcc), x_70 = _mm512_set1_epi8(0x70);
+    const __m512i x_80 = _mm512_set1_epi8((char)0x80), x_07 = _mm512_set1_epi8(7);
+    const __m512i x_01 = _mm512_set1_epi8(1), x_40 = _mm512_set1_epi8(64);
+    __m512i cv = _mm512_setzero_si512(); /* offset of the next element in the window, all lanes */
     uint8_t iota_b[64], kpat_b[64], rep_b[64];
     __m512i iota, hi, kpat, rep0, k16;
 
@@ -506,35 +511,31 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
 
     while (left - cnt >= 64 && end - q >= 128) {
         __m512i d0 = _mm512_loadu_si512(q), d1 = _mm512_loadu_si512(q + 64);
-        __m512i vl, P, V, T, lsb, W, r;
-        __mmask64 valid, good, bad;
+        __m512i vl, E, P, V, lsb, W, r;
+        __mmask64 valid, bad;
         unsigned k;
 
-        /* value bytes of an element whose type byte is at i: 0 fixint, 1, 2, 4 */
-        vl = _mm512_maskz_mov_epi8(_mm512_cmpeq_epi8_mask(d0, _mm512_set1_epi8((char)0xcc)),
-                                   _mm512_set1_epi8(1));
-        vl = _mm512_mask_mov_epi8(vl, _mm512_cmpeq_epi8_mask(d0, _mm512_set1_epi8((char)0xcd)),
-                                  _mm512_set1_epi8(2));
-        vl = _mm512_mask_mov_epi8(vl, _mm512_cmpeq_epi8_mask(d0, _mm512_set1_epi8((char)0xce)),
-                                  _mm512_set1_epi8(4));
-        P = _mm512_add_epi8(_mm512_add_epi8(iota, vl), _mm512_set1_epi8(1));
-        V = _mm512_set1_epi8((char)c);
+        /* class of a type byte at i: value bytes (1, 2, 4 for uint8/16/32) | 8 for a fixint;
+         * 0 = anything else. b ^ 0xcc + 0x70 (saturating) keeps 0xc0..0xcf on table entries
+         * and sends every other byte above 0x7f, which vpshufb turns into 0. */
+        E = _mm512_shuffle_epi8(ctab, _mm512_adds_epu8(_mm512_xor_si512(d0, x_cc), x_70));
+        E = _mm512_or_si512(E, _mm512_srli_epi16(_mm512_andnot_si512(d0, x_80), 4));
+        vl = _mm512_and_si512(E, x_07);
+        P = _mm512_add_epi8(_mm512_add_epi8(iota, vl), x_01);
+        V = cv;
         for (int b = 0; b < 6; b++) {
             V = _mm512_mask2_permutex2var_epi8(P, V, (__mmask64)bits[b], hi);
             P = _mm512_permutex2var_epi8(P, P, hi);
         }
-        valid = _mm512_cmplt_epu8_mask(V, _mm512_set1_epi8(64));
-        T = _mm512_permutexvar_epi8(V, d0);
-        good = ~_mm512_movepi8_mask(T) | _mm512_cmpeq_epi8_mask(T, _mm512_set1_epi8((char)0xcc)) |
-               _mm512_cmpeq_epi8_mask(T, _mm512_set1_epi8((char)0xcd)) |
-               _mm512_cmpeq_epi8_mask(T, _mm512_set1_epi8((char)0xce));
-        bad = valid & ~good;
+        valid = _mm512_cmplt_epu8_mask(V, x_40);
+        E = _mm512_permutexvar_epi8(V, E);
+        bad = _mm512_mask_testn_epi8_mask(valid, E, E);
         k = (unsigned)__builtin_popcountll(valid);
         if (UNLIKELY(bad != 0))
             k = (unsigned)__builtin_ctzll(bad);
-        vl = _mm512_permutexvar_epi8(V, vl);
+        vl = _mm512_and_si512(E, x_07);
         lsb = _mm512_add_epi8(V, vl);
-        W = _mm512_max_epu8(vl, _mm512_set1_epi8(1));
+        W = _mm512_max_epu8(vl, x_01);
         r = rep0;
         for (unsigned j = 0; j < k; j += 16) {
             __m512i base = _mm512_permutexvar_epi8(r, lsb);
@@ -551,12 +552,10 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
             *pp = q + vb[k];
             return cnt;
         }
-        c = (unsigned)_mm_cvtsi128_si32(_mm512_castsi512_si128(
-                _mm512_permutexvar_epi8(_mm512_set1_epi8((char)c), P))) & 0xff;
-        c -= 64;
+        cv = _mm512_sub_epi8(_mm512_permutexvar_epi8(cv, P), x_40); /* all lanes: c */
         q += 64;
     }
-    *pp = q + c;
+    *pp = q + ((unsigned)_mm_cvtsi128_si32(_mm512_castsi512_si128(cv)) & 0xff);
     return cnt;
 }
 
