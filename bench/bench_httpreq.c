@@ -7,7 +7,8 @@
  * depths. Queries: the base prompts (8192 tokens), as "POST /v1/score" with ", "-separated
  * JSON and as msgpack (msgpack twice: the best token decoder, then the scalar one).
  * Thread CPU time, best of 5 rounds.
- * Usage: bench_httpreq [iterations]
+ * Usage: bench_httpreq [iterations [json|msgpack|mp-scalar]] (the second: that mode only, for
+ * profiling)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -152,6 +153,8 @@ int main(int argc, char **argv)
     for (int mode = 0; mode < 3; mode++) {
         int m = mode ? 1 : 0;
         double best = 1e30;
+        if (argc > 2 && strcmp(argv[2], mode == 0 ? "json" : mode == 1 ? "msgpack" : "mp-scalar"))
+            continue;
         kvr_reqbody_force_isa(mode == 2 ? 0 : -1);
         for (int round = 0; round < 5; round++) {
             double t0 = now_s(), t;

@@ -466,10 +466,10 @@ truncated:
  * bytes is resolved by pointer doubling instead of a byte-by-byte walk: next[i] = i + length
  * of an element whose type byte would be at i (1 fixint, 2 uint8, 3 uint16, 5 uint32; any
  * other byte counts 1 and is checked below), positions >= 64 being fixed points of a 128-entry
- * table. Squaring that table six times (vpermi2b) gives next^1, ^2, ... ^64; lane j of V =
+ * table. Squaring that table five times (vpermi2b) gives next^1, ^2, ... ^32; lane j of V =
  * next^j(c) is built from the binary digits of j, where c is the first element's offset in the
- * window (0..4, carried from the previous window as next^64(c) - 64, a lookup off the data
- * path). Lanes with V < 64 are the K elements starting in the window. Their type bytes are
+ * window (0..4, carried from the previous window as next^32(c) - 64, a lookup off the data
+ * path; a window with more than 32 elements, fixint-dense, takes a sixth step to 64 lanes). Lanes with V < 64 are the K elements starting in the window. Their type bytes are
  * checked (anything but fixint/uint8/16/32 ends the run before that element, which the scalar
  * path then takes: rare widths, negatives, errors); the value bytes are gathered from the two
  * loaded vectors in little-endian order (index = start + value bytes - k for byte k) into 16
@@ -523,11 +523,20 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
         vl = _mm512_and_si512(E, x_07);
         P = _mm512_add_epi8(_mm512_add_epi8(iota, vl), x_01);
         V = cv;
-        for (int b = 0; b < 6; b++) {
+        for (int b = 0; b < 5; b++) {
             V = _mm512_mask2_permutex2var_epi8(P, V, (__mmask64)bits[b], hi);
             P = _mm512_permutex2var_epi8(P, P, hi);
         }
+        /* P = next^32; lanes 32..63 repeat 0..31. Element 31 still in the window (more than 32
+         * elements: fixint-dense) takes the sixth step; otherwise next^32(c) has left it. */
         valid = _mm512_cmplt_epu8_mask(V, x_40);
+        if (UNLIKELY(valid >> 31 & 1)) {
+            V = _mm512_mask2_permutex2var_epi8(P, V, (__mmask64)bits[5], hi);
+            P = _mm512_permutex2var_epi8(P, P, hi);
+            valid = _mm512_cmplt_epu8_mask(V, x_40);
+        } else {
+            valid &= 0xffffffffull;
+        }
         E = _mm512_permutexvar_epi8(V, E);
         bad = _mm512_mask_testn_epi8_mask(valid, E, E);
         k = (unsigned)__builtin_popcountll(valid);
