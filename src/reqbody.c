@@ -496,7 +496,7 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
     const __m512i x_01 = _mm512_set1_epi8(1), x_40 = _mm512_set1_epi8(64);
     __m512i cv = _mm512_setzero_si512(); /* offset of the next element in the window, all lanes */
     uint8_t iota_b[64], kpat_b[64], rep_b[64];
-    __m512i iota, hi, kpat, rep0, k16;
+    __m512i iota, iota1, hi, kpat, rep0, k16;
 
     for (int i = 0; i < 64; i++) {
         iota_b[i] = (uint8_t)i;
@@ -507,6 +507,7 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
     kpat = _mm512_loadu_si512(kpat_b);
     rep0 = _mm512_loadu_si512(rep_b);
     hi = _mm512_add_epi8(iota, _mm512_set1_epi8(64));
+    iota1 = _mm512_add_epi8(iota, x_01);
     k16 = _mm512_set1_epi8(16);
 
     while (left - cnt >= 64 && end - q >= 128) {
@@ -518,10 +519,9 @@ __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned ch
         /* class of a type byte at i: value bytes (1, 2, 4 for uint8/16/32) | 8 for a fixint;
          * 0 = anything else. b ^ 0xcc + 0x70 (saturating) keeps 0xc0..0xcf on table entries
          * and sends every other byte above 0x7f, which vpshufb turns into 0. */
-        E = _mm512_shuffle_epi8(ctab, _mm512_adds_epu8(_mm512_xor_si512(d0, x_cc), x_70));
-        E = _mm512_or_si512(E, _mm512_srli_epi16(_mm512_andnot_si512(d0, x_80), 4));
-        vl = _mm512_and_si512(E, x_07);
-        P = _mm512_add_epi8(_mm512_add_epi8(iota, vl), x_01);
+        vl = _mm512_shuffle_epi8(ctab, _mm512_adds_epu8(_mm512_xor_si512(d0, x_cc), x_70));
+        P = _mm512_add_epi8(iota1, vl); /* the shortest path to the squarings */
+        E = _mm512_or_si512(vl, _mm512_srli_epi16(_mm512_andnot_si512(d0, x_80), 4));
         V = cv;
         for (int b = 0; b < 5; b++) {
             V = _mm512_mask2_permutex2var_epi8(P, V, (__mmask64)bits[b], hi);
