@@ -5,7 +5,11 @@
  * long) so they can be NUL-terminated without touching the next item. Strings that hold a NUL
  * byte are rejected (they cannot be C strings). The msgpack cursor checks every length
  * against the bytes left before reading, so a count can never make it loop past the buffer;
- * generic values are skipped with a depth limit.
+ * generic values are skipped with a depth limit. Msgpack token arrays are decoded 64-byte
+ * window at a time with AVX-512 VBMI when the CPU has it (runtime dispatch; see "token
+ * windows" below), the scalar cursor taking every element the windows leave; both paths
+ * accept and reject exactly the same bodies with the same messages (tests/unit/test_reqbody.c
+ * and fuzz_jtok compare them).
  * Pure; any thread.
  */
 #include "reqbody.h"
