@@ -5,8 +5,10 @@
  * Index: 64 workers; worker w holds a prefix of (8 + w % 56) * 512 / 16 ... of one of 8 base
  * prompts of 8192 tokens, block size 16, so a query matches several workers at different
  * depths. Queries: the base prompts (8192 tokens), as "POST /v1/score" with ", "-separated
- * JSON and as msgpack. Thread CPU time, best of 5 rounds.
- * Usage: bench_httpreq [iterations]
+ * JSON and as msgpack (msgpack twice: the best token decoder, then the scalar one).
+ * Thread CPU time, best of 5 rounds.
+ * Usage: bench_httpreq [iterations [json|msgpack|mp-scalar]] (the second: that mode only, for
+ * profiling)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include "httpapi.h"
 #include "httpreq.h"
 #include "index.h"
+#include "reqbody.h"
 #include "score.h"
 
 #define NTOK 8192
@@ -146,8 +149,13 @@ int main(int argc, char **argv)
         for (int b = 0; b < NBASE; b++)
             lens[m][b] = make_request(reqs[m][b], sizeof(reqs[m][b]), b, m);
 
-    for (int m = 0; m < 2; m++) {
+    /* json, msgpack (best decoder level), msgpack (scalar decoder: the before) */
+    for (int mode = 0; mode < 3; mode++) {
+        int m = mode ? 1 : 0;
         double best = 1e30;
+        if (argc > 2 && strcmp(argv[2], mode == 0 ? "json" : mode == 1 ? "msgpack" : "mp-scalar"))
+            continue;
+        kvr_reqbody_force_isa(mode == 2 ? 0 : -1);
         for (int round = 0; round < 5; round++) {
             double t0 = now_s(), t;
             for (int i = 0; i < iters; i++) {
@@ -165,11 +173,12 @@ int main(int argc, char **argv)
             if (t < best)
                 best = t;
         }
-        printf("%-8s %d tokens: request %6zu B, answer %5zu B: %7.2f us/request "
+        printf("%-9s %d tokens: request %6zu B, answer %5zu B: %7.2f us/request "
                "(%.0f requests/s of CPU, one thread; includes a %zu B memcpy)\n",
-               m ? "msgpack" : "json", NTOK, lens[m][0], resp_bytes, best / iters * 1e6,
+               mode == 0 ? "json" : mode == 1 ? "msgpack" : "mp-scalar", NTOK, lens[m][0], resp_bytes, best / iters * 1e6,
                iters / best, lens[m][0]);
     }
+    kvr_reqbody_force_isa(-1);
     kvr_httpconn_deinit(&c);
     kvr_buf_free(&scratch);
     kvr_httpapi_thread_destroy(th);

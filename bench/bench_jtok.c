@@ -5,7 +5,8 @@
  * "," separators. Reports MB/s (body bytes / time) and µs per body for:
  *   jtok array     kvr_jtok_u32_array on the array alone
  *   reqbody json   the whole body through kvr_reqbody_query_json (keys, strings, array)
- *   reqbody mpack  the same query as msgpack through kvr_reqbody_query_msgpack
+ *   reqbody mpack  the same query as msgpack through kvr_reqbody_query_msgpack, at each
+ *                  decoder level (AVX-512 VBMI windows when the CPU has them, scalar)
  *   cJSON          cJSON_ParseWithLength + walking the array into u32s
  * Times are thread CPU time (the machine is shared), best of 5 rounds.
  * Usage: bench_jtok [tokens] [iterations]
@@ -176,12 +177,18 @@ int main(int argc, char **argv)
         size_t len = make_msgpack(mp, toks, n);
         double t;
         printf("-- %zu tokens, msgpack\n", n);
-        BEST5(t, iters, {
-            memcpy(work, mp, len);
-            bad |= kvr_reqbody_query_msgpack(work, len, &sc, &q, NULL) != 0 || q.ntokens != n;
-            sink += q.tokens[0];
-        });
-        report("reqbody msgpack (+copy)", len, iters, t);
+        for (int lvl = kvr_reqbody_force_isa(-1); lvl >= 0; lvl--) {
+            kvr_reqbody_force_isa(lvl);
+            BEST5(t, iters, {
+                memcpy(work, mp, len);
+                bad |= kvr_reqbody_query_msgpack(work, len, &sc, &q, NULL) != 0 ||
+                       q.ntokens != n;
+                sink += q.tokens[0];
+            });
+            report(lvl == 1 ? "reqbody mpack avx512 (+copy)" : "reqbody mpack scalar (+copy)",
+                   len, iters, t);
+        }
+        kvr_reqbody_force_isa(-1);
     }
     (void)sink;
     free(toks);

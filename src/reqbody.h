@@ -42,6 +42,11 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
 int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                               struct kvr_reqbody_query *q, struct kvr_err *err);
 
+/* Tests and benchmarks: limits the msgpack token-array decoder to 0 = scalar only, 1 = + AVX-512
+ * VBMI windows (x86-64; never above what the CPU has); -1 = the best available (the default).
+ * Returns the level in effect. Not for concurrent use. */
+int kvr_reqbody_force_isa(int level);
+
 struct kvr_reqbody_endpoint {
     const char *endpoint;        /* non-empty */
     const char *replay_endpoint; /* NULL when absent or null */

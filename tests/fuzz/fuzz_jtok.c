@@ -4,7 +4,9 @@
  *   0: kvr_jtok_u32_array on the body (every integer path: portable, SSE2, AVX2, AVX-512 —
  *      chosen by the second byte, capped at what the CPU has), cross-checked against a scalar
  *      reference parser
- *   1: score query JSON     2: score query msgpack     3: endpoint JSON
+ *   1: score query JSON     3: endpoint JSON
+ *   2: score query msgpack at the level the second byte picks (0 scalar, 1 AVX-512 windows,
+ *      capped at what the CPU has), cross-checked against the scalar level on a second copy
  *   4: kvr_jtok_skip on the body (generic value validation)
  * Bodies are copied into exact-size heap buffers so ASan sees any over-read; decoders run in
  * place (they write into the copy).
@@ -21,7 +23,7 @@
 #define MAXTOK 4096
 
 static uint32_t toks[MAXTOK], ref[MAXTOK];
-static const char *pods[16];
+static const char *pods[16], *rpods[16];
 
 /* Scalar reference: same grammar, no cleverness. 0 ok, -1 invalid, -2 too many. */
 static int ref_parse(const char *s, size_t len, uint32_t *out, size_t cap, size_t *n)
@@ -110,11 +112,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK))
             abort();
         break;
-    case 2:
+    case 2: {
+        /* the level data[1] picks against the scalar path, each on its own copy */
+        struct kvr_reqbody_scratch rs = {ref, MAXTOK, rpods, 16};
+        struct kvr_reqbody_query rq;
+        struct kvr_err rerr;
+        char *rbuf = malloc(len ? len : 1);
+        if (rbuf == NULL)
+            break;
+        memcpy(rbuf, data + 2, len);
+        kvr_reqbody_force_isa(data[1] % 2);
         rc = kvr_reqbody_query_msgpack(buf, len, &sc, &q, &err);
-        if (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK))
+        kvr_reqbody_force_isa(0);
+        rr = kvr_reqbody_query_msgpack(rbuf, len, &rs, &rq, &rerr);
+        kvr_reqbody_force_isa(-1);
+        if (rc != rr || (rc != 0 && strcmp(err.msg, rerr.msg) != 0) ||
+            (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK || q.ntokens != rq.ntokens ||
+                         memcmp(toks, ref, q.ntokens * sizeof(uint32_t)) != 0))) {
+            fprintf(stderr, "msgpack rc %d vs scalar %d\n", rc, rr);
             abort();
+        }
+        free(rbuf);
         break;
+    }
     case 3:
         (void)kvr_reqbody_endpoint_json(buf, len, &ep, &err);
         break;

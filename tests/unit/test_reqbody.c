@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -444,6 +445,115 @@ static void test_msgpack_random(void **state)
     }
 }
 
+/* The AVX-512 window decoder against the scalar path: random token arrays (every integer width,
+ * signed encodings of non-negative and negative values, > 2^32, invalid type bytes, wrong
+ * counts, truncated bodies), each body decoded from its own exactly sized heap copy (so ASan
+ * sees any over-read) at every level; return code, message and tokens must agree. */
+#define LV_MAX 1200
+static uint32_t lv_tok[2][LV_MAX];
+static const char *lv_pods[2][4];
+
+static void lv_elem(struct mpw *w, unsigned *s, int mode)
+{
+    uint32_t r = (uint32_t)rand_r(s);
+    unsigned pick = (unsigned)rand_r(s) % 1000;
+    uint64_t v;
+
+    if (mode == 0) /* mostly uint16/uint32 like real prompts */
+        v = pick < 500 ? r % 65536 : 65536 + r % 100000;
+    else if (mode == 1) /* fixint-dense */
+        v = pick < 800 ? r % 128 : r % 300;
+    else
+        v = pick < 250 ? r % 128 : pick < 500 ? r % 256 : pick < 750 ? r % 65536 : r;
+    if (pick % 97 == 3 && mode >= 2) { /* an unusual valid width */
+        switch (rand_r(s) % 5) {
+        case 0: mp_byte(w, 0xcf); mp_be(w, v, 8); return;
+        case 1: mp_byte(w, 0xd3); mp_be(w, v, 8); return;
+        case 2: mp_byte(w, 0xd2); mp_be(w, v & 0x7fffffff, 4); return;
+        case 3: mp_byte(w, 0xd1); mp_be(w, v & 0x7fff, 2); return;
+        default: mp_byte(w, 0xd0); mp_be(w, v & 0x7f, 1); return;
+        }
+    }
+    if (pick % 331 == 7 && mode >= 3) { /* invalid: negative, too big, not an integer */
+        static const unsigned char bad[][9] = {
+            {0xff}, {0xe0}, {0xd0, 0x80}, {0xd1, 0xff, 0xff}, {0xd2, 0x80, 0, 0, 0},
+            {0xd3, 0xff, 0, 0, 0, 0, 0, 0, 0}, {0xcf, 0, 0, 0, 1, 0, 0, 0, 0},
+            {0xca, 0x3f, 0x80, 0, 0}, {0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0}, {0xc0}, {0xc2},
+            {0xc3}, {0xa1, '1'}, {0x90}, {0x80}, {0xc1}, {0xd4, 1, 2}, {0xcc}, {0xcd, 1}};
+        static const unsigned char blen[] = {1, 1, 2, 3, 5, 9, 9, 5, 9, 1, 1, 1, 2, 1, 1, 1, 3, 1, 2};
+        unsigned k = (unsigned)rand_r(s) % (unsigned)sizeof(blen);
+        mp_raw(w, bad[k], blen[k]);
+        return;
+    }
+    mp_uint(w, v);
+}
+
+static void test_msgpack_levels(void **state)
+{
+    static struct mpw w; /* 4096 bytes */
+    int best = kvr_reqbody_force_isa(-1);
+    unsigned seed0 = 777;
+    long agree_ok = 0, agree_err = 0;
+    (void)state;
+
+    printf("-- msgpack token decoder: best level %d\n", best);
+    for (int iter = 0; iter < 20000; iter++) {
+        unsigned s = seed0 + (unsigned)iter;
+        int mode = rand_r(&s) % 5;
+        size_t n = (size_t)(rand_r(&s) % 3 == 0 ? rand_r(&s) % 70 : rand_r(&s) % 1100);
+        size_t declared = n, cut;
+        int rc[2];
+        struct kvr_reqbody_query q[2];
+        struct kvr_err e[2];
+        bool tokens_last = rand_r(&s) % 2;
+
+        w.n = 0;
+        mp_byte(&w, 0x82);
+        if (!tokens_last) {
+            mp_str(&w, "model");
+            mp_str(&w, "m");
+        }
+        if (rand_r(&s) % 20 == 0)
+            declared = n + (size_t)(rand_r(&s) % 5) - 2;
+        mp_str(&w, "token_ids");
+        mp_byte(&w, 0xdd);
+        mp_be(&w, declared, 4);
+        for (size_t i = 0; i < n && w.n < sizeof(w.b) - 32; i++)
+            lv_elem(&w, &s, mode);
+        if (tokens_last) {
+            mp_str(&w, "model");
+            mp_str(&w, "m");
+        }
+        cut = w.n;
+        if (rand_r(&s) % 10 == 0)
+            cut = (size_t)rand_r(&s) % (w.n + 1);
+        for (int lv = 0; lv < 2; lv++) {
+            struct kvr_reqbody_scratch sc = {lv_tok[lv], LV_MAX, lv_pods[lv], 4};
+            char *b = malloc(cut ? cut : 1);
+            memcpy(b, w.b, cut);
+            kvr_reqbody_force_isa(lv == 0 ? 0 : -1);
+            memset(&e[lv], 0, sizeof(e[lv]));
+            memset(lv_tok[lv], 0, sizeof(lv_tok[lv]));
+            rc[lv] = kvr_reqbody_query_msgpack(b, cut, &sc, &q[lv], &e[lv]);
+            free(b);
+        }
+        kvr_reqbody_force_isa(-1);
+        if (rc[0] != rc[1] || strcmp(e[0].msg, e[1].msg) != 0)
+            fail_msg("seed %u: rc %d '%s' vs %d '%s'", seed0 + (unsigned)iter, rc[0], e[0].msg,
+                     rc[1], e[1].msg);
+        if (rc[0] == 0) {
+            if (q[0].ntokens != q[1].ntokens ||
+                memcmp(lv_tok[0], lv_tok[1], q[0].ntokens * sizeof(uint32_t)) != 0)
+                fail_msg("seed %u: tokens differ", seed0 + (unsigned)iter);
+            agree_ok++;
+        } else {
+            agree_err++;
+        }
+    }
+    printf("-- %ld accepted, %ld rejected, identical at levels 0 and %d\n", agree_ok, agree_err,
+           best);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -461,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_msgpack_query),
         cmocka_unit_test(test_msgpack_errors),
         cmocka_unit_test(test_msgpack_random),
+        cmocka_unit_test(test_msgpack_levels),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }
