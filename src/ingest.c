@@ -91,6 +91,9 @@ struct ing_stream {
 
     /* published for readers (relaxed) */
     _Atomic uint64_t p_last_seq, p_gaps, p_replays, p_restarts, p_replays_ok, p_replays_failed;
+    /* set (release, after p_last_seq) once a batch was applied: until then the stream is not
+     * listed, so a client waiting for last_seq == 0 cannot see it before seq 0 is indexed */
+    _Atomic bool p_has_last;
     _Atomic int p_state;
     _Atomic int64_t p_last_ms;      /* kvr_now_ms() of the last applied batch; 0 = never */
 };
@@ -212,8 +215,12 @@ static const char *skip_name(int r)
 
 static void publish(struct ing_stream *s)
 {
-    if (s->sm.has_last)
-        atomic_store_explicit(&s->p_last_seq, s->sm.last, memory_order_relaxed);
+    if (s->sm.has_last) {
+        /* release: the index updates of the batches up to `last` happen before a reader
+         * that sees this value (the /v1/pods contract: wait for last_seq, then query) */
+        atomic_store_explicit(&s->p_last_seq, s->sm.last, memory_order_release);
+        atomic_store_explicit(&s->p_has_last, true, memory_order_release);
+    }
     atomic_store_explicit(&s->p_gaps, s->sm.gaps, memory_order_relaxed);
     atomic_store_explicit(&s->p_replays, s->sm.replays, memory_order_relaxed);
     atomic_store_explicit(&s->p_replays_ok, s->sm.replays_ok, memory_order_relaxed);
@@ -1230,6 +1237,8 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
         uint64_t tb[KVR_TIER_MAX];
         int64_t last = atomic_load_explicit(&s->p_last_ms, memory_order_relaxed);
 
+        if (!atomic_load_explicit(&s->p_has_last, memory_order_acquire))
+            continue; /* registered, first batch not applied yet */
         memset(&si, 0, sizeof(si));
         si.pod = s->it->t->pod;
         si.model = s->it->t->model;
@@ -1241,7 +1250,7 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
             /* Per-tier counts are distinct blocks; a block in two tiers counts in both. */
             si.blocks += tb[t];
         }
-        si.last_seq = GET(s->p_last_seq);
+        si.last_seq = atomic_load_explicit(&s->p_last_seq, memory_order_acquire);
         si.gaps = GET(s->p_gaps);
         si.replays = GET(s->p_replays);
         si.restarts = GET(s->p_restarts);

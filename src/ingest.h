@@ -89,6 +89,9 @@ struct kvr_stream_info {
     enum kvr_stream_state state;
     int64_t last_event_age_ms; /* since the last batch was applied */
 };
+/* A stream is listed once its first batch has been applied; last_seq is published after the
+ * batch's index updates (release/acquire), so a caller that sees last_seq >= N and then
+ * queries the index sees every batch up to N. */
 void kvr_ingest_streams(struct kvr_ingest *ing,
                         void (*cb)(const struct kvr_stream_info *s, void *arg), void *arg);
 
