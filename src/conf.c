@@ -238,15 +238,16 @@ static int parse_digits(const char *s, uint64_t *out)
 
 /* ---- shared parsers (exported) ------------------------------------------------------- */
 
-int kvr_conf_parse_size(const char *s, int64_t *out)
+struct unit {
+    const char *name;
+    int64_t mul;
+};
+
+/* Digits followed by one of units[] (strcasecmp when nocase): the product, -ERANGE past
+ * INT64_MAX, -EINVAL otherwise. */
+static int parse_with_unit(const char *s, const struct unit *units, size_t nunits, bool nocase,
+                           int64_t *out)
 {
-    static const struct {
-        const char *unit;
-        int64_t mul;
-    } units[] = {{"", 1},           {"B", 1},
-                 {"K", 1LL << 10},  {"KiB", 1LL << 10},
-                 {"M", 1LL << 20},  {"MiB", 1LL << 20},
-                 {"G", 1LL << 30},  {"GiB", 1LL << 30}};
     uint64_t v;
     int n;
 
@@ -257,8 +258,8 @@ int kvr_conf_parse_size(const char *s, int64_t *out)
         return -ERANGE;
     if (n < 0)
         return -EINVAL;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcasecmp(s + n, units[i].unit) == 0) {
+    for (size_t i = 0; i < nunits; i++) {
+        if ((nocase ? strcasecmp(s + n, units[i].name) : strcmp(s + n, units[i].name)) == 0) {
             if (v > (uint64_t)(INT64_MAX / units[i].mul))
                 return -ERANGE;
             *out = (int64_t)v * units[i].mul;
@@ -268,31 +269,22 @@ int kvr_conf_parse_size(const char *s, int64_t *out)
     return -EINVAL;
 }
 
+int kvr_conf_parse_size(const char *s, int64_t *out)
+{
+    static const struct unit units[] = {{"", 1},           {"B", 1},
+                                        {"K", 1LL << 10},  {"KiB", 1LL << 10},
+                                        {"M", 1LL << 20},  {"MiB", 1LL << 20},
+                                        {"G", 1LL << 30},  {"GiB", 1LL << 30}};
+
+    return parse_with_unit(s, units, sizeof(units) / sizeof(units[0]), true, out);
+}
+
 int kvr_conf_parse_duration(const char *s, int64_t *ms)
 {
-    static const struct {
-        const char *unit;
-        int64_t mul;
-    } units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    uint64_t v;
-    int n;
+    static const struct unit units[] = {
+        {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
 
-    if (s == NULL)
-        return -EINVAL;
-    n = parse_digits(s, &v);
-    if (n == -ERANGE)
-        return -ERANGE;
-    if (n < 0)
-        return -EINVAL;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcmp(s + n, units[i].unit) == 0) {
-            if (v > (uint64_t)(INT64_MAX / units[i].mul))
-                return -ERANGE;
-            *ms = (int64_t)v * units[i].mul;
-            return 0;
-        }
-    }
-    return -EINVAL;
+    return parse_with_unit(s, units, sizeof(units) / sizeof(units[0]), false, ms);
 }
 
 static bool is_hostname(const char *h, size_t n)

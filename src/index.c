@@ -610,12 +610,14 @@ static struct nchunk *nchunk_of(void *x)
     return (struct nchunk *)((uintptr_t)x & ~(uintptr_t)(NCHUNK - 1));
 }
 
-static void slab_lock(struct slab *sb)
+/* Test-and-test-and-set spinlock shared by the slab and the shards: held for a few
+ * instructions (one batch of nodes, one table slot), so spin briefly, then yield. */
+static void spin_lock(uint32_t *lock)
 {
     for (unsigned spins = 0;; spins++) {
         uint32_t z = 0;
-        if (LD(sb->lock) == 0 && __atomic_compare_exchange_n(&sb->lock, &z, 1, true,
-                                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        if (LD(*lock) == 0 && __atomic_compare_exchange_n(lock, &z, 1, true, __ATOMIC_ACQUIRE,
+                                                          __ATOMIC_RELAXED))
             return;
         if (spins > 64)
             sched_yield();
@@ -624,9 +626,19 @@ static void slab_lock(struct slab *sb)
     }
 }
 
+static void spin_unlock(uint32_t *lock)
+{
+    STR(*lock, 0u);
+}
+
+static void slab_lock(struct slab *sb)
+{
+    spin_lock(&sb->lock);
+}
+
 static void slab_unlock(struct slab *sb)
 {
-    STR(sb->lock, 0u);
+    spin_unlock(&sb->lock);
 }
 
 static void chunk_link(struct nchunk **head, struct nchunk *c, int partial)
@@ -821,21 +833,12 @@ static void node_unlock(struct node *nd)
 
 static void shard_lock(struct shard *sh)
 {
-    for (unsigned spins = 0;; spins++) {
-        uint32_t z = 0;
-        if (LD(sh->lock) == 0 && __atomic_compare_exchange_n(&sh->lock, &z, 1, true,
-                                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-            return;
-        if (spins > 64)
-            sched_yield();
-        else
-            cpu_relax();
-    }
+    spin_lock(&sh->lock);
 }
 
 static void shard_unlock(struct shard *sh)
 {
-    STR(sh->lock, 0u);
+    spin_unlock(&sh->lock);
 }
 
 /* Under the shard lock: publishes the shard's table for readers. */
