@@ -454,14 +454,15 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
 
 /* ---- pods -------------------------------------------------------------------------------- */
 
-struct pods_ctx {
+/* A JSON array written by an iteration callback: the buffer and the elements so far. */
+struct json_list {
     struct kvr_buf *b;
     size_t n;
 };
 
 static void pod_cb(const struct kvr_stream_info *s, void *arg)
 {
-    struct pods_ctx *pc = arg;
+    struct json_list *pc = arg;
     struct kvr_buf *b = pc->b;
     bool first = true;
 
@@ -501,7 +502,7 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
 
 static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct pods_ctx pc = {resp->body, 0};
+    struct json_list pc = {resp->body, 0};
 
     put(resp->body, "{\"pods\":[");
     kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
@@ -544,14 +545,9 @@ static void put_opt_str(struct kvr_buf *b, const char *s)
         put_json_str(b, s);
 }
 
-struct eps_ctx {
-    struct kvr_buf *b;
-    size_t n;
-};
-
 static void ep_cb(const struct kvr_endpoint_info *e, void *arg)
 {
-    struct eps_ctx *ec = arg;
+    struct json_list *ec = arg;
     struct kvr_buf *b = ec->b;
 
     put(b, ec->n++ ? ",{\"endpoint\":" : "{\"endpoint\":");
@@ -566,7 +562,7 @@ static void ep_cb(const struct kvr_endpoint_info *e, void *arg)
 
 static void ep_endpoints_get(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct eps_ctx ec = {resp->body, 0};
+    struct json_list ec = {resp->body, 0};
 
     put(resp->body, "{\"endpoints\":[");
     kvr_ingest_endpoints(t->api->ingest, ep_cb, &ec);
