@@ -91,9 +91,20 @@
 #define EV_ZONE_SLACK ((size_t)1 << 20)   /* per-event zone allowance beyond tokens+hashes */
 
 struct span {
-    size_t off;  /* first byte of the event */
-    size_t zone; /* zone bytes msgpack-c needs to unpack it */
+    size_t off;    /* first byte of the event */
+    size_t zone;   /* zone bytes msgpack-c would need to unpack all of it (too_large test) */
+    size_t zone_c; /* zone bytes it needs once the event's bulk arrays are carved out */
+    uint32_t c0;   /* its carves are carves[c0, next span's c0) */
 };
+
+/* A bulk array (block_hashes / token_ids position) of an event, read from the raw bytes;
+ * msgpack-c sees a 3-byte placeholder (bin 8 of one byte) instead, see carve_copy(). */
+struct carve {
+    size_t start, items, end; /* header, first item, end of the array */
+    uint32_t n;               /* items */
+    const uint8_t *marker;    /* the placeholder's data byte in the copy (set per event) */
+};
+#define CARVE_MARK 3u /* c4 01 00 */
 
 struct kvr_decoder {
     struct kvr_decode_limits lim;
@@ -107,6 +118,10 @@ struct kvr_decoder {
 
     struct span *spans;      /* per event of the open batch, + end sentinel; grow-only */
     size_t spans_cap;
+    struct carve *carves;    /* bulk arrays of the open batch, in byte order; grow-only */
+    size_t carves_cap, ncarves;
+    uint8_t *cbuf;           /* an event with its bulk arrays replaced by placeholders */
+    size_t cbcap;
 
     uint64_t *hashes;        /* scratch for the whole open batch */
     size_t hcap, hlen;
@@ -125,6 +140,7 @@ struct scan {
     uint32_t nevents;
     size_t hbound, tbound; /* scratch needed, upper bounds */
     size_t zone_max;       /* largest per-event zone need (events within ev_zone_max) */
+    size_t copy_max;       /* largest carved copy of an event */
 };
 
 /* Our own invariant broke (not the peer's bytes: those are validated before this can be
@@ -278,6 +294,8 @@ void kvr_decoder_destroy(struct kvr_decoder *d)
         return;
     msgpack_zone_free(d->zone);
     free(d->spans);
+    free(d->carves);
+    free(d->cbuf);
     free(d->hashes);
     free(d->tokens);
     free(d);
@@ -288,11 +306,31 @@ void kvr_decoder_destroy(struct kvr_decoder *d)
 struct level {
     uint64_t left, total; /* items (map: keys + values) */
     bool map;
+    bool carve;           /* the items of carves[ncarves - 1] (closed when the level ends) */
 };
 
 static bool is_container(uint8_t b)
 {
     return (b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf);
+}
+
+static int add_carve(struct kvr_decoder *d, size_t start, size_t items, uint64_t n)
+{
+    if (d->ncarves == d->carves_cap) {
+        size_t cap = d->carves_cap ? d->carves_cap * 2 : 256;
+        struct carve *p = realloc(d->carves, cap * sizeof(*p));
+        if (p == NULL)
+            return -ENOMEM;
+        d->carves = p;
+        d->carves_cap = cap;
+    }
+    struct carve *c = &d->carves[d->ncarves++];
+    c->start = start;
+    c->items = items;
+    c->end = items; /* set when the array ends */
+    c->n = (uint32_t)n;
+    c->marker = NULL;
+    return 0;
 }
 
 static int reserve_spans(struct kvr_decoder *d, size_t n)
@@ -318,15 +356,18 @@ static int reserve_spans(struct kvr_decoder *d, size_t n)
 static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct scan *sc)
 {
     struct level st[HARD_MAX_DEPTH + 1];
-    size_t pos = 0, dummy_zone = 0, *ev_zone = &dummy_zone;
+    size_t pos = 0, dummy_zone = 0, *ev_zone = &dummy_zone, *ev_zone_c = &dummy_zone;
     uint32_t depth = 0;
     bool in_events = false;       /* st[2] is the events array */
+    bool in_carve = false;        /* st[4] is a carved array (depth >= 4 is inside it) */
     const uint8_t *key = NULL;    /* last string key read in a map event */
     size_t key_len = 0;
 
     memset(sc, 0, sizeof(*sc));
+    d->ncarves = 0;
     st[0].left = st[0].total = 1;
     st[0].map = false;
+    st[0].carve = false;
     for (;;) {
         size_t rem, hdr = 1, skip = 0;
         uint64_t n = 0, idx;
@@ -337,8 +378,13 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
         while (depth > 0 && st[depth].left == 0) {
             if (depth == 2 && in_events) { /* the events array ends here */
                 d->spans[sc->nevents].off = pos;
+                d->spans[sc->nevents].c0 = (uint32_t)d->ncarves;
                 in_events = false;
-                ev_zone = &dummy_zone;
+                ev_zone = ev_zone_c = &dummy_zone;
+            }
+            if (st[depth].carve) {
+                d->carves[d->ncarves - 1].end = pos;
+                in_carve = false;
             }
             depth--;
         }
@@ -365,13 +411,16 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
             return -EBADMSG; /* truncated */
         rem = len - pos;
         b = p[pos];
+        size_t start = pos;
 
         if (depth == 1 && idx < 4) {
             sc->top_off[idx] = pos;
         } else if (depth == 2 && in_events) {
             d->spans[idx].off = pos;
-            d->spans[idx].zone = 0;
+            d->spans[idx].zone = d->spans[idx].zone_c = 0;
+            d->spans[idx].c0 = (uint32_t)d->ncarves;
             ev_zone = &d->spans[idx].zone;
+            ev_zone_c = &d->spans[idx].zone_c;
             key = NULL;
         }
 
@@ -446,6 +495,7 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
             return -EBADMSG;
         if (depth + 1 > d->lim.max_depth)
             return -EBADMSG;
+        st[depth + 1].carve = false;
         if (depth == 0) {
             if (kind != 1)
                 return -EBADMSG;
@@ -461,8 +511,9 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
             sc->nevents = (uint32_t)n;
             in_events = true;
         } else if (depth >= 2 && in_events) { /* an event or something inside one */
-            *ev_zone +=
-                (size_t)n * (kind == 2 ? sizeof(msgpack_object_kv) : sizeof(msgpack_object));
+            size_t z = (size_t)n * (kind == 2 ? sizeof(msgpack_object_kv) : sizeof(msgpack_object));
+            bool carved = false;
+            *ev_zone += z;
             if (depth == 3 && kind == 1) { /* an array field of an event */
                 bool h, t;
                 if (!st[3].map) {
@@ -475,7 +526,16 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
                     sc->hbound += n;
                 if (t && n <= d->lim.max_tokens)
                     sc->tbound += n;
+                if ((h || t) && !d->lim.reference) {
+                    int rc = add_carve(d, start, pos, n);
+                    if (rc != 0)
+                        return rc;
+                    carved = in_carve = true;
+                }
             }
+            if (!carved && !in_carve)
+                *ev_zone_c += z;
+            st[depth + 1].carve = carved;
         }
         depth++;
         st[depth].left = st[depth].total = items;
@@ -483,9 +543,20 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
     }
     if (pos != len)
         return -EBADMSG; /* trailing bytes */
-    for (uint32_t i = 0; i < sc->nevents; i++)
-        if (d->spans[i].zone <= d->ev_zone_max && d->spans[i].zone > sc->zone_max)
-            sc->zone_max = d->spans[i].zone;
+    for (uint32_t i = 0; i < sc->nevents; i++) {
+        const struct span *e = &d->spans[i];
+        if (e->zone > d->ev_zone_max)
+            continue; /* skipped as too_large, never unpacked */
+        if (e->zone_c > sc->zone_max)
+            sc->zone_max = e->zone_c;
+        if (e[1].c0 != e->c0) {
+            size_t copy = e[1].off - e->off;
+            for (uint32_t k = e->c0; k < e[1].c0; k++)
+                copy -= d->carves[k].end - d->carves[k].start - CARVE_MARK;
+            if (copy > sc->copy_max)
+                sc->copy_max = copy;
+        }
+    }
     return 0;
 }
 
@@ -681,6 +752,21 @@ static int size_scratch(struct kvr_decoder *d, size_t nh, size_t nt)
     return 0;
 }
 
+static int size_copy(struct kvr_decoder *d, size_t need)
+{
+    size_t cap = fit_cap(d->cbcap, need, 1024, (size_t)1 << 20);
+    uint8_t *p;
+
+    if (cap == d->cbcap)
+        return 0;
+    p = realloc(d->cbuf, cap);
+    if (p == NULL)
+        return need <= d->cbcap ? 0 : -ENOMEM;
+    d->cbuf = p;
+    d->cbcap = cap;
+    return 0;
+}
+
 /* Unpacks the top-level scalar spanning buf[start, end). */
 static int unpack_scalar(struct kvr_decoder *d, const uint8_t *buf, size_t start, size_t end,
                          msgpack_object *o)
@@ -753,6 +839,9 @@ int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct 
     rc = size_scratch(d, sc.hbound, sc.tbound);
     if (rc != 0)
         return rc;
+    rc = size_copy(d, sc.copy_max);
+    if (rc != 0)
+        return rc;
     out->nevents = sc.nevents;
     d->buf = p;
     d->nevents = sc.nevents;
@@ -795,9 +884,10 @@ static bool kind_is_full(const msgpack_object_str *s)
 }
 
 /* Type checks of the scalar fields, group filter. */
-static enum kvr_skip_reason check_fields(const struct fields *f, struct kvr_event *ev)
+static enum kvr_skip_reason check_fields(const struct fields *f, bool hashes_array,
+                                        struct kvr_event *ev)
 {
-    if (f->hashes == NULL || f->hashes->type != MSGPACK_OBJECT_ARRAY)
+    if (!hashes_array)
         return KVR_SKIP_BAD_FIELD;
     if (f->medium) {
         if (f->medium->type != MSGPACK_OBJECT_STR)
@@ -845,12 +935,210 @@ static enum kvr_skip_reason check_fields(const struct fields *f, struct kvr_even
     return KVR_SKIP_NONE;
 }
 
-static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const msgpack_object *o,
-                                         struct kvr_event *ev)
+/* ---- bulk arrays ----------------------------------------------------------------------- */
+
+/* An array field: msgpack-c objects, or a carved array read from the raw bytes. */
+struct arr {
+    uint32_t n;
+    const msgpack_object *obj; /* NULL when raw */
+    const uint8_t *raw;        /* first item (prescan proved every scalar item complete) */
+};
+
+/* The event being decoded: where its carved copy's placeholders stand. */
+struct evctx {
+    const struct carve *c;  /* the event's carves, in byte order */
+    uint32_t nc;
+    const uint8_t *copy;    /* the copy msgpack-c unpacked (NULL: the batch bytes) */
+    size_t off;             /* the event's first byte in the batch */
+};
+
+/* o is an array field (or a placeholder for one): fills *a. */
+static bool as_arr(const struct kvr_decoder *d, const struct evctx *cx, const msgpack_object *o,
+                   struct arr *a)
+{
+    if (o == NULL)
+        return false;
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        a->n = o->via.array.size;
+        a->obj = o->via.array.ptr;
+        a->raw = NULL;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_BIN && cx->copy != NULL) {
+        /* a placeholder is identified by its address in the copy: a bin of the peer's at
+         * the same field was copied elsewhere and stays a bin */
+        for (uint32_t k = 0; k < cx->nc; k++) {
+            if ((const uint8_t *)o->via.bin.ptr == cx->c[k].marker) {
+                a->n = cx->c[k].n;
+                a->obj = NULL;
+                a->raw = d->buf + cx->c[k].items;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* A string msgpack-c found in the copy, mapped back into the batch bytes (events borrow
+ * from the input buffer, which outlives the copy). */
+static const char *orig_ptr(const struct evctx *cx, const struct kvr_decoder *d, const char *p)
+{
+    if (cx->copy == NULL || p == NULL)
+        return p;
+    size_t q = (size_t)((const uint8_t *)p - cx->copy), shift = 0;
+    for (uint32_t k = 0; k < cx->nc; k++) {
+        if (cx->c[k].marker > (const uint8_t *)p)
+            break;
+        shift += cx->c[k].end - cx->c[k].start - CARVE_MARK;
+    }
+    return (const char *)(d->buf + cx->off + q + shift);
+}
+
+static inline uint16_t be16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return __builtin_bswap16(v);
+}
+
+static inline uint32_t be32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return __builtin_bswap32(v);
+}
+
+static inline uint64_t be64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+}
+
+/* Big-endian unsigned of width n in {1, 2, 4, 8} (the msgpack int and length widths). */
+static inline uint64_t be_n(const uint8_t *p, unsigned n)
+{
+    switch (n) {
+    case 1: return p[0];
+    case 2: return be16(p);
+    case 4: return be32(p);
+    default: return be64(p);
+    }
+}
+
+/* One raw msgpack int as msgpack-c would type it: *neg when NEGATIVE_INTEGER. The width
+ * of the encoding goes to *w. false: not an int. */
+static inline bool raw_int(const uint8_t *p, uint64_t *v, bool *neg, unsigned *w)
+{
+    uint8_t b = p[0];
+    if (b <= 0x7f) {
+        *v = b, *neg = false, *w = 1;
+        return true;
+    }
+    if (b >= 0xe0) {
+        *v = (uint64_t)(int64_t)(int8_t)b, *neg = true, *w = 1;
+        return true;
+    }
+    if (b >= 0xcc && b <= 0xcf) {
+        unsigned n = 1u << (b - 0xcc);
+        *v = be_n(p + 1, n), *neg = false, *w = 1 + n;
+        return true;
+    }
+    if (b >= 0xd0 && b <= 0xd3) {
+        unsigned n = 1u << (b - 0xd0);
+        uint64_t u = be_n(p + 1, n);
+        int64_t x = n == 8 ? (int64_t)u : (int64_t)(u << (64 - 8 * n)) >> (64 - 8 * n);
+        *v = (uint64_t)x, *neg = x < 0, *w = 1 + n;
+        return true;
+    }
+    return false;
+}
+
+/* Token ids from raw bytes: ints in [0, 2^32), like the object path accepts. */
+static bool raw_tokens(const uint8_t *p, uint32_t n, uint32_t *out)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t b = *p;
+        if (b <= 0x7f) { /* the common cases first: fixint, uint 8/16/32 */
+            out[i] = b;
+            p += 1;
+        } else if (b == 0xcd) {
+            out[i] = be16(p + 1);
+            p += 3;
+        } else if (b == 0xcc) {
+            out[i] = p[1];
+            p += 2;
+        } else if (b == 0xce) {
+            out[i] = be32(p + 1);
+            p += 5;
+        } else {
+            uint64_t v;
+            bool neg;
+            unsigned w;
+            if (!raw_int(p, &v, &neg, &w) || neg || v > UINT32_MAX)
+                return false;
+            out[i] = (uint32_t)v;
+            p += w;
+        }
+    }
+    return true;
+}
+
+/* Block hashes from raw bytes: any int (negative: two's complement) or a non-empty bin
+ * (last 8 bytes big-endian, left-padded), like hash_of(). */
+static bool raw_hashes(const uint8_t *p, uint32_t n, uint64_t *out)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t b = *p;
+        bool neg;
+        unsigned w;
+        if (raw_int(p, &out[i], &neg, &w)) {
+            p += w;
+        } else if (b >= 0xc4 && b <= 0xc6) {
+            unsigned lw = 1u << (b - 0xc4);
+            size_t sz = (size_t)be_n(p + 1, lw);
+            const uint8_t *data = p + 1 + lw;
+            if (sz == 0)
+                return false;
+            out[i] = sz >= 8 ? be64(data + sz - 8) : be_read(data, sz);
+            p = data + sz;
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool arr_hashes(const struct arr *a, uint64_t *out)
+{
+    if (a->raw != NULL)
+        return raw_hashes(a->raw, a->n, out);
+    for (uint32_t i = 0; i < a->n; i++)
+        if (!hash_of(&a->obj[i], &out[i]))
+            return false;
+    return true;
+}
+
+static bool arr_tokens(const struct arr *a, uint32_t *out)
+{
+    if (a->raw != NULL)
+        return raw_tokens(a->raw, a->n, out);
+    for (uint32_t i = 0; i < a->n; i++) {
+        const msgpack_object *t = &a->obj[i];
+        if (t->type != MSGPACK_OBJECT_POSITIVE_INTEGER || t->via.u64 > UINT32_MAX)
+            return false;
+        out[i] = (uint32_t)t->via.u64;
+    }
+    return true;
+}
+
+static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const struct evctx *cx,
+                                         const msgpack_object *o, struct kvr_event *ev)
 {
     struct fields f;
     enum kvr_skip_reason r;
-    const msgpack_object_array *ha, *ta = NULL;
+    struct arr ha, ta;
+    bool has_ta = false;
     uint64_t *hs;
     uint32_t *ts;
 
@@ -860,55 +1148,71 @@ static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const msgpack_ob
     ev->type = f.type;
     if (f.type == KVR_EV_CLEARED)
         return KVR_SKIP_NONE;
-    r = check_fields(&f, ev);
+    r = check_fields(&f, as_arr(d, cx, f.hashes, &ha), ev);
+    ev->medium = orig_ptr(cx, d, ev->medium);
+    ev->lora_name = orig_ptr(cx, d, ev->lora_name);
     if (r != KVR_SKIP_NONE)
         return r;
 
-    ha = &f.hashes->via.array;
-    if (ha->size > d->lim.max_hashes)
+    if (ha.n > d->lim.max_hashes)
         return KVR_SKIP_TOO_LARGE;
     if (f.type == KVR_EV_STORED && f.tokens) {
-        if (f.tokens->type != MSGPACK_OBJECT_ARRAY)
+        if (!as_arr(d, cx, f.tokens, &ta))
             return KVR_SKIP_BAD_TOKENS;
-        ta = &f.tokens->via.array;
-        if (ta->size > d->lim.max_tokens)
+        has_ta = true;
+        if (ta.n > d->lim.max_tokens)
             return KVR_SKIP_TOO_LARGE;
     }
     /* Reserved by kvr_decode_batch from the prescan bounds. */
-    if (ha->size > d->hcap - d->hlen || (ta && ta->size > d->tcap - d->tlen))
+    if (ha.n > d->hcap - d->hlen || (has_ta && ta.n > d->tcap - d->tlen))
         decode_bug("scratch bound exceeded", d->next - 1);
 
     hs = d->hashes + d->hlen;
-    for (uint32_t i = 0; i < ha->size; i++)
-        if (!hash_of(&ha->ptr[i], &hs[i]))
-            return KVR_SKIP_BAD_HASH;
+    if (!arr_hashes(&ha, hs))
+        return KVR_SKIP_BAD_HASH;
     if (f.type == KVR_EV_STORED && f.parent) {
         if (!hash_of(f.parent, &ev->parent))
             return KVR_SKIP_BAD_HASH;
         ev->has_parent = true;
     }
     ts = d->tokens + d->tlen;
-    if (ta) {
-        for (uint32_t i = 0; i < ta->size; i++) {
-            const msgpack_object *t = &ta->ptr[i];
-            if (t->type != MSGPACK_OBJECT_POSITIVE_INTEGER || t->via.u64 > UINT32_MAX)
-                return KVR_SKIP_BAD_TOKENS;
-            ts[i] = (uint32_t)t->via.u64;
-        }
-    }
+    if (has_ta && !arr_tokens(&ta, ts))
+        return KVR_SKIP_BAD_TOKENS;
     if (f.type == KVR_EV_STORED && f.block_size &&
-        (uint64_t)(ta ? ta->size : 0) != (uint64_t)ha->size * ev->block_size)
+        (uint64_t)(has_ta ? ta.n : 0) != (uint64_t)ha.n * ev->block_size)
         return KVR_SKIP_TOKEN_COUNT;
 
-    ev->hashes = ha->size ? hs : NULL;
-    ev->nhashes = ha->size;
-    d->hlen += ha->size;
-    if (ta && ta->size) {
+    ev->hashes = ha.n ? hs : NULL;
+    ev->nhashes = ha.n;
+    d->hlen += ha.n;
+    if (has_ta && ta.n) {
         ev->tokens = ts;
-        ev->ntokens = ta->size;
-        d->tlen += ta->size;
+        ev->ntokens = ta.n;
+        d->tlen += ta.n;
     }
     return KVR_SKIP_NONE;
+}
+
+/* Copies event [off, end) into d->cbuf with each carved array replaced by a placeholder
+ * (bin 8 of one byte), recording where each placeholder's data byte lands. Returns the
+ * copy's length (<= copy_max, reserved by kvr_decode_batch). */
+static size_t carve_copy(struct kvr_decoder *d, size_t off, size_t end, uint32_t c0,
+                         uint32_t c1)
+{
+    size_t at = off, len = 0;
+    for (uint32_t k = c0; k < c1; k++) {
+        struct carve *c = &d->carves[k];
+        memcpy(d->cbuf + len, d->buf + at, c->start - at);
+        len += c->start - at;
+        d->cbuf[len] = 0xc4;
+        d->cbuf[len + 1] = 0x01;
+        d->cbuf[len + 2] = 0x00;
+        c->marker = d->cbuf + len + 2;
+        len += CARVE_MARK;
+        at = c->end;
+    }
+    memcpy(d->cbuf + len, d->buf + at, end - at);
+    return len + (end - at);
 }
 
 int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_reason *reason)
@@ -931,15 +1235,24 @@ int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_r
     } else {
         /* The zone was sized for the batch's largest event; msgpack-c would expand it (one
          * malloc) if that accounting were ever short, never fail. */
+        struct evctx cx = {d->carves + s->c0, s[1].c0 - s->c0, NULL, off};
+        const char *src = (const char *)d->buf;
+        size_t from = off, to = end;
         msgpack_unpack_return ur;
+        if (cx.nc > 0) {
+            to = carve_copy(d, off, end, s->c0, s[1].c0);
+            from = 0;
+            src = (const char *)d->cbuf;
+            cx.copy = d->cbuf;
+        }
         msgpack_zone_clear(d->zone);
-        ur = msgpack_unpack((const char *)d->buf, end, &off, d->zone, &o);
+        ur = msgpack_unpack(src, to, &from, d->zone, &o);
         if (ur == MSGPACK_UNPACK_NOMEM_ERROR)
             r = KVR_SKIP_TOO_LARGE;
-        else if (ur != MSGPACK_UNPACK_SUCCESS || off != end)
+        else if (ur != MSGPACK_UNPACK_SUCCESS || from != to)
             decode_bug("msgpack-c disagrees with prescan", d->next - 1);
         else
-            r = decode_event(d, &o, ev);
+            r = decode_event(d, &cx, &o, ev);
     }
     if (r == KVR_SKIP_NONE)
         return 1;

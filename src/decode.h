@@ -32,6 +32,10 @@ struct kvr_decode_limits {
     uint32_t max_tokens;   /* token ids per event; more → event skipped */
     uint32_t max_hashes;   /* block hashes per event; more → event skipped */
     uint32_t max_depth;    /* msgpack nesting accepted */
+    bool reference;        /* false (normal): the bulk arrays (block_hashes, token_ids) are
+                            * read straight from the validated bytes; true: through msgpack-c
+                            * objects like every other field (slower; tests compare the two
+                            * paths, which must agree on every input) */
 };
 
 int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out);

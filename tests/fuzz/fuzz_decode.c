@@ -9,7 +9,9 @@
  * its arrays read in full. The same parts are then fed as replay replies in both eras
  * ([empty, seq, payload] and [empty, topic, seq, payload], plus a wrong delimiter), and the
  * whole input as [empty, first 8 bytes, rest]; a payload that comes back is decoded too.
- * Invariants the decoder promises are checked with abort().
+ * Invariants the decoder promises are checked with abort(), and the normal decoders are
+ * compared with reference ones (limits.reference: bulk arrays through msgpack-c objects),
+ * which must agree on every event, skip reason and field.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 
 #include "decode.h"
 
-static struct kvr_decoder *g_def, *g_tight;
+static struct kvr_decoder *g_def, *g_tight, *g_def_ref, *g_tight_ref;
 
 static void check(int ok)
 {
@@ -67,6 +69,42 @@ static void run_batch(struct kvr_decoder *d, const uint8_t *p, size_t n)
     check(seen == bt.nevents);
 }
 
+/* The normal decoder (bulk arrays read from the raw bytes) against the reference one (every
+ * field through msgpack-c objects): the same batch verdict, then the same events, skips and
+ * reasons, field by field. */
+static void run_diff(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t *p, size_t n)
+{
+    struct kvr_batch ba, br;
+    struct kvr_event ea, er;
+    enum kvr_skip_reason wa, wr;
+    int ra, rr;
+
+    ra = kvr_decode_batch(a, p, n, &ba);
+    rr = kvr_decode_batch(r, p, n, &br);
+    check(ra == rr);
+    if (ra != 0)
+        return;
+    check(ba.nevents == br.nevents && ba.has_dp_rank == br.has_dp_rank &&
+          ba.dp_rank == br.dp_rank && memcmp(&ba.ts, &br.ts, sizeof(ba.ts)) == 0);
+    do {
+        ra = kvr_decode_next(a, &ea, &wa);
+        rr = kvr_decode_next(r, &er, &wr);
+        check(ra == rr && wa == wr);
+        if (ra == 2)
+            check(ea.type == er.type && ea.group_idx == er.group_idx);
+        if (ra != 1)
+            continue;
+        check(ea.type == er.type && ea.nhashes == er.nhashes && ea.ntokens == er.ntokens);
+        check(ea.has_parent == er.has_parent && ea.parent == er.parent);
+        check(ea.block_size == er.block_size && ea.group_idx == er.group_idx);
+        check(ea.has_lora_id == er.has_lora_id && ea.lora_id == er.lora_id);
+        check(ea.medium == er.medium && ea.medium_len == er.medium_len);
+        check(ea.lora_name == er.lora_name && ea.lora_name_len == er.lora_name_len);
+        check(ea.nhashes == 0 || memcmp(ea.hashes, er.hashes, ea.nhashes * 8) == 0);
+        check(ea.ntokens == 0 || memcmp(ea.tokens, er.tokens, ea.ntokens * 4) == 0);
+    } while (ra != 0);
+}
+
 static void run_replay(const void *const *f, const size_t *l, size_t nf)
 {
     uint64_t seq;
@@ -88,8 +126,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t seq;
 
     if (g_def == NULL) {
-        struct kvr_decode_limits tight = {4, 32, 4, 6};
-        if (kvr_decoder_create(NULL, &g_def) != 0 || kvr_decoder_create(&tight, &g_tight) != 0)
+        struct kvr_decode_limits tight = {.max_events = 4, .max_tokens = 32, .max_hashes = 4,
+                                          .max_depth = 6};
+        struct kvr_decode_limits ref = {.reference = true}, tight_ref = tight;
+        tight_ref.reference = true;
+        if (kvr_decoder_create(NULL, &g_def) != 0 || kvr_decoder_create(&tight, &g_tight) != 0 ||
+            kvr_decoder_create(&ref, &g_def_ref) != 0 ||
+            kvr_decoder_create(&tight_ref, &g_tight_ref) != 0)
             abort();
     }
     if (size >= 2) {
@@ -122,6 +165,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(sl != 8);
     run_batch(g_def, payload, pl);
     run_batch(g_tight, payload, pl);
+    run_diff(g_def, g_def_ref, payload, pl);
+    run_diff(g_tight, g_tight_ref, payload, pl);
 
     /* replay replies, both eras */
     {

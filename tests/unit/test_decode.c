@@ -333,7 +333,8 @@ struct res {
 static struct kvr_decoder *mk(uint32_t max_events, uint32_t max_tokens, uint32_t max_hashes,
                               uint32_t max_depth)
 {
-    struct kvr_decode_limits lim = {max_events, max_tokens, max_hashes, max_depth};
+    struct kvr_decode_limits lim = {.max_events = max_events, .max_tokens = max_tokens,
+                                    .max_hashes = max_hashes, .max_depth = max_depth};
     struct kvr_decoder *d = NULL;
     assert_int_equal(kvr_decoder_create(&lim, &d), 0);
     assert_non_null(d);
@@ -1077,11 +1078,235 @@ static void test_trailing(void **state)
 
 /* Deterministic mutations of every fixture: byte flips, inserts and deletes. Everything
  * must come back as a batch error or events/skips; sanitizer builds check the memory. */
+/* ---- the bulk-array path against the reference path ------------------------------------ */
+
+static struct kvr_decoder *mk_ref(void)
+{
+    struct kvr_decode_limits lim = {.reference = true};
+    struct kvr_decoder *d = NULL;
+    assert_int_equal(kvr_decoder_create(&lim, &d), 0);
+    return d;
+}
+
+/* Decodes b with both decoders in lockstep: same verdicts, same events and fields. Returns
+ * the number of events yielded (not skipped). */
+static size_t diff_paths(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t *b,
+                         size_t n)
+{
+    struct kvr_batch ba, br;
+    struct res x, y;
+    size_t yielded = 0;
+    int rc = kvr_decode_batch(a, b, n, &ba);
+
+    assert_int_equal(rc, kvr_decode_batch(r, b, n, &br));
+    if (rc != 0)
+        return 0;
+    assert_int_equal(ba.nevents, br.nevents);
+    assert_true(ba.ts == br.ts || (ba.ts != ba.ts && br.ts != br.ts));
+    assert_true(ba.has_dp_rank == br.has_dp_rank && ba.dp_rank == br.dp_rank);
+    do {
+        memset(&x, 0, sizeof(x));
+        memset(&y, 0, sizeof(y));
+        x.rc = kvr_decode_next(a, &x.ev, &x.why);
+        y.rc = kvr_decode_next(r, &y.ev, &y.why);
+        if (x.rc != y.rc || x.why != y.why)
+            fail_msg("paths disagree: rc %d/%d, %s/%s", x.rc, y.rc, kvr_skip_reason_name(x.why),
+                     kvr_skip_reason_name(y.why));
+        if (x.rc != 1)
+            continue;
+        yielded++;
+        assert_int_equal(x.ev.type, y.ev.type);
+        assert_int_equal(x.ev.nhashes, y.ev.nhashes);
+        assert_int_equal(x.ev.ntokens, y.ev.ntokens);
+        if (x.ev.nhashes)
+            assert_memory_equal(x.ev.hashes, y.ev.hashes, x.ev.nhashes * sizeof(uint64_t));
+        if (x.ev.ntokens)
+            assert_memory_equal(x.ev.tokens, y.ev.tokens, x.ev.ntokens * sizeof(uint32_t));
+        assert_true(x.ev.has_parent == y.ev.has_parent && x.ev.parent == y.ev.parent);
+        assert_int_equal(x.ev.block_size, y.ev.block_size);
+        assert_ptr_equal(x.ev.medium, y.ev.medium); /* borrowed from the batch bytes */
+        assert_int_equal(x.ev.medium_len, y.ev.medium_len);
+        assert_ptr_equal(x.ev.lora_name, y.ev.lora_name);
+        assert_int_equal(x.ev.lora_name_len, y.ev.lora_name_len);
+        assert_true(x.ev.has_lora_id == y.ev.has_lora_id && x.ev.lora_id == y.ev.lora_id);
+        assert_int_equal(x.ev.group_idx, y.ev.group_idx);
+    } while (x.rc != 0);
+    return yielded;
+}
+
+/* Packs [ts, [event], 0] where the event is built by fn. */
+typedef void (*ev_fn)(msgpack_packer *pk, int variant);
+
+static void one_event_batch(msgpack_sbuffer *sb, ev_fn fn, int variant)
+{
+    msgpack_packer pk;
+    msgpack_sbuffer_clear(sb);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, 1.5);
+    msgpack_pack_array(&pk, 1);
+    fn(&pk, variant);
+    msgpack_pack_uint32(&pk, 0);
+}
+
+/* Odd token arrays in a v0.22-style BlockStored: the variant picks the odd item. */
+static void ev_odd_tokens(msgpack_packer *pk, int v)
+{
+    msgpack_pack_array(pk, 7);
+    gen_str(pk, "BlockStored");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_uint64(pk, 77);
+    msgpack_pack_nil(pk);
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint32(pk, 1);
+    switch (v) {
+    case 0: msgpack_pack_int8(pk, 5); break;              /* d0 05: fine */
+    case 1: msgpack_pack_int8(pk, -5); break;             /* negative */
+    case 2: gen_str(pk, "x"); break;                      /* str */
+    case 3: msgpack_pack_array(pk, 1); msgpack_pack_uint8(pk, 1); break; /* nested */
+    case 4: msgpack_pack_uint64(pk, 1ull << 32); break;   /* too big */
+    case 5: { const char c = 0xcf, z[8] = {0, 0, 0, 0, 0, 0, 0, 9}; /* cf, small */
+              msgpack_sbuffer_write(pk->data, &c, 1); msgpack_sbuffer_write(pk->data, z, 8); }
+            break;
+    case 6: msgpack_pack_int64(pk, 4000000000ll); break;  /* d3, < 2^32 */
+    case 7: msgpack_pack_double(pk, 1.0); break;          /* float */
+    case 8: msgpack_pack_nil(pk); break;
+    default: msgpack_pack_map(pk, 0); break;
+    }
+    msgpack_pack_uint16(pk, 300);
+    msgpack_pack_uint32(pk, 70000);
+    msgpack_pack_uint32(pk, 4);
+    msgpack_pack_nil(pk);
+    gen_str(pk, "cpu");
+}
+
+/* Odd hash arrays in a BlockRemoved, plus an array where group_idx goes (variant 6). */
+static void ev_odd_hashes(msgpack_packer *pk, int v)
+{
+    static const char bin10[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    msgpack_pack_array(pk, 4);
+    gen_str(pk, "BlockRemoved");
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_int16(pk, -300);
+    switch (v) {
+    case 0: msgpack_pack_bin(pk, 3); msgpack_pack_bin_body(pk, bin10, 3); break;
+    case 1: msgpack_pack_bin(pk, 10); msgpack_pack_bin_body(pk, bin10, 10); break;
+    case 2: msgpack_pack_bin(pk, 0); break;                                   /* empty bin */
+    case 3: gen_str(pk, "h"); break;                                         /* str */
+    case 4: msgpack_pack_map(pk, 1); msgpack_pack_nil(pk); msgpack_pack_nil(pk); break;
+    case 5: msgpack_pack_int64(pk, INT64_MIN); break;
+    default: msgpack_pack_uint64(pk, UINT64_MAX); break;
+    }
+    msgpack_pack_uint64(pk, 1ull << 40);
+    gen_str(pk, "GPU");
+    if (v == 6) {
+        msgpack_pack_array(pk, 1); /* group_idx: wrong type */
+        msgpack_pack_uint8(pk, 0);
+    } else {
+        msgpack_pack_uint8(pk, 0);
+    }
+}
+
+/* v0.24 maps: duplicate keys, a bin where token_ids goes, strings after the arrays. */
+static void ev_odd_map(msgpack_packer *pk, int v)
+{
+    bool second = v == 0 || v == 3;
+    msgpack_pack_map(pk, second ? 7 : 6);
+    gen_str(pk, "type");
+    gen_str(pk, "BlockStored");
+    gen_str(pk, "block_hashes");
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_uint64(pk, 11);
+    msgpack_pack_uint64(pk, 12);
+    gen_str(pk, "token_ids");
+    if (v == 1) {
+        msgpack_pack_bin(pk, 1);
+        msgpack_pack_bin_body(pk, "\0", 1);
+    } else {
+        msgpack_pack_array(pk, 4);
+        for (int i = 0; i < 4; i++)
+            msgpack_pack_uint32(pk, 100 + i);
+    }
+    gen_str(pk, "block_size");
+    msgpack_pack_uint32(pk, 2);
+    gen_str(pk, "medium");
+    gen_str(pk, "CPU");
+    gen_str(pk, "lora_name");
+    gen_str(pk, "adapter-1");
+    if (second) {
+        gen_str(pk, "token_ids"); /* a second one: the last wins */
+        if (v == 3) {
+            msgpack_pack_nil(pk);
+        } else {
+            msgpack_pack_array(pk, 4);
+            for (int i = 0; i < 4; i++)
+                msgpack_pack_uint8(pk, (uint8_t)(7 + i));
+        }
+    }
+}
+
+static void test_bulk_paths_agree(void **state)
+{
+    struct kvr_decoder *a = mk(0, 0, 0, 0), *r = mk_ref();
+    msgpack_sbuffer sb;
+    static const struct { ev_fn fn; int nvar; int ok_mask; } cases[] = {
+        /* variants that must yield an event (the rest must be skipped) */
+        {ev_odd_tokens, 10, 1 << 0 | 1 << 5 | 1 << 6},
+        {ev_odd_hashes, 7, 1 << 0 | 1 << 1 | 1 << 5},
+        {ev_odd_map, 4, 1 << 0 | 1 << 2},
+    };
+    (void)state;
+
+    msgpack_sbuffer_init(&sb);
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int v = 0; v < cases[c].nvar; v++) {
+            one_event_batch(&sb, cases[c].fn, v);
+            size_t got = diff_paths(a, r, (const uint8_t *)sb.data, sb.size);
+            if (got != (size_t)(cases[c].ok_mask >> v & 1))
+                fail_msg("case %zu variant %d: %zu events yielded", c, v, got);
+        }
+    }
+    /* spot checks of what the bulk path produced */
+    struct kvr_batch bt;
+    struct res out[1];
+    one_event_batch(&sb, ev_odd_map, 0);
+    run(a, (const uint8_t *)sb.data, sb.size, &bt, out, 1);
+    assert_ok(&out[0], KVR_EV_STORED);
+    assert_int_equal(out[0].ev.ntokens, 4);
+    assert_int_equal(out[0].ev.tokens[0], 7);
+    assert_str(out[0].ev.medium, out[0].ev.medium_len, "CPU");
+    assert_str(out[0].ev.lora_name, out[0].ev.lora_name_len, "adapter-1");
+    assert_true(out[0].ev.lora_name > sb.data && out[0].ev.lora_name < sb.data + sb.size);
+    one_event_batch(&sb, ev_odd_hashes, 1);
+    run(a, (const uint8_t *)sb.data, sb.size, &bt, out, 1);
+    assert_ok(&out[0], KVR_EV_REMOVED);
+    assert_true(out[0].ev.hashes[0] == (uint64_t)-300);
+    assert_true(out[0].ev.hashes[1] == 0x030405060708090aull);
+    one_event_batch(&sb, ev_odd_tokens, 6);
+    run(a, (const uint8_t *)sb.data, sb.size, &bt, out, 1);
+    assert_ok(&out[0], KVR_EV_STORED);
+    assert_int_equal(out[0].ev.tokens[1], 4000000000u);
+    msgpack_sbuffer_destroy(&sb);
+
+    /* every fixture, and large generated batches in both forms */
+    for (size_t f = 0; f < NALL; f++)
+        diff_paths(a, r, ALL[f].b, ALL[f].n);
+    for (int form = 0; form < 2; form++) {
+        msgpack_sbuffer_init(&sb);
+        gen_batch(&sb, 40, 24, 16, form == 1, 9);
+        assert_int_equal(diff_paths(a, r, (const uint8_t *)sb.data, sb.size), 40);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    kvr_decoder_destroy(a);
+    kvr_decoder_destroy(r);
+}
+
 static void test_mutations(void **state)
 {
     struct kvr_decoder *d = mk(0, 0, 0, 0);
     struct kvr_batch bt;
     uint8_t buf[1200];
+    struct kvr_decoder *ref = mk_ref();
     uint64_t seed = 0x5eed0fdecull, x = seed;
     size_t accepted = 0;
     (void)state;
@@ -1109,7 +1334,9 @@ static void test_mutations(void **state)
             accepted++;
             drain(d);
         }
+        diff_paths(d, ref, buf, n);
     }
+    kvr_decoder_destroy(ref);
     if (accepted == 0)
         fail_msg("seed %llx: no mutation was accepted", (unsigned long long)seed);
     kvr_decoder_destroy(d);
@@ -1367,6 +1594,7 @@ int main(void)
         cmocka_unit_test(test_limits_huge_declared),
         cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_trailing),
+        cmocka_unit_test(test_bulk_paths_agree),
         cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_big_batches),
         cmocka_unit_test(test_event_zone_cap),
