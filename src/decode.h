@@ -129,4 +129,18 @@ struct kvr_event {
  * the group filter are described at the top of decode.c. */
 int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_reason *reason);
 
+/* ---- token-id runs ------------------------------------------------------------------- */
+
+/* Shared with the HTTP layer's msgpack request bodies (ARCHITECTURE.md: only decode touches
+ * msgpack). Decodes up to n consecutive msgpack elements at *p that are positive fixint or
+ * uint 8/16/32 into out[0..n) (out must have room for n), never reading at or past end, and
+ * stops before the first element of any other kind or one that does not fit before end: the
+ * caller takes that one its own way (rare widths, errors). Returns the count decoded; *p is
+ * moved past them. Uses AVX-512 VBMI 64-byte windows when the CPU has them. Any thread. */
+size_t kvr_decode_u32_run(const uint8_t **p, const uint8_t *end, uint32_t *out, size_t n);
+/* Tests and benchmarks: 0 = scalar only, 1 = + AVX-512 VBMI windows (never above what the
+ * CPU has); -1 = the best available (the default). Returns the level in effect. Not for
+ * concurrent use. */
+int kvr_decode_force_isa(int level);
+
 #endif

@@ -5,11 +5,12 @@
  * long) so they can be NUL-terminated without touching the next item. Strings that hold a NUL
  * byte are rejected (they cannot be C strings). The msgpack cursor checks every length
  * against the bytes left before reading, so a count can never make it loop past the buffer;
- * generic values are skipped with a depth limit. Msgpack token arrays are decoded 64-byte
- * window at a time with AVX-512 VBMI when the CPU has it (runtime dispatch; see "token
- * windows" below), the scalar cursor taking every element the windows leave; both paths
- * accept and reject exactly the same bodies with the same messages (tests/unit/test_reqbody.c
- * and fuzz_jtok compare them).
+ * generic values are skipped with a depth limit. Msgpack token arrays go through
+ * kvr_decode_u32_run() (decode.c: 64-byte windows with AVX-512 VBMI when the CPU has it, a
+ * scalar loop otherwise), this file's careful cursor taking every element the run leaves
+ * (rare widths, negatives, errors with their messages); both ISA levels accept and reject
+ * exactly the same bodies with the same messages (tests/unit/test_reqbody.c and fuzz_jtok
+ * compare them).
  * Pure; any thread.
  */
 #include "reqbody.h"
@@ -22,6 +23,7 @@
 #include <immintrin.h>
 #endif
 
+#include "decode.h"
 #include "index.h"
 #include "jtok.h"
 
@@ -371,38 +373,13 @@ static int mp_skip(struct mp *m, int depth)
     return 0;
 }
 
-/* Elements [i, lim) of a token array at *pp, one type byte at a time (the reference path, and
- * every element the window path leaves: rare widths, invalid bytes, the tail). */
+/* Elements [i, lim) of a token array at *pp, one type byte at a time: every element
+ * kvr_decode_u32_run() leaves (rare widths, invalid bytes, truncation). */
 static int mp_tokens_range(struct mp *m, uint32_t *out, const unsigned char **pp, uint64_t i,
                            uint64_t lim)
 {
     const unsigned char *p = *pp, *end = m->end;
 
-    /* Two tokens per step: the second tag is found by shifting the 8 bytes already loaded, so
-     * the loop-carried chain is one load plus a few ALU ops per pair. Anything but fixint and
-     * uint8/16/32 leaves this loop for the careful one below. */
-    while (i + 2 <= lim && end - p >= 24) {
-        uint64_t x, y0, y1;
-        unsigned b0, b1, k0, k1, l0, l1;
-        memcpy(&x, p, 8);
-        x = le64(x);
-        b0 = (unsigned)(x & 0xff);
-        k0 = b0 - 0xcc;
-        if (UNLIKELY(b0 >= 0x80 && k0 > 2))
-            break;
-        l0 = b0 < 0x80 ? 1 : 1 + (1u << k0);
-        b1 = (unsigned)(x >> (8 * l0)) & 0xff;
-        k1 = b1 - 0xcc;
-        if (UNLIKELY(b1 >= 0x80 && k1 > 2))
-            break;
-        l1 = b1 < 0x80 ? 1 : 1 + (1u << k1);
-        memcpy(&y0, p + 1, 8);
-        memcpy(&y1, p + l0 + 1, 8);
-        out[i] = b0 < 0x80 ? b0 : (uint32_t)(be64(y0) >> (64 - (8u << (k0 & 3))));
-        out[i + 1] = b1 < 0x80 ? b1 : (uint32_t)(be64(y1) >> (64 - (8u << (k1 & 3))));
-        p += l0 + l1;
-        i += 2;
-    }
     for (; i < lim; i++) {
         unsigned char b;
         uint64_t v;
@@ -465,149 +442,9 @@ truncated:
     return mp_fail(m, "truncated token array");
 }
 
-/* ---- token windows (AVX-512 VBMI) ----------------------------------------------------------
- * The position of each element depends on the type bytes of all before it, so a window of 64
- * bytes is resolved by pointer doubling instead of a byte-by-byte walk: next[i] = i + length
- * of an element whose type byte would be at i (1 fixint, 2 uint8, 3 uint16, 5 uint32; any
- * other byte counts 1 and is checked below), positions >= 64 being fixed points of a 128-entry
- * table. Squaring that table five times (vpermi2b) gives next^1, ^2, ... ^32; lane j of V =
- * next^j(c) is built from the binary digits of j, where c is the first element's offset in the
- * window (0..4, carried from the previous window as next^32(c) - 64, a lookup off the data
- * path; a window with more than 32 elements, fixint-dense, takes a sixth step to 64 lanes). Lanes with V < 64 are the K elements starting in the window. Their type bytes are
- * checked (anything but fixint/uint8/16/32 ends the run before that element, which the scalar
- * path then takes: rare widths, negatives, errors); the value bytes are gathered from the two
- * loaded vectors in little-endian order (index = start + value bytes - k for byte k) into 16
- * u32 lanes per output vector. A window needs 128 readable bytes and 64 elements left, so
- * neither the loads nor the 64-lane stores leave the body or the scratch array. */
-
-#if defined(__x86_64__)
-#define MP_WINDOWS 1
-#define MP_AVX512 "avx512f,avx512bw,avx512vbmi,bmi,popcnt"
-
-__attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned char **pp,
-                                                                const unsigned char *end,
-                                                                uint32_t *out, size_t left)
-{
-    static const uint64_t bits[6] = {0xaaaaaaaaaaaaaaaaull, 0xccccccccccccccccull,
-                                     0xf0f0f0f0f0f0f0f0ull, 0xff00ff00ff00ff00ull,
-                                     0xffff0000ffff0000ull, 0xffffffff00000000ull};
-    const unsigned char *q = *pp;
-    size_t cnt = 0;
-    const __m512i ctab = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 2, 4, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                              0, 0, 0, 0, 0));
-    const __m512i x_cc = _mm512_set1_epi8((char)0xcc), x_70 = _mm512_set1_epi8(0x70);
-    const __m512i x_80 = _mm512_set1_epi8((char)0x80), x_07 = _mm512_set1_epi8(7);
-    const __m512i x_01 = _mm512_set1_epi8(1), x_40 = _mm512_set1_epi8(64);
-    __m512i cv = _mm512_setzero_si512(); /* offset of the next element in the window, all lanes */
-    uint8_t iota_b[64], kpat_b[64], rep_b[64];
-    __m512i iota, iota1, hi, kpat, rep0, k16;
-
-    for (int i = 0; i < 64; i++) {
-        iota_b[i] = (uint8_t)i;
-        kpat_b[i] = (uint8_t)(i & 3);
-        rep_b[i] = (uint8_t)(i >> 2);
-    }
-    iota = _mm512_loadu_si512(iota_b);
-    kpat = _mm512_loadu_si512(kpat_b);
-    rep0 = _mm512_loadu_si512(rep_b);
-    hi = _mm512_add_epi8(iota, _mm512_set1_epi8(64));
-    iota1 = _mm512_add_epi8(iota, x_01);
-    k16 = _mm512_set1_epi8(16);
-
-    while (left - cnt >= 64 && end - q >= 128) {
-        __m512i d0 = _mm512_loadu_si512(q), d1 = _mm512_loadu_si512(q + 64);
-        __m512i vl, E, P, V, lsb, W, r;
-        __mmask64 valid, bad;
-        unsigned k;
-
-        /* class of a type byte at i: value bytes (1, 2, 4 for uint8/16/32) | 8 for a fixint;
-         * 0 = anything else. b ^ 0xcc + 0x70 (saturating) keeps 0xc0..0xcf on table entries
-         * and sends every other byte above 0x7f, which vpshufb turns into 0. */
-        vl = _mm512_shuffle_epi8(ctab, _mm512_adds_epu8(_mm512_xor_si512(d0, x_cc), x_70));
-        P = _mm512_add_epi8(iota1, vl); /* the shortest path to the squarings */
-        E = _mm512_or_si512(vl, _mm512_srli_epi16(_mm512_andnot_si512(d0, x_80), 4));
-        V = cv;
-        for (int b = 0; b < 5; b++) {
-            V = _mm512_mask2_permutex2var_epi8(P, V, (__mmask64)bits[b], hi);
-            P = _mm512_permutex2var_epi8(P, P, hi);
-        }
-        /* P = next^32; lanes 32..63 repeat 0..31. Element 31 still in the window (more than 32
-         * elements: fixint-dense) takes the sixth step; otherwise next^32(c) has left it. */
-        valid = _mm512_cmplt_epu8_mask(V, x_40);
-        if (UNLIKELY(valid >> 31 & 1)) {
-            V = _mm512_mask2_permutex2var_epi8(P, V, (__mmask64)bits[5], hi);
-            P = _mm512_permutex2var_epi8(P, P, hi);
-            valid = _mm512_cmplt_epu8_mask(V, x_40);
-        } else {
-            valid &= 0xffffffffull;
-        }
-        E = _mm512_permutexvar_epi8(V, E);
-        bad = _mm512_mask_testn_epi8_mask(valid, E, E);
-        k = (unsigned)__builtin_popcountll(valid);
-        if (UNLIKELY(bad != 0))
-            k = (unsigned)__builtin_ctzll(bad);
-        vl = _mm512_and_si512(E, x_07);
-        lsb = _mm512_add_epi8(V, vl);
-        W = _mm512_max_epu8(vl, x_01);
-        r = rep0;
-        for (unsigned j = 0; j < k; j += 16) {
-            __m512i base = _mm512_permutexvar_epi8(r, lsb);
-            __m512i wid = _mm512_permutexvar_epi8(r, W);
-            __mmask64 m = _mm512_cmpgt_epu8_mask(wid, kpat);
-            __m512i idx = _mm512_sub_epi8(base, kpat);
-            _mm512_storeu_si512(out + cnt + j, _mm512_maskz_permutex2var_epi8(m, d0, idx, d1));
-            r = _mm512_add_epi8(r, k16);
-        }
-        cnt += k;
-        if (UNLIKELY(bad != 0)) {
-            uint8_t vb[64];
-            _mm512_storeu_si512(vb, V);
-            *pp = q + vb[k];
-            return cnt;
-        }
-        cv = _mm512_sub_epi8(_mm512_permutexvar_epi8(cv, P), x_40); /* all lanes: c */
-        q += 64;
-    }
-    *pp = q + ((unsigned)_mm_cvtsi128_si32(_mm512_castsi512_si128(cv)) & 0xff);
-    return cnt;
-}
-
-/* 0 = scalar only, 1 = + AVX-512 VBMI windows; -1 = not probed yet. */
-static _Atomic int g_mp_isa = -1;
-
-static int mp_isa(void)
-{
-    int v = atomic_load_explicit(&g_mp_isa, memory_order_relaxed);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("bmi") &&
-                    __builtin_cpu_supports("popcnt")
-                ? 1
-                : 0;
-        atomic_store_explicit(&g_mp_isa, v, memory_order_relaxed);
-    }
-    return v;
-}
-#else
-static int mp_isa(void)
-{
-    return 0;
-}
-#endif
-
 int kvr_reqbody_force_isa(int level)
 {
-#ifdef MP_WINDOWS
-    int best;
-    atomic_store_explicit(&g_mp_isa, -1, memory_order_relaxed);
-    best = mp_isa();
-    if (level >= 0 && level < best)
-        atomic_store_explicit(&g_mp_isa, level, memory_order_relaxed);
-#else
-    (void)level;
-#endif
-    return mp_isa();
+    return kvr_decode_force_isa(level);
 }
 
 static int mp_tokens(struct mp *m, const struct kvr_reqbody_scratch *s, size_t *count)
@@ -626,23 +463,15 @@ static int mp_tokens(struct mp *m, const struct kvr_reqbody_scratch *s, size_t *
     if (!mp_has(m, n))
         return mp_fail(m, "truncated token array");
     p = m->p;
-#ifdef MP_WINDOWS
-    if (n >= 64 && mp_isa() >= 1) {
-        while (n - i >= 64 && m->end - p >= 128) {
-            uint64_t lim;
-            i += tokens_avx512(&p, m->end, s->tokens + i, (size_t)(n - i));
-            if (n - i < 64 || m->end - p < 128)
-                break;
-            /* stopped before an element the windows do not take: a few the careful way */
-            lim = n - i > 8 ? i + 8 : n;
-            if ((rc = mp_tokens_range(m, s->tokens, &p, i, lim)) != 0)
-                return rc;
-            i = lim;
-        }
+    for (;;) {
+        i += kvr_decode_u32_run(&p, m->end, s->tokens + i, (size_t)(n - i));
+        if (i == n)
+            break;
+        /* an element the run does not take: rare widths, negatives, errors, truncation */
+        if ((rc = mp_tokens_range(m, s->tokens, &p, i, i + 1)) != 0)
+            return rc;
+        i++;
     }
-#endif
-    if ((rc = mp_tokens_range(m, s->tokens, &p, i, n)) != 0)
-        return rc;
     m->p = (unsigned char *)p;
     *count = (size_t)n;
     return 0;

@@ -182,6 +182,25 @@ def corpus(d):
     open(os.path.join(d, "big_event"), "wb").write(b"\x00\x08" + bytes(8) + big)
     open(os.path.join(d, "model_at"), "wb").write(b"\x0a\x08kv@p@m@x@y" + bytes(8) +
                                                    F["removed_cleared"])
+    # bulk arrays with odd encodings inside long runs (the decoder's token windows stop at
+    # them and resume): 160 token ids where #70 is uint64-encoded and #100 int8, hashes
+    # mixing a bin, a negative int16 and ints, in a v0.22-style array event
+    arr = bytearray(b"\xdc" + struct.pack(">H", 160))
+    for i in range(160):
+        if i == 70:
+            arr += b"\xcf" + struct.pack(">Q", 123)
+        elif i == 100:
+            arr += b"\xd0\x05"
+        elif i % 3:
+            arr += b"\xcd" + struct.pack(">H", (i * 977) % 65536)
+        else:
+            arr += b"\xce" + struct.pack(">I", 70000 + i)
+    hashes = (b"\x9a" + b"\xc4\x03abc" + b"\xd1\xfe\xd4" +
+              b"".join(b"\xcf" + struct.pack(">Q", 2**63 + i) for i in range(8)))
+    ev = (b"\x9c\xabBlockStored" + hashes + b"\xc0" + bytes(arr) + b"\x10\xc0\xa3GPU\xc0" +
+          b"\x9a" + b"\xc0" * 10 + b"\x00\xaefull_attention\xc0")
+    batch = b"\x93\xcb" + struct.pack(">d", TS) + b"\x91" + ev + b"\x00"
+    open(os.path.join(d, "bulk_odd"), "wb").write(b"\x00\x08" + bytes(8) + batch)
 
 
 if __name__ == "__main__":
