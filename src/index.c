@@ -126,7 +126,8 @@
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
  *   once the global epoch has advanced twice past their retirement (no thread can still
- *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
+ *   see them; the list is in retirement order, so what is old enough is a prefix).
+ *   Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
  *   to the slab at the end of the call that reclaimed them.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
  *   malloc_usable_size() of everything this module allocates (slab chunks as whole 2 MB
@@ -602,17 +603,20 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
                                         __ATOMIC_SEQ_CST))
             e = e + 1;
     }
+    /* the list is in retirement order, so its epochs never decrease: what is old enough
+     * is a prefix (a writer racing a busy reader, whose epoch holds the global one back,
+     * no longer rescans a long list on every call) */
     size_t k = 0;
-    for (size_t i = 0; i < s->nret; i++) {
-        if (s->ret[i].epoch + 2 > e)
-            s->ret[k++] = s->ret[i];
-        else if ((uintptr_t)s->ret[i].p & RET_NODE)
-            node_cache_put(s, (void *)((uintptr_t)s->ret[i].p & ~(uintptr_t)RET_NODE));
+    for (; k < s->nret && s->ret[k].epoch + 2 <= e; k++) {
+        if ((uintptr_t)s->ret[k].p & RET_NODE)
+            node_cache_put(s, (void *)((uintptr_t)s->ret[k].p & ~(uintptr_t)RET_NODE));
         else
-            sl_free(s, s->ret[i].p);
+            sl_free(s, s->ret[k].p);
     }
-    s->nret = k;
-    if (k == 0) {
+    if (k > 0 && k < s->nret)
+        memmove(s->ret, s->ret + k, (s->nret - k) * sizeof(*s->ret));
+    s->nret -= k;
+    if (s->nret == 0) {
         sl_free(s, s->ret);
         s->ret = NULL;
         s->capret = 0;
