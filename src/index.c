@@ -26,8 +26,10 @@
  *   Unlinking before an empty slot clears the tombstones behind it. Nodes never move, so
  *   readers and the reverse maps keep plain pointers.
  * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
- *   pointer | copies << 48 (16 bytes a block; copies past 65535 overflow into `extra`), open
- *   addressing over any capacity (doubles, max load 7/8 counting tombstones: a deletion
+ *   pointer | copies << 48 (16 bytes a block, stored under mix64 of the engine hash, a
+ *   bijection, so a rehash reads homes off the stored keys; copies past 65535 overflow
+ *   into `extra`, keyed the same way), open addressing over any capacity (doubles, max
+ *   load 7/8 counting tombstones: a deletion
  *   leaves a tombstone, nothing moves; a rehash clears them); absent, chain-keyed counts
  *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
  *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
@@ -334,7 +336,7 @@ struct shard {
 } __attribute__((aligned(64)));
 
 struct rec {
-    uint64_t eh;
+    uint64_t key; /* rec_key(engine hash): mix64 is a bijection, so keys compare like hashes */
     uint64_t nc; /* node pointer | copies << 48 (0xffff = more in holder.extra); 0 = empty */
 };
 #define REC_TOMB 1ull /* nc of a deleted record (a tombstone; a live nc is >= 1 << 48) */
@@ -1409,9 +1411,15 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
  * removal; at a quarter full it was 1.3, half the remove's map cost). Growing by a quarter
  * instead (70%..87% full) saved ~2 bytes a pair but rehashed every record ~5 times into a
  * table already 70% full: 120 of the store's 594 instructions a block, plus the zeroing. */
-static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
+static inline uint64_t rec_key(uint64_t eh)
 {
-    return (uint32_t)(((unsigned __int128)mix64(eh) * m->cap) >> 64);
+    return mix64(eh);
+}
+
+/* Home of a key (already mixed: a rehash needs no hashing). */
+static inline uint32_t rec_home(const struct recmap *m, uint64_t key)
+{
+    return (uint32_t)(((unsigned __int128)key * m->cap) >> 64);
 }
 
 static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
@@ -1429,7 +1437,7 @@ static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
         for (uint32_t i = 0; i < m->cap; i++) {
             if (!REC_LIVE(&m->s[i]))
                 continue;
-            uint32_t j = rec_home(&nm, m->s[i].eh);
+            uint32_t j = rec_home(&nm, m->s[i].key);
             while (nm.s[j].nc != 0)
                 j = rec_next(&nm, j);
             nm.s[j] = m->s[i];
@@ -1475,38 +1483,37 @@ static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
     (void)recmap_room(s, m, more);
 }
 
-static inline void recmap_prefetch(const struct recmap *m, uint64_t eh)
-{
-    if (m->s != NULL)
-        __builtin_prefetch(&m->s[rec_home(m, eh)]);
-}
-
-static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
+static struct rec *recmap_get_key(const struct recmap *m, uint64_t key)
 {
     if (m->s == NULL)
         return NULL;
-    uint32_t i = rec_home(m, eh);
+    uint32_t i = rec_home(m, key);
     while (m->s[i].nc != 0) {
-        if (m->s[i].eh == eh && m->s[i].nc != REC_TOMB)
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
             return &m->s[i];
         i = rec_next(m, i);
     }
     return NULL;
 }
 
+static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
+{
+    return recmap_get_key(m, rec_key(eh));
+}
+
 /* The live record of eh, or (not REC_LIVE) the free slot where it goes (the first
  * tombstone of its probe run, else the empty slot ending it), after making room for one
  * more; NULL when growing failed. Valid until the map changes; fill it with rec_fill. */
-static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh)
+static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t key)
 {
     if (recmap_room(s, m, 1) < 0)
         return NULL;
-    uint32_t i = rec_home(m, eh), t = UINT32_MAX;
+    uint32_t i = rec_home(m, key), t = UINT32_MAX;
     for (; m->s[i].nc != 0; i = rec_next(m, i)) {
         if (m->s[i].nc == REC_TOMB) {
             if (t == UINT32_MAX)
                 t = i;
-        } else if (m->s[i].eh == eh) {
+        } else if (m->s[i].key == key) {
             return &m->s[i];
         }
     }
@@ -1514,11 +1521,11 @@ static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh
 }
 
 /* Fills the free slot r (from recmap_slot or a probe like it) with a new record. */
-static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t eh, uint64_t nc)
+static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint64_t nc)
 {
     if (r->nc == REC_TOMB)
         m->tomb--;
-    r->eh = eh;
+    r->key = key;
     r->nc = nc;
     m->n++;
 }
@@ -2295,7 +2302,8 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
                      struct node **pn, const struct kvr_index_block *b, int more)
 {
     uint32_t hid = HOLDER(c->wid, tier);
-    struct rec *r = recmap_slot(c->s, &H->recs, b->engine_hash);
+    uint64_t key = rec_key(b->engine_hash);
+    struct rec *r = recmap_slot(c->s, &H->recs, key);
     if (r == NULL) {
         prov_cancel(c, hid);
         return -ENOMEM;
@@ -2304,7 +2312,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
         prov_cancel(c, hid);
         if (REC_COPIES(r) < COPIES_MAX)
             r->nc += 1ull << 48;
-        else if (cmap_add(c->s, &H->extra, b->engine_hash, 1) < 0)
+        else if (cmap_add(c->s, &H->extra, key, 1) < 0) /* keyed like the records */
             return -ENOMEM;
         c->res->duplicates++;
         *pn = REC_ND(r);
@@ -2324,7 +2332,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
         return rc;
     }
     /* the slot found above: nothing touched the map since */
-    rec_fill(&H->recs, r, b->engine_hash, (uint64_t)(uintptr_t)x | 1ull << 48);
+    rec_fill(&H->recs, r, key, (uint64_t)(uintptr_t)x | 1ull << 48);
     ADD(H->blocks, 1);
     c->res->stored++;
     if (added) {
@@ -2355,6 +2363,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
 
 struct st_ring {
     uint64_t pch[ST_RING], ch[ST_RING], kh[ST_RING]; /* predicted parent chain, chain, key */
+    uint64_t rk[ST_RING];                            /* reverse-map key */
     uint32_t rh[ST_RING], cap[ST_RING];              /* reverse-map home for that capacity */
 };
 
@@ -2382,7 +2391,7 @@ static void st_acc_flush(struct wctx *c, struct holder *H, struct st_acc *a)
  * anything else (duplicates, aliases, a map or table to grow, the first block after a given
  * parent, ENOMEM): store_one then does the general work. Exactly store_one's effects. */
 static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, struct node **pn,
-                             uint64_t eh, uint64_t pch, uint64_t chain, uint64_t h, uint32_t rh,
+                             uint64_t key, uint64_t pch, uint64_t chain, uint64_t h, uint32_t rh,
                              int more, struct st_acc *acc)
 {
     struct recmap *m = &H->recs;
@@ -2394,7 +2403,7 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
      * next rehash (a shorter probe loop; recmap_slot reuses them) */
     uint32_t i = rh;
     for (; m->s[i].nc != 0; i = rec_next(m, i))
-        if (m->s[i].eh == eh && m->s[i].nc != REC_TOMB)
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
             return 0; /* duplicate */
     if (H->absent.n && cmap_get(&H->absent, absent_key(chain)) != 0)
         return 0;
@@ -2459,7 +2468,7 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         shard_unlock(sh);
         acc->entries++;
     }
-    rec_fill(m, &m->s[i], eh, (uint64_t)(uintptr_t)x | 1ull << 48);
+    rec_fill(m, &m->s[i], key, (uint64_t)(uintptr_t)x | 1ull << 48);
     acc->stored++;
     /* hole accounting: position 0 has no parent; otherwise the parent counted this block
      * provisionally (c->prov == p) */
@@ -2481,9 +2490,9 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     if (c->pend != NULL && (c->pend != x || c->pend_hid != hid))
         pend_flush(c);
     uint32_t copies = REC_COPIES(r);
-    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->eh) > 0) {
+    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->key) > 0) {
         pend_flush(c);
-        (void)cmap_add(c->s, &H->extra, r->eh, -1);
+        (void)cmap_add(c->s, &H->extra, r->key, -1);
         return;
     }
     if (copies > 1) {
@@ -2756,15 +2765,16 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
             ring.kh[k] = key_hash(la_chain);
             pf_slot(ix, ring.kh[k]);
             ring.rh[k] = 0;
+            ring.rk[k] = rec_key(blocks[la].engine_hash);
             if (H->recs.s != NULL) {
-                ring.rh[k] = rec_home(&H->recs, blocks[la].engine_hash);
+                ring.rh[k] = rec_home(&H->recs, ring.rk[k]);
                 __builtin_prefetch(&H->recs.s[ring.rh[k]]);
             }
             ring.cap[k] = H->recs.cap;
         }
         uint32_t k = (uint32_t)(i % ST_RING);
         if (ring.cap[k] == H->recs.cap &&
-            store_fast(&c, H, hid, &pn, blocks[i].engine_hash, pch, ring.ch[k], ring.kh[k],
+            store_fast(&c, H, hid, &pn, ring.rk[k], pch, ring.ch[k], ring.kh[k],
                        ring.rh[k], i + 1 < n, &acc))
             continue;
         if ((rc = store_one(&c, H, tier, ns, &pn, &blocks[i], i + 1 < n)) < 0)
@@ -2784,16 +2794,16 @@ out:
 
 /* A record looked up ahead by remove, if it is still eh's (not deleted since; the caller
  * drops the window's records when the map is resized). */
-static inline struct rec *rm_ahead(struct rec *r, uint64_t eh)
+static inline struct rec *rm_ahead(struct rec *r, uint64_t key)
 {
-    return r != NULL && REC_LIVE(r) && r->eh == eh ? r : NULL;
+    return r != NULL && REC_LIVE(r) && r->key == key ? r : NULL;
 }
 
-/* Probe for eh from a home computed ahead for the current capacity. */
-static inline struct rec *recmap_get_at(const struct recmap *m, uint64_t eh, uint32_t i)
+/* Probe for key from a home computed ahead for the current capacity. */
+static inline struct rec *recmap_get_at(const struct recmap *m, uint64_t key, uint32_t i)
 {
     while (m->s[i].nc != 0) {
-        if (m->s[i].eh == eh && m->s[i].nc != REC_TOMB)
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
             return &m->s[i];
         i = rec_next(m, i);
     }
@@ -2823,20 +2833,23 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
      * is resized (tombstones): a record looked up ahead is used if still live and eh's,
      * and all are dropped when the map's array changes. */
     uint32_t home[RM_WIN + 1];
+    uint64_t key[RM_WIN + 1];
     struct rec *lr[RM_WIN + 1];
     for (size_t b = 0; b < n; b += RM_WIN) {
         size_t w = n - b < RM_WIN ? n - b : RM_WIN;
         size_t wl = b + w < n ? w + 1 : w; /* looked up: the window and the next block */
         struct rec *base = NULL;
+        for (size_t j = 0; j < wl; j++)
+            key[j] = rec_key(hashes[b + j]);
         if (H != NULL && H->recs.s != NULL) {
             struct recmap *m = &H->recs;
             base = m->s;
             for (size_t j = 0; j < wl; j++) {
-                home[j] = rec_home(m, hashes[b + j]);
+                home[j] = rec_home(m, key[j]);
                 __builtin_prefetch(&m->s[home[j]]);
             }
             for (size_t j = 0; j < wl; j++) {
-                lr[j] = recmap_get_at(m, hashes[b + j], home[j]);
+                lr[j] = recmap_get_at(m, key[j], home[j]);
                 if (lr[j] != NULL)
                     __builtin_prefetch(REC_ND(lr[j]));
             }
@@ -2858,17 +2871,17 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
                     for (size_t k = j; k < wl; k++)
                         lr[k] = NULL;
                 }
-                r = rm_ahead(lr[j], hashes[i]);
+                r = rm_ahead(lr[j], key[j]);
                 if (r == NULL)
-                    r = recmap_get(&H->recs, hashes[i]);
+                    r = recmap_get_key(&H->recs, key[j]);
             }
             if (r != NULL) {
                 /* removals usually walk a chain tail first: the next one is the parent */
                 struct rec *nx = NULL;
                 if (i + 1 < n) {
-                    nx = rm_ahead(lr[j + 1], hashes[i + 1]);
+                    nx = rm_ahead(lr[j + 1], key[j + 1]);
                     if (nx == NULL)
-                        nx = recmap_get(&H->recs, hashes[i + 1]);
+                        nx = recmap_get_key(&H->recs, key[j + 1]);
                 }
                 struct node *hint = nx ? REC_ND(nx) : NULL;
                 if (!unstore_fast(&c, H, hid, r, hint, &acc))
