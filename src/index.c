@@ -79,26 +79,34 @@
  *
  * STORE AND REMOVE FAST PATHS
  * store looks ST_AHEAD blocks ahead computing each block's chain (assuming the chain
- * continues), key hash and reverse-map home into a ring, prefetching the table and map
- * slots; a block whose real parent differs (after a duplicate) restarts the look-ahead.
+ * continues), key hash and reverse-map key and home into a ring, prefetching the table and
+ * map slots; a block whose real parent differs (after a duplicate) restarts the look-ahead.
  * store_fast then does the usual block in one pass from the ring (new engine hash, the
  * previous block's entry counted it provisionally or position 0, no absent children, no
  * parked blocks, a table and map with room): one probe of each map, one shard lock, join or
  * create, counters accumulated and published once per call. remove works in windows of
  * RM_WIN blocks, each in stages that put all their misses in flight before the next stage
  * needs them (reverse-map homes, records and their nodes, the nodes' table slots), then
- * removes the blocks in order; its unstore_fast deletes
- * the usual block (last copy, no alias, the entry held by this holder alone) in one critical
- * section and leaves a tombstone in the reverse map (the backward-shift deletion it replaces
- * was ~110 instructions a block at 7/8 load). Both check everything before changing
- * anything and leave all other cases to the general store_one/unstore, so results are
- * identical. Node runs from the slab (DATA), the uncontended node lock inline and
- * hole_lose's usual case (the parent is the next block removed) inline in unstore_fast
- * trim both. Measured (976 x 1024, 128 workers, callgrind instructions a block): store
- * 465 -> 419, remove 560 -> 395; wall p50 store ~98 -> ~79 us, remove ~106 -> ~62 us.
- * The same windows for store (all of a window's slots prefetched, then its blocks) ran
- * 16 instructions a block fewer but ~8% slower than the rolling ST_AHEAD look-ahead, even
- * with the next window prefetched while one is stored: dropped.
+ * removes the blocks in order; unstore_fast deletes the usual block (last copy, no alias,
+ * the entry held by this holder alone) in one critical section and leaves a tombstone in
+ * the reverse map (the backward-shift deletion it replaced was ~110 instructions a block
+ * at 7/8 load). Both check everything before changing anything and leave all other cases
+ * to the general store_one/unstore, so results are identical. Node runs from the slab
+ * (DATA), the uncontended node lock inline and hole_lose's usual case (the parent is the
+ * next block removed) inline in unstore_fast trim both.
+ * Measured (976 x 1024, 128 workers): callgrind instructions a block, store 465 -> 410,
+ * remove 560 -> 393; wall p50 store ~95 -> ~75 us, remove ~100 -> ~55 us. Where the
+ * store's time goes now: growth, not the per-block path. With the reverse maps and the
+ * shard tables pre-sized (an experiment, not a policy: memory must follow contents) the
+ * store p50 is ~46 us; the reverse maps' doublings cost ~18 us of the p50 (half the calls
+ * double one), the shard tables' ~14 us (~7 rebuilds a call). A throwaway floor (chain
+ * multiply-add, one insert into a 2M-slot table with prefetch, a 32-byte node from a bump
+ * allocator, one insert into a 16K-record map) runs 27-33 us per 1024 blocks here.
+ * Measured and dropped: the remove windows for store (all of a window's slots prefetched,
+ * then its blocks: 16 instructions a block fewer but ~8% slower than the rolling
+ * look-ahead, also with the next window prefetched while one is stored), ST_AHEAD 12 (no
+ * change), reverse-map arrays mapped with MAP_POPULATE (no change: page faults are not
+ * what growth costs).
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
