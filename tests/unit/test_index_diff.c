@@ -679,8 +679,8 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
             m_store(m, w, mt, sc->ns[n], s ? &par : NULL, bl, k, &b);
             check_res(&a, &b, seed, op, "store");
         } else if (kind < 900) { /* remove */
-            uint64_t eh[12];
-            uint32_t k = 1 + rn(12);
+            uint64_t eh[48];
+            uint32_t k = chance(0.1) ? 1 + rn(48) : 1 + rn(12); /* some span remove windows */
             uint32_t n = rn(NNS);
             struct doc *D = &sc->docs[n][rn(NDOC)];
             int salt = chance(0.05);
