@@ -14,8 +14,10 @@
  *   kvr_index_stats' "entries" counts these (namespace, position, chain) entries.
  * - Node slab: 2 MB aligned chunks, each an anonymous mapping advised MADV_HUGEPAGE (a
  *   node's chunk is its address rounded down), each with a free list, a bump index and a
- *   live count, under one spinlock; writers take nodes in batches of 64 into their slot and
- *   give back the unused and the reclaimed ones when the call ends. A chunk is unmapped when
+ *   live count, under one spinlock; writers take a run of up to 256 never-used nodes of a
+ *   chunk's bump area (two pointers in their slot), or when the chunk has a free list a batch
+ *   of 64 from it, and give back the unused and the reclaimed ones when the call ends (an
+ *   unused run still at its chunk's bump end in one step). A chunk is unmapped when
  *   its last node comes back, except one emptied chunk kept as a spare (counted in bytes).
  * - Main table: 1024 shards by the key hash's low bits, each an open-addressing table
  *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
@@ -24,8 +26,11 @@
  *   Unlinking before an empty slot clears the tombstones behind it. Nodes never move, so
  *   readers and the reverse maps keep plain pointers.
  * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
- *   pointer | copies << 48 (16 bytes a block; copies past 65535 overflow into `extra`), open
- *   addressing over any capacity (doubles, max load 7/8); absent, chain-keyed counts
+ *   pointer | copies << 48 (16 bytes a block, stored under mix64 of the engine hash, a
+ *   bijection, so a rehash reads homes off the stored keys; copies past 65535 overflow
+ *   into `extra`, keyed the same way), open addressing over any capacity (doubles, max
+ *   load 7/8 counting tombstones: a deletion
+ *   leaves a tombstone, nothing moves; a rehash clears them); absent, chain-keyed counts
  *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
  *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
  *   tokens, different engine hash). Membership of a holder in an entry = 1 + alias count; it
@@ -72,6 +77,37 @@
  * a 16/32-block store look-ahead (no change), glibc THP/mmap-threshold tunables (no change
  * at p50). jump_stride 64 (KVR_BENCH_STRIDE=64) gives find full hit ~1.97 µs, half ~2.3.
  *
+ * STORE AND REMOVE FAST PATHS
+ * store looks ST_AHEAD blocks ahead computing each block's chain (assuming the chain
+ * continues), key hash and reverse-map key and home into a ring, prefetching the table and
+ * map slots; a block whose real parent differs (after a duplicate) restarts the look-ahead.
+ * store_fast then does the usual block in one pass from the ring (new engine hash, the
+ * previous block's entry counted it provisionally or position 0, no absent children, no
+ * parked blocks, a table and map with room): one probe of each map, one shard lock, join or
+ * create, counters accumulated and published once per call. remove works in windows of
+ * RM_WIN blocks, each in stages that put all their misses in flight before the next stage
+ * needs them (reverse-map homes, records and their nodes, the nodes' table slots), then
+ * removes the blocks in order; unstore_fast deletes the usual block (last copy, no alias,
+ * the entry held by this holder alone) in one critical section and leaves a tombstone in
+ * the reverse map (the backward-shift deletion it replaced was ~110 instructions a block
+ * at 7/8 load). Both check everything before changing anything and leave all other cases
+ * to the general store_one/unstore, so results are identical. Node runs from the slab
+ * (DATA), the uncontended node lock inline and hole_lose's usual case (the parent is the
+ * next block removed) inline in unstore_fast trim both.
+ * Measured (976 x 1024, 128 workers): callgrind instructions a block, store 465 -> 410,
+ * remove 560 -> 393; wall p50 store ~95 -> ~75 us, remove ~100 -> ~55 us. Where the
+ * store's time goes now: growth, not the per-block path. With the reverse maps and the
+ * shard tables pre-sized (an experiment, not a policy: memory must follow contents) the
+ * store p50 is ~46 us; the reverse maps' doublings cost ~18 us of the p50 (half the calls
+ * double one), the shard tables' ~14 us (~7 rebuilds a call). A throwaway floor (chain
+ * multiply-add, one insert into a 2M-slot table with prefetch, a 32-byte node from a bump
+ * allocator, one insert into a 16K-record map) runs 27-33 us per 1024 blocks here.
+ * Measured and dropped: the remove windows for store (all of a window's slots prefetched,
+ * then its blocks: 16 instructions a block fewer but ~8% slower than the rolling
+ * look-ahead, also with the next window prefetched while one is stored), ST_AHEAD 12 (no
+ * change), reverse-map arrays mapped with MAP_POPULATE (no change: page faults are not
+ * what growth costs).
+ *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
  * worker are parked, FIFO, with their parent engine hash (0 = drop them all, counted).
@@ -106,7 +142,8 @@
  *   announcing the global epoch while it may touch shared memory. Unlinked nodes, replaced
  *   holder arrays and replaced tables are retired into the writer slot's list and freed
  *   once the global epoch has advanced twice past their retirement (no thread can still
- *   see them). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
+ *   see them; the list is in retirement order, so what is old enough is a prefix).
+ *   Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
  *   to the slab at the end of the call that reclaimed them.
  * - Statistics are per slot (relaxed, owner-written) and summed when read; bytes are
  *   malloc_usable_size() of everything this module allocates (slab chunks as whole 2 MB
@@ -209,8 +246,9 @@ struct ebr_slot {
     /* owner only */
     struct retired *ret;
     size_t nret, capret;
-    struct node *nfresh; /* nodes reclaimed at the end of the last call: reused first */
-    struct node *nnext;  /* nodes reclaimed at the end of this call */
+    struct node *nfresh; /* nodes taken from chunks' free lists for this call */
+    struct node *nnext;  /* nodes reclaimed during this call */
+    struct node *rb, *re; /* a run of never-used nodes of one chunk, taken for this call */
     /* owner-written (relaxed), summed by stats */
     int64_t bytes, entries, pairs, orphans;
 } __attribute__((aligned(64)));
@@ -306,16 +344,18 @@ struct shard {
 } __attribute__((aligned(64)));
 
 struct rec {
-    uint64_t eh;
+    uint64_t key; /* rec_key(engine hash): mix64 is a bijection, so keys compare like hashes */
     uint64_t nc; /* node pointer | copies << 48 (0xffff = more in holder.extra); 0 = empty */
 };
+#define REC_TOMB 1ull /* nc of a deleted record (a tombstone; a live nc is >= 1 << 48) */
+#define REC_LIVE(r) ((r)->nc > REC_TOMB)
 #define REC_ND(r) ((struct node *)(uintptr_t)((r)->nc & PTR_MASK))
 #define REC_COPIES(r) ((uint32_t)((r)->nc >> 48))
 #define COPIES_MAX 0xffffu
 
 struct recmap {
     struct rec *s;
-    uint32_t cap, n;
+    uint32_t cap, n, tomb; /* tomb: deleted records still in probe runs */
 };
 
 struct cslot {
@@ -579,17 +619,20 @@ static void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
                                         __ATOMIC_SEQ_CST))
             e = e + 1;
     }
+    /* the list is in retirement order, so its epochs never decrease: what is old enough
+     * is a prefix (a writer racing a busy reader, whose epoch holds the global one back,
+     * no longer rescans a long list on every call) */
     size_t k = 0;
-    for (size_t i = 0; i < s->nret; i++) {
-        if (s->ret[i].epoch + 2 > e)
-            s->ret[k++] = s->ret[i];
-        else if ((uintptr_t)s->ret[i].p & RET_NODE)
-            node_cache_put(s, (void *)((uintptr_t)s->ret[i].p & ~(uintptr_t)RET_NODE));
+    for (; k < s->nret && s->ret[k].epoch + 2 <= e; k++) {
+        if ((uintptr_t)s->ret[k].p & RET_NODE)
+            node_cache_put(s, (void *)((uintptr_t)s->ret[k].p & ~(uintptr_t)RET_NODE));
         else
-            sl_free(s, s->ret[i].p);
+            sl_free(s, s->ret[k].p);
     }
-    s->nret = k;
-    if (k == 0) {
+    if (k > 0 && k < s->nret)
+        memmove(s->ret, s->ret + k, (s->nret - k) * sizeof(*s->ret));
+    s->nret -= k;
+    if (s->nret == 0) {
         sl_free(s, s->ret);
         s->ret = NULL;
         s->capret = 0;
@@ -690,9 +733,8 @@ static void chunk_unmap(struct ebr_slot *s, struct nchunk *c)
     (void)munmap(c, NCHUNK);
 }
 
-/* Slab locked: one node from a chunk with room (the spare or a new chunk if none), NULL on
- * ENOMEM. */
-static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
+/* Slab locked: a chunk with room (the spare or a new chunk if none), NULL on ENOMEM. */
+static struct nchunk *slab_room_locked(struct slab *sb, struct ebr_slot *s)
 {
     struct nchunk *c = sb->partial;
     if (c == NULL) {
@@ -706,6 +748,16 @@ static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
         chunk_link(&sb->all, c, 0);
         chunk_link(&sb->partial, c, 1);
     }
+    return c;
+}
+
+/* Slab locked: one node from a chunk with room (the spare or a new chunk if none), NULL on
+ * ENOMEM. */
+static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
+{
+    struct nchunk *c = slab_room_locked(sb, s);
+    if (c == NULL)
+        return NULL;
     struct node *x;
     if (c->free != NULL) {
         x = c->free;
@@ -740,26 +792,52 @@ static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
 }
 
 #define NODE_BATCH 64
+#define NODE_RUN 256
 
-static struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
+static struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s)
+{
+    struct slab *sb = &ix->slab;
+    slab_lock(sb);
+    /* a chunk with no free list but never-used room: take a run of its bump area (one
+     * pointer pair, given back in one step at the end of the call if unused) */
+    struct nchunk *c = slab_room_locked(sb, s);
+    if (c != NULL && c->free == NULL && c->bump < NCHUNK_NODES) {
+        uint32_t k = (uint32_t)NCHUNK_NODES - c->bump;
+        if (k > NODE_RUN)
+            k = NODE_RUN;
+        s->rb = (struct node *)((char *)c + NCHUNK_HDR) + c->bump;
+        s->re = s->rb + k;
+        c->bump += k;
+        c->live += k;
+        if (c->live == NCHUNK_NODES)
+            chunk_unlink(&sb->partial, c, 1);
+        slab_unlock(sb);
+        return s->rb++;
+    }
+    for (int k = 0; c != NULL && k < NODE_BATCH; k++) {
+        struct node *y = slab_take_locked(sb, s);
+        if (y == NULL)
+            break;
+        memcpy(y, &s->nfresh, sizeof(s->nfresh));
+        s->nfresh = y;
+    }
+    slab_unlock(sb);
+    struct node *x = s->nfresh;
+    if (x != NULL)
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+    return x;
+}
+
+static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
 {
     struct node *x = s->nfresh;
-    if (x == NULL) {
-        struct slab *sb = &ix->slab;
-        slab_lock(sb);
-        for (int k = 0; k < NODE_BATCH; k++) {
-            struct node *y = slab_take_locked(sb, s);
-            if (y == NULL)
-                break;
-            memcpy(y, &s->nfresh, sizeof(s->nfresh));
-            s->nfresh = y;
-        }
-        slab_unlock(sb);
-        if ((x = s->nfresh) == NULL)
-            return NULL;
+    if (x != NULL) {
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        return x;
     }
-    memcpy(&s->nfresh, x, sizeof(s->nfresh));
-    return x;
+    if (s->rb != s->re)
+        return s->rb++;
+    return node_refill(ix, s);
 }
 
 static void node_cache_put(struct ebr_slot *s, void *p)
@@ -771,10 +849,25 @@ static void node_cache_put(struct ebr_slot *s, void *p)
 /* End of a writer call: the slot's unused and reclaimed nodes go back to the slab. */
 static void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
 {
-    if (s->nfresh == NULL && s->nnext == NULL)
+    if (s->nfresh == NULL && s->nnext == NULL && s->rb == s->re)
         return;
     struct slab *sb = &ix->slab;
     slab_lock(sb);
+    if (s->rb != s->re) {
+        struct nchunk *c = nchunk_of(s->rb);
+        uint32_t k = (uint32_t)(s->re - s->rb);
+        if ((struct node *)((char *)c + NCHUNK_HDR) + c->bump == s->re && c->live > k) {
+            /* still the chunk's bump end: give the run back in one step */
+            if (c->live == NCHUNK_NODES)
+                chunk_link(&sb->partial, c, 1);
+            c->bump -= k;
+            c->live -= k;
+        } else {
+            for (struct node *x = s->rb; x != s->re; x++)
+                slab_put_locked(sb, s, x);
+        }
+        s->rb = s->re = NULL;
+    }
     for (int pass = 0; pass < 2; pass++) {
         struct node *x = pass ? s->nnext : s->nfresh;
         while (x != NULL) {
@@ -824,6 +917,18 @@ static void node_lock(struct node *nd)
             cpu_relax();
     }
     IX_FENCE(__ATOMIC_RELEASE);
+}
+
+/* node_lock with the uncontended acquisition inline. */
+static inline void node_lock_fast(struct node *nd)
+{
+    uint32_t s = LD(nd->seq);
+    if (!(s & 1) && __atomic_compare_exchange_n(&nd->seq, &s, s + 1, false, __ATOMIC_ACQUIRE,
+                                                __ATOMIC_RELAXED)) {
+        IX_FENCE(__ATOMIC_RELEASE);
+        return;
+    }
+    node_lock(nd);
 }
 
 static void node_unlock(struct node *nd)
@@ -1018,7 +1123,8 @@ static int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
     }
     struct hset *hs = (struct hset *)(uintptr_t)LD(nd->h);
     uint32_t *hh = HS_HID(hs), *nc = HS_NCH(hs);
-    uint32_t i = hs_lb(hh, cnt, holder);
+    /* joining after every present holder (ids assigned in order) needs no search */
+    uint32_t i = LD(hh[cnt - 1]) < holder ? cnt : hs_lb(hh, cnt, holder);
     if (i < cnt && LD(hh[i]) == holder)
         return 0;
     if (cnt == LD(hs->cap)) {
@@ -1313,9 +1419,15 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
  * removal; at a quarter full it was 1.3, half the remove's map cost). Growing by a quarter
  * instead (70%..87% full) saved ~2 bytes a pair but rehashed every record ~5 times into a
  * table already 70% full: 120 of the store's 594 instructions a block, plus the zeroing. */
-static inline uint32_t rec_home(const struct recmap *m, uint64_t eh)
+static inline uint64_t rec_key(uint64_t eh)
 {
-    return (uint32_t)(((unsigned __int128)mix64(eh) * m->cap) >> 64);
+    return mix64(eh);
+}
+
+/* Home of a key (already mixed: a rehash needs no hashing). */
+static inline uint32_t rec_home(const struct recmap *m, uint64_t key)
+{
+    return (uint32_t)(((unsigned __int128)key * m->cap) >> 64);
 }
 
 static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
@@ -1325,15 +1437,15 @@ static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
 
 static int recmap_resize(struct ebr_slot *s, struct recmap *m, uint32_t cap)
 {
-    struct recmap nm = {NULL, cap, m->n};
+    struct recmap nm = {NULL, cap, m->n, 0};
     if (cap > 0) {
         nm.s = sl_calloc(s, (size_t)cap * sizeof(*nm.s));
         if (nm.s == NULL)
             return -ENOMEM;
         for (uint32_t i = 0; i < m->cap; i++) {
-            if (m->s[i].nc == 0)
+            if (!REC_LIVE(&m->s[i]))
                 continue;
-            uint32_t j = rec_home(&nm, m->s[i].eh);
+            uint32_t j = rec_home(&nm, m->s[i].key);
             while (nm.s[j].nc != 0)
                 j = rec_next(&nm, j);
             nm.s[j] = m->s[i];
@@ -1357,65 +1469,83 @@ static inline uint32_t rec_cap_for(size_t need)
     return (uint32_t)(cap < 8 ? 8 : cap);
 }
 
+/* Makes room for `more` insertions (records and tombstones stay within the max load): a
+ * map whose tombstones are at least a quarter of the max load is rehashed at the same
+ * capacity, otherwise it grows geometrically. */
+static int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more)
+{
+    size_t need = (size_t)m->n + more;
+    if (need > (1u << 30))
+        return -ENOMEM;
+    if ((need + m->tomb) * 8 <= (size_t)m->cap * RECMAP_LOAD)
+        return 0;
+    if (need * 32 <= (size_t)m->cap * RECMAP_LOAD * 3)
+        return recmap_resize(s, m, m->cap);
+    size_t grown = (size_t)m->cap * RECMAP_GROW / 4 * RECMAP_LOAD / 8 + 1; /* geometric */
+    return recmap_resize(s, m, rec_cap_for(need > grown ? need : grown));
+}
+
 /* Grows once for `more` insertions ahead (a store of many blocks). */
 static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
 {
-    size_t need = (size_t)m->n + more;
-    if (need > (1u << 30) || need * 8 <= (size_t)m->cap * RECMAP_LOAD)
-        return;
-    size_t grown = (size_t)m->cap * RECMAP_GROW / 4 * RECMAP_LOAD / 8; /* keep growth geometric */
-    (void)recmap_resize(s, m, rec_cap_for(need > grown ? need : grown));
+    (void)recmap_room(s, m, more);
 }
 
-static inline void recmap_prefetch(const struct recmap *m, uint64_t eh)
-{
-    if (m->s != NULL)
-        __builtin_prefetch(&m->s[rec_home(m, eh)]);
-}
-
-static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
+static struct rec *recmap_get_key(const struct recmap *m, uint64_t key)
 {
     if (m->s == NULL)
         return NULL;
-    uint32_t i = rec_home(m, eh);
+    uint32_t i = rec_home(m, key);
     while (m->s[i].nc != 0) {
-        if (m->s[i].eh == eh)
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
             return &m->s[i];
         i = rec_next(m, i);
     }
     return NULL;
 }
 
-/* The record of eh, or (nc == 0) the empty slot where it goes, after making room for one
- * more; NULL when growing failed. Valid until the map changes. */
-static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t eh)
+static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 {
-    if ((size_t)(m->n + 1) * 8 > (size_t)m->cap * RECMAP_LOAD) {
-        if (recmap_resize(s, m, rec_cap_for((size_t)m->cap * RECMAP_GROW / 4 * RECMAP_LOAD / 8 + 1)) < 0)
-            return NULL;
-    }
-    uint32_t i = rec_home(m, eh);
-    while (m->s[i].nc != 0 && m->s[i].eh != eh)
-        i = rec_next(m, i);
-    return &m->s[i];
+    return recmap_get_key(m, rec_key(eh));
 }
 
-static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+/* The live record of eh, or (not REC_LIVE) the free slot where it goes (the first
+ * tombstone of its probe run, else the empty slot ending it), after making room for one
+ * more; NULL when growing failed. Valid until the map changes; fill it with rec_fill. */
+static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t key)
 {
-    uint32_t i = (uint32_t)(r - m->s), j = i, cap = m->cap;
-    for (;;) {
-        j = rec_next(m, j);
-        if (m->s[j].nc == 0)
-            break;
-        uint32_t k = rec_home(m, m->s[j].eh);
-        /* j may fill the hole at i unless its home lies cyclically in (i, j] */
-        uint32_t dk = j >= k ? j - k : j + cap - k, di = j >= i ? j - i : j + cap - i;
-        if (dk >= di) {
-            m->s[i] = m->s[j];
-            i = j;
+    if (recmap_room(s, m, 1) < 0)
+        return NULL;
+    uint32_t i = rec_home(m, key), t = UINT32_MAX;
+    for (; m->s[i].nc != 0; i = rec_next(m, i)) {
+        if (m->s[i].nc == REC_TOMB) {
+            if (t == UINT32_MAX)
+                t = i;
+        } else if (m->s[i].key == key) {
+            return &m->s[i];
         }
     }
-    m->s[i].nc = 0;
+    return &m->s[t != UINT32_MAX ? t : i];
+}
+
+/* Fills the free slot r (from recmap_slot or a probe like it) with a new record. */
+static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint64_t nc)
+{
+    if (r->nc == REC_TOMB)
+        m->tomb--;
+    r->key = key;
+    r->nc = nc;
+    m->n++;
+}
+
+/* Deletes r: a tombstone (no record moves, so records looked up ahead stay valid until the
+ * map is resized); the map is rehashed smaller when an eighth full and tombstones are
+ * cleared whenever it is rehashed. */
+static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+{
+    uint32_t cap = m->cap;
+    r->nc = REC_TOMB;
+    m->tomb++;
     m->n--;
     if (m->n == 0)
         (void)recmap_resize(s, m, 0);
@@ -2180,16 +2310,17 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
                      struct node **pn, const struct kvr_index_block *b, int more)
 {
     uint32_t hid = HOLDER(c->wid, tier);
-    struct rec *r = recmap_slot(c->s, &H->recs, b->engine_hash);
+    uint64_t key = rec_key(b->engine_hash);
+    struct rec *r = recmap_slot(c->s, &H->recs, key);
     if (r == NULL) {
         prov_cancel(c, hid);
         return -ENOMEM;
     }
-    if (r->nc != 0) {
+    if (REC_LIVE(r)) {
         prov_cancel(c, hid);
         if (REC_COPIES(r) < COPIES_MAX)
             r->nc += 1ull << 48;
-        else if (cmap_add(c->s, &H->extra, b->engine_hash, 1) < 0)
+        else if (cmap_add(c->s, &H->extra, key, 1) < 0) /* keyed like the records */
             return -ENOMEM;
         c->res->duplicates++;
         *pn = REC_ND(r);
@@ -2208,9 +2339,8 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
         prov_cancel(c, hid);
         return rc;
     }
-    r->eh = b->engine_hash; /* the slot found above: nothing touched the map since */
-    r->nc = (uint64_t)(uintptr_t)x | 1ull << 48;
-    H->recs.n++;
+    /* the slot found above: nothing touched the map since */
+    rec_fill(&H->recs, r, key, (uint64_t)(uintptr_t)x | 1ull << 48);
     ADD(H->blocks, 1);
     c->res->stored++;
     if (added) {
@@ -2236,6 +2366,128 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
     return 0;
 }
 
+#define ST_AHEAD 8  /* store: blocks looked ahead (chain, key hash, slots prefetched) */
+#define ST_RING 16  /* > ST_AHEAD */
+
+struct st_ring {
+    uint64_t pch[ST_RING], ch[ST_RING], kh[ST_RING]; /* predicted parent chain, chain, key */
+    uint64_t rk[ST_RING];                            /* reverse-map key */
+    uint32_t rh[ST_RING], cap[ST_RING];              /* reverse-map home for that capacity */
+};
+
+/* Counters store_fast accumulates and publishes once per call. */
+struct st_acc {
+    uint64_t stored, entries;
+};
+
+static void st_acc_flush(struct wctx *c, struct holder *H, struct st_acc *a)
+{
+    if (a->stored == 0)
+        return;
+    ADD(H->blocks, (int64_t)a->stored);
+    ADD(c->s->pairs, (int64_t)a->stored);
+    ADD(c->s->entries, (int64_t)a->entries);
+    c->res->stored += a->stored;
+    a->stored = a->entries = 0;
+}
+
+/* The usual block of a store, in one pass: a new engine hash for the holder continuing the
+ * store's chain (the previous block's entry counted it provisionally, see store_one) or at
+ * position 0, with no absent children, no parked blocks for the worker, joining an existing
+ * entry or creating one in a table with room. chain, h and rh are the block's chain hash,
+ * key hash and reverse-map home (computed ahead). Returns 0, having changed nothing, for
+ * anything else (duplicates, aliases, a map or table to grow, the first block after a given
+ * parent, ENOMEM): store_one then does the general work. Exactly store_one's effects. */
+static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, struct node **pn,
+                             uint64_t key, uint64_t pch, uint64_t chain, uint64_t h, uint32_t rh,
+                             int more, struct st_acc *acc)
+{
+    struct recmap *m = &H->recs;
+    struct node *p = *pn;
+    if (m->s == NULL || (size_t)(m->n + m->tomb + 1) * 8 > (size_t)m->cap * RECMAP_LOAD ||
+        c->w->norph != 0 || (p != NULL && c->prov != p))
+        return 0;
+    /* the record goes to the empty slot ending the probe run: tombstones are left to the
+     * next rehash (a shorter probe loop; recmap_slot reuses them) */
+    uint32_t i = rh;
+    for (; m->s[i].nc != 0; i = rec_next(m, i))
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
+            return 0; /* duplicate */
+    if (H->absent.n && cmap_get(&H->absent, absent_key(chain)) != 0)
+        return 0;
+    struct kvr_index *ix = c->ix;
+    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
+    uint32_t nchild = more ? 1u : 0u;
+    void *old = NULL;
+
+    shard_lock(sh);
+    struct table *t = sh->tab;
+    if (t == NULL || (sh->used + 1) * 4 > (t->mask + 1) * 3) {
+        shard_unlock(sh);
+        return 0;
+    }
+    uint64_t mask = t->mask, j = h >> t->shift, tag = h >> 48, ins = UINT64_MAX;
+    struct node *x = NULL;
+    for (;;) {
+        uint64_t v = LD(t->slot[j]);
+        if (v == 0) {
+            if (ins == UINT64_MAX)
+                ins = j;
+            break;
+        }
+        if (v == SLOT_TOMB) {
+            if (ins == UINT64_MAX)
+                ins = j;
+        } else if ((v >> 48) == tag) {
+            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
+            if (y->chain == chain) {
+                x = y;
+                break;
+            }
+        }
+        j = (j + 1) & mask;
+    }
+    if (x != NULL) {
+        node_lock_fast(x);
+        int r = hs_add(c->s, x, hid, nchild, &old);
+        node_unlock(x);
+        shard_unlock(sh);
+        if (r != 1) { /* an alias (0) or ENOMEM: nothing changed */
+            IX_ASSERT(old == NULL);
+            return 0;
+        }
+        ebr_retire(ix, c->s, old);
+    } else {
+        x = node_alloc(ix, c->s);
+        if (x == NULL) {
+            shard_unlock(sh);
+            return 0;
+        }
+        x->chain = chain;
+        x->parent_chain = pch;
+        x->seq = 0;
+        x->n = 1u | (p == NULL ? N_ROOT : 0u);
+        x->h = pack_el(hid, nchild);
+        IX_ASSERT(((uintptr_t)x >> 48) == 0);
+        if (LD(t->slot[ins]) == 0)
+            sh->used++;
+        sh->live++;
+        STR(t->slot[ins], (uint64_t)(uintptr_t)x | tag << 48);
+        shard_unlock(sh);
+        acc->entries++;
+    }
+    rec_fill(m, &m->s[i], key, (uint64_t)(uintptr_t)x | 1ull << 48);
+    acc->stored++;
+    /* hole accounting: position 0 has no parent; otherwise the parent counted this block
+     * provisionally (c->prov == p) */
+    if ((p != NULL ? p->chain != x->parent_chain : !(LD(x->n) & N_ROOT)) &&
+        hole_gain(c, H, hid, x, p, p != NULL) < 0)
+        kvr_log_error("index: out of memory in hole accounting");
+    c->prov = more ? x : NULL;
+    *pn = x;
+    return 1;
+}
+
 /* Drops one copy of r (holder H at tier). hint: see hole_lose. */
 static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec *r,
                     struct node *hint)
@@ -2246,9 +2498,9 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     if (c->pend != NULL && (c->pend != x || c->pend_hid != hid))
         pend_flush(c);
     uint32_t copies = REC_COPIES(r);
-    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->eh) > 0) {
+    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->key) > 0) {
         pend_flush(c);
-        (void)cmap_add(c->s, &H->extra, r->eh, -1);
+        (void)cmap_add(c->s, &H->extra, r->key, -1);
         return;
     }
     if (copies > 1) {
@@ -2273,6 +2525,76 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
         c->pend = NULL;
     }
     hole_lose(c, H, hid, root, chain, pchain, nchild, hint);
+}
+
+/* Counters unstore_fast accumulates and publishes once per call. */
+struct rm_acc {
+    uint64_t removed, entries;
+};
+
+static void rm_acc_flush(struct wctx *c, struct holder *H, struct rm_acc *a)
+{
+    if (a->removed == 0)
+        return;
+    ADD(H->blocks, -(int64_t)a->removed);
+    ADD(c->s->pairs, -(int64_t)a->removed);
+    ADD(c->s->entries, -(int64_t)a->entries);
+    c->res->removed += a->removed;
+    a->removed = a->entries = 0;
+}
+
+/* The usual removal, in one pass: the last copy of an engine hash (no alias, no extra
+ * copies) whose entry holds this holder alone, deleted in one critical section. Returns 0,
+ * having changed nothing, for anything else (unstore does the general work). Exactly
+ * unstore's effects. */
+static inline int unstore_fast(struct wctx *c, struct holder *H, uint32_t hid, struct rec *r,
+                               struct node *hint, struct rm_acc *acc)
+{
+    struct node *x = REC_ND(r);
+    if (REC_COPIES(r) != 1 || H->alias.n != 0 || (LD(x->n) & (N_COUNT | N_EXT)) != 1 ||
+        (c->pend != NULL && (c->pend != x || c->pend_hid != hid)))
+        return 0;
+    struct kvr_index *ix = c->ix;
+    struct ebr_slot *s = c->s;
+    uint64_t chain = x->chain, pchain = x->parent_chain, h = key_hash(chain);
+    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
+
+    shard_lock(sh);
+    node_lock_fast(x);
+    uint32_t n = LD(x->n);
+    uint64_t e = LD(x->h);
+    if ((n & (N_COUNT | N_EXT)) != 1 || el_holder(e) != hid) { /* another holder joined */
+        node_unlock(x);
+        shard_unlock(sh);
+        return 0;
+    }
+    ST(x->n, N_DEAD);
+    node_unlock(x);
+    tab_unlink_locked(ix, s, sh, x, h);
+    shard_unlock(sh);
+    if (s->nret < s->capret) { /* reserved by the caller */
+        s->ret[s->nret].p = (void *)((uintptr_t)x | RET_NODE);
+        s->ret[s->nret].epoch = __atomic_load_n(&ix->epoch, __ATOMIC_SEQ_CST);
+        s->nret++;
+    } else {
+        ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+    }
+    recmap_del(s, &H->recs, r);
+    acc->removed++;
+    acc->entries++;
+    uint32_t nchild = (uint32_t)(e >> 32);
+    if (c->pend != NULL) { /* == x: the decrement owed to this membership, now gone */
+        IX_ASSERT(nchild >= 1);
+        nchild--;
+        c->pend = NULL;
+    }
+    if (nchild == 0 && !(n & N_ROOT) && hint != NULL && hint->chain == pchain) {
+        c->pend = hint; /* hole_lose's usual case: the next block removed is the parent */
+        c->pend_hid = hid;
+    } else {
+        hole_lose(c, H, hid, (n & N_ROOT) != 0, chain, pchain, nchild, hint);
+    }
+    return 1;
 }
 
 static void orph_remove_at(struct wctx *c, uint32_t i, uint32_t k)
@@ -2430,19 +2752,45 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
         goto out;
     }
     recmap_reserve(c.s, &H->recs, n);
-    /* look ahead: the entries' table slots and the reverse map's slots, assuming the chain
-     * continues (a duplicate with another position only makes a prefetch useless) */
+    /* look ahead: each block's chain, key hash and reverse-map home are computed ST_AHEAD
+     * blocks ahead assuming the chain continues (their table and map slots prefetched) and
+     * kept in a ring for store_fast; a block whose parent turns out different (after a
+     * duplicate) restarts the look-ahead from its real chain */
+    struct st_ring ring;
+    struct st_acc acc = {0};
+    uint32_t hid = HOLDER(wid, tier);
     uint64_t la_chain = pn ? pn->chain : ns_root(ns);
     size_t la = 0;
     for (size_t i = 0; i < n; i++) {
-        for (; la < n && la < i + 8; la++) {
+        uint64_t pch = pn ? pn->chain : ns_root(ns);
+        if (la > i && ring.pch[i % ST_RING] != pch)
+            la = i, la_chain = pch; /* prediction broken: restart from the real parent */
+        for (; la < n && la < i + ST_AHEAD; la++) {
+            uint32_t k = (uint32_t)(la % ST_RING);
+            ring.pch[k] = la_chain;
             la_chain = kvr_hash_chain(la_chain, blocks[la].content_hash);
-            pf_slot(ix, key_hash(la_chain));
-            recmap_prefetch(&H->recs, blocks[la].engine_hash);
+            ring.ch[k] = la_chain;
+            ring.kh[k] = key_hash(la_chain);
+            pf_slot(ix, ring.kh[k]);
+            ring.rh[k] = 0;
+            ring.rk[k] = rec_key(blocks[la].engine_hash);
+            if (H->recs.s != NULL) {
+                ring.rh[k] = rec_home(&H->recs, ring.rk[k]);
+                __builtin_prefetch(&H->recs.s[ring.rh[k]]);
+            }
+            ring.cap[k] = H->recs.cap;
         }
+        uint32_t k = (uint32_t)(i % ST_RING);
+        if (ring.cap[k] == H->recs.cap &&
+            store_fast(&c, H, hid, &pn, ring.rk[k], pch, ring.ch[k], ring.kh[k],
+                       ring.rh[k], i + 1 < n, &acc))
+            continue;
         if ((rc = store_one(&c, H, tier, ns, &pn, &blocks[i], i + 1 < n)) < 0)
-            goto out;
+            break;
     }
+    st_acc_flush(&c, H, &acc);
+    if (rc < 0)
+        goto out;
     if (c.adopt)
         rc = orph_adopt(&c);
 out:
@@ -2450,14 +2798,24 @@ out:
     return rc;
 }
 
-#define RM_AHEAD 4 /* remove: records looked up this many blocks ahead */
-#define RM_RING 8  /* > RM_AHEAD */
+#define RM_WIN 32 /* remove: blocks looked up per window, in stages */
 
-/* A record looked up ahead by remove, if it is still eh's (not moved by a deletion; the
- * caller drops the ring when the map is resized). */
-static inline struct rec *rm_ahead(struct rec *r, uint64_t eh)
+/* A record looked up ahead by remove, if it is still eh's (not deleted since; the caller
+ * drops the window's records when the map is resized). */
+static inline struct rec *rm_ahead(struct rec *r, uint64_t key)
 {
-    return r != NULL && r->nc != 0 && r->eh == eh ? r : NULL;
+    return r != NULL && REC_LIVE(r) && r->key == key ? r : NULL;
+}
+
+/* Probe for key from a home computed ahead for the current capacity. */
+static inline struct rec *recmap_get_at(const struct recmap *m, uint64_t key, uint32_t i)
+{
+    while (m->s[i].nc != 0) {
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
+            return &m->s[i];
+        i = rec_next(m, i);
+    }
+    return NULL;
 }
 
 int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uint64_t *hashes,
@@ -2472,65 +2830,86 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     if ((rc = wbegin(ix, wid, res ? res : &local, &c)) < 0)
         return rc;
     struct holder *H = c.w->h[tier];
+    struct rm_acc acc = {0};
+    uint32_t hid = HOLDER(wid, tier);
     if (H != NULL)
         ebr_reserve(&c, n + 16);
-    /* look ahead: reverse-map slots RM_AHEAD * 2 blocks ahead, records (and their nodes)
-     * RM_AHEAD ahead, the nodes' table slots (for unlinking) RM_AHEAD / 2 ahead. A record
-     * looked up ahead is used only if still there (unstore may shift or resize the map). */
-    struct rec *lr[RM_RING];
-    struct node *ln[RM_RING];
-    struct rec *base = H ? H->recs.s : NULL; /* the ring's records are in this array */
-    size_t la = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct rec *r = NULL;
-        if (H != NULL) {
-            if (H->recs.s != base) { /* resized: records looked up so far are stale */
-                base = H->recs.s;
-                for (size_t k = i; k < la; k++)
-                    lr[k % RM_RING] = NULL;
+    /* Windows of RM_WIN blocks (and the next one, whose node is the hint), in stages that
+     * each issue all their misses before the next stage needs them: reverse-map homes
+     * (slots prefetched), records (nodes prefetched), the nodes' table slots (for
+     * unlinking); then the blocks are removed in order. Records never move until the map
+     * is resized (tombstones): a record looked up ahead is used if still live and eh's,
+     * and all are dropped when the map's array changes. */
+    uint32_t home[RM_WIN + 1];
+    uint64_t key[RM_WIN + 1];
+    struct rec *lr[RM_WIN + 1];
+    for (size_t b = 0; b < n; b += RM_WIN) {
+        size_t w = n - b < RM_WIN ? n - b : RM_WIN;
+        size_t wl = b + w < n ? w + 1 : w; /* looked up: the window and the next block */
+        struct rec *base = NULL;
+        for (size_t j = 0; j < wl; j++)
+            key[j] = rec_key(hashes[b + j]);
+        if (H != NULL && H->recs.s != NULL) {
+            struct recmap *m = &H->recs;
+            base = m->s;
+            for (size_t j = 0; j < wl; j++) {
+                home[j] = rec_home(m, key[j]);
+                __builtin_prefetch(&m->s[home[j]]);
             }
-            if (i + RM_AHEAD * 2 < n)
-                recmap_prefetch(&H->recs, hashes[i + RM_AHEAD * 2]);
-            for (; la < n && la <= i + RM_AHEAD; la++) {
-                struct rec *y = recmap_get(&H->recs, hashes[la]);
-                struct node *z = y ? REC_ND(y) : NULL;
-                lr[la % RM_RING] = y;
-                ln[la % RM_RING] = z;
-                if (z != NULL)
-                    __builtin_prefetch(z);
+            for (size_t j = 0; j < wl; j++) {
+                lr[j] = recmap_get_at(m, key[j], home[j]);
+                if (lr[j] != NULL)
+                    __builtin_prefetch(REC_ND(lr[j]));
             }
             /* the node was H's when looked up and stays allocated during the call (epoch):
              * its immutable chain is safe to read, only to prefetch */
-            struct node *z = i + RM_AHEAD / 2 < n ? ln[(i + RM_AHEAD / 2) % RM_RING] : NULL;
-            if (z != NULL)
-                pf_slot(ix, key_hash(z->chain));
-            r = rm_ahead(lr[i % RM_RING], hashes[i]);
-            if (r == NULL)
-                r = recmap_get(&H->recs, hashes[i]);
-        }
-        if (r != NULL) {
-            /* removals usually walk a chain tail first: the next one is the parent */
-            struct rec *nx = NULL;
-            if (i + 1 < n) {
-                nx = rm_ahead(lr[(i + 1) % RM_RING], hashes[i + 1]);
-                if (nx == NULL)
-                    nx = recmap_get(&H->recs, hashes[i + 1]);
-            }
-            struct node *hint = nx ? REC_ND(nx) : NULL;
-            unstore(&c, H, tier, r, hint);
-            continue;
-        }
-        uint32_t k;
-        for (k = 0; k < c.w->norph; k++)
-            if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
-                break;
-        if (k < c.w->norph) {
-            orph_remove_at(&c, k, 1);
-            c.res->orphans_dropped++;
+            for (size_t j = 0; j < w; j++)
+                if (lr[j] != NULL)
+                    pf_slot(ix, key_hash(REC_ND(lr[j])->chain));
         } else {
-            c.res->unknown_removes++;
+            for (size_t j = 0; j < wl; j++)
+                lr[j] = NULL;
+        }
+        for (size_t j = 0; j < w; j++) {
+            size_t i = b + j;
+            struct rec *r = NULL;
+            if (H != NULL) {
+                if (H->recs.s != base) { /* resized: records looked up so far are stale */
+                    base = H->recs.s;
+                    for (size_t k = j; k < wl; k++)
+                        lr[k] = NULL;
+                }
+                r = rm_ahead(lr[j], key[j]);
+                if (r == NULL)
+                    r = recmap_get_key(&H->recs, key[j]);
+            }
+            if (r != NULL) {
+                /* removals usually walk a chain tail first: the next one is the parent */
+                struct rec *nx = NULL;
+                if (i + 1 < n) {
+                    nx = rm_ahead(lr[j + 1], key[j + 1]);
+                    if (nx == NULL)
+                        nx = recmap_get_key(&H->recs, key[j + 1]);
+                }
+                struct node *hint = nx ? REC_ND(nx) : NULL;
+                if (!unstore_fast(&c, H, hid, r, hint, &acc))
+                    unstore(&c, H, tier, r, hint);
+                continue;
+            }
+            uint32_t k;
+            for (k = 0; k < c.w->norph; k++)
+                if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
+                    break;
+            if (k < c.w->norph) {
+                orph_remove_at(&c, k, 1);
+                c.res->orphans_dropped++;
+            } else {
+                c.res->unknown_removes++;
+            }
         }
     }
+    if (H != NULL)
+        rm_acc_flush(&c, H, &acc);
     pend_flush(&c);
     wend(&c);
     return 0;
@@ -2554,7 +2933,7 @@ static void holder_clear(struct wctx *c, uint32_t tier)
     ebr_reserve(c, H->recs.n + 16);
     for (uint32_t i = 0; i < H->recs.cap; i++) {
         struct rec *r = &H->recs.s[i];
-        if (r->nc == 0)
+        if (!REC_LIVE(r))
             continue;
         c->res->cleared++;
         uint64_t key = (uint64_t)(uintptr_t)REC_ND(r);

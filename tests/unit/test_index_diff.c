@@ -660,6 +660,13 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
                 bl[i].engine_hash = D->eh[salt][s + i];
                 bl[i].content_hash = D->content[s + i];
             }
+            if (k > 1 && chance(0.03)) {
+                /* an engine hash from elsewhere inside the store: when the worker holds it,
+                 * a duplicate at another position, so the blocks after it chain from that
+                 * entry (the store's look-ahead prediction breaks there) */
+                struct doc *E = &sc->docs[n][rn(NDOC)];
+                bl[1 + rn(k - 1)].engine_hash = E->eh[chance(0.5)][rn(E->len)];
+            }
             uint64_t par = s > 0 ? D->eh[salt][s - 1] : 0;
             if (chance(0.03)) {
                 par = rnd(); /* a parent that will never come */
@@ -672,8 +679,8 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
             m_store(m, w, mt, sc->ns[n], s ? &par : NULL, bl, k, &b);
             check_res(&a, &b, seed, op, "store");
         } else if (kind < 900) { /* remove */
-            uint64_t eh[12];
-            uint32_t k = 1 + rn(12);
+            uint64_t eh[48];
+            uint32_t k = chance(0.1) ? 1 + rn(48) : 1 + rn(12); /* some span remove windows */
             uint32_t n = rn(NNS);
             struct doc *D = &sc->docs[n][rn(NDOC)];
             int salt = chance(0.05);
