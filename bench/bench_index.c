@@ -5,6 +5,10 @@
  *    B-block operation, avg / p50 / p99 in µs: store, remove, find full hit, find half hit +
  *    half miss, find miss at block 0; plus bytes per (holder, block), reverse maps included.
  *    Run for W = 128 (976 x 1024) and W = 4096 (one 1024-block sequence per worker).
+ *    Store and remove from empty include the growth of every table and reverse map (the
+ *    peers' figures do too); "steady state" then churns up to 512 sequences (remove one,
+ *    store it again) in the full index, whose tables no longer grow, as in a running fleet
+ *    whose caches are full.
  * 2. Concurrent: one writer thread applies the event stream of the Mooncake synthetic trace
  *    (each hash_id -> 512 deterministic token ids, 16-token blocks, 256 workers, each an
  *    LRU cache of 16,384 blocks whose evictions become removes) while one reader runs the
@@ -131,7 +135,7 @@ static void shape(uint32_t nseq, uint32_t nblk, uint32_t nworkers, uint32_t nq)
         kvr_index_store(ix, wid[s % nworkers], 0, ns, NULL, &blk[(size_t)s * nblk], nblk, &r);
         lat[s] = now_us() - t0;
     }
-    report("store (per sequence)", lat, nseq);
+    report("store (per sequence, from empty)", lat, nseq);
     kvr_index_stats(ix, &st1);
     printf("  memory: %llu entries, %llu (holder, block) pairs, %.1f bytes per pair "
            "(%.1f MB in use, %.1f MB before the stores)\n",
@@ -161,8 +165,29 @@ static void shape(uint32_t nseq, uint32_t nblk, uint32_t nworkers, uint32_t nq)
         report(nm, lat, nq);
     }
 
-    /* remove: every sequence, its blocks tail first (like vLLM's eviction order) */
+    /* steady state: the index stays at its size while sequences churn (a full engine cache
+     * evicts one and stores another), so the tables and reverse maps do not grow: each op
+     * removes one sequence (tail first) and stores it again */
     uint64_t *h = xmalloc((size_t)nblk * sizeof(uint64_t));
+    uint32_t nch = nseq < 512 ? nseq : 512;
+    double *lat2 = xmalloc((size_t)nch * sizeof(double));
+    for (uint32_t k = 0; k < nch; k++) {
+        uint32_t s = (uint32_t)(((uint64_t)k * 7919) % nseq);
+        struct kvr_index_wres r = {0};
+        for (uint32_t b = 0; b < nblk; b++)
+            h[b] = blk[(size_t)s * nblk + (nblk - 1 - b)].engine_hash;
+        double t0 = now_us();
+        kvr_index_remove(ix, wid[s % nworkers], 0, h, nblk, &r);
+        double t1 = now_us();
+        kvr_index_store(ix, wid[s % nworkers], 0, ns, NULL, &blk[(size_t)s * nblk], nblk, &r);
+        lat2[k] = now_us() - t1;
+        lat[k] = t1 - t0;
+    }
+    report("store, steady state (churn)", lat2, nch);
+    report("remove, steady state (churn)", lat, nch);
+    free(lat2);
+
+    /* remove: every sequence, its blocks tail first (like vLLM's eviction order) */
     for (uint32_t s = 0; s < nseq; s++) {
         for (uint32_t b = 0; b < nblk; b++)
             h[b] = blk[(size_t)s * nblk + (nblk - 1 - b)].engine_hash;
@@ -171,7 +196,7 @@ static void shape(uint32_t nseq, uint32_t nblk, uint32_t nworkers, uint32_t nq)
         kvr_index_remove(ix, wid[s % nworkers], 0, h, nblk, &r);
         lat[s] = now_us() - t0;
     }
-    report("remove (per sequence)", lat, nseq);
+    report("remove (per sequence, to empty)", lat, nseq);
     kvr_index_stats(ix, &st1);
     printf("  after removing everything: %llu entries, %.1f MB in use\n",
            (unsigned long long)st1.entries, (double)st1.bytes / 1e6);
