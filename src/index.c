@@ -3052,7 +3052,8 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     uint32_t issued = 0; /* landings whose table slot is prefetched */
     uint32_t looked = 0; /* landings whose node is looked up */
     uint32_t prev = 0, pseq = seq0; /* seq of prev's node when alive[] was seen there */
-    uint32_t lastst = 0; /* the look at the last block: 0 not begun, then its stages */
+    uint32_t lastst = 0; /* the look at the last block: 0 not begun, 1 slot prefetched,
+                          * 2 node prefetched, 3 looked up, 4 compare, 5 compared */
     for (uint32_t j = 0; j < nl && na > 0; j++) {
         int dropped = j > 0 && na < nprev;
         nprev = na;
@@ -3065,33 +3066,33 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
                 done = land_chains(r, q, done, nl, stride, last);
             pf_slot(ix, r->lh[nl - 1]);
             lastst = 1;
-        } else if (lastst == 4 && dropped) { /* looked up: look again */
-            lastst = 3;
+        } else if (lastst == 5 && dropped) { /* looked up: look again */
+            lastst = 4;
+        } else if (lastst > 0 && lastst < 5) { /* the look's stages, one a landing */
+            lastst++;
         }
         if (done < nl && done < j + PF_SLOT)
             done = land_chains(r, q, done, nl, stride, last);
         for (; issued < done && issued < j + PF_SLOT; issued++)
             pf_slot(ix, r->lh[issued]);
-        if (lastst > 0 && lastst < 4) { /* the look at the last block */
-            if (lastst == 1) {
-                pf_node(ix, r->lh[nl - 1]);
-            } else if (lastst == 2) {
-                if (r->ndq[last] != r->qid) {
-                    r->nd[last] = tab_find(ix, r->ch[last], r->lh[nl - 1]);
-                    r->ndq[last] = r->qid;
-                }
-                pf_hset(r->nd[last]);
-            } else {
-                const struct node *xl = r->nd[last];
-                uint32_t sq = 0;
-                if (xl != NULL && hs_equal(xl, ah, na, &sq)) {
-                    for (uint32_t a = 0; a < na; a++)
-                        tm[alive[a]] = n;
-                    na = 0;
-                    break;
-                }
+        if (lastst == 2) {
+            pf_node(ix, r->lh[nl - 1]);
+        } else if (lastst == 3) {
+            if (r->ndq[last] != r->qid) {
+                r->nd[last] = tab_find(ix, r->ch[last], r->lh[nl - 1]);
+                r->ndq[last] = r->qid;
             }
-            lastst++;
+            pf_hset(r->nd[last]);
+        } else if (lastst == 4) {
+            const struct node *xl = r->nd[last];
+            uint32_t sq = 0;
+            lastst = 5;
+            if (xl != NULL && hs_equal(xl, ah, na, &sq)) {
+                for (uint32_t a = 0; a < na; a++)
+                    tm[alive[a]] = n;
+                na = 0;
+                break;
+            }
         }
         if (j + PF_NODE < issued)
             pf_node(ix, r->lh[j + PF_NODE]);
