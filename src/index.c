@@ -3112,16 +3112,42 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
             pseq = xs;
             continue;
         }
-        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, k = 0, ka = 0, nd = 0;
-        for (uint32_t a = 0; a < na; a++) {
-            uint32_t h = ah[a];
-            while (k < nb && buf[k] < h)
-                k++;
-            if (k < nb && buf[k] == h) {
+        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, ka = 0, nd = 0;
+        if (nb * 16 < na) {
+            /* few left of many (a shared prefix ends): each of the landing's holders is
+             * searched for in ah (binary, from the last one found); the runs between the
+             * ones found drop whole */
+            uint32_t lo = 0;
+            for (uint32_t k = 0; k < nb && lo < na; k++) {
+                uint32_t a = lo, hi = na;
+                while (a < hi) {
+                    uint32_t mid = a + (hi - a) / 2;
+                    if (ah[mid] < buf[k])
+                        a = mid + 1;
+                    else
+                        hi = mid;
+                }
+                if (a == na || ah[a] != buf[k])
+                    continue;
+                memcpy(drop + nd, alive + lo, (a - lo) * sizeof(*drop));
+                nd += a - lo;
                 alive[ka] = alive[a];
-                ah[ka++] = h;
-            } else {
-                drop[nd++] = alive[a];
+                ah[ka++] = ah[a];
+                lo = a + 1;
+            }
+            memcpy(drop + nd, alive + lo, (na - lo) * sizeof(*drop));
+            nd += na - lo;
+        } else {
+            for (uint32_t a = 0, k = 0; a < na; a++) {
+                uint32_t h = ah[a];
+                while (k < nb && buf[k] < h)
+                    k++;
+                if (k < nb && buf[k] == h) {
+                    alive[ka] = alive[a];
+                    ah[ka++] = h;
+                } else {
+                    drop[nd++] = alive[a];
+                }
             }
         }
         na = ka;
