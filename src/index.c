@@ -2832,6 +2832,18 @@ static void chain_land8(struct kvr_index_reader *r, const uint64_t *q, uint32_t 
     }
 }
 
+/* Chain at p, the chain at lo < p known: a long way (wide strides of long queries) by the
+ * interleaved sums, a short one sequentially from the nearest known position. */
+static inline uint64_t chain_at(struct kvr_index_reader *r, const uint64_t *q, uint32_t lo,
+                                uint32_t p)
+{
+    if (r->chq[p] == r->qid)
+        return r->ch[p];
+    if (p - lo >= 64)
+        return chain_from(r, q, lo, p);
+    return chain_seq(r, q, p);
+}
+
 static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
                                    uint32_t p)
 {
@@ -2952,10 +2964,11 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
         }
         uint32_t m = l + (h - l) / 2;
         /* the next probe is one of m's two children: their table slots load meanwhile */
+        chain_at(r, q, l, m);
         if (m - l > 1 && r->ndq[l + (m - l) / 2] != r->qid)
-            pf_slot(r->ix, key_hash(chain_seq(r, q, l + (m - l) / 2)));
+            pf_slot(r->ix, key_hash(chain_at(r, q, l, l + (m - l) / 2)));
         if (h - m > 1 && r->ndq[m + (h - m) / 2] != r->qid)
-            pf_slot(r->ix, key_hash(chain_seq(r, q, m + (h - m) / 2)));
+            pf_slot(r->ix, key_hash(chain_at(r, q, m, m + (h - m) / 2)));
         struct node *x = node_at(r, ns, q, m);
         uint32_t ms = 0;
         uint32_t nb = x ? hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
