@@ -54,7 +54,11 @@
  * (compared in place, one memcmp) costs one pass; holders missing at a landing are
  * bisected within the stride behind it, split into groups by each probe (a probe whose set
  * equals the set at the group's lower bound, unchanged since the group was seen there by
- * its seqlock sequence, or the set at its upper bound, moves the whole group). The last
+ * its seqlock sequence, or the set at its upper bound, moves the whole group; a probe 64+
+ * blocks from the group's lower bound gets its chain by the interleaved sums, a nearer one
+ * block by block from the nearest known chain). A landing that keeps few of many alive
+ * holders (16x fewer: a shared prefix ends) finds them by binary search in the alive ids
+ * and drops the runs between them whole. The last
  * block is looked at early (after LAST_AT landings with nobody gone, or at the first
  * landing where some stopped and others go on, when LAST_MIN landings or more remain): all
  * the landing chains are computed then, the last block's lookup is staged over the next
@@ -68,10 +72,28 @@
  * workers with one hole-free holder each) is a leading run of position 0's holder set:
  * classified by one check per holder and written out by a straight loop; the rest goes
  * through the general per-worker classification and output.
- * Where find's time goes (rdtsc split, 976 x 1024 bench, 112 hits, ~6.7K ticks): ~100
- * ticks a landing (32 landings; ~25 when cached), the bisection after the shared prefix
- * ends ~1.2K (its probes are dependent misses), landing chains ~0.7K, classification and
- * output ~0.8K. At 4096 workers (1024 hits) classification + output are ~7K of ~19K.
+ * Where find's time goes (rdtsc split, 976 x 1024 bench, 112 hits): ~100 ticks a landing
+ * (~25 when cached); the full hit walks 9 landings to where the shared prefix ends, bisects
+ * it (~0.9K ticks, dependent misses), and the last block's look ends it 3 landings later
+ * (~1.4 µs in all; before the look it walked all 32 landings, ~2.4 µs); the half hit walks
+ * 17 landings and bisects twice, and pays ~0.2 µs for the look that fails (the chains of
+ * the last 8 landings, the last block's lookup). At 4096 workers (1024 hits)
+ * classification + output are ~7K of ~16K ticks. The Mooncake trace's queries (957 blocks
+ * on average, p99 4153, max 11961; no worker with holes: find_slow never runs) walked up
+ * to n/32 landings (374) before the landing cap; its hash-assigned queries are mostly
+ * full hits of one worker, which the look now ends after ~7 landings. What remains slow
+ * in the round-robin run (4-13 holders): queries of 3.5K-12K blocks with 1-4 groups to
+ * bisect in 100-375-block strides (~2.9K ticks a group) and their chains (~0.85 tick a
+ * block). Concurrent runs add interference that is not find's work: finds that stop at
+ * block 0 took 8-20 µs at times (the writer's frees unmap memory: ~600 TLB-shootdown
+ * interrupts a run on the reader's core, /proc/interrupts), and 13 finds in ~190K waited
+ * milliseconds on a node lock held by a writer that was not running (1.47M spins).
+ * Measured and dropped (find): 512-bit vpmullq content sums (p50 -0.05 µs, Dynamo full hit
+ * p99 2.0 -> 3.4 µs: the frequency licence), 256-bit vpmullq sums for strides of 64+ (no
+ * change on 8192-block queries), software prefetch of the query's content in the chain
+ * loops (no change), a level deeper prefetch in wide bisections (no change), the common-run
+ * classification 8 holders at a time branch-free (4096 workers: +0.2 µs), a reader that
+ * yields after 64 spins on a held node (not measurable in the noise of the concurrent run).
  * Measured and dropped: breadth-first search rounds instead of the per-group bisection
  * (every open group probed at up to 3..64 points a round, all groups' probes of a round
  * looked up together, first round 16 probes over the whole query): Dynamo full hit 2.5 ->
