@@ -51,13 +51,25 @@
  * then H holds the entry of every position <= L of the query (its parent is held and has
  * chain[L-1] — equal chain hashes mean equal prefixes, 2^-64 bounds — by induction).
  * So for a hole-free holder the positions of the query it holds are exactly [0, tm): find
- * looks only at jump landings (chains computed 8 landings at a time: each stride's content
- * sum by its own Horner chain, 8 interleaved, then one multiply-add per landing; table
- * slots and nodes prefetched a few landings ahead); a landing whose holder set equals the
- * alive set (compared in place, one memcmp) costs one pass; holders missing at a landing
- * are bisected within the stride behind it, split into groups by each probe (a probe whose
- * set equals the set at the group's lower bound, unchanged since the group was seen there
- * by its seqlock sequence, or the set at its upper bound, moves the whole group). A
+ * looks only at jump landings (every jump_stride blocks, at most LAND_MAX = 32 of them: a
+ * longer query gets them further apart, so its cost does not grow with its length by the
+ * landing; chains computed 8 landings at a time: each stride's content sum by its own
+ * Horner chain, 8 interleaved, then one multiply-add per landing; table slots and nodes
+ * prefetched a few landings ahead); a landing whose holder set equals the alive set
+ * (compared in place, one memcmp) costs one pass; holders missing at a landing are
+ * bisected within the stride behind it, split into groups by each probe (a probe whose set
+ * equals the set at the group's lower bound, unchanged since the group was seen there by
+ * its seqlock sequence, or the set at its upper bound, moves the whole group; a probe 64+
+ * blocks from the group's lower bound gets its chain by the interleaved sums, a nearer one
+ * block by block from the nearest known chain). A landing that keeps few of many alive
+ * holders (16x fewer: a shared prefix ends) finds them by binary search in the alive ids
+ * and drops the runs between them whole. The last
+ * block is looked at early (after LAST_AT landings with nobody gone, or at the first
+ * landing where some stopped and others go on, when LAST_MIN landings or more remain): all
+ * the landing chains are computed then, the last block's lookup is staged over the next
+ * landings like a landing's, and if its holder set equals the alive set (one memcmp) they
+ * all hold the whole query and the landings stop (one long match among shorter shared ones
+ * no longer walks the landings to the end). A
  * worker is "fast" when all its holders are hole-free (a dense per-worker counter says so):
  * matched = max tm over its tiers, and the score follows from the tm values. Any other
  * worker is scanned position by position (exact, slower). No "same count means same set"
@@ -65,11 +77,34 @@
  * workers with one hole-free holder each) is a leading run of position 0's holder set:
  * classified by one check per holder and written out by a straight loop; the rest goes
  * through the general per-worker classification and output.
- * Where find's time goes (rdtsc split, 976 x 1024 bench, 112 hits, ~6.7K ticks): ~100
- * ticks a landing (32 landings; ~25 when cached), the bisection after the shared prefix
- * ends ~1.2K (its probes are dependent misses), landing chains ~0.7K, classification and
- * output ~0.8K. At 4096 workers (1024 hits) classification + output are ~7K of ~19K.
- * Measured and dropped: longer landing prefetch distances (16/8/4 and more: slower), no
+ * Where find's time goes (rdtsc split, 976 x 1024 bench, 112 hits): ~100 ticks a landing
+ * (~25 when cached); the full hit walks 9 landings to where the shared prefix ends, bisects
+ * it (~0.9K ticks, dependent misses), and the last block's look ends it 3 landings later
+ * (~1.4 µs in all; before the look it walked all 32 landings, ~2.4 µs); the half hit walks
+ * 17 landings and bisects twice, and pays ~0.2 µs for the look that fails (the chains of
+ * the last 8 landings, the last block's lookup). At 4096 workers (1024 hits)
+ * classification + output are ~7K of ~16K ticks. The Mooncake trace's queries (957 blocks
+ * on average, p99 4153, max 11961; no worker with holes: find_slow never runs) walked up
+ * to n/32 landings (374) before the landing cap; its hash-assigned queries are mostly
+ * full hits of one worker, which the look now ends after ~7 landings. What remains slow
+ * in the round-robin run (4-13 holders): queries of 3.5K-12K blocks with 1-4 groups to
+ * bisect in 100-375-block strides (~2.9K ticks a group) and their chains (~0.85 tick a
+ * block). Concurrent runs add interference that is not find's work: finds that stop at
+ * block 0 took 8-20 µs at times (the writer's frees unmap memory: ~600 TLB-shootdown
+ * interrupts a run on the reader's core, /proc/interrupts), and 13 finds in ~190K waited
+ * milliseconds on a node lock held by a writer that was not running (1.47M spins).
+ * Measured and dropped (find): 512-bit vpmullq content sums (p50 -0.05 µs, Dynamo full hit
+ * p99 2.0 -> 3.4 µs: the frequency licence), 256-bit vpmullq sums for strides of 64+ (no
+ * change on 8192-block queries), software prefetch of the query's content in the chain
+ * loops (no change), a level deeper prefetch in wide bisections (no change), the common-run
+ * classification 8 holders at a time branch-free (4096 workers: +0.2 µs), a reader that
+ * yields after 64 spins on a held node (not measurable in the noise of the concurrent run).
+ * Measured and dropped: breadth-first search rounds instead of the per-group bisection
+ * (every open group probed at up to 3..64 points a round, all groups' probes of a round
+ * looked up together, first round 16 probes over the whole query): Dynamo full hit 2.5 ->
+ * 2.5-3.3 µs, half hit 1.95 -> 2.3-3.4 (a round exposes slot, node and holder-array
+ * latency in full where the bisection overlaps the landing pipeline, and big holder sets
+ * are read at more probes); longer landing prefetch distances (16/8/4 and more: slower), no
  * node stage (slower), prefetching every table slot of a bisected stride, or the children's
  * nodes and grandchildren's slots at each probe (both slower: the node stage's slot loads
  * stall), tab_find inlined into the landing loop (no change); in store/remove, inlining
@@ -3012,6 +3047,9 @@ struct slowst {
 #define PF_SLOT 8 /* landings ahead whose table slot is prefetched */
 #define PF_NODE 4 /* landings ahead whose node is prefetched */
 #define PF_HSET 2 /* landings ahead looked up, their holder array prefetched */
+#define LAND_MAX 32 /* landings, at most (longer queries: further apart) */
+#define LAST_MIN 6  /* landings left that make the last block worth a look */
+#define LAST_AT 3   /* the landing after which everyone still there makes it worth one */
 
 struct kvr_index_reader {
     struct kvr_index *ix;
@@ -3024,6 +3062,7 @@ struct kvr_index_reader {
     struct node **nd;   /* node per position, valid where ndq[p] == qid */
     uint32_t *ndq;
     uint64_t *lh;       /* key hash per landing */
+    uint64_t m2[32];    /* KVR_HASH_CHAIN_MUL^(2^b) */
     uint32_t *podq;     /* allowed pods: podq[pod] == qid */
     uint32_t *s0;       /* holders at position 0 (filtered; bit 31 marks slow workers) */
     uint32_t *buf;      /* a holder set being examined */
@@ -3059,6 +3098,9 @@ int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
     r->nd = sl_alloc(s, q * sizeof(*r->nd));
     r->ndq = sl_calloc(s, q * sizeof(*r->ndq));
     r->lh = sl_alloc(s, q * sizeof(*r->lh));
+    r->m2[0] = KVR_HASH_CHAIN_MUL;
+    for (int b = 1; b < 32; b++)
+        r->m2[b] = r->m2[b - 1] * r->m2[b - 1];
     r->podq = sl_calloc(s, (size_t)r->maxw * sizeof(*r->podq));
     r->s0 = sl_alloc(s, h * sizeof(uint32_t));
     r->buf = sl_alloc(s, h * sizeof(uint32_t));
@@ -3108,40 +3150,66 @@ static uint64_t chain_seq(struct kvr_index_reader *r, const uint64_t *q, uint32_
     return c;
 }
 
-/* Chain hash at L from the known one at base (L - base <= jump_stride), by independent
- * multiplies: chain[L] = chain[base]*M^k + sum_{i=1..k} q[base+i]*M^(k-i). */
-static uint64_t chain_jump(struct kvr_index_reader *r, const uint64_t *q, uint32_t base,
-                           uint32_t L)
+/* M^g (M = KVR_HASH_CHAIN_MUL): the index's table up to jump_stride, else from the reader's
+ * table of M^(2^b) (one multiply per set bit). */
+static inline uint64_t mpow(const struct kvr_index_reader *r, uint32_t g)
 {
-    if (r->chq[L] == r->qid)
-        return r->ch[L];
-    const uint64_t *pw = r->ix->pw;
-    const uint64_t *x = q + base;
-    uint32_t k = L - base, i = 1;
-    uint64_t a0 = r->ch[base] * pw[k], a1 = 0, a2 = 0, a3 = 0;
-    for (; i + 3 <= k; i += 4) {
-        a0 += x[i] * pw[k - i];
-        a1 += x[i + 1] * pw[k - i - 1];
-        a2 += x[i + 2] * pw[k - i - 2];
-        a3 += x[i + 3] * pw[k - i - 3];
+    if (g <= r->ix->o.jump_stride)
+        return r->ix->pw[g];
+    uint64_t v = 1;
+    for (uint32_t b = 0; g != 0; b++, g >>= 1)
+        if (g & 1)
+            v *= r->m2[b];
+    return v;
+}
+
+/* sum_{i<g} x[i]*M^(g-1-i). Long runs are split in 8 parts whose Horner sums run
+ * interleaved (8 independent multiply chains) and are joined by one multiply-add each. */
+static uint64_t seg_sum(const struct kvr_index_reader *r, const uint64_t *x, uint32_t g)
+{
+    const uint64_t M = KVR_HASH_CHAIN_MUL;
+    uint64_t s = 0;
+    uint32_t i = 0;
+    if (g >= 32) {
+        const uint32_t l = g / 8;
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+        for (uint32_t k = 0; k < l; k++) {
+            s0 = s0 * M + x[k];
+            s1 = s1 * M + x[k + l];
+            s2 = s2 * M + x[k + 2 * l];
+            s3 = s3 * M + x[k + 3 * l];
+            s4 = s4 * M + x[k + 4 * l];
+            s5 = s5 * M + x[k + 5 * l];
+            s6 = s6 * M + x[k + 6 * l];
+            s7 = s7 * M + x[k + 7 * l];
+        }
+        const uint64_t ml = mpow(r, l);
+        s = ((((((s0 * ml + s1) * ml + s2) * ml + s3) * ml + s4) * ml + s5) * ml + s6) * ml + s7;
+        i = 8 * l;
     }
-    for (; i <= k; i++)
-        a0 += x[i] * pw[k - i];
-    uint64_t c = a0 + a1 + a2 + a3;
-    r->ch[L] = c;
-    r->chq[L] = r->qid;
+    for (; i < g; i++)
+        s = s * M + x[i];
+    return s;
+}
+
+/* Chain at p > lo from the known chain at lo; cached. */
+static inline uint64_t chain_from(struct kvr_index_reader *r, const uint64_t *q, uint32_t lo,
+                                  uint32_t p)
+{
+    uint64_t c = r->ch[lo] * mpow(r, p - lo) + seg_sum(r, q + lo + 1, p - lo);
+    r->ch[p] = c;
+    r->chq[p] = r->qid;
     return c;
 }
 
-/* Chains at the 8 full-stride landings (j0+1..j0+8)*stride from the known one at j0*stride:
- * each stride's content sum S_u = sum_{i=1..k} q[base_u+i]*M^(k-i) is a Horner chain of its
- * own, the 8 run interleaved (8 independent multiply chains, 2 instructions a block), then
- * chain[L_u] = chain[L_{u-1}]*M^k + S_u: 8 dependent steps instead of a 1024-step chain. */
-static void chain_land8(struct kvr_index_reader *r, const uint64_t *q, uint32_t j0, uint32_t k,
+/* Chains at the 8 landings base + u*k (u = 1..8) from the known one at base: each stride's
+ * content sum is a Horner chain of its own, the 8 run interleaved (8 independent multiply
+ * chains, one multiply-add a block), then chain[L_u] = chain[L_(u-1)]*M^k + S_u. */
+static void chain_land8(struct kvr_index_reader *r, const uint64_t *q, uint32_t base, uint32_t k,
                         uint64_t *lh)
 {
     const uint64_t M = KVR_HASH_CHAIN_MUL;
-    const uint64_t *x = q + (size_t)j0 * k + 1;
+    const uint64_t *x = q + base + 1;
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     for (uint32_t i = 0; i < k; i++) {
         s0 = s0 * M + x[i];
@@ -3153,8 +3221,8 @@ static void chain_land8(struct kvr_index_reader *r, const uint64_t *q, uint32_t 
         s6 = s6 * M + x[i + 6 * k];
         s7 = s7 * M + x[i + 7 * k];
     }
-    const uint64_t mk = r->ix->pw[k], qid = r->qid;
-    uint32_t L = j0 * k;
+    const uint64_t mk = mpow(r, k), qid = r->qid;
+    uint32_t L = base;
     uint64_t c = r->ch[L], sv[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
     for (int u = 0; u < 8; u++) {
         L += k;
@@ -3163,6 +3231,18 @@ static void chain_land8(struct kvr_index_reader *r, const uint64_t *q, uint32_t 
         r->chq[L] = (uint32_t)qid;
         lh[u] = key_hash(c);
     }
+}
+
+/* Chain at p, the chain at lo < p known: a long way (wide strides of long queries) by the
+ * interleaved sums, a short one sequentially from the nearest known position. */
+static inline uint64_t chain_at(struct kvr_index_reader *r, const uint64_t *q, uint32_t lo,
+                                uint32_t p)
+{
+    if (r->chq[p] == r->qid)
+        return r->ch[p];
+    if (p - lo >= 64)
+        return chain_from(r, q, lo, p);
+    return chain_seq(r, q, p);
 }
 
 static inline struct node *node_at(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q,
@@ -3285,10 +3365,11 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
         }
         uint32_t m = l + (h - l) / 2;
         /* the next probe is one of m's two children: their table slots load meanwhile */
+        chain_at(r, q, l, m);
         if (m - l > 1 && r->ndq[l + (m - l) / 2] != r->qid)
-            pf_slot(r->ix, key_hash(chain_seq(r, q, l + (m - l) / 2)));
+            pf_slot(r->ix, key_hash(chain_at(r, q, l, l + (m - l) / 2)));
         if (h - m > 1 && r->ndq[m + (h - m) / 2] != r->qid)
-            pf_slot(r->ix, key_hash(chain_seq(r, q, m + (h - m) / 2)));
+            pf_slot(r->ix, key_hash(chain_at(r, q, m, m + (h - m) / 2)));
         struct node *x = node_at(r, ns, q, m);
         uint32_t ms = 0;
         uint32_t nb = x ? hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
@@ -3346,6 +3427,21 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
     }
 }
 
+/* Chains and key hashes of landings from `done` on (8 full strides at once when all are
+ * before the last landing, else one); returns the new count. */
+static uint32_t land_chains(struct kvr_index_reader *r, const uint64_t *q, uint32_t done,
+                            uint32_t nl, uint32_t stride, uint32_t last)
+{
+    if (done + 8 < nl) {
+        chain_land8(r, q, done * stride, stride, &r->lh[done]);
+        return done + 8;
+    }
+    uint32_t L = done + 1 < nl ? (done + 1) * stride : last, base = done * stride;
+    uint64_t c = r->chq[L] == r->qid ? r->ch[L] : chain_from(r, q, base, L);
+    r->lh[done] = key_hash(c);
+    return done + 1;
+}
+
 /* Fast holders (all of their worker's holders hole-free): positions held along the query
  * are exactly [0, tm). Jump from landing to landing; when a holder is missing at a landing,
  * scan the stride behind it (only for the holders that dropped). */
@@ -3353,32 +3449,64 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
                       uint32_t na, uint32_t seq0)
 {
     const struct kvr_index *ix = r->ix;
-    const uint32_t stride = ix->o.jump_stride;
     uint32_t *tm = r->tm, *alive = r->alive, *ah = r->ah, *drop = r->drop, *buf = r->buf;
     if (n <= 1) {
         for (uint32_t a = 0; a < na; a++)
             tm[alive[a]] = n;
         return;
     }
-    const uint32_t nl = (n - 2) / stride + 1; /* landings: min((j+1)*stride, n-1) */
-#define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : n - 1)
-    uint32_t issued = 0; /* landings whose chain and key hash are computed */
+    const uint32_t last = n - 1;
+    uint32_t stride = ix->o.jump_stride;
+    if ((last + stride - 1) / stride > LAND_MAX) /* long query: landings further apart */
+        stride = (last + LAND_MAX - 1) / LAND_MAX;
+    const uint32_t nl = (last - 1) / stride + 1; /* landings: min((j+1)*stride, n-1) */
+#define LANDING(j) ((j) + 1 < nl ? ((j) + 1) * stride : last)
+    uint32_t nprev = na;
+    uint32_t done = 0;   /* landings whose chain and key hash are computed */
+    uint32_t issued = 0; /* landings whose table slot is prefetched */
     uint32_t looked = 0; /* landings whose node is looked up */
     uint32_t prev = 0, pseq = seq0; /* seq of prev's node when alive[] was seen there */
+    uint32_t lastst = 0; /* the look at the last block: 0 not begun, 1 slot prefetched,
+                          * 2 node prefetched, 3 looked up, 4 compare, 5 compared */
     for (uint32_t j = 0; j < nl && na > 0; j++) {
-        while (issued < nl && issued < j + PF_SLOT) {
-            if (issued + 8 < nl) { /* 8 full strides, all before the last landing */
-                chain_land8(r, q, issued, stride, &r->lh[issued]);
-                for (uint32_t u = 0; u < 8; u++)
-                    pf_slot(ix, r->lh[issued + u]);
-                issued += 8;
-                continue;
-            }
-            uint32_t L = LANDING(issued), base = issued ? LANDING(issued - 1) : 0;
-            uint64_t c = chain_jump(r, q, base, L);
-            r->lh[issued] = key_hash(c);
+        int dropped = j > 0 && na < nprev;
+        nprev = na;
+        if (lastst == 0 && (j == LAST_AT || dropped) && nl - 1 - j >= LAST_MIN) {
+            /* a long match is likely (nobody stopped over the first landings, or some
+             * stopped and the rest go on): if all of them hold the last block, they are
+             * done. All the chains now (the last landing is the last block), its lookup
+             * staged over the next landings */
+            while (done < nl)
+                done = land_chains(r, q, done, nl, stride, last);
+            pf_slot(ix, r->lh[nl - 1]);
+            lastst = 1;
+        } else if (lastst == 5 && dropped) { /* looked up: look again */
+            lastst = 4;
+        } else if (lastst > 0 && lastst < 5) { /* the look's stages, one a landing */
+            lastst++;
+        }
+        if (done < nl && done < j + PF_SLOT)
+            done = land_chains(r, q, done, nl, stride, last);
+        for (; issued < done && issued < j + PF_SLOT; issued++)
             pf_slot(ix, r->lh[issued]);
-            issued++;
+        if (lastst == 2) {
+            pf_node(ix, r->lh[nl - 1]);
+        } else if (lastst == 3) {
+            if (r->ndq[last] != r->qid) {
+                r->nd[last] = tab_find(ix, r->ch[last], r->lh[nl - 1]);
+                r->ndq[last] = r->qid;
+            }
+            pf_hset(r->nd[last]);
+        } else if (lastst == 4) {
+            const struct node *xl = r->nd[last];
+            uint32_t sq = 0;
+            lastst = 5;
+            if (xl != NULL && hs_equal(xl, ah, na, &sq)) {
+                for (uint32_t a = 0; a < na; a++)
+                    tm[alive[a]] = n;
+                na = 0;
+                break;
+            }
         }
         if (j + PF_NODE < issued)
             pf_node(ix, r->lh[j + PF_NODE]);
@@ -3398,16 +3526,42 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
             pseq = xs;
             continue;
         }
-        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, k = 0, ka = 0, nd = 0;
-        for (uint32_t a = 0; a < na; a++) {
-            uint32_t h = ah[a];
-            while (k < nb && buf[k] < h)
-                k++;
-            if (k < nb && buf[k] == h) {
+        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, ka = 0, nd = 0;
+        if (nb * 16 < na) {
+            /* few left of many (a shared prefix ends): each of the landing's holders is
+             * searched for in ah (binary, from the last one found); the runs between the
+             * ones found drop whole */
+            uint32_t lo = 0;
+            for (uint32_t k = 0; k < nb && lo < na; k++) {
+                uint32_t a = lo, hi = na;
+                while (a < hi) {
+                    uint32_t mid = a + (hi - a) / 2;
+                    if (ah[mid] < buf[k])
+                        a = mid + 1;
+                    else
+                        hi = mid;
+                }
+                if (a == na || ah[a] != buf[k])
+                    continue;
+                memcpy(drop + nd, alive + lo, (a - lo) * sizeof(*drop));
+                nd += a - lo;
                 alive[ka] = alive[a];
-                ah[ka++] = h;
-            } else {
-                drop[nd++] = alive[a];
+                ah[ka++] = ah[a];
+                lo = a + 1;
+            }
+            memcpy(drop + nd, alive + lo, (na - lo) * sizeof(*drop));
+            nd += na - lo;
+        } else {
+            for (uint32_t a = 0, k = 0; a < na; a++) {
+                uint32_t h = ah[a];
+                while (k < nb && buf[k] < h)
+                    k++;
+                if (k < nb && buf[k] == h) {
+                    alive[ka] = alive[a];
+                    ah[ka++] = h;
+                } else {
+                    drop[nd++] = alive[a];
+                }
             }
         }
         na = ka;

@@ -359,6 +359,54 @@ static void test_divergent_prefix(void **state)
     }
 }
 
+/* find's early look at the last block: one long match among shorter shared ones (it
+ * finishes at the first landing where the shorter ones are gone), a single holder of the
+ * whole query (it finishes after the first landings), and queries where the look fails
+ * (longer than the long match, or diverging before its end); long queries get their
+ * landings further apart. Every answer against min(stored length, divergence, n). */
+static void test_long_match_look(void **state)
+{
+    (void)state;
+    uint32_t strides[] = {1, 2, 7, 32};
+    const int plen[] = {100, 300, 301, 1500, 2999}; /* shorter shared prefixes of doc 0 */
+    const int NL = 3000;                            /* the long match */
+    for (int s = 0; s < 4; s++) {
+        struct fx f;
+        mk(&f, strides[s], 0);
+        uint32_t ws[5], wl, w1;
+        for (int k = 0; k < 5; k++) {
+            char pod[16];
+            snprintf(pod, sizeof(pod), "pod-s%d", k);
+            assert_int_equal(kvr_index_worker_intern(f.ix, pod, 0, &ws[k]), 0);
+            st(&f, ws[k], 0, f.ns, 0, 0, plen[k]);
+        }
+        assert_int_equal(kvr_index_worker_intern(f.ix, "pod-long", 0, &wl), 0);
+        st(&f, wl, 0, f.ns, 0, 0, NL);
+        assert_int_equal(kvr_index_worker_intern(f.ix, "pod-one", 0, &w1), 0);
+        st(&f, w1, 0, f.ns, 1, 0, 2000); /* doc 1: held by one worker alone */
+        const int ns[] = {NL, NL - 1, NL + 37, 2000, 1000, 333, 64};
+        const int divs[] = {-1, 1, 99, 100, 101, 299, 300, 1499, 1500, 2500, 2998, 2999};
+        for (size_t a = 0; a < sizeof(ns) / sizeof(ns[0]); a++) {
+            for (size_t b = 0; b < sizeof(divs) / sizeof(divs[0]); b++) {
+                int n = ns[a], d = divs[b] < n ? divs[b] : -1;
+                int lim = d >= 0 ? d : n;
+                const struct kvr_index_hit *h = q(&f, f.ns, 0, n, d, NULL, 0, NULL, wl, NULL);
+                assert_non_null(h);
+                assert_int_equal(h->matched, lim < NL ? lim : NL);
+                for (int k = 0; k < 5; k++) {
+                    h = q(&f, f.ns, 0, n, d, NULL, 0, NULL, ws[k], NULL);
+                    assert_non_null(h);
+                    assert_int_equal(h->matched, lim < plen[k] ? lim : plen[k]);
+                }
+                h = q(&f, f.ns, 1, n, d, NULL, 0, NULL, w1, NULL);
+                assert_non_null(h);
+                assert_int_equal(h->matched, lim < 2000 ? lim : 2000);
+            }
+        }
+        rm_fx(&f);
+    }
+}
+
 static void test_holes(void **state)
 {
     (void)state;
@@ -632,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_remove_mixed_unknown),
         cmocka_unit_test(test_clear_and_purge),
         cmocka_unit_test(test_divergent_prefix),
+        cmocka_unit_test(test_long_match_look),
         cmocka_unit_test(test_holes),
         cmocka_unit_test(test_tiers_and_score),
         cmocka_unit_test(test_pod_filter),

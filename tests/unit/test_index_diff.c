@@ -474,6 +474,10 @@ static uint64_t run_find(struct scen *sc, uint64_t seed, uint64_t op)
     struct doc *D = &sc->docs[n][rn(NDOC)];
     uint64_t q[MAXLEN + 16];
     uint32_t len = 1 + rn(D->len);
+    if (chance(0.2) && D->len >= 10) /* 10..19 blocks: often held to the end by all who
+                                       * hold it after a few jump landings (find's early
+                                       * look at the last block succeeds) */
+        len = 10 + rn(D->len - 9 < 10 ? D->len - 9 : 10);
     memcpy(q, D->content, len * sizeof(uint64_t));
     if (chance(0.3)) /* diverge somewhere (often at 1: SGLang's case) */
         q[chance(0.3) ? (len > 1 ? 1 : 0) : rn(len)] = sc->alpha[n][rn(10)];
