@@ -34,7 +34,8 @@ struct kvr_index;
 struct kvr_index_reader;
 
 struct kvr_index_opts {
-    uint32_t jump_stride;     /* find's jump length; default 32; never changes an answer */
+    uint32_t jump_stride;     /* find's jump length (widened so a query takes at most 32
+                               * landings); default 32; never changes an answer */
     uint32_t max_workers;     /* default 16384 */
     uint32_t orphan_capacity; /* blocks held while their parent is unknown; 0 = drop them */
     uint32_t max_query_blocks; /* readers' scratch size; default 65536 */
