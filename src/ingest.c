@@ -655,15 +655,35 @@ static void drop_pending(struct ing_stream *s)
     s->npend = 0;
 }
 
-/* Applies a buffered live batch (decoded again: the decoder moved on meanwhile). */
+static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
+{
+    return s->can_replay && w->ing->conf->max_concurrent_replays > 0 &&
+           kvr_zsub_running(w->ing->zsub);
+}
+
+static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
+static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
+                       struct kvr_zsub_msg *m);
+
+/* Asks zsub for the replay the stream just started (kvr_stream_on_live/on_buffered said
+ * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
+static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen)
+{
+    struct kvr_zsub_replay_req req = {.source = s->source, .shard = w->idx,
+                                      .gen = s->sm.replay_gen, .start = s->sm.replay_from,
+                                      .topic = s->it->t, .ctx = s};
+    kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
+                 s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
+    if (kvr_zsub_replay(w->ing->zsub, &req) != 0)
+        abort_replay(w, s, "replay unavailable");
+}
+
+/* Applies a buffered live batch that kvr_stream_on_buffered() said to apply (decoded again:
+ * the decoder moved on meanwhile). */
 static void apply_buffered(struct writer *w, struct ing_stream *s, struct pend *p)
 {
     struct kvr_batch b;
 
-    if (kvr_stream_on_buffered(&s->sm, p->seq) != KVR_STREAM_APPLY) {
-        CINC(w->st.dup_batches);
-        return;
-    }
     if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&p->msg), kvr_zsub_msg_size(&p->msg), &b) ==
         0) {
         apply_batch(w, s);
@@ -675,10 +695,28 @@ static void apply_buffered(struct writer *w, struct ing_stream *s, struct pend *
     applied(w, s, p->seq);
 }
 
+/* After a replay ended or was abandoned: the buffered live batches, in arrival order. A new
+ * gap among them (lost on the live socket after the engine served the replay) starts
+ * another replay: that batch and the ones after it stay buffered for it. */
 static void drain(struct writer *w, struct ing_stream *s)
 {
     for (size_t i = 0; i < s->npend; i++) {
-        apply_buffered(w, s, &s->pend[i]);
+        int v = kvr_stream_on_buffered(&s->sm, s->pend[i].seq, stream_can_replay(w, s));
+        if (v == KVR_STREAM_REPLAY) {
+            size_t k;
+            for (k = 0; i + k < s->npend; k++)
+                if (k != i + k)
+                    kvr_zsub_msg_move(&s->pend[k].msg, &s->pend[i + k].msg);
+            for (k = 0; i + k < s->npend; k++)
+                s->pend[k].seq = s->pend[i + k].seq;
+            s->npend -= i;
+            request_replay(w, s, s->pend[0].seq);
+            return;
+        }
+        if (v == KVR_STREAM_APPLY)
+            apply_buffered(w, s, &s->pend[i]);
+        else
+            CINC(w->st.dup_batches);
         kvr_zsub_msg_close(&s->pend[i].msg);
     }
     s->npend = 0;
@@ -725,7 +763,6 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     struct ing_stream *s;
     int bad = BAD_WORKER;
     int v;
-    bool can_replay;
 
     if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
                          kvr_zsub_msg_size(&item->payload), &b) != 0) {
@@ -742,9 +779,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     }
     s->source = item->source;
     s->can_replay = item->can_replay;
-    can_replay = item->can_replay && w->ing->conf->max_concurrent_replays > 0 &&
-                 kvr_zsub_running(w->ing->zsub);
-    v = kvr_stream_on_live(&s->sm, item->seq, can_replay);
+    v = kvr_stream_on_live(&s->sm, item->seq, stream_can_replay(w, s));
     if (v & KVR_STREAM_F_PURGE) {
         drop_pending(s);
         clear_worker(w, s, &w->st.restart_purged);
@@ -766,25 +801,18 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     case KVR_STREAM_DROP:
         CINC(w->st.dup_batches);
         break;
-    case KVR_STREAM_REPLAY: {
-        struct kvr_zsub_replay_req req = {.source = item->source, .shard = w->idx,
-                                          .gen = s->sm.replay_gen, .start = s->sm.replay_from,
-                                          .topic = item->topic, .ctx = s};
-        kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
-                     item->topic->pod, s->dp_rank, item->seq, s->sm.replay_from);
+    case KVR_STREAM_REPLAY:
         if (!buffer_msg(w, s, item->seq, &item->payload)) {
             abort_replay(w, s, "out of memory");
             break;
         }
-        if (kvr_zsub_replay(w->ing->zsub, &req) != 0)
-            abort_replay(w, s, "replay unavailable");
+        request_replay(w, s, item->seq);
         break;
-    }
     case KVR_STREAM_BUFFER:
         if (!buffer_msg(w, s, item->seq, &item->payload)) {
             /* Apply the buffer, then this batch through the normal path. */
             abort_replay(w, s, "buffer limit reached");
-            if (kvr_stream_on_buffered(&s->sm, item->seq) == KVR_STREAM_APPLY &&
+            if (kvr_stream_on_buffered(&s->sm, item->seq, false) == KVR_STREAM_APPLY &&
                 kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
                                  kvr_zsub_msg_size(&item->payload), &b) == 0) {
                 apply_batch(w, s);

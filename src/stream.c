@@ -28,6 +28,7 @@ static int start_replay(struct kvr_stream *s, uint64_t from)
 {
     s->replaying = true;
     s->replay_hole = false;
+    s->replay_whole = false;
     s->replay_from = from;
     s->replay_gen++;
     s->replays++;
@@ -111,7 +112,8 @@ bool kvr_stream_on_replay_end(struct kvr_stream *s, uint32_t gen, bool ok)
         return false;
     }
     s->replaying = false;
-    if (ok && !s->replay_hole)
+    s->replay_whole = ok && !s->replay_hole;
+    if (s->replay_whole)
         s->replays_ok++;
     else
         s->replays_failed++;
@@ -127,7 +129,7 @@ void kvr_stream_abort_replay(struct kvr_stream *s)
     s->replays_failed++;
 }
 
-int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq)
+int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq, bool can_replay)
 {
     uint64_t expected = kvr_stream_expected(s);
 
@@ -136,9 +138,16 @@ int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq)
         return KVR_STREAM_DROP;
     }
     if (seq > expected) {
-        /* The replay did not cover this part of the gap (failed, timed out, or the live
-         * socket also lost batches after the replay was served). The gap was already
-         * counted when detected. */
+        if (s->replay_whole) {
+            /* The replay covered the gap it was for, so these batches were lost on the live
+             * socket after the engine served it: a new gap. */
+            s->gaps++;
+            s->replay_whole = false;
+            if (can_replay)
+                return start_replay(s, expected);
+        }
+        /* Otherwise the replay did not cover this part of its gap (failed, timed out, a
+         * hole in the engine's ring), which was counted when detected. */
         s->unsynced = true;
     }
     return KVR_STREAM_APPLY;

@@ -15,7 +15,9 @@
  * - While replaying: replayed batches are applied in order, those already applied are
  *   dropped (never applied twice), a replayed seq beyond the next expected one is a hole in
  *   the engine's ring buffer (applied, stream unsynced). At the end, the buffered live
- *   batches are handed back in arrival order and pass through the same dedup check.
+ *   batches are handed back in arrival order and pass through the same dedup check; after a
+ *   whole replay, a buffered batch beyond the next expected seq is a new gap (batches lost
+ *   on the live socket after the engine served the replay) and starts another replay.
  * - Resync: an unsynced stream becomes synced again when AllBlocksCleared is applied (the
  *   worker's blocks are all dropped, so the index no longer misses anything), or on a
  *   re-baseline (restart at seq 0, purge).
@@ -49,6 +51,7 @@ struct kvr_stream {
 
     bool replaying;
     bool replay_hole;   /* the running replay skipped seqs */
+    bool replay_whole;  /* the last replay ended with its end marker and no hole */
     uint64_t replay_from;
     uint32_t replay_gen; /* bumped on every replay start/abort: older replay items are stale */
 
@@ -77,8 +80,12 @@ bool kvr_stream_on_replay_end(struct kvr_stream *s, uint32_t gen, bool ok);
 /* Aborts the running replay (buffer limit, source gone); the caller then drains the buffer
  * through kvr_stream_on_buffered() as after a failed end. */
 void kvr_stream_abort_replay(struct kvr_stream *s);
-/* A buffered live batch after the replay ended: KVR_STREAM_APPLY or KVR_STREAM_DROP. */
-int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq);
+/* A buffered live batch after the replay ended: KVR_STREAM_APPLY or KVR_STREAM_DROP; or,
+ * when the replay was complete and this batch is beyond the next expected seq (the live
+ * socket lost batches after the engine served the replay: a new gap) and can_replay,
+ * KVR_STREAM_REPLAY: a replay from the expected seq has started, and this batch and the
+ * ones buffered after it stay buffered for its drain. */
+int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq, bool can_replay);
 
 /* The batch with this seq was applied to the index. */
 void kvr_stream_applied(struct kvr_stream *s, uint64_t seq);

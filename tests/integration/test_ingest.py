@@ -5,6 +5,7 @@ POST /v1/score (matched_blocks, tiers) and GET /metrics. Every wait is bounded.
 """
 
 import re
+import threading
 import time
 
 import pytest
@@ -247,6 +248,43 @@ def test_replay_recovers_dropped_batches(daemon_factory, fmt):
         assert r.replay_requests >= 1
         assert metric(d, "events_replays_total", 'result="ok"') >= 1
         # Never applied twice: a duplicate block store would be counted here.
+        assert metric(d, "events_blocks_duplicate_total") == 0
+
+
+def test_loss_after_replay_served_replays_again(daemon_factory):
+    """Batches lost on the live socket after the engine served a replay, before its end
+    marker arrived: the buffered batch beyond the gap starts a second replay (not unsynced)."""
+    with Engine(pod="pod-r2", model=MODEL, mode="bind", replay=True, block_size=BS) as eng:
+        r = eng.rank(0)
+        d = start(daemon_factory, {"bind": None,
+                                   "connect": "%s replay=%s" % (r.pub_endpoint,
+                                                                r.replay_endpoint)})
+        warm(eng, d, "pod-r2")
+        gate = threading.Event()
+        r.replay_end_gate = gate
+        prompts = [tokens_for(300 + i, 2 * BS) for i in range(5)]
+        base = r.seq
+        r.drop = {base + 1, base + 3}
+        for p in prompts[:3]:  # base, (base+1 lost), base+2: a gap, replay from base+1
+            r.request(p)
+            r.publish()
+        assert r.replay_served.wait(WAIT), "no replay request reached the engine"
+        buffered = metric(d, "events_buffered_batches_total") or 0
+        for p in prompts[3:]:  # (base+3 lost), base+4: buffered behind the running replay
+            r.request(p)
+            seq = r.publish()
+        deadline = time.monotonic() + WAIT
+        while (metric(d, "events_buffered_batches_total") or 0) < buffered + 1:
+            assert time.monotonic() < deadline, "base+4 was never buffered"
+            time.sleep(0.02)
+        r.replay_end_gate = None
+        gate.set()
+        p = wait_pod(d, "pod-r2", seq=seq, state="synced")
+        assert p["replays"] >= 2 and p["gaps"] >= 2, p
+        assert r.replay_requests >= 2
+        assert p["blocks"] == 10
+        for pr in prompts:
+            assert matched(d, pr, "pod-r2") == 2
         assert metric(d, "events_blocks_duplicate_total") == 0
 
 

@@ -19,7 +19,8 @@ It follows ../shared/specs/vllm-kv-events.md (vLLM's ZmqEventPublisher and Block
   reused, new ones are taken from an LRU free queue (lazy eviction: reusing a cached free
   block emits BlockRemoved for it), finished requests free their blocks tail first;
 * loss and restarts: `drop` a seq (kept in the replay ring, never sent live), `restart()`
-  (seq back to 0, cache and ring emptied, no AllBlocksCleared, as vLLM does).
+  (seq back to 0, cache and ring emptied, no AllBlocksCleared, as vLLM does);
+  `replay_end_gate` holds a replay's end marker back until a test opens it.
 
 Usage:
     eng = Engine(pod="pod-a", model="m", mode="connect", endpoints=[daemon.events[0]])
@@ -116,6 +117,11 @@ class Rank:
         self.ring_lock = threading.Lock()
         self.replay_requests = 0
         self.skip_replay = set()  # seqs the ROUTER pretends not to have
+        # When set (a threading.Event), the ROUTER sends a replay's batches, sets
+        # replay_served, and holds the end marker until the gate opens (at most 10 s): a test
+        # can lose live batches after the engine served a replay, before its end arrives.
+        self.replay_end_gate = None
+        self.replay_served = threading.Event()
         ctx = engine.ctx
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
@@ -308,6 +314,10 @@ class Rank:
                         sock.send_multipart([ident, b"", self.engine.topic_bytes, be64(s), p])
                     else:
                         sock.send_multipart([ident, b"", be64(s), p])
+                self.replay_served.set()
+                gate = self.replay_end_gate
+                if gate is not None:
+                    gate.wait(10)
                 if v25:
                     sock.send_multipart([ident, b"", b"", END_SEQ, b""])
                 else:

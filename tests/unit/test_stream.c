@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -98,9 +99,9 @@ static void test_gap_replay_ok(void **state)
     assert_true(kvr_stream_on_replay_end(&s, gen, true));
     assert_int_equal(s.replays_ok, 1);
     /* drain: 15, 16 already applied through the replay, 17 is new */
-    assert_int_equal(kvr_stream_on_buffered(&s, 15), KVR_STREAM_DROP);
-    assert_int_equal(kvr_stream_on_buffered(&s, 16), KVR_STREAM_DROP);
-    assert_int_equal(kvr_stream_on_buffered(&s, 17), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_on_buffered(&s, 15, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 16, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 17, true), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 17);
     assert_int_equal(s.duplicates, 2);
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
@@ -123,7 +124,7 @@ static void test_replay_ahead_of_live(void **state)
         kvr_stream_applied(&s, q);
     }
     assert_true(kvr_stream_on_replay_end(&s, gen, true));
-    assert_int_equal(kvr_stream_on_buffered(&s, 2), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 2, true), KVR_STREAM_DROP);
     /* 3..5 then arrive live late: duplicates, never applied twice, not a restart */
     assert_int_equal(kvr_stream_on_live(&s, 3, true), KVR_STREAM_DROP);
     assert_int_equal(kvr_stream_on_live(&s, 5, true), KVR_STREAM_DROP);
@@ -156,7 +157,7 @@ static void test_replay_not_contiguous(void **state)
     assert_int_equal(s.replays_failed, 1);
     assert_int_equal(s.replays_ok, 0);
     assert_int_equal(s.gaps, 3);
-    assert_int_equal(kvr_stream_on_buffered(&s, 110), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_on_buffered(&s, 110, true), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 110);
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
 }
@@ -173,9 +174,9 @@ static void test_replay_timeout(void **state)
     kvr_stream_on_live(&s, 4, true);
     assert_true(kvr_stream_on_replay_end(&s, gen, false));
     assert_int_equal(s.replays_failed, 1);
-    assert_int_equal(kvr_stream_on_buffered(&s, 3), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_on_buffered(&s, 3, true), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 3);
-    assert_int_equal(kvr_stream_on_buffered(&s, 4), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_on_buffered(&s, 4, true), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 4);
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
     /* late items of that replay are stale */
@@ -196,7 +197,7 @@ static void test_abort_replay(void **state)
     gen = s.replay_gen;
     kvr_stream_abort_replay(&s);
     assert_int_equal(s.replays_failed, 1);
-    assert_int_equal(kvr_stream_on_buffered(&s, 2), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_on_buffered(&s, 2, true), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 2);
     assert_int_equal(kvr_stream_on_replay(&s, gen, 1), KVR_STREAM_DROP);
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
@@ -253,8 +254,8 @@ static void test_restart_with_replay_from_zero(void **state)
         kvr_stream_applied(&s, q);
     }
     assert_true(kvr_stream_on_replay_end(&s, gen, true));
-    assert_int_equal(kvr_stream_on_buffered(&s, 2), KVR_STREAM_DROP);
-    assert_int_equal(kvr_stream_on_buffered(&s, 3), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 2, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 3, true), KVR_STREAM_DROP);
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
     assert_int_equal(live(&s, 4, true), KVR_STREAM_APPLY);
 }
@@ -352,7 +353,7 @@ static void test_random_exactly_once(void **state)
                 }
                 assert_true(kvr_stream_on_replay_end(&s, gen, true));
                 for (size_t i = 0; i < nbuf; i++) {
-                    if (kvr_stream_on_buffered(&s, buf[i]) == KVR_STREAM_APPLY) {
+                    if (kvr_stream_on_buffered(&s, buf[i], true) == KVR_STREAM_APPLY) {
                         if (buf[i] != next_apply)
                             fail_msg("seed %u: drain applied %llu", seed,
                                      (unsigned long long)buf[i]);
@@ -373,7 +374,7 @@ static void test_random_exactly_once(void **state)
                 }
             kvr_stream_on_replay_end(&s, gen, true);
             for (size_t i = 0; i < nbuf; i++)
-                if (kvr_stream_on_buffered(&s, buf[i]) == KVR_STREAM_APPLY) {
+                if (kvr_stream_on_buffered(&s, buf[i], true) == KVR_STREAM_APPLY) {
                     assert_int_equal(buf[i], next_apply);
                     kvr_stream_applied(&s, buf[i]);
                     next_apply = buf[i] + 1;
@@ -384,6 +385,144 @@ static void test_random_exactly_once(void **state)
                      (unsigned long long)next_apply, (unsigned long long)n + 1);
         assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
         assert_int_equal(s.restarts, 0);
+    }
+}
+
+/* A whole replay, then a buffered live batch beyond the next seq: lost on the live socket
+ * after the engine served the replay. A new gap: another replay from there. */
+static void test_gap_after_whole_replay(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    live(&s, 0, true);
+    live(&s, 1, true);
+    assert_int_equal(ACT(kvr_stream_on_live(&s, 4, true)), KVR_STREAM_REPLAY); /* 2, 3 lost */
+    gen = s.replay_gen;
+    assert_int_equal(ACT(kvr_stream_on_live(&s, 5, true)), KVR_STREAM_BUFFER);
+    assert_int_equal(ACT(kvr_stream_on_live(&s, 7, true)), KVR_STREAM_BUFFER); /* 6 lost */
+    for (uint64_t q = 2; q <= 5; q++) { /* the engine served 2..5 */
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_on_buffered(&s, 4, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 5, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 7, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 6);
+    assert_int_equal(s.gaps, 2);
+    gen = s.replay_gen;
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 6), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 6);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 7), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 7);
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_on_buffered(&s, 7, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    assert_int_equal(s.replays_ok, 2);
+
+    /* the same without a replay endpoint any more: unsynced, applied */
+    kvr_stream_init(&s);
+    live(&s, 0, true);
+    assert_int_equal(ACT(kvr_stream_on_live(&s, 2, true)), KVR_STREAM_REPLAY);
+    gen = s.replay_gen;
+    kvr_stream_on_live(&s, 4, true);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 1), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 1);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 2), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 2);
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_on_buffered(&s, 2, false), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 4, false), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 4);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    assert_int_equal(s.gaps, 2);
+}
+
+/* Randomized: the live channel also loses batches while a replay is in flight, after the
+ * engine served it (its end is processed later). Every seq applied exactly once, in order. */
+static void test_random_loss_during_replay(void **state)
+{
+    unsigned seed = (unsigned)(getenv("KVR_SEED") ? atoi(getenv("KVR_SEED")) : 4242);
+    (void)state;
+    srand(seed);
+    for (int round = 0; round < 300; round++) {
+        struct kvr_stream s;
+        uint64_t buf[512];
+        size_t nbuf = 0;
+        uint64_t next_apply = 0, n = 30 + (uint64_t)(rand() % 200), from = 0;
+        bool pending = false, served = false;
+        uint32_t gen = 0;
+        uint64_t replays = 0;
+
+        kvr_stream_init(&s);
+        for (uint64_t q = 0; q <= n + 64; q++) {
+            if (q <= n) {
+                bool lost = q > 0 && q < n && rand() % 4 == 0;
+                if (!lost) {
+                    int v = ACT(kvr_stream_on_live(&s, q, true));
+                    if (v == KVR_STREAM_APPLY) {
+                        if (q != next_apply)
+                            fail_msg("seed %u: live applied %llu, expected %llu", seed,
+                                     (unsigned long long)q, (unsigned long long)next_apply);
+                        kvr_stream_applied(&s, q);
+                        next_apply = q + 1;
+                    } else {
+                        assert_true(v == KVR_STREAM_REPLAY || v == KVR_STREAM_BUFFER);
+                        if (v == KVR_STREAM_REPLAY) {
+                            pending = true, served = false, replays++;
+                            gen = s.replay_gen, from = s.replay_from;
+                        }
+                        assert_true(nbuf < 512);
+                        buf[nbuf++] = q;
+                    }
+                }
+            }
+            /* the engine serves from..min(q, n) (its ring has everything published) */
+            if (pending && !served && (rand() % 3 == 0 || q > n)) {
+                for (uint64_t r = from; r <= (q < n ? q : n); r++)
+                    if (kvr_stream_on_replay(&s, gen, r) == KVR_STREAM_APPLY) {
+                        if (r != next_apply)
+                            fail_msg("seed %u: replay applied %llu, expected %llu", seed,
+                                     (unsigned long long)r, (unsigned long long)next_apply);
+                        kvr_stream_applied(&s, r);
+                        next_apply = r + 1;
+                    }
+                served = true;
+                continue; /* its end comes later: more live batches may arrive (or be lost) */
+            }
+            if (pending && served && (rand() % 2 == 0 || q > n)) {
+                size_t i;
+                assert_true(kvr_stream_on_replay_end(&s, gen, true));
+                pending = served = false;
+                for (i = 0; i < nbuf; i++) {
+                    int v = kvr_stream_on_buffered(&s, buf[i], true);
+                    if (v == KVR_STREAM_REPLAY) { /* keep buf[i..] for the new replay */
+                        memmove(buf, buf + i, (nbuf - i) * sizeof(buf[0]));
+                        nbuf -= i;
+                        pending = true, replays++;
+                        gen = s.replay_gen, from = s.replay_from;
+                        assert_int_equal(from, next_apply);
+                        break;
+                    }
+                    if (v == KVR_STREAM_APPLY) {
+                        if (buf[i] != next_apply)
+                            fail_msg("seed %u: drain applied %llu, expected %llu", seed,
+                                     (unsigned long long)buf[i], (unsigned long long)next_apply);
+                        kvr_stream_applied(&s, buf[i]);
+                        next_apply = buf[i] + 1;
+                    }
+                }
+                if (!pending)
+                    nbuf = 0;
+            }
+        }
+        if (pending || next_apply != n + 1)
+            fail_msg("seed %u round %d: ended at %llu of %llu (pending %d)", seed, round,
+                     (unsigned long long)next_apply, (unsigned long long)n + 1, pending);
+        assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+        assert_int_equal(s.replays, replays);
     }
 }
 
@@ -398,6 +537,8 @@ int main(void)
         cmocka_unit_test(test_replay_not_contiguous),
         cmocka_unit_test(test_replay_timeout),
         cmocka_unit_test(test_abort_replay),
+        cmocka_unit_test(test_gap_after_whole_replay),
+        cmocka_unit_test(test_random_loss_during_replay),
         cmocka_unit_test(test_restart),
         cmocka_unit_test(test_restart_with_replay_from_zero),
         cmocka_unit_test(test_restart_during_replay),
