@@ -1567,17 +1567,16 @@ static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint6
  * map is resized), or, before an empty slot, an empty slot with the tombstones just before
  * it; the map is rehashed smaller when an eighth full and tombstones are cleared whenever
  * it is rehashed. */
-static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+/* recmap_del's rarer half: the slot before an empty one, and shrinking. */
+static __attribute__((noinline)) void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
+                                                      struct rec *r)
 {
     uint32_t cap = m->cap, i = (uint32_t)(r - m->s);
-    m->n--;
-    if (m->s[rec_next(m, i)].nc != 0) {
-        r->nc = REC_TOMB;
-        m->tomb++;
-    } else {
+    if (m->s[rec_next(m, i)].nc == 0) {
         /* the next slot is empty, so no probe passes here: empty this slot and the
          * tombstones just before it */
         r->nc = 0;
+        m->tomb--;
         for (i = i == 0 ? cap - 1 : i - 1; m->s[i].nc == REC_TOMB; i = i == 0 ? cap - 1 : i - 1) {
             m->s[i].nc = 0;
             m->tomb--;
@@ -1587,6 +1586,16 @@ static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
         (void)recmap_resize(s, m, 0);
     else if (cap > 8 && (size_t)m->n * 8 < cap)
         (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 2));
+}
+
+static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+{
+    uint32_t i = (uint32_t)(r - m->s);
+    r->nc = REC_TOMB;
+    m->tomb++;
+    m->n--;
+    if (m->s[rec_next(m, i)].nc == 0 || (size_t)m->n * 8 < m->cap)
+        recmap_del_slow(s, m, r);
 }
 
 static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
