@@ -2455,12 +2455,18 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
      * what it removed finds its own tombstone there: the map neither fills up with
      * tombstones nor grows), else to the empty slot ending the run, if within the max load */
     uint32_t i = rh, tb = UINT32_MAX;
-    for (; m->s[i].nc != 0; i = rec_next(m, i)) {
-        if (m->s[i].nc == REC_TOMB) {
-            if (tb == UINT32_MAX)
-                tb = i;
-        } else if (m->s[i].key == key) {
-            return 0; /* duplicate */
+    if (m->tomb == 0) { /* the usual case, and a shorter loop */
+        for (; m->s[i].nc != 0; i = rec_next(m, i))
+            if (m->s[i].key == key)
+                return 0; /* duplicate */
+    } else {
+        for (; m->s[i].nc != 0; i = rec_next(m, i)) {
+            if (m->s[i].nc == REC_TOMB) {
+                if (tb == UINT32_MAX)
+                    tb = i;
+            } else if (m->s[i].key == key) {
+                return 0; /* duplicate */
+            }
         }
     }
     if (tb != UINT32_MAX)
