@@ -113,7 +113,21 @@
  * rehash: an insertion that finds neither a tombstone nor room does) and a deletion before
  * an empty slot clears tombstones in place: no rehash at all in steady state. Measured
  * (same runs, medians of 3): steady store avg 140 -> 80 us, p50 86 -> 76, p99 404 -> 145;
- * steady remove p50 64 -> 70 (the maps stay at their load instead of doubling).
+ * steady remove p50 64 -> 70 (the maps stay at their load instead of doubling; recmap_del
+ * inline, its rarer half out of line, brought it back to ~67); bytes per pair after the
+ * 512-op churn 85.3 -> 63.3 (the same as before the churn). store_fast keeps the old
+ * shorter probe loop while a map has no tombstones (callgrind, bench/index.sh: store 409
+ * instructions a block before this work, 432 with tombstone tracking, 415 with both
+ * loops; remove 473 -> 477; store from empty p50 ~81 -> ~78 us).
+ * Where the store's tails come from now (rdtsc per call, 976 x 1024 from empty): the p99
+ * is the ~12 calls that map a new node chunk: the first touch of a 2 MB transparent huge
+ * page costs ~300 us (clearing it) and, with the kernel's THP defrag policy "madvise" on
+ * this machine, sometimes ~5 ms (direct compaction). Without MADV_HUGEPAGE the store p99
+ * from empty is ~255 us but its p50 ~9 us worse (4 KB faults spread over every call), so
+ * huge pages stay. Next come the reverse-map doublings (120-190 us in the calls that do
+ * the largest one, ~21 us a call on average) and shard table rebuilds (~10 us a call).
+ * In steady state nothing grows or rehashes any more (0 reverse-map rehashes, ~0.1 us of
+ * shard rebuilds a call); its p99 is mostly noise (the slowest calls differ between runs).
  * Measured and dropped: the remove windows for store (all of a window's slots prefetched,
  * then its blocks: 16 instructions a block fewer but ~8% slower than the rolling
  * look-ahead, also with the next window prefetched while one is stored), ST_AHEAD 12 (no
