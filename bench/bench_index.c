@@ -8,7 +8,8 @@
  *    Store and remove from empty include the growth of every table and reverse map (the
  *    peers' figures do too); "steady state" then churns up to 512 sequences (remove one,
  *    store it again) in the full index, whose tables no longer grow, as in a running fleet
- *    whose caches are full.
+ *    whose caches are full; bytes per pair are printed again after the churn (the same
+ *    contents: memory should not have grown).
  * 2. Concurrent: one writer thread applies the event stream of the Mooncake synthetic trace
  *    (each hash_id -> 512 deterministic token ids, 16-token blocks, 256 workers, each an
  *    LRU cache of 16,384 blocks whose evictions become removes) while one reader runs the
@@ -183,6 +184,9 @@ static void shape(uint32_t nseq, uint32_t nblk, uint32_t nworkers, uint32_t nq)
         lat2[k] = now_us() - t1;
         lat[k] = t1 - t0;
     }
+    kvr_index_stats(ix, &st1);
+    printf("  memory after the churn: %.1f bytes per pair (%.1f MB in use)\n",
+           (double)(st1.bytes - st0.bytes) / (double)st1.holders, (double)st1.bytes / 1e6);
     report("store, steady state (churn)", lat2, nch);
     report("remove, steady state (churn)", lat, nch);
     free(lat2);

@@ -23,6 +23,9 @@
  *   (linear probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
  *   1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a
  *   rebuild of up to 2^16 slots places entries from their tags without touching nodes.
+ *   Writers take the table's mask and shift from the shard (copies kept under its lock, in
+ *   the lock's cache line), not from the table header (another miss per entry created or
+ *   deleted: store and remove p50 ~3 us faster).
  *   Unlinking before an empty slot clears the tombstones behind it. Nodes never move, so
  *   readers and the reverse maps keep plain pointers.
  * - Per holder (worker, tier), writer-private: recs, the reverse map engine hash -> node
@@ -30,7 +33,9 @@
  *   bijection, so a rehash reads homes off the stored keys; copies past 65535 overflow
  *   into `extra`, keyed the same way), open addressing over any capacity (doubles, max
  *   load 7/8 counting tombstones: a deletion
- *   leaves a tombstone, nothing moves; a rehash clears them); absent, chain-keyed counts
+ *   leaves a tombstone, nothing moves, or before an empty slot empties its slot and the
+ *   tombstones just before it; an insertion takes the first tombstone of its probe run; a
+ *   rehash clears them); absent, chain-keyed counts
  *   of held children whose parent entry the holder does not hold; alias, extra engine hashes
  *   that map to an entry the holder already holds (vLLM cache_salt / multimodal blocks: same
  *   tokens, different engine hash). Membership of a holder in an entry = 1 + alias count; it
@@ -137,6 +142,35 @@
  * double one), the shard tables' ~14 us (~7 rebuilds a call). A throwaway floor (chain
  * multiply-add, one insert into a 2M-slot table with prefetch, a 32-byte node from a bump
  * allocator, one insert into a 16K-record map) runs 27-33 us per 1024 blocks here.
+ * Steady state (churn: remove a sequence, store it again, in the full index): a store
+ * first left its records in the empty slot ending each probe run, so every remove + store
+ * left ~1K more tombstones and the store's up-front reservation (records + tombstones)
+ * then doubled the holder's map (125 doublings in 512 churn ops, 77M cycles: the p99). Now
+ * store_fast and recmap_slot take the first tombstone of the run (a block stored again
+ * finds its own), the reservation grows only for records (tombstones alone never
+ * rehash: an insertion that finds neither a tombstone nor room does) and a deletion before
+ * an empty slot clears tombstones in place: no rehash at all in steady state. Measured
+ * (same runs, medians of 3): steady store avg 140 -> 80 us, p50 86 -> 76, p99 404 -> 145;
+ * steady remove p50 64 -> 70 (the maps stay at their load instead of doubling; recmap_del
+ * inline, its rarer half out of line, brought it back to ~67); bytes per pair after the
+ * 512-op churn 85.3 -> 63.3 (the same as before the churn). store_fast keeps the old
+ * shorter probe loop while a map has no tombstones (callgrind, bench/index.sh: store 409
+ * instructions a block before this work, 432 with tombstone tracking, 415 with both
+ * loops; remove 473 -> 477; store from empty p50 ~81 -> ~78 us).
+ * Where the store's tails come from now (rdtsc per call, 976 x 1024 from empty): the p99
+ * is the ~12 calls that map a new node chunk: the first touch of a 2 MB transparent huge
+ * page costs ~300 us (clearing it) and, with the kernel's THP defrag policy "madvise" on
+ * this machine, sometimes ~5 ms (direct compaction). Without MADV_HUGEPAGE the store p99
+ * from empty is ~255 us but its p50 ~9 us worse (4 KB faults spread over every call), so
+ * huge pages stay. Next come the reverse-map doublings (120-190 us in the calls that do
+ * the largest one, ~21 us a call on average) and shard table rebuilds (~10 us a call).
+ * Branch totals (tombstone reuse + shard mask copies; 4 interleaved runs, medians, us,
+ * avg/p50/p99): store from empty 127/81/350 -> 94/75/340; store steady 143/88/409 ->
+ * 76/74/142; remove steady 71/66/150 -> 72/66/142; remove to empty 83/70/219 -> 81/71/194.
+ * Trace, round-robin (LRU evictions), M block-ops/s: writer alone 7.8 -> 8.4, with a
+ * concurrent reader 6.3 -> 7.5.
+ * In steady state nothing grows or rehashes any more (0 reverse-map rehashes, ~0.1 us of
+ * shard rebuilds a call); its p99 is mostly noise (the slowest calls differ between runs).
  * Measured and dropped: the remove windows for store (all of a window's slots prefetched,
  * then its blocks: 16 instructions a block fewer but ~8% slower than the rolling
  * look-ahead, also with the next window prefetched while one is stored), ST_AHEAD 12 (no
@@ -164,7 +198,9 @@
  *   entry and deleting the last holder take the shard's spinlock (order: shard, then node);
  *   a node is marked dead and unlinked under both, so a node found under the shard lock is
  *   alive. Other updates (holders joining/leaving a shared entry, child counts) take only
- *   the node lock.
+ *   the node lock. A shard's mask/shift copies (DATA) are written by tab_publish and read
+ *   by writers, both under the shard lock; readers never read them (they use tabw and the
+ *   table itself), so the published-table protocol below is unchanged.
  * - Readers never lock: table slots are read with acquire loads (insert publishes a fully
  *   built node with a release store; delete writes a tombstone or, before an empty slot, 0;
  *   growth/shrink builds a new table and publishes its pointer; nothing in a published table
@@ -373,9 +409,11 @@ struct table {
 
 struct shard {
     uint32_t lock;       /* spinlock: writers creating/deleting entries here */
-    uint32_t pad;
+    uint32_t shift;      /* under lock: tab->shift (0 without a table) */
     struct table *tab;   /* atomic pointer; replaced under lock */
     uint64_t live, used; /* under lock */
+    uint64_t mask;       /* under lock: tab->mask (writers probe without loading the table
+                          * header, another cache line) */
 } __attribute__((aligned(64)));
 
 struct rec {
@@ -987,6 +1025,8 @@ static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)
     IX_ASSERT(((uintptr_t)t >> 48) == 0);
     STR(sh->tab, t);
     STR(ix->tabw[sh - ix->sh], t ? (uint64_t)(uintptr_t)t | (uint64_t)t->shift << 56 : 0);
+    sh->shift = t ? t->shift : 0;
+    sh->mask = t ? t->mask : 0;
 }
 
 static inline const struct table *tabw_get(const struct kvr_index *ix, uint64_t h,
@@ -1067,22 +1107,22 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
                               struct node *x, uint64_t h)
 {
     struct table *t = sh->tab;
-    uint64_t i = h >> t->shift;
+    uint64_t i = h >> sh->shift, mask = sh->mask;
     for (;;) {
         uint64_t v = LD(t->slot[i]);
         IX_ASSERT(v != 0);
         if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB)
             break;
-        i = (i + 1) & t->mask;
+        i = (i + 1) & mask;
     }
-    if (LD(t->slot[(i + 1) & t->mask]) != 0) {
+    if (LD(t->slot[(i + 1) & mask]) != 0) {
         STR(t->slot[i], SLOT_TOMB);
     } else {
         /* The next slot is empty, so no probe needs to pass here: empty it, and the
          * tombstones just before it (readers' probes stop at the same place as before). */
         STR(t->slot[i], 0ull);
         sh->used--;
-        for (uint64_t j = (i - 1) & t->mask; LD(t->slot[j]) == SLOT_TOMB; j = (j - 1) & t->mask) {
+        for (uint64_t j = (i - 1) & mask; LD(t->slot[j]) == SLOT_TOMB; j = (j - 1) & mask) {
             STR(t->slot[j], 0ull);
             sh->used--;
         }
@@ -1093,7 +1133,7 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
         tab_publish(ix, sh, NULL);
         sh->used = 0;
         ebr_retire(ix, s, t);
-    } else if (t->mask + 1 > 16 && sh->live * 8 < t->mask + 1) {
+    } else if (mask + 1 > 16 && sh->live * 8 < mask + 1) {
         (void)tab_rebuild(ix, s, sh, sh->live);
     }
 }
@@ -1314,7 +1354,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
     int rc;
 
     shard_lock(sh);
-    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->tab->mask + 1) * 3) {
+    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->mask + 1) * 3) {
         rc = tab_rebuild(ix, s, sh, sh->live + 1);
         if (rc < 0) {
             shard_unlock(sh);
@@ -1322,7 +1362,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         }
     }
     struct table *t = sh->tab;
-    uint64_t mask = t->mask, i = h >> t->shift, tag = h >> 48, ins = UINT64_MAX;
+    uint64_t mask = sh->mask, i = h >> sh->shift, tag = h >> 48, ins = UINT64_MAX;
     struct node *x = NULL;
     for (;;) {
         uint64_t v = LD(t->slot[i]);
@@ -1520,10 +1560,15 @@ static int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more)
     return recmap_resize(s, m, rec_cap_for(need > grown ? need : grown));
 }
 
-/* Grows once for `more` insertions ahead (a store of many blocks). */
+/* Grows once for `more` insertions ahead (a store of many blocks) when they cannot fit
+ * even with every tombstone reused; tombstones alone never cause a rehash here (a store
+ * after a remove usually reuses them: recmap_slot and store_fast take the first tombstone
+ * of the probe run), the insertion that finds no tombstone and no room does. */
 static void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
 {
-    (void)recmap_room(s, m, more);
+    size_t need = (size_t)m->n + more;
+    if (need * 8 > (size_t)m->cap * RECMAP_LOAD)
+        (void)recmap_room(s, m, more);
 }
 
 static struct rec *recmap_get_key(const struct recmap *m, uint64_t key)
@@ -1549,18 +1594,26 @@ static struct rec *recmap_get(const struct recmap *m, uint64_t eh)
  * more; NULL when growing failed. Valid until the map changes; fill it with rec_fill. */
 static struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t key)
 {
+    if (m->s != NULL) {
+        uint32_t i = rec_home(m, key), t = UINT32_MAX;
+        for (; m->s[i].nc != 0; i = rec_next(m, i)) {
+            if (m->s[i].nc == REC_TOMB) {
+                if (t == UINT32_MAX)
+                    t = i;
+            } else if (m->s[i].key == key) {
+                return &m->s[i];
+            }
+        }
+        if (t != UINT32_MAX) /* reusing a tombstone needs no room */
+            return &m->s[t];
+        if ((size_t)(m->n + m->tomb + 1) * 8 <= (size_t)m->cap * RECMAP_LOAD)
+            return &m->s[i];
+    }
+    /* no room: after making some (a rehash leaves no tombstones), the probe ends at an
+     * empty slot within the max load */
     if (recmap_room(s, m, 1) < 0)
         return NULL;
-    uint32_t i = rec_home(m, key), t = UINT32_MAX;
-    for (; m->s[i].nc != 0; i = rec_next(m, i)) {
-        if (m->s[i].nc == REC_TOMB) {
-            if (t == UINT32_MAX)
-                t = i;
-        } else if (m->s[i].key == key) {
-            return &m->s[i];
-        }
-    }
-    return &m->s[t != UINT32_MAX ? t : i];
+    return recmap_slot(s, m, key);
 }
 
 /* Fills the free slot r (from recmap_slot or a probe like it) with a new record. */
@@ -1574,18 +1627,38 @@ static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint6
 }
 
 /* Deletes r: a tombstone (no record moves, so records looked up ahead stay valid until the
- * map is resized); the map is rehashed smaller when an eighth full and tombstones are
- * cleared whenever it is rehashed. */
-static void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+ * map is resized), or, before an empty slot, an empty slot with the tombstones just before
+ * it; the map is rehashed smaller when an eighth full and tombstones are cleared whenever
+ * it is rehashed. */
+/* recmap_del's rarer half: the slot before an empty one, and shrinking. */
+static __attribute__((noinline)) void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
+                                                      struct rec *r)
 {
-    uint32_t cap = m->cap;
-    r->nc = REC_TOMB;
-    m->tomb++;
-    m->n--;
+    uint32_t cap = m->cap, i = (uint32_t)(r - m->s);
+    if (m->s[rec_next(m, i)].nc == 0) {
+        /* the next slot is empty, so no probe passes here: empty this slot and the
+         * tombstones just before it */
+        r->nc = 0;
+        m->tomb--;
+        for (i = i == 0 ? cap - 1 : i - 1; m->s[i].nc == REC_TOMB; i = i == 0 ? cap - 1 : i - 1) {
+            m->s[i].nc = 0;
+            m->tomb--;
+        }
+    }
     if (m->n == 0)
         (void)recmap_resize(s, m, 0);
     else if (cap > 8 && (size_t)m->n * 8 < cap)
         (void)recmap_resize(s, m, rec_cap_for((size_t)m->n * 2));
+}
+
+static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+{
+    uint32_t i = (uint32_t)(r - m->s);
+    r->nc = REC_TOMB;
+    m->tomb++;
+    m->n--;
+    if (m->s[rec_next(m, i)].nc == 0 || (size_t)m->n * 8 < m->cap)
+        recmap_del_slow(s, m, r);
 }
 
 static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
@@ -2439,15 +2512,30 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
 {
     struct recmap *m = &H->recs;
     struct node *p = *pn;
-    if (m->s == NULL || (size_t)(m->n + m->tomb + 1) * 8 > (size_t)m->cap * RECMAP_LOAD ||
-        c->w->norph != 0 || (p != NULL && c->prov != p))
+    if (m->s == NULL || c->w->norph != 0 || (p != NULL && c->prov != p))
         return 0;
-    /* the record goes to the empty slot ending the probe run: tombstones are left to the
-     * next rehash (a shorter probe loop; recmap_slot reuses them) */
-    uint32_t i = rh;
-    for (; m->s[i].nc != 0; i = rec_next(m, i))
-        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
-            return 0; /* duplicate */
+    /* the record goes to the first tombstone of its probe run (churn that stores again
+     * what it removed finds its own tombstone there: the map neither fills up with
+     * tombstones nor grows), else to the empty slot ending the run, if within the max load */
+    uint32_t i = rh, tb = UINT32_MAX;
+    if (m->tomb == 0) { /* the usual case, and a shorter loop */
+        for (; m->s[i].nc != 0; i = rec_next(m, i))
+            if (m->s[i].key == key)
+                return 0; /* duplicate */
+    } else {
+        for (; m->s[i].nc != 0; i = rec_next(m, i)) {
+            if (m->s[i].nc == REC_TOMB) {
+                if (tb == UINT32_MAX)
+                    tb = i;
+            } else if (m->s[i].key == key) {
+                return 0; /* duplicate */
+            }
+        }
+    }
+    if (tb != UINT32_MAX)
+        i = tb;
+    else if ((size_t)(m->n + m->tomb + 1) * 8 > (size_t)m->cap * RECMAP_LOAD)
+        return 0;
     if (H->absent.n && cmap_get(&H->absent, absent_key(chain)) != 0)
         return 0;
     struct kvr_index *ix = c->ix;
@@ -2457,11 +2545,11 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
 
     shard_lock(sh);
     struct table *t = sh->tab;
-    if (t == NULL || (sh->used + 1) * 4 > (t->mask + 1) * 3) {
+    if (t == NULL || (sh->used + 1) * 4 > (sh->mask + 1) * 3) {
         shard_unlock(sh);
         return 0;
     }
-    uint64_t mask = t->mask, j = h >> t->shift, tag = h >> 48, ins = UINT64_MAX;
+    uint64_t mask = sh->mask, j = h >> sh->shift, tag = h >> 48, ins = UINT64_MAX;
     struct node *x = NULL;
     for (;;) {
         uint64_t v = LD(t->slot[j]);
