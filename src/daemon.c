@@ -116,6 +116,10 @@ int kvr_daemon_reload(struct kvr_daemon_loop *l)
     }
     n = kvr_conf_apply_reload(l->live, &fresh, &changed, &ignored);
     kvr_conf_free(&fresh);
+    /* Modules take the new settings before "reload ok" is written: whoever waits for that
+     * line (an operator, a test) must see them in effect. */
+    if (l->on_reload != NULL)
+        l->on_reload(l->arg, l->live);
     /* The result line must be visible under the more verbose of the old and new levels, so
      * it is written before the switch when the level goes down, after it otherwise. */
     if (l->live->log_level < (int)old_level) {
@@ -137,8 +141,6 @@ int kvr_daemon_reload(struct kvr_daemon_loop *l)
         kvr_log_warn("reload: changes to %s need a restart and were not applied", ignored.msg);
     kvr_log_debug("reload: log level is now %s",
                   kvr_log_level_name((enum kvr_log_level)l->live->log_level));
-    if (l->on_reload != NULL)
-        l->on_reload(l->arg, l->live);
     return 0;
 }
 
