@@ -174,9 +174,14 @@
  * of the bench, to 150 KB, ~120 -> ~60 us in isolation; page faults of the whole bench
  * 16.8K -> 10.0K). Measured (5 interleaved runs, medians, us, avg/p50/p99): store from
  * empty 96.5/73.7/375 -> 88.0/74.8/341, the other lines unchanged within noise (shrinks
- * keep plain calloc: memory malloc reuses has no faults to save). Own populated mappings
- * for the large arrays did as well for store but cost remove to empty ~5 us avg (munmap
- * of each large array); populating the shard tables' growth too changed nothing.
+ * keep plain calloc: memory malloc reuses has no faults to save). Trace, writer alone, M
+ * block-ops/s per core of writer CPU time (5 interleaved runs, medians): hash-assigned 9.3
+ * -> 10.7, round-robin 8.4 -> 9.6 (the trace's page faults 367K -> 230K; most left are the
+ * bench's own). Own populated mappings for the large arrays did as well for store but cost
+ * remove to empty ~5 us avg (munmap of each large array); populating the shard tables'
+ * growth too changed nothing. What growth still costs: the kernel clearing the new pages
+ * (in the trace ~10% of the writer's profile; unavoidable for memory fresh from the
+ * kernel, and calloc clears reused memory just as much) and the rehash loop itself.
  * In steady state nothing grows or rehashes any more (0 reverse-map rehashes, ~0.1 us of
  * shard rebuilds a call); its p99 is mostly noise (the slowest calls differ between runs).
  * Measured and dropped: the remove windows for store (all of a window's slots prefetched,
@@ -551,24 +556,22 @@ static void *sl_calloc(struct ebr_slot *s, size_t n)
 
 /* sl_calloc for an array that a growing table fills right away (a rehash): its whole pages
  * are faulted in one madvise(MADV_POPULATE_WRITE) instead of one trap per 4 KB page as the
- * rehash writes them, then cleared (memory malloc reuses is already present: the madvise
- * only walks its page table). A doubling of a reverse map to 9375 records (150 KB) fresh
- * from the kernel took ~120 us calloc'd, ~60 us so (a throwaway loop of 64 doublings). */
+ * rehash writes them. calloc leaves memory fresh from the kernel (its own mappings, a new
+ * heap top) untouched, so the pages are cleared once, by the kernel; memory it reuses it
+ * clears itself, and then the madvise only walks present pages. A doubling of a reverse
+ * map to 9375 records (150 KB) fresh from the kernel took ~120 us calloc'd, ~60 us so (a
+ * throwaway loop of 64 doublings; malloc + madvise + memset, clearing twice: ~2 us more). */
 static void *sl_calloc_pop(struct ebr_slot *s, size_t n)
 {
-    if (n < POP_MIN)
-        return sl_calloc(s, n);
-    void *p = malloc(n);
-    if (p == NULL)
-        return NULL;
+    void *p = sl_calloc(s, n);
 #ifdef MADV_POPULATE_WRITE
-    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095;
-    uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)4095;
-    if (e > a)
-        (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE); /* a failure only costs faults */
+    if (p != NULL && n >= POP_MIN) {
+        uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095;
+        uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+        if (e > a) /* a failure only leaves the faults to the rehash */
+            (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+    }
 #endif
-    memset(p, 0, n);
-    ADD(s->bytes, usable(p));
     return p;
 }
 
