@@ -187,7 +187,9 @@
  * Measured and dropped: the remove windows for store (all of a window's slots prefetched,
  * then its blocks: 16 instructions a block fewer but ~8% slower than the rolling
  * look-ahead, also with the next window prefetched while one is stored), ST_AHEAD 12 (no
- * change).
+ * change), a new node chunk populated with MADV_POPULATE_WRITE when mapped (no change,
+ * 5 interleaved runs: the same 2 MB clearing in the same call; only a thread outside the
+ * writer's calls could take it off a store's time).
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
