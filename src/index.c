@@ -121,7 +121,8 @@
  * bisecting all of (prev landing, last] at once instead of walking the rest of the
  * landings (landing chains reused as bisection starts): in-cache p99 7.3-9.2 -> 10.8 us;
  * a software prefetch 64 or 192 blocks ahead in each of chain_land8's 8 streams (chains
- * over cold queries ~-10%, within the noise).
+ * over cold queries ~-10%, within the noise); at most 16 or 24 landings for queries of
+ * 2K+ blocks (3 interleaved runs each on a loaded machine: no difference out of the noise).
  * Measured and dropped: breadth-first search rounds instead of the per-group bisection
  * (every open group probed at up to 3..64 points a round, all groups' probes of a round
  * looked up together, first round 16 probes over the whole query): Dynamo full hit 2.5 ->
