@@ -94,7 +94,16 @@
  * full hits of one worker, which the look now ends after ~7 landings. What remains slow
  * in the round-robin run (4-13 holders): queries of 3.5K-12K blocks with 1-4 groups to
  * bisect in 100-375-block strides (~2.9K ticks a group) and their chains (~0.85 tick a
- * block). Concurrent runs add interference that is not find's work: finds that stop at
+ * block). Split further (rdtsc, the 208 round-robin queries of 3K+ blocks, quiescent): in
+ * 193 of them the look at the last block fails, yet the longest holder (the worker that
+ * served the request) matches ~97% of the query on average, so the chains are needed that
+ * far anyway; per query ~27K ticks = chains ~14K + bisection ~5K (2 groups) + landings and
+ * the rest ~8K. The chains' 14K is mostly the bench reading the query cold from its 30 MB
+ * array: a plain sum over the same query costs 3.0 ticks a block, find's chains over a
+ * query in cache ~0.9 (~4.7K of ~17K ticks). bench_index's "query in cache" line (odd
+ * queries copied to a buffer first, as the request parser leaves them) shows find's own
+ * work: round-robin p99 ~7-9.5 us in cache vs ~11-13 cold; by hash ~2.6-3.0 vs 5.2-6.3.
+ * Concurrent runs add interference that is not find's work: finds that stop at
  * block 0 took 8-20 µs at times (the writer's frees unmap memory: ~600 TLB-shootdown
  * interrupts a run on the reader's core, /proc/interrupts), and 13 finds in ~190K waited
  * milliseconds on a node lock held by a writer that was not running (1.47M spins).
@@ -104,6 +113,16 @@
  * loops (no change), a level deeper prefetch in wide bisections (no change), the common-run
  * classification 8 holders at a time branch-free (4096 workers: +0.2 µs), a reader that
  * yields after 64 spins on a held node (not measurable in the noise of the concurrent run).
+ * Measured and dropped (round-robin trace, long queries): a fan-out bisection for strides
+ * of 64+ (7 or 15 probes a round, all slots prefetched, then all nodes, then all looked up
+ * with their holder arrays prefetched, members split into the parts between probes; also
+ * 3 probes, and rounds down to 8-wide parts): bisection ticks per 3K+ query 5.0-5.5K ->
+ * 5.3-7.6K, not fewer; after a failed look at the last block with strides of 64+,
+ * bisecting all of (prev landing, last] at once instead of walking the rest of the
+ * landings (landing chains reused as bisection starts): in-cache p99 7.3-9.2 -> 10.8 us;
+ * a software prefetch 64 or 192 blocks ahead in each of chain_land8's 8 streams (chains
+ * over cold queries ~-10%, within the noise); at most 16 or 24 landings for queries of
+ * 2K+ blocks (3 interleaved runs each on a loaded machine: no difference out of the noise).
  * Measured and dropped: breadth-first search rounds instead of the per-group bisection
  * (every open group probed at up to 3..64 points a round, all groups' probes of a round
  * looked up together, first round 16 probes over the whole query): Dynamo full hit 2.5 ->
