@@ -140,6 +140,8 @@ struct kvr_decoder {
     msgpack_zone *zone;      /* owned; holds the current event only */
     size_t zone_chunk;       /* first-chunk size of zone */
 
+    uint8_t skip_width[256];   /* scalar_width, plus fixstr (1 + length): what the walk's
+                                * runs skip without recording anything */
     uint8_t scalar_width[256]; /* encoded size of fixed-size scalars (ints, floats, nil,
                                 * bools, fixext); 0 for containers, str, bin, ext, 0xc1 */
 
@@ -537,6 +539,7 @@ int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder *
             /* d0 */ 2, 3, 5, 9, 3, 4, 6, 10, 18, 0, 0, 0, 0, 0, 0, 0,
         };
         d->scalar_width[b] = (b <= 0x7f || b >= 0xe0) ? 1 : (b >= 0xc0) ? w_cx[b - 0xc0] : 0;
+        d->skip_width[b] = (b >= 0xa0 && b <= 0xbf) ? (uint8_t)(1 + (b & 0x1f)) : d->scalar_width[b];
     }
     d->ev_zone_max = sizeof(msgpack_object) * ((size_t)d->lim.max_tokens + d->lim.max_hashes) +
                      EV_ZONE_SLACK;
@@ -788,15 +791,34 @@ static int prescan(struct kvr_decoder *d, const uint8_t *p, size_t len, struct s
         if (depth == 0 && st[0].left == 0)
             break;
         if (depth >= 3 && !st[depth].map) {
-            /* Fast path for runs of fixed-size scalars inside an event (token ids, hashes):
-             * nothing to record for them. */
+            /* Fast path for runs of fixed-size scalars and short strings inside an event
+             * (an array event's small fields, nested arrays): nothing to record for them. */
             uint64_t left = st[depth].left;
             uint8_t w;
-            while (left != 0 && pos < len && (w = d->scalar_width[p[pos]]) != 0) {
+            while (left != 0 && pos < len && (w = d->skip_width[p[pos]]) != 0) {
                 if (len - pos < w)
                     return -EBADMSG;
                 pos += w;
                 left--;
+            }
+            st[depth].left = left;
+            if (left == 0)
+                continue;
+        } else if (depth >= 3 && (st[depth].total - st[depth].left) % 2 == 0) {
+            /* The same in a map (a map event's small fields): whole pairs of a short-string
+             * key and such a value. A pair whose value is anything else (a container: its
+             * key matters) goes the general way, key first. */
+            uint64_t left = st[depth].left;
+            while (left >= 2 && len - pos >= 2) {
+                uint8_t kb = p[pos], vw;
+                size_t kw = (size_t)1 + (kb & 0x1f);
+                if (kb < 0xa0 || kb > 0xbf || len - pos <= kw ||
+                    (vw = d->skip_width[p[pos + kw]]) == 0)
+                    break;
+                if (len - pos - kw < vw)
+                    return -EBADMSG;
+                pos += kw + vw;
+                left -= 2;
             }
             st[depth].left = left;
             if (left == 0)
