@@ -1401,6 +1401,31 @@ static uint32_t hs_read(const struct node *nd, uint32_t *buf)
     return hs_read_seq(nd, buf, &seq);
 }
 
+/* Under the shard lock: probes sh's table t for the entry of chain (key hash h). Returns its
+ * node, or NULL with *ins = the slot for a new entry (the first tombstone of the probe run,
+ * else the empty slot that ends it). */
+static inline struct node *tab_probe_locked(const struct shard *sh, const struct table *t,
+                                            uint64_t h, uint64_t chain, uint64_t *ins)
+{
+    uint64_t mask = sh->mask, i = h >> sh->shift, tag = h >> 48, first = UINT64_MAX;
+    for (;;) {
+        uint64_t v = LD(t->slot[i]);
+        if (v == 0) {
+            *ins = first == UINT64_MAX ? i : first;
+            return NULL;
+        }
+        if (v == SLOT_TOMB) {
+            if (first == UINT64_MAX)
+                first = i;
+        } else if ((v >> 48) == tag) {
+            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
+            if (y->chain == chain)
+                return y;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
 /* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
  * membership. One probe under the shard lock finds the entry or the slot for it. */
 static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
@@ -1420,27 +1445,8 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         }
     }
     struct table *t = sh->tab;
-    uint64_t mask = sh->mask, i = h >> sh->shift, tag = h >> 48, ins = UINT64_MAX;
-    struct node *x = NULL;
-    for (;;) {
-        uint64_t v = LD(t->slot[i]);
-        if (v == 0) {
-            if (ins == UINT64_MAX)
-                ins = i;
-            break;
-        }
-        if (v == SLOT_TOMB) {
-            if (ins == UINT64_MAX)
-                ins = i;
-        } else if ((v >> 48) == tag) {
-            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
-            if (y->chain == chain) {
-                x = y;
-                break;
-            }
-        }
-        i = (i + 1) & mask;
-    }
+    uint64_t ins;
+    struct node *x = tab_probe_locked(sh, t, h, chain, &ins);
     if (x != NULL) {
         node_lock(x);
         rc = hs_add(s, x, holder, nchild, &old);
@@ -1464,7 +1470,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         if (LD(t->slot[ins]) == 0)
             sh->used++;
         sh->live++;
-        STR(t->slot[ins], (uint64_t)(uintptr_t)x | tag << 48);
+        STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
         shard_unlock(sh);
         ADD(s->entries, 1);
         rc = 1;
@@ -2608,27 +2614,8 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         shard_unlock(sh);
         return 0;
     }
-    uint64_t mask = sh->mask, j = h >> sh->shift, tag = h >> 48, ins = UINT64_MAX;
-    struct node *x = NULL;
-    for (;;) {
-        uint64_t v = LD(t->slot[j]);
-        if (v == 0) {
-            if (ins == UINT64_MAX)
-                ins = j;
-            break;
-        }
-        if (v == SLOT_TOMB) {
-            if (ins == UINT64_MAX)
-                ins = j;
-        } else if ((v >> 48) == tag) {
-            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
-            if (y->chain == chain) {
-                x = y;
-                break;
-            }
-        }
-        j = (j + 1) & mask;
-    }
+    uint64_t ins;
+    struct node *x = tab_probe_locked(sh, t, h, chain, &ins);
     if (x != NULL) {
         node_lock_fast(x);
         int r = hs_add(c->s, x, hid, nchild, &old);
@@ -2654,7 +2641,7 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         if (LD(t->slot[ins]) == 0)
             sh->used++;
         sh->live++;
-        STR(t->slot[ins], (uint64_t)(uintptr_t)x | tag << 48);
+        STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
         shard_unlock(sh);
         acc->entries++;
     }
