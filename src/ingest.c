@@ -662,8 +662,6 @@ static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
 }
 
 static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
-static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
-                       struct kvr_zsub_msg *m);
 
 /* Asks zsub for the replay the stream just started (kvr_stream_on_live/on_buffered said
  * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
@@ -703,12 +701,10 @@ static void drain(struct writer *w, struct ing_stream *s)
     for (size_t i = 0; i < s->npend; i++) {
         int v = kvr_stream_on_buffered(&s->sm, s->pend[i].seq, stream_can_replay(w, s));
         if (v == KVR_STREAM_REPLAY) {
-            size_t k;
-            for (k = 0; i + k < s->npend; k++)
-                if (k != i + k)
-                    kvr_zsub_msg_move(&s->pend[k].msg, &s->pend[i + k].msg);
-            for (k = 0; i + k < s->npend; k++)
+            for (size_t k = 0; i > 0 && i + k < s->npend; k++) { /* keep pend[i..] */
                 s->pend[k].seq = s->pend[i + k].seq;
+                kvr_zsub_msg_move(&s->pend[k].msg, &s->pend[i + k].msg);
+            }
             s->npend -= i;
             request_replay(w, s, s->pend[0].seq);
             return;
