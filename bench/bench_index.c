@@ -28,8 +28,9 @@
  * Environment: KVR_BENCH_SEQS, KVR_BENCH_BLOCKS, KVR_BENCH_WORKERS (shape 1, default 976 /
  * 1024 / 128), KVR_BENCH_BIG_WORKERS (default 4096, 0 = skip), KVR_BENCH_QUERIES (finds per
  * kind, default 2000), KVR_TRACE (trace path; default ../shared/traces/synthetic_trace.jsonl
- * from the repository root, "" = skip), KVR_TRACE_REQUESTS (limit), KVR_TRACE_PASSES, KVR_TRACE_ASSIGN
- * (hash or rr; default both), KVR_BENCH_SEED, KVR_BENCH_STRIDE (shape 1 jump_stride, default 32).
+ * from the repository root, "" = skip), KVR_TRACE_REQUESTS (limit), KVR_TRACE_PASSES,
+ * KVR_TRACE_ASSIGN (hash or rr; default both), KVR_BENCH_SEED, KVR_BENCH_STRIDE (shape 1
+ * jump_stride, default 32).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -122,7 +123,8 @@ static void shape(uint32_t nseq, uint32_t nblk, uint32_t nworkers, uint32_t nq)
         }
     }
     struct kvr_index *ix;
-    struct kvr_index_opts o = {.jump_stride = (uint32_t)envl("KVR_BENCH_STRIDE", 32), .max_workers = nworkers};
+    struct kvr_index_opts o = {.jump_stride = (uint32_t)envl("KVR_BENCH_STRIDE", 32),
+                               .max_workers = nworkers};
     if (kvr_index_create(&o, &ix) != 0)
         exit(1);
     struct kvr_index_reader *rd;
