@@ -1,0 +1,594 @@
+/* bench_floor.c — what the minimum per-block work of an index store costs on this machine.
+ *
+ * bench_index's first section stores 976 sequences x 1024 blocks (128 workers) into the
+ * positional index from empty, ~75 us per 1024-block store at p50. Issue #3 asks for
+ * <= 20 us. This benchmark measures the floor under any design that inserts each new block
+ * once into one global hash table (the entry readers find by chain hash) and once into its
+ * holder's reverse map (engine hash -> entry, which removals need), with none of the
+ * index's other work: no holder sets, locks, seqlocks, epochs, hole counts, parent lookup
+ * by engine hash, orphans or statistics. If the floor is near or above the target, the
+ * target cannot be met by tuning the index; it would need another design.
+ *
+ * Shape: bench_index's first section, S sequences x B blocks, W holders (holder = seq % W),
+ * random 64-bit content and engine hashes, but every block is new (no shared prefix: the
+ * index's bench shares 25% of each sequence with others, blocks that join an existing
+ * entry instead of creating one). One timed call stores one sequence; avg / p50 / p99 in
+ * us per call, as bench_index's report(). Each block, in one pass with the table and map
+ * slots prefetched ST_AHEAD blocks ahead (as the index's store):
+ *   (a) chain = parent * KVR_HASH_CHAIN_MUL + content, key hash, find-or-insert into an
+ *       open-addressing table (linear probing) whose 8-byte slots hold the chain itself;
+ *   (b) as (a), but the slot holds node pointer | 16-bit tag << 48 (the index's slot) and a
+ *       32-byte node (chain, parent chain, seqlock, count, holder) comes from a bump
+ *       allocator over 2 MB chunks; a tag match compares the node's chain. The tag is bits
+ *       16..31 of the key hash: the index's tag, its top 16 bits, would repeat the home's
+ *       top bits in a 2M-slot table (a node read on nearly every occupied slot probed:
+ *       (b) p50 ~28 -> ~20 us, (c) ~45 -> ~37 us, measured here);
+ *   (c) as (b), plus find-or-insert of the 16-byte record (mix64(engine hash), node | copies
+ *       << 48) into the holder's reverse map (linear probing, home = multiply-high): the
+ *       full floor;
+ *   (d) as (c), but the table split in 1024 shards by the key hash's low bits (the
+ *       index's layout: one more lookup a block, of the shard's header; the index's top-bit
+ *       tag, so a rebuild places entries from their tags without reading nodes; with bits
+ *       16..31 and node reads the growing (d) was ~5 us slower at p50, ~20 in avg), twice:
+ *       pre-sized (no growth), then growing as the index grows: each shard table from 16 slots,
+ *       rebuilt twice as large when 3/4 full, each map from empty, room for the call's
+ *       blocks reserved at its start (at least doubling, at most 7/8 full).
+ * (a)-(c) and the first (d) never grow: the table has the next power of two >= 2 x S x B
+ * slots (2M for the default shape, at most half full), the maps the next power of two >= 2
+ * x the records a holder gets (16K). Memory: pre-sized arrays are allocated before the
+ * timed calls and populated then (MADV_POPULATE_WRITE, as the index's sl_calloc_pop does
+ * for an array it fills at once); the table is one mapping advised MADV_HUGEPAGE (the
+ * index's shard tables are calloc'd, 4 KB pages: a pre-sized design would map one table
+ * so). Node chunks are 2 MB-aligned mappings advised MADV_HUGEPAGE, mapped and first
+ * touched inside the timed calls, as the index's slab (their p99: ~300 us to clear a huge
+ * page, a few ms when the kernel compacts for it). In the growing (d) the shard tables are
+ * calloc'd and the maps calloc'd and populated when they grow, inside the timed calls, as
+ * the index does.
+ * No deletions happen, so probes need no tombstone test (the index's has one compare more).
+ * After each variant a lookup pass finds every stored block (table, node, map record) and
+ * the benchmark fails if one is missing or wrong: every insert is a real insert.
+ *
+ * Environment: KVR_BENCH_SEQS, KVR_BENCH_BLOCKS, KVR_BENCH_WORKERS (default 976 / 1024 /
+ * 128, as bench_index), KVR_BENCH_SEED.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "hash.h"
+
+static uint64_t rng = 42;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+static long envl(const char *n, long d)
+{
+    const char *v = getenv(n);
+    return v && *v ? strtol(v, NULL, 0) : d;
+}
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_floor: %s\n", what);
+    exit(1);
+}
+static void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n, sz);
+    if (!p)
+        die("out of memory");
+    return p;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static void report(const char *name, double *v, size_t n, uint32_t nblk)
+{
+    if (n == 0)
+        return;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    qsort(v, n, sizeof(double), cmpd);
+    printf("  %-44s avg %8.2f  p50 %8.2f  p99 %8.2f  us  (n=%zu; p50 %.1f ns a block)\n",
+           name, sum / (double)n, v[n / 2], v[(size_t)((double)n * 0.99)], n,
+           v[n / 2] * 1e3 / nblk);
+}
+
+/* The index's hashes (src/index.c): key_hash of a chain picks shard, home and tag; mix64 of
+ * an engine hash is the reverse-map key. */
+static inline uint64_t key_hash(uint64_t chain)
+{
+    uint64_t h = chain;
+    h ^= h >> 32;
+    h *= 0xd6e8feb86659fd93ull;
+    h ^= h >> 32;
+    return h;
+}
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* Memory populated at once (pre-faulted). */
+static void populate(void *p, size_t n)
+{
+    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095;
+    uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+    if (e <= a)
+        return;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    for (uintptr_t q = a; q < e; q += 4096) /* older kernels: touch every page */
+        *(volatile char *)q = 0;
+}
+
+#define HUGE_SZ (2u << 20)
+
+/* A 2 MB-aligned anonymous mapping of len bytes (a multiple of 2 MB) advised MADV_HUGEPAGE,
+ * as the index's chunk_map. */
+static void *map_huge(size_t len)
+{
+    size_t ml = len + HUGE_SZ;
+    char *p = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        die("mmap failed");
+    uintptr_t a = ((uintptr_t)p + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1);
+    size_t head = a - (uintptr_t)p, tail = ml - head - len;
+    if (head)
+        (void)munmap(p, head);
+    if (tail)
+        (void)munmap((char *)a + len, tail);
+#ifdef MADV_HUGEPAGE
+    (void)madvise((void *)a, len, MADV_HUGEPAGE);
+#endif
+    return (void *)a;
+}
+
+/* ---- the structures ------------------------------------------------------------------ */
+
+struct node { /* the index's struct node */
+    uint64_t chain;
+    uint64_t parent_chain;
+    uint32_t seq;
+    uint32_t n;
+    uint64_t h;
+};
+_Static_assert(sizeof(struct node) == 32, "node: 32 bytes");
+
+#define PTR_MASK ((1ull << 48) - 1)
+#define NODES_PER_CHUNK (HUGE_SZ / sizeof(struct node))
+
+struct shard {
+    uint64_t *slot; /* 0 empty */
+    uint64_t mask;
+    uint32_t shift; /* home = key hash >> shift */
+    uint64_t used;
+};
+
+struct rec {
+    uint64_t key; /* mix64(engine hash) */
+    uint64_t nc;  /* node | copies << 48; 0 empty */
+};
+
+struct recmap {
+    struct rec *s;
+    uint32_t cap, n;
+};
+
+enum mode { M_TAB, M_NODE, M_MAP };
+
+struct floor {
+    struct shard *sh;
+    uint64_t shmask; /* shards - 1 */
+    uint32_t tsh;    /* tag = key hash >> tsh & 0xffff */
+    uint64_t *presized; /* the pre-sized table's mapping (NULL when growing) */
+    size_t presized_len;
+    struct recmap *maps;
+    uint32_t nmaps;
+    struct node *bump, *bend;
+    void **chunks;
+    size_t nchunks, cchunks;
+    uint64_t dups; /* find-or-insert found the key (random keys: expected 0) */
+};
+
+static struct node *node_new(struct floor *f)
+{
+    if (f->bump == f->bend) {
+        if (f->nchunks == f->cchunks) {
+            f->cchunks = f->cchunks ? 2 * f->cchunks : 16;
+            f->chunks = realloc(f->chunks, f->cchunks * sizeof(*f->chunks));
+            if (!f->chunks)
+                die("out of memory");
+        }
+        f->bump = map_huge(HUGE_SZ);
+        f->bend = f->bump + NODES_PER_CHUNK;
+        f->chunks[f->nchunks++] = f->bump;
+    }
+    return f->bump++;
+}
+
+/* The index's tab_rebuild: at least 16 slots, at most half full after it; an entry's new
+ * home comes from its tag while the table has at most 2^16 slots, else from its node. */
+static void tab_rebuild(struct shard *sh, uint64_t want, uint32_t tsh)
+{
+    uint64_t cap = 16;
+    while (cap < want * 2)
+        cap <<= 1;
+    uint64_t *ns = calloc(cap, sizeof(uint64_t));
+    if (!ns)
+        die("out of memory");
+    uint32_t shift = (uint32_t)__builtin_clzll(cap) + 1;
+    if (sh->slot != NULL) {
+        for (uint64_t i = 0; i <= sh->mask; i++) {
+            uint64_t v = sh->slot[i];
+            if (v == 0)
+                continue;
+            const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
+            uint64_t j = tsh == 48 && shift >= 48 ? (v >> 48) >> (shift - 48)
+                                                  : key_hash(x->chain) >> shift;
+            while (ns[j] != 0)
+                j = (j + 1) & (cap - 1);
+            ns[j] = v;
+        }
+        free(sh->slot);
+    }
+    sh->slot = ns;
+    sh->mask = cap - 1;
+    sh->shift = shift;
+}
+
+static inline uint32_t rec_home(const struct recmap *m, uint64_t key)
+{
+    return (uint32_t)(((unsigned __int128)key * m->cap) >> 64);
+}
+
+static void recmap_resize(struct recmap *m, uint32_t cap)
+{
+    struct rec *ns = xcalloc(cap, sizeof(*ns));
+    if ((size_t)cap * sizeof(*ns) >= (16u << 10)) /* the index's POP_MIN */
+        populate(ns, (size_t)cap * sizeof(*ns));
+    struct recmap nm = {ns, cap, m->n};
+    for (uint32_t i = 0; i < m->cap; i++) {
+        if (m->s[i].nc == 0)
+            continue;
+        uint32_t j = rec_home(&nm, m->s[i].key);
+        while (ns[j].nc != 0)
+            j = j + 1 == cap ? 0 : j + 1;
+        ns[j] = m->s[i];
+    }
+    free(m->s);
+    *m = nm;
+}
+
+static inline uint32_t rec_cap_for(size_t need) /* 7/8 load, the index's rec_cap_for */
+{
+    size_t cap = need * 8 / 7 + 1;
+    return (uint32_t)(cap < 8 ? 8 : cap);
+}
+
+/* The index's recmap_reserve: room for `more` records before a store, growing at least
+ * geometrically (x2). A pre-sized map never grows. */
+static void recmap_reserve(struct recmap *m, size_t more)
+{
+    size_t need = (size_t)m->n + more;
+    if (need * 8 <= (size_t)m->cap * 7)
+        return;
+    size_t grown = (size_t)m->cap * 2 * 7 / 8 + 1;
+    recmap_resize(m, rec_cap_for(need > grown ? need : grown));
+}
+
+/* ---- the store ----------------------------------------------------------------------- */
+
+#ifndef ST_AHEAD
+#define ST_AHEAD 8 /* blocks looked ahead, as the index's store */
+#endif
+#define ST_RING 32
+
+/* One sequence of n blocks for holder. mode is a constant in each caller below, so the
+ * compiler emits one loop per variant without the others' work. */
+static inline __attribute__((always_inline)) void
+store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
+          uint32_t holder, enum mode mode)
+{
+    uint64_t rch[ST_RING], rh[ST_RING], rk[ST_RING];
+    struct recmap *m = &f->maps[holder];
+    if (mode == M_MAP)
+        recmap_reserve(m, n);
+    uint64_t chain = KVR_HASH_CHAIN_ROOT, pchain = KVR_HASH_CHAIN_ROOT;
+    uint32_t ahead = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (; ahead < n && ahead <= i + ST_AHEAD; ahead++) {
+            uint32_t r = ahead % ST_RING;
+            chain = kvr_hash_chain(chain, cont[ahead]);
+            uint64_t h = key_hash(chain);
+            rch[r] = chain;
+            rh[r] = h;
+            const struct shard *ps = &f->sh[h & f->shmask];
+            if (ps->slot != NULL)
+                __builtin_prefetch(&ps->slot[h >> ps->shift]);
+            if (mode == M_MAP) {
+                uint64_t k = mix64(eh[ahead]);
+                rk[r] = k;
+                __builtin_prefetch(&m->s[rec_home(m, k)]);
+            }
+        }
+        uint32_t r = i % ST_RING;
+        uint64_t c = rch[r], h = rh[r];
+        struct shard *sh = &f->sh[h & f->shmask];
+        if (mode != M_TAB && (sh->slot == NULL || (sh->used + 1) * 4 > (sh->mask + 1) * 3))
+            tab_rebuild(sh, sh->used + 1, f->tsh);
+        uint64_t j = h >> sh->shift, tag = (h >> f->tsh) & 0xffff, v;
+        struct node *nd = NULL;
+        if (mode == M_TAB) {
+            if (c == 0) /* 0 marks an empty slot; a chain of 0 has probability 2^-64 */
+                die("chain hash 0");
+            while ((v = sh->slot[j]) != 0 && v != c)
+                j = (j + 1) & sh->mask;
+            if (v == c)
+                f->dups++;
+            else {
+                sh->slot[j] = c;
+                sh->used++;
+            }
+        } else {
+            while ((v = sh->slot[j]) != 0) {
+                if ((v >> 48) == tag &&
+                    ((struct node *)(uintptr_t)(v & PTR_MASK))->chain == c) {
+                    nd = (struct node *)(uintptr_t)(v & PTR_MASK);
+                    break;
+                }
+                j = (j + 1) & sh->mask;
+            }
+            if (nd != NULL) {
+                f->dups++;
+            } else {
+                nd = node_new(f);
+                *nd = (struct node){c, pchain, 0, 1, holder};
+                sh->slot[j] = (uint64_t)(uintptr_t)nd | tag << 48;
+                sh->used++;
+            }
+        }
+        if (mode == M_MAP) {
+            uint64_t k = rk[r];
+            uint32_t q = rec_home(m, k);
+            while (m->s[q].nc != 0 && m->s[q].key != k)
+                q = q + 1 == m->cap ? 0 : q + 1;
+            if (m->s[q].nc != 0) {
+                m->s[q].nc += 1ull << 48; /* another copy */
+                f->dups++;
+            } else {
+                m->s[q] = (struct rec){k, (uint64_t)(uintptr_t)nd | 1ull << 48};
+                m->n++;
+            }
+        }
+        pchain = c;
+    }
+}
+
+static void store_tab(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
+                      uint32_t w)
+{
+    store_seq(f, c, e, n, w, M_TAB);
+}
+static void store_node(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
+                       uint32_t w)
+{
+    store_seq(f, c, e, n, w, M_NODE);
+}
+static void store_map(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
+                      uint32_t w)
+{
+    store_seq(f, c, e, n, w, M_MAP);
+}
+
+/* ---- setup, check, teardown ---------------------------------------------------------- */
+
+enum layout {
+    L_ONE,    /* one pre-sized table */
+    L_SHARDS, /* 1024 pre-sized shards (the index's NSHARD) */
+    L_GROW,   /* 1024 shards from 16 slots, maps from empty, both growing */
+};
+#define NSHARD 1024u
+
+static void floor_init(struct floor *f, enum mode mode, enum layout lay, uint64_t blocks,
+                       uint32_t nholders, uint32_t per_holder)
+{
+    memset(f, 0, sizeof(*f));
+    f->nmaps = mode == M_MAP ? nholders : 0;
+    f->maps = xcalloc(nholders, sizeof(*f->maps));
+    uint32_t nsh = lay == L_ONE ? 1 : NSHARD;
+    f->sh = xcalloc(nsh, sizeof(*f->sh));
+    f->shmask = nsh - 1;
+    /* one table of 2M slots homes by the top 21 bits: top-bit tags would repeat them
+     * (a tag match, a node read, on nearly every occupied slot probed); shards of up to
+     * 2^16 slots keep the index's top-bit tags, which a rebuild places without nodes */
+    f->tsh = lay == L_ONE ? 16 : 48;
+    if (lay == L_GROW)
+        return;
+    /* one mapping for all shards, each at most half full (as the index's tab_rebuild) */
+    uint64_t cap = 16;
+    while (cap * nsh < blocks * 2)
+        cap <<= 1;
+    f->presized_len = (cap * nsh * sizeof(uint64_t) + HUGE_SZ - 1) & ~(size_t)(HUGE_SZ - 1);
+    f->presized = map_huge(f->presized_len);
+    populate(f->presized, f->presized_len);
+    for (uint32_t i = 0; i < nsh; i++) {
+        f->sh[i].slot = f->presized + (size_t)i * cap;
+        f->sh[i].mask = cap - 1;
+        f->sh[i].shift = (uint32_t)__builtin_clzll(cap) + 1;
+    }
+    uint32_t mc = 16;
+    while (mc < (uint64_t)per_holder * 2)
+        mc <<= 1;
+    for (uint32_t w = 0; w < f->nmaps; w++) {
+        f->maps[w].s = xcalloc(mc, sizeof(struct rec));
+        f->maps[w].cap = mc;
+        populate(f->maps[w].s, (size_t)mc * sizeof(struct rec));
+    }
+}
+
+static void floor_free(struct floor *f)
+{
+    if (f->presized)
+        (void)munmap(f->presized, f->presized_len);
+    else
+        for (uint64_t i = 0; i <= f->shmask; i++)
+            free(f->sh[i].slot);
+    free(f->sh);
+    for (uint32_t w = 0; w < f->nmaps; w++)
+        free(f->maps[w].s);
+    free(f->maps);
+    for (size_t i = 0; i < f->nchunks; i++)
+        (void)munmap(f->chunks[i], HUGE_SZ);
+    free(f->chunks);
+}
+
+/* Every stored block must be found: its chain in the table (and its node's chain, parent
+ * and holder), its engine hash in its holder's map pointing at that node. Returns the
+ * number missing or wrong. */
+static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *cont,
+                      const uint64_t *eng, uint32_t nseq, uint32_t nblk, uint32_t nw)
+{
+    uint64_t bad = 0, used = 0, recs = 0;
+    for (uint32_t s = 0; s < nseq; s++) {
+        uint64_t chain = KVR_HASH_CHAIN_ROOT, pchain = KVR_HASH_CHAIN_ROOT;
+        uint32_t w = s % nw;
+        for (uint32_t b = 0; b < nblk; b++) {
+            size_t at = (size_t)s * nblk + b;
+            chain = kvr_hash_chain(chain, cont[at]);
+            uint64_t h = key_hash(chain);
+            const struct shard *sh = &f->sh[h & f->shmask];
+            const struct node *nd = NULL;
+            int found = 0;
+            for (uint64_t j = h >> sh->shift; sh->slot != NULL && sh->slot[j] != 0;
+                 j = (j + 1) & sh->mask) {
+                uint64_t v = sh->slot[j];
+                if (mode == M_TAB) {
+                    if ((found = v == chain))
+                        break;
+                } else if ((v >> 48) == ((h >> f->tsh) & 0xffff)) {
+                    nd = (const struct node *)(uintptr_t)(v & PTR_MASK);
+                    if ((found = nd->chain == chain))
+                        break;
+                }
+            }
+            if (!found || (mode != M_TAB && (nd->parent_chain != pchain || nd->h != w))) {
+                bad++;
+            } else if (mode == M_MAP) {
+                const struct recmap *m = &f->maps[w];
+                uint64_t k = mix64(eng[at]);
+                uint32_t q = rec_home(m, k);
+                while (m->s[q].nc != 0 && m->s[q].key != k)
+                    q = q + 1 == m->cap ? 0 : q + 1;
+                const struct node *rn = (const struct node *)(uintptr_t)(m->s[q].nc & PTR_MASK);
+                if (m->s[q].nc == 0 || rn != nd)
+                    bad++;
+            }
+            pchain = chain;
+        }
+    }
+    for (uint64_t i = 0; i <= f->shmask; i++)
+        used += f->sh[i].used;
+    for (uint32_t w = 0; w < f->nmaps; w++)
+        recs += f->maps[w].n;
+    uint64_t want = (uint64_t)nseq * nblk - f->dups;
+    if (used != want || (mode == M_MAP && recs != want))
+        bad++;
+    return bad;
+}
+
+typedef void store_fn(struct floor *, const uint64_t *, const uint64_t *, uint32_t, uint32_t);
+
+static void variant(const char *name, store_fn *fn, enum mode mode, enum layout lay,
+                    const uint64_t *cont, const uint64_t *eng, uint32_t nseq, uint32_t nblk,
+                    uint32_t nw, double *lat)
+{
+    struct floor f;
+    uint32_t per_holder = (nseq + nw - 1) / nw * nblk;
+    floor_init(&f, mode, lay, (uint64_t)nseq * nblk, nw, per_holder);
+    for (uint32_t s = 0; s < nseq; s++) {
+        size_t at = (size_t)s * nblk;
+        double t0 = now_us();
+        fn(&f, &cont[at], &eng[at], nblk, s % nw);
+        lat[s] = now_us() - t0;
+    }
+    uint64_t bad = check(&f, mode, cont, eng, nseq, nblk, nw);
+    if (bad) {
+        fprintf(stderr, "bench_floor: %s: %llu stored blocks not found by the lookup pass\n",
+                name, (unsigned long long)bad);
+        exit(1);
+    }
+    report(name, lat, nseq, nblk);
+    if (f.dups)
+        printf("    (%llu duplicate keys found and not inserted)\n", (unsigned long long)f.dups);
+    floor_free(&f);
+}
+
+int main(void)
+{
+    rng = (uint64_t)envl("KVR_BENCH_SEED", 42);
+    uint32_t nseq = (uint32_t)envl("KVR_BENCH_SEQS", 976);
+    uint32_t nblk = (uint32_t)envl("KVR_BENCH_BLOCKS", 1024);
+    uint32_t nw = (uint32_t)envl("KVR_BENCH_WORKERS", 128);
+    if (nseq == 0 || nblk == 0 || nw == 0)
+        die("KVR_BENCH_SEQS, KVR_BENCH_BLOCKS and KVR_BENCH_WORKERS must be > 0");
+    size_t total = (size_t)nseq * nblk;
+    uint64_t *cont = xcalloc(total, sizeof(uint64_t));
+    uint64_t *eng = xcalloc(total, sizeof(uint64_t));
+    for (size_t i = 0; i < total; i++) {
+        cont[i] = rnd();
+        eng[i] = rnd();
+    }
+    double *lat = xcalloc(nseq, sizeof(double));
+    uint64_t cap = 16, mc = 16;
+    while (cap < total * 2)
+        cap <<= 1;
+    while (mc < (uint64_t)(nseq + nw - 1) / nw * nblk * 2)
+        mc <<= 1;
+    printf("floor: %u sequences x %u blocks, %u holders (holder = seq %% %u), every block new "
+           "(no shared prefix), random content and engine hashes; per %u-block store\n",
+           nseq, nblk, nw, nw, nblk);
+    printf("  pre-sized: table %llu slots (%.1f MB, MADV_HUGEPAGE, populated before the "
+           "stores), maps %llu records (%.2f MB each, populated); growing: shard tables "
+           "calloc'd from 16 slots, maps from empty, x2, inside the timed stores\n",
+           (unsigned long long)cap, (double)cap * 8 / 1e6, (unsigned long long)mc,
+           (double)mc * 16 / 1e6);
+    variant("(a) chain + table insert", store_tab, M_TAB, L_ONE, cont, eng, nseq, nblk, nw,
+            lat);
+    variant("(b) (a) + 32-byte node", store_node, M_NODE, L_ONE, cont, eng, nseq, nblk, nw,
+            lat);
+    variant("(c) (b) + reverse map: the floor", store_map, M_MAP, L_ONE, cont, eng, nseq,
+            nblk, nw, lat);
+    variant("(d) (c), 1024 shards, pre-sized", store_map, M_MAP, L_SHARDS, cont, eng, nseq,
+            nblk, nw, lat);
+    variant("(d) (c), 1024 shards, all growing", store_map, M_MAP, L_GROW, cont, eng, nseq,
+            nblk, nw, lat);
+    printf("  every stored block found again by a lookup pass after each variant\n");
+    free(lat);
+    free(eng);
+    free(cont);
+    return 0;
+}
