@@ -158,9 +158,22 @@
  * store's time goes now: growth, not the per-block path. With the reverse maps and the
  * shard tables pre-sized (an experiment, not a policy: memory must follow contents) the
  * store p50 is ~46 us; the reverse maps' doublings cost ~18 us of the p50 (half the calls
- * double one), the shard tables' ~14 us (~7 rebuilds a call). A throwaway floor (chain
- * multiply-add, one insert into a 2M-slot table with prefetch, a 32-byte node from a bump
- * allocator, one insert into a 16K-record map) runs 27-33 us per 1024 blocks here.
+ * double one), the shard tables' ~14 us (~7 rebuilds a call). The floor of this work
+ * (bench/bench_floor.c, in make bench: chain multiply-add, one insert into a 2M-slot table
+ * with prefetch, a 32-byte node from a bump allocator, one insert into the holder's
+ * reverse map, nothing else) runs 34-38 us per 1024 blocks pre-sized and 77-82 us growing
+ * as the index grows (the index: 75-79 us from empty); at the Mooncake trace's size (4M
+ * pairs, 256 holders) 43-46 ns a block pre-sized. So a 20 us store cannot come from
+ * tuning this design (one table entry and one reverse-map record a block).
+ * Steady-state trace (bench_index's trace passes 3-4, round-robin: every LRU full, a store
+ * and a remove per block, 315 MB index): ~7.2-7.9 M block-ops/s, writer CPU all user time;
+ * callgrind ~460 instructions a stored block and ~390 a removed one (as in the 976 x 1024
+ * shape), so the trace's ~2x higher cost a block is stalls: perf puts the store's samples
+ * on the reverse-map probe (~22%), the software prefetches (~14%: fill buffers full), the
+ * table slot (~14%) and the shard lock's cmpxchg (~9%). Store look-ahead 8, 16 or 32
+ * blocks: no difference (interleaved runs). Pass 1 (from empty) swings 3-10 M block-ops/s
+ * with the kernel's first touch of the memory (writer system time 30-560 ms a pass on
+ * this VM), with or without MADV_HUGEPAGE on the node chunks.
  * Steady state (churn: remove a sequence, store it again, in the full index): a store
  * first left its records in the empty slot ending each probe run, so every remove + store
  * left ~1K more tombstones and the store's up-front reservation (records + tombstones)
