@@ -171,7 +171,10 @@
  * shape), so the trace's ~2x higher cost a block is stalls: perf puts the store's samples
  * on the reverse-map probe (~22%), the software prefetches (~14%: fill buffers full), the
  * table slot (~14%) and the shard lock's cmpxchg (~9%). Store look-ahead 8, 16 or 32
- * blocks: no difference (interleaved runs). Pass 1 (from empty) swings 3-10 M block-ops/s
+ * blocks: no difference (interleaved runs). A staged look-ahead like remove's (home slot
+ * read 4 blocks ahead and its node prefetched for writing, the node's holder array 2
+ * ahead): slower (3 interleaved runs: store from empty p50 77 -> 87 us, round-robin steady
+ * writer user time 2.8 -> 3.0 s), dropped. Pass 1 (from empty) swings 3-10 M block-ops/s
  * with the kernel's first touch of the memory (writer system time 30-560 ms a pass on
  * this VM), with or without MADV_HUGEPAGE on the node chunks.
  * Steady state (churn: remove a sequence, store it again, in the full index): a store
