@@ -58,27 +58,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "hash.h"
 
-static uint64_t rng = 42;
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-static long envl(const char *n, long d)
-{
-    const char *v = getenv(n);
-    return v && *v ? strtol(v, NULL, 0) : d;
-}
 static void die(const char *what)
 {
     fprintf(stderr, "bench_floor: %s\n", what);
@@ -92,11 +74,6 @@ static void *xcalloc(size_t n, size_t sz)
     return p;
 }
 
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 static void report(const char *name, double *v, size_t n, uint32_t nblk)
 {
     if (n == 0)
@@ -111,7 +88,7 @@ static void report(const char *name, double *v, size_t n, uint32_t nblk)
 }
 
 /* The index's hashes (src/index.c): key_hash of a chain picks shard, home and tag; mix64 of
- * an engine hash is the reverse-map key. */
+ * an engine hash (mixh, bench_common.h) is the reverse-map key. */
 static inline uint64_t key_hash(uint64_t chain)
 {
     uint64_t h = chain;
@@ -119,15 +96,6 @@ static inline uint64_t key_hash(uint64_t chain)
     h *= 0xd6e8feb86659fd93ull;
     h ^= h >> 32;
     return h;
-}
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
 }
 
 /* Memory populated at once (pre-faulted). */
@@ -330,7 +298,7 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
             if (ps->slot != NULL)
                 __builtin_prefetch(&ps->slot[h >> ps->shift]);
             if (mode == M_MAP) {
-                uint64_t k = mix64(eh[ahead]);
+                uint64_t k = mixh(eh[ahead]);
                 rk[r] = k;
                 __builtin_prefetch(&m->s[rec_home(m, k)]);
             }
@@ -499,7 +467,7 @@ static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *con
                 bad++;
             } else if (mode == M_MAP) {
                 const struct recmap *m = &f->maps[w];
-                uint64_t k = mix64(eng[at]);
+                uint64_t k = mixh(eng[at]);
                 uint32_t q = rec_home(m, k);
                 while (m->s[q].nc != 0 && m->s[q].key != k)
                     q = q + 1 == m->cap ? 0 : q + 1;

@@ -41,37 +41,10 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "hash.h"
 #include "index.h"
 
-static uint64_t rng = 42;
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static uint64_t mixh(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-static long envl(const char *n, long d)
-{
-    const char *v = getenv(n);
-    return v && *v ? strtol(v, NULL, 0) : d;
-}
 static void *xmalloc(size_t n)
 {
     void *p = malloc(n);
@@ -82,11 +55,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 static void report(const char *name, double *v, size_t n)
 {
     if (n == 0)

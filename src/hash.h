@@ -36,6 +36,18 @@ uint64_t kvr_hash_block(uint64_t seed, const uint32_t *tokens, size_t n);
 void kvr_hash_blocks(uint64_t seed, const uint32_t *tokens, size_t n, uint32_t block_size,
                      uint64_t *out);
 
+/* murmur3's 64-bit finalizer: a bijection that spreads every input bit over the output
+ * (the index keys its reverse maps and namespace roots with it). */
+static inline uint64_t kvr_hash_mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
 #define KVR_HASH_CHAIN_MUL 0xff51afd7ed558ccdull /* odd */
 
 static inline uint64_t kvr_hash_chain(uint64_t parent_chain, uint64_t content)

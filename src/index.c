@@ -325,16 +325,6 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
 #define SHARD_BITS 10
 #define NSHARD (1u << SHARD_BITS)
 #define SLOT_TOMB 1ull
@@ -1034,7 +1024,7 @@ static void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
  * carries the same 2^-64 collision bound as equal chains at one position already did. */
 static inline uint64_t ns_root(uint32_t ns)
 {
-    return KVR_HASH_CHAIN_ROOT ^ mix64(ns);
+    return KVR_HASH_CHAIN_ROOT ^ kvr_hash_mix64(ns);
 }
 
 static inline uint64_t key_hash(uint64_t chain)
@@ -1576,7 +1566,7 @@ static int entry_adj(struct node *x, uint32_t holder, int delta)
  * table already 70% full: 120 of the store's 594 instructions a block, plus the zeroing. */
 static inline uint64_t rec_key(uint64_t eh)
 {
-    return mix64(eh);
+    return kvr_hash_mix64(eh);
 }
 
 /* Home of a key (already mixed: a rehash needs no hashing). */
@@ -1752,7 +1742,7 @@ static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
         for (uint32_t i = 0; m->s != NULL && i <= m->mask; i++) {
             if (m->s[i].val == 0)
                 continue;
-            uint32_t j = (uint32_t)mix64(m->s[i].key) & (cap - 1);
+            uint32_t j = (uint32_t)kvr_hash_mix64(m->s[i].key) & (cap - 1);
             while (ns[j].val != 0)
                 j = (j + 1) & (cap - 1);
             ns[j] = m->s[i];
@@ -1768,7 +1758,7 @@ static uint64_t cmap_get(const struct cmap *m, uint64_t key)
 {
     if (m->s == NULL)
         return 0;
-    uint32_t i = (uint32_t)mix64(key) & m->mask;
+    uint32_t i = (uint32_t)kvr_hash_mix64(key) & m->mask;
     while (m->s[i].val != 0) {
         if (m->s[i].key == key)
             return m->s[i].val;
@@ -1784,7 +1774,7 @@ static void cmap_del_at(struct ebr_slot *s, struct cmap *m, uint32_t i)
         j = (j + 1) & m->mask;
         if (m->s[j].val == 0)
             break;
-        uint32_t k = (uint32_t)mix64(m->s[j].key) & m->mask;
+        uint32_t k = (uint32_t)kvr_hash_mix64(m->s[j].key) & m->mask;
         if ((j > i && (k <= i || k > j)) || (j < i && (k <= i && k > j))) {
             m->s[i] = m->s[j];
             i = j;
@@ -1803,7 +1793,7 @@ static void cmap_del_at(struct ebr_slot *s, struct cmap *m, uint32_t i)
 static int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta)
 {
     if (m->s != NULL) {
-        uint32_t i = (uint32_t)mix64(key) & m->mask;
+        uint32_t i = (uint32_t)kvr_hash_mix64(key) & m->mask;
         while (m->s[i].val != 0) {
             if (m->s[i].key == key) {
                 IX_ASSERT(delta >= 0 || m->s[i].val >= (uint64_t)-delta);
@@ -1823,7 +1813,7 @@ static int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t de
         if (rc < 0)
             return rc;
     }
-    uint32_t i = (uint32_t)mix64(key) & m->mask;
+    uint32_t i = (uint32_t)kvr_hash_mix64(key) & m->mask;
     while (m->s[i].val != 0)
         i = (i + 1) & m->mask;
     m->s[i].key = key;

@@ -41,15 +41,7 @@ static int chance(double p)
 {
     return (double)(rnd() >> 11) / 9007199254740992.0 < p;
 }
-static uint64_t mixh(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
+#define mixh kvr_hash_mix64
 
 /* ---- a small map: 3-word key -> u64 value (0 = absent) ---- */
 struct tslot {

@@ -55,15 +55,7 @@ static uint64_t g_content[NDOCS][LEN];
 static uint64_t g_eh[NDOCS][LEN];
 static uint64_t g_ops[NWRITERS], g_finds[NREADERS];
 
-static uint64_t mixh(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
+#define mixh kvr_hash_mix64
 
 static void store(uint32_t wid, uint8_t tier, uint32_t ns, int d, int from, int to)
 {
