@@ -174,7 +174,10 @@
  * blocks: no difference (interleaved runs). A staged look-ahead like remove's (home slot
  * read 4 blocks ahead and its node prefetched for writing, the node's holder array 2
  * ahead): slower (3 interleaved runs: store from empty p50 77 -> 87 us, round-robin steady
- * writer user time 2.8 -> 3.0 s), dropped. Pass 1 (from empty) swings 3-10 M block-ops/s
+ * writer user time 2.8 -> 3.0 s), dropped. Nor are the locks the cost: with the shard,
+ * slab and node locks made plain stores (an experiment valid only for one writer thread)
+ * the round-robin steady writer user time was 2.68-2.77 s against 2.76-2.86 s, store and
+ * remove p50 within noise (3 interleaved runs). Pass 1 (from empty) swings 3-10 M block-ops/s
  * with the kernel's first touch of the memory (writer system time 30-560 ms a pass on
  * this VM), with or without MADV_HUGEPAGE on the node chunks.
  * Steady state (churn: remove a sequence, store it again, in the full index): a store
