@@ -389,6 +389,7 @@ struct trace_run {
     uint64_t *qc; /* query contents */
     struct query *qs;
     size_t nq;
+    uint32_t qmax; /* the longest query's blocks */
     volatile int done;
     double *lat;
     size_t nlat, clat;
@@ -429,7 +430,7 @@ static void *trace_writer(void *arg)
     for (int p = 0; p < t->npass; p++) {
         __atomic_store_n(&t->cur_pass, p, __ATOMIC_RELAXED);
         uint64_t pops = 0;
-        double p0 = now_us(), u0, s0, u1, s1;
+        double u0, s0, u1, s1;
         thread_times(&u0, &s0);
         double in_calls = 0;
         for (size_t i = t->pass_ev[p]; i < t->pass_ev[p + 1]; i++) {
@@ -452,7 +453,6 @@ static void *trace_writer(void *arg)
             pops += e->n;
         }
         thread_times(&u1, &s1);
-        (void)p0;
         t->pass_us[p] = in_calls;
         t->pass_user_us[p] = u1 - u0;
         t->pass_sys_us[p] = s1 - s0;
@@ -476,11 +476,7 @@ static void *trace_reader(void *arg)
     /* the queries of the pass the writer is applying, in turn: they ask for what is being
      * stored now, as a gateway's would; each is first copied to a buffer, as the daemon's
      * request parser leaves it (in cache), and only the find is timed */
-    uint32_t qmax = 1;
-    for (size_t k = 0; k < t->nq; k++)
-        if (t->qs[k].n > qmax)
-            qmax = t->qs[k].n;
-    uint64_t *qb = xmalloc(qmax * sizeof(*qb));
+    uint64_t *qb = xmalloc(t->qmax * sizeof(*qb));
     size_t i = 0;
     while (!__atomic_load_n(&t->done, __ATOMIC_ACQUIRE)) {
         int p = __atomic_load_n(&t->cur_pass, __ATOMIC_RELAXED);
@@ -601,6 +597,8 @@ static int trace(const char *path, long limit, int by_hash)
             t.qc = grow(t.qc, &cqc, nqc + nb, sizeof(*t.qc));
             memcpy(&t.qc[nqc], bc, nb * sizeof(uint64_t));
             t.qs[t.nq++] = (struct query){nqc, nb};
+            if (nb > t.qmax)
+                t.qmax = nb;
             nqc += nb;
             /* worker by hash of the first hash_id (requests sharing a prefix meet on one
              * worker, as a prefix-aware router would send them); its cache: runs of missing
@@ -758,11 +756,7 @@ static int trace(const char *path, long limit, int by_hash)
         size_t n = t.nq - last_q0 < 4000 ? t.nq - last_q0 : 4000;
         double *lat[2] = {xmalloc(n * sizeof(double)), xmalloc(n * sizeof(double))};
         size_t nl[2] = {0, 0}, tot[2] = {0, 0};
-        uint32_t qmax = 0;
-        for (size_t i = 0; i < n; i++)
-            if (lq[i].n > qmax)
-                qmax = lq[i].n;
-        uint64_t *qb = xmalloc((qmax + 1) * sizeof(*qb));
+        uint64_t *qb = xmalloc(t.qmax * sizeof(*qb));
         const struct kvr_index_hit *hits;
         size_t nh;
         for (size_t i = 0; i < n; i++) {
