@@ -20,6 +20,8 @@
 #ifndef KVR_INDEX_H
 #define KVR_INDEX_H
 
+#include "base.h" /* KVR_NAME_MAX */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,7 +30,6 @@
 #define KVR_TIER_GPU 0
 #define KVR_TIER_CPU 1
 #define KVR_TIER_STORAGE 2
-#define KVR_NAME_MAX 256   /* pods, models, LoRA names, tier names: longer ones are -EINVAL */
 
 struct kvr_index;
 struct kvr_index_reader;

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -180,4 +181,12 @@ void kvr_log_limited(struct kvr_ratelimit *rl, enum kvr_log_level level, const c
     va_start(ap, fmt);
     vlog(level, suppressed > 0 ? suffix : NULL, fmt, ap);
     va_end(ap);
+}
+
+void kvr_log_assert_fail(const char *what, const char *file, int line)
+{
+    const char *base = strrchr(file, '/');
+
+    kvr_log_error("internal invariant failed: %s (%s:%d)", what, base ? base + 1 : file, line);
+    abort();
 }

@@ -64,6 +64,17 @@ bool kvr_ratelimit_allow(struct kvr_ratelimit *rl, uint64_t *suppressed);
 void kvr_log_limited(struct kvr_ratelimit *rl, enum kvr_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* KVR_ASSERT(cond): an invariant of our own code (never of bytes from a peer: those are
+ * validated, counted and rejected). Stays on in release builds: a failed one logs the
+ * condition, file and line at error level and aborts (so it may log under a lock: the
+ * process ends there). */
+#define KVR_ASSERT(c)                                                                         \
+    do {                                                                                      \
+        if (__builtin_expect(!(c), 0))                                                        \
+            kvr_log_assert_fail(#c, __FILE__, __LINE__);                                      \
+    } while (0)
+_Noreturn void kvr_log_assert_fail(const char *what, const char *file, int line);
+
 /* Monotonic and wall clocks in ms / ns (helpers shared by every module). */
 int64_t kvr_now_ms(void);
 uint64_t kvr_now_ns(void);
