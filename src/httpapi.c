@@ -633,20 +633,43 @@ static void ep_readyz(struct kvr_httpapi *api, struct kvr_httpresp *resp)
     fail(resp, 503, "not ready (%s)", !http_ready ? "starting or stopping" : "ingestion not ready");
 }
 
+/* The index's gauges: the one renderer of them (ingest renders only its own figures). */
 static void index_gauges(struct kvr_index *ix, struct kvr_buf *b)
 {
     struct kvr_index_stats st;
+    uint64_t tier_blocks[KVR_TIER_MAX] = {0};
+    uint32_t nw = kvr_index_worker_count(ix);
+    bool first = true;
 
     kvr_index_stats(ix, &st);
-    kvr_metrics_gauge(b, "index_entries", "Positional index entries", NULL, (double)st.entries);
+    kvr_metrics_gauge(b, "index_entries", "(position, content hash) entries", NULL,
+                      (double)st.entries);
     kvr_metrics_gauge(b, "index_holders", "(holder, entry) pairs", NULL, (double)st.holders);
     kvr_metrics_gauge(b, "index_memory_bytes", "Bytes used by the index", NULL,
                       (double)st.bytes);
-    kvr_metrics_gauge(b, "index_workers", "Workers interned", NULL, (double)st.workers);
-    kvr_metrics_gauge(b, "index_namespaces", "(model, LoRA) namespaces", NULL,
+    kvr_metrics_gauge(b, "index_workers", "Workers (pod, dp_rank) known", NULL,
+                      (double)st.workers);
+    kvr_metrics_gauge(b, "index_namespaces", "Namespaces (model, LoRA) known", NULL,
                       (double)st.namespaces);
-    kvr_metrics_gauge(b, "index_orphans", "Blocks parked waiting for their parent", NULL,
+    kvr_metrics_gauge(b, "index_orphans", "Blocks parked waiting for a parent", NULL,
                       (double)st.orphans);
+    for (uint32_t wid = 0; wid < nw; wid++) {
+        uint64_t tb[KVR_TIER_MAX];
+        kvr_index_worker_blocks(ix, wid, tb);
+        for (int t = 0; t < KVR_TIER_MAX; t++)
+            tier_blocks[t] += tb[t];
+    }
+    for (int t = 0; t < KVR_TIER_MAX; t++) {
+        const char *name = kvr_index_tier_name(ix, (uint8_t)t);
+        char esc[64], lab[80];
+        if (name == NULL)
+            continue;
+        kvr_metrics_label_escape(esc, sizeof(esc), name);
+        snprintf(lab, sizeof(lab), "tier=\"%s\"", esc);
+        kvr_metrics_gauge(b, "index_blocks", first ? "Blocks held, by tier" : NULL, lab,
+                          (double)tier_blocks[t]);
+        first = false;
+    }
 }
 
 static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
@@ -661,7 +684,7 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
                           : 0.0);
     if (api->ingest != NULL)
         kvr_ingest_metrics(api->ingest, b);
-    else if (api->index != NULL)
+    if (api->index != NULL)
         index_gauges(api->index, b);
     if (api->score != NULL)
         kvr_score_metrics(api->score, b);

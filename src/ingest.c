@@ -1312,11 +1312,9 @@ static uint64_t sumw(const struct kvr_ingest *ing, size_t off)
 void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
 {
     struct kvr_zsub_stats zs;
-    struct kvr_index_stats is;
     char lab[128];
     uint64_t gaps = 0, replays = 0, restarts = 0, rok = 0, rfail = 0, nstreams = 0;
     uint64_t st_count[3] = {0, 0, 0};
-    uint64_t tier_blocks[KVR_TIER_MAX] = {0};
     uint64_t waits = 0;
 
     kvr_zsub_stats(ing->zsub, &zs);
@@ -1477,37 +1475,4 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                         "Endpoints purged after staying disconnected", NULL,
                         zs.disconnect_purges);
     kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
-
-    kvr_index_stats(ing->ix, &is);
-    kvr_metrics_gauge(out, "index_entries", "(position, content hash) entries", NULL,
-                      (double)is.entries);
-    kvr_metrics_gauge(out, "index_holders", "(holder, entry) pairs", NULL, (double)is.holders);
-    kvr_metrics_gauge(out, "index_memory_bytes", "Bytes used by the index", NULL, (double)is.bytes);
-    kvr_metrics_gauge(out, "index_workers", "Workers (pod, dp_rank) known", NULL,
-                      (double)is.workers);
-    kvr_metrics_gauge(out, "index_namespaces", "Namespaces (model, LoRA) known", NULL,
-                      (double)is.namespaces);
-    kvr_metrics_gauge(out, "index_orphans", "Blocks parked waiting for a parent", NULL,
-                      (double)is.orphans);
-    {
-        uint32_t nw = kvr_index_worker_count(ing->ix);
-        for (uint32_t wid = 0; wid < nw; wid++) {
-            uint64_t tb[KVR_TIER_MAX];
-            kvr_index_worker_blocks(ing->ix, wid, tb);
-            for (int t = 0; t < KVR_TIER_MAX; t++)
-                tier_blocks[t] += tb[t];
-        }
-        bool first = true;
-        for (int t = 0; t < KVR_TIER_MAX; t++) {
-            const char *name = kvr_index_tier_name(ing->ix, (uint8_t)t);
-            char esc[64];
-            if (name == NULL)
-                continue;
-            kvr_metrics_label_escape(esc, sizeof(esc), name);
-            snprintf(lab, sizeof(lab), "tier=\"%s\"", esc);
-            kvr_metrics_gauge(out, "index_blocks", first ? "Blocks held, by tier" : NULL, lab,
-                              (double)tier_blocks[t]);
-            first = false;
-        }
-    }
 }

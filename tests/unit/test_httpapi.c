@@ -273,6 +273,8 @@ static void test_routes_health_metrics(void **state)
     assert_non_null(strstr(r.headers, "Content-Type: text/plain; version=0.0.4"));
     assert_non_null(strstr(r.body, "kvrouter_ready 1\n"));
     assert_non_null(strstr(r.body, "# TYPE kvrouter_index_entries gauge"));
+    assert_non_null(strstr(r.body, "# HELP kvrouter_index_entries (position, content hash)"));
+    assert_non_null(strstr(r.body, "kvrouter_index_blocks{tier=\"gpu\"} "));
     assert_non_null(strstr(r.body, "# TYPE kvrouter_score_latency_seconds histogram"));
     assert_non_null(strstr(r.body, "kvrouter_http_requests_total{endpoint=\"healthz\",code=\"2xx\"} 1"));
     assert_non_null(strstr(r.body, "kvrouter_http_connections_open 2"));

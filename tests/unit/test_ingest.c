@@ -1257,7 +1257,7 @@ static void test_endpoint_errors(void **state)
     kvr_buf_init(&b);
     kvr_ingest_metrics(f->ing, &b);
     assert_non_null(strstr(b.data, "kvrouter_events_lag_seconds_bucket"));
-    assert_non_null(strstr(b.data, "kvrouter_index_entries"));
+    assert_null(strstr(b.data, "kvrouter_index_entries")); /* httpapi renders the index's */
     kvr_buf_free(&b);
     /* stop is idempotent and ready goes false */
     kvr_ingest_stop(f->ing);
