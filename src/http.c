@@ -38,6 +38,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "buf.h"
 #include "httpapi.h"
 #include "httpreq.h"
 #include "log.h"

@@ -25,6 +25,7 @@
 #include <strings.h>
 
 #include "jtok.h"
+#include "metrics.h"
 #include "reqbody.h"
 
 

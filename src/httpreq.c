@@ -23,6 +23,7 @@
 #include <strings.h>
 
 #include "jtok.h"
+#include "metrics.h"
 
 #define BUF_KEEP_MAX (1u << 20) /* buffers larger than this are freed once idle */
 

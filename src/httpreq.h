@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "metrics.h"
+#include "buf.h"
 
 #define KVR_HTTPREQ_URL_MAX 4096
 #define KVR_HTTPREQ_CTYPE_MAX 128
