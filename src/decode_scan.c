@@ -14,6 +14,8 @@
  */
 #include "decode_int.h"
 
+#include "cpu.h"
+
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -63,6 +65,8 @@ static inline uint64_t le64v(uint64_t x)
 #if defined(__x86_64__)
 #define MP_WINDOWS 1
 #define MP_AVX512 "avx512f,avx512bw,avx512vbmi,bmi,popcnt"
+#define MP_CPU (KVR_CPU_AVX512F | KVR_CPU_AVX512BW | KVR_CPU_AVX512VBMI | KVR_CPU_BMI | \
+                KVR_CPU_POPCNT) /* what MP_AVX512 names: kvr_cpu_has() before running it */
 
 __attribute__((target(MP_AVX512))) static size_t tokens_avx512(const unsigned char **pp,
                                                                 const unsigned char *end,
@@ -159,12 +163,7 @@ static int mp_isa(void)
 {
     int v = atomic_load_explicit(&g_mp_isa, memory_order_relaxed);
     if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("bmi") &&
-                    __builtin_cpu_supports("popcnt")
-                ? 1
-                : 0;
+        v = kvr_cpu_has(MP_CPU) ? 1 : 0;
         atomic_store_explicit(&g_mp_isa, v, memory_order_relaxed);
     }
     return v;

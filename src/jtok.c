@@ -20,6 +20,8 @@
 #include "jtok.h"
 #include "jtok_int.h"
 
+#include "cpu.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -483,11 +485,9 @@ static int isa_level(void)
     int v = atomic_load_explicit(&g_isa, memory_order_relaxed);
     if (v < 0) {
 #ifdef JTOK_BLOCKS
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") ? 2 : 1;
-        if (v == 2 && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
-            __builtin_cpu_supports("bmi2"))
+        v = kvr_cpu_has(KVR_CPU_AVX2) ? 2 : 1;
+        if (v == 2 && kvr_cpu_has(KVR_CPU_AVX512BW | KVR_CPU_AVX512VBMI | KVR_CPU_AVX512VBMI2 |
+                                  KVR_CPU_BMI2))
             v = 3;
 #else
         v = 0;
