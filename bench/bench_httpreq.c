@@ -1,6 +1,6 @@
 /* bench_httpreq.c — CPU cost of one scoring request without sockets: HTTP parsing, body
  * decoding (JSON or msgpack), hashing, index lookup, ranking and the JSON answer, through the
- * same code the loop threads run (kvr_httpconn_feed → httpapi → score → index).
+ * same code the loop threads run (kvr_httpreq_conn_feed → httpapi → score → index).
  *
  * Index: 64 workers; worker w holds a prefix of (8 + w % 56) * 512 / 16 ... of one of 8 base
  * prompts of 8192 tokens, block size 16, so a query matches several workers at different
@@ -144,7 +144,7 @@ int main(int argc, char **argv)
     if (kvr_httpapi_create(&d, &api) != 0 || kvr_httpapi_thread_create(api, &st, &th) != 0)
         return 1;
     kvr_buf_init(&scratch);
-    kvr_httpconn_init(&c, &lim, &st, kvr_httpapi_handle, th, &scratch, false, 0);
+    kvr_httpreq_conn_init(&c, &lim, &st, kvr_httpapi_handle, th, &scratch, false, 0);
     for (int m = 0; m < 2; m++)
         for (int b = 0; b < NBASE; b++)
             lens[m][b] = make_request(reqs[m][b], sizeof(reqs[m][b]), b, m);
@@ -161,13 +161,13 @@ int main(int argc, char **argv)
             for (int i = 0; i < iters; i++) {
                 int b = i % NBASE;
                 memcpy(work, reqs[m][b], lens[m][b]); /* bodies are decoded in place */
-                if (kvr_httpconn_feed(&c, work, lens[m][b], 0) != 0 ||
+                if (kvr_httpreq_conn_feed(&c, work, lens[m][b], 0) != 0 ||
                     memcmp(c.out.data, "HTTP/1.1 200", 12) != 0) {
                     fprintf(stderr, "bench_httpreq: request failed: %.300s\n", c.out.data);
                     return 1;
                 }
                 resp_bytes = c.out.len;
-                kvr_httpconn_consumed(&c, c.out.len);
+                kvr_httpreq_conn_consumed(&c, c.out.len);
             }
             t = now_s() - t0;
             if (t < best)
@@ -179,7 +179,7 @@ int main(int argc, char **argv)
                iters / best, lens[m][0]);
     }
     kvr_reqbody_force_isa(-1);
-    kvr_httpconn_deinit(&c);
+    kvr_httpreq_conn_deinit(&c);
     kvr_buf_free(&scratch);
     kvr_httpapi_thread_destroy(th);
     kvr_httpapi_destroy(api);

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "buf.h"
 #include "log.h"
 
 void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l)

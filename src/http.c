@@ -38,6 +38,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "buf.h"
 #include "httpapi.h"
 #include "httpreq.h"
 #include "log.h"
@@ -116,8 +117,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void server_metrics(void *arg, struct kvr_buf *out)
 {
     struct kvr_http *h = arg;
-    kvr_httpstats_render(h->stats_ptrs, (size_t)h->nthreads,
-                         atomic_load_explicit(&h->open_conns, memory_order_relaxed), out);
+    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nthreads,
+                             atomic_load_explicit(&h->open_conns, memory_order_relaxed), out);
 }
 
 /* ---- connection teardown -------------------------------------------------------------- */
@@ -128,7 +129,7 @@ static void on_handle_closed(uv_handle_t *handle)
 
     if (--c->open_handles > 0)
         return;
-    kvr_httpconn_deinit(&c->hc);
+    kvr_httpreq_conn_deinit(&c->hc);
     free(c);
 }
 
@@ -197,7 +198,7 @@ static int64_t conn_deadline(struct conn *c)
         /* stopping: a response still being written gets STOP_WRITE_MS, not the idle timeout */
         return c->lt->stopping && c->lt->stop_deadline < d ? c->lt->stop_deadline : d;
     }
-    return kvr_httpconn_deadline(&c->hc);
+    return kvr_httpreq_conn_deadline(&c->hc);
 }
 
 static void on_timer(uv_timer_t *t)
@@ -218,11 +219,11 @@ static void on_timer(uv_timer_t *t)
         return;
     }
     if (c->writing) { /* the client does not read its responses */
-        kvr_httpstats_limit(&c->lt->stats, KVR_LIMIT_WRITE_TIMEOUT);
+        kvr_httpreq_stats_limit(&c->lt->stats, KVR_LIMIT_WRITE_TIMEOUT);
         conn_close(c);
         return;
     }
-    rc = kvr_httpconn_timeout(&c->hc, now);
+    rc = kvr_httpreq_conn_timeout(&c->hc, now);
     if (rc == KVR_HTTPCONN_CLOSE_NOW) {
         conn_close(c);
         return;
@@ -270,7 +271,7 @@ static void on_write(uv_write_t *req, int status)
         conn_close(c);
         return;
     }
-    kvr_httpconn_consumed(&c->hc, c->write_len);
+    kvr_httpreq_conn_consumed(&c->hc, c->write_len);
     c->write_len = 0;
     if (c->hc.out.len > 0) { /* e.g. a 408 queued by the timer meanwhile */
         conn_flush(c);
@@ -302,7 +303,7 @@ static void conn_flush(struct conn *c)
             return;
         }
         if (n > 0)
-            kvr_httpconn_consumed(&c->hc, (size_t)n);
+            kvr_httpreq_conn_consumed(&c->hc, (size_t)n);
         if (c->hc.out.len > 0) {
             b = uv_buf_init(c->hc.out.data, (unsigned)c->hc.out.len);
             c->write_len = c->hc.out.len;
@@ -338,7 +339,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0 || c->lingering || c->close_after_write)
         return; /* lingering: discard */
-    rc = kvr_httpconn_feed(&c->hc, buf->base, (size_t)nread, (int64_t)uv_now(&c->lt->loop));
+    rc = kvr_httpreq_conn_feed(&c->hc, buf->base, (size_t)nread, (int64_t)uv_now(&c->lt->loop));
     if (rc == KVR_HTTPCONN_CLOSE)
         c->close_after_write = true;
     conn_flush(c);
@@ -359,14 +360,14 @@ static void reject_conn(struct loop_thread *lt, uv_stream_t *server)
     struct kvr_buf out;
     uv_buf_t b;
 
-    kvr_httpstats_limit(&lt->stats, KVR_LIMIT_CONNECTIONS);
+    kvr_httpreq_stats_limit(&lt->stats, KVR_LIMIT_CONNECTIONS);
     if (t == NULL || uv_tcp_init(&lt->loop, t) != 0) {
         free(t);
         return;
     }
     if (uv_accept(server, (uv_stream_t *)t) == 0) {
         kvr_buf_init(&out);
-        kvr_http_write_response(&out, 503, NULL, NULL, body, sizeof(body) - 1, true);
+        kvr_httpreq_write_response(&out, 503, NULL, NULL, body, sizeof(body) - 1, true);
         if (!out.oom) {
             b = uv_buf_init(out.data, (unsigned)out.len);
             (void)uv_try_write((uv_stream_t *)t, &b, 1);
@@ -409,8 +410,8 @@ static void on_connection(uv_stream_t *server, int status)
     c->timer.data = c;
     c->open_handles = 2;
     now = (int64_t)uv_now(&lt->loop);
-    kvr_httpconn_init(&c->hc, &h->lim, &lt->stats, kvr_httpapi_handle, lt->api_thread,
-                      &lt->scratch, admin, now);
+    kvr_httpreq_conn_init(&c->hc, &h->lim, &lt->stats, kvr_httpapi_handle, lt->api_thread,
+                          &lt->scratch, admin, now);
     c->next = lt->conns;
     if (lt->conns)
         lt->conns->prev = c;

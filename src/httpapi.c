@@ -25,6 +25,7 @@
 #include <strings.h>
 
 #include "jtok.h"
+#include "metrics.h"
 #include "reqbody.h"
 
 
@@ -228,7 +229,7 @@ static void fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
     va_end(ap);
     resp->status = status;
     resp->content_type = "application/json";
-    kvr_http_error_body(resp->body, msg);
+    kvr_httpreq_error_body(resp->body, msg);
 }
 
 /* ---- request helpers --------------------------------------------------------------------- */
@@ -421,7 +422,7 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     else
         rc = kvr_reqbody_query_msgpack(req->body, req->body_len, &sc, &q, &err);
     if (rc == -E2BIG) {
-        kvr_httpstats_limit(t->stats, KVR_LIMIT_TOKENS);
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
         fail(resp, 413, "%s", err.msg);
         return;
     }
@@ -441,7 +442,7 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     sq.npods = q.npods;
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc == -E2BIG) {
-        kvr_httpstats_limit(t->stats, KVR_LIMIT_TOKENS);
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
         fail(resp, 413, "query too large");
         return;
     }

@@ -22,11 +22,11 @@
 
 #include <stdbool.h>
 
+#include "buf.h"
 #include "conf.h"
 #include "httpreq.h"
 #include "index.h"
 #include "ingest.h"
-#include "metrics.h"
 #include "score.h"
 
 #define KVR_HTTPAPI_MAX_PODS 4096 /* pod filter entries per score query */

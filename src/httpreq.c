@@ -23,6 +23,7 @@
 #include <strings.h>
 
 #include "jtok.h"
+#include "metrics.h"
 
 #define BUF_KEEP_MAX (1u << 20) /* buffers larger than this are freed once idle */
 
@@ -37,12 +38,12 @@ static const char *const limit_names[KVR_LIMIT_COUNT] = {
     "idle_timeout",     "write_timeout", "connections", "tokens",
 };
 
-const char *kvr_http_ep_name(enum kvr_http_ep ep)
+const char *kvr_httpreq_ep_name(enum kvr_http_ep ep)
 {
     return (unsigned)ep < KVR_EP_COUNT ? ep_names[ep] : "other";
 }
 
-const char *kvr_http_limit_name(enum kvr_http_limit l)
+const char *kvr_httpreq_limit_name(enum kvr_http_limit l)
 {
     return (unsigned)l < KVR_LIMIT_COUNT ? limit_names[l] : "?";
 }
@@ -52,7 +53,7 @@ static inline void inc(_Atomic uint64_t *v)
     atomic_fetch_add_explicit(v, 1, memory_order_relaxed);
 }
 
-void kvr_httpstats_limit(struct kvr_httpstats *st, enum kvr_http_limit l)
+void kvr_httpreq_stats_limit(struct kvr_httpstats *st, enum kvr_http_limit l)
 {
     if ((unsigned)l < KVR_LIMIT_COUNT)
         inc(&st->limits[l]);
@@ -63,8 +64,8 @@ static uint64_t rd(const _Atomic uint64_t *v)
     return atomic_load_explicit(v, memory_order_relaxed);
 }
 
-void kvr_httpstats_render(struct kvr_httpstats *const *st, size_t n, uint64_t open_conns,
-                          struct kvr_buf *out)
+void kvr_httpreq_stats_render(struct kvr_httpstats *const *st, size_t n, uint64_t open_conns,
+                              struct kvr_buf *out)
 {
     static const char *const classes[4] = {"2xx", "3xx", "4xx", "5xx"};
     char labels[96];
@@ -113,7 +114,7 @@ void kvr_httpstats_render(struct kvr_httpstats *const *st, size_t n, uint64_t op
 
 /* ---- responses -------------------------------------------------------------------------- */
 
-const char *kvr_http_reason(int status)
+const char *kvr_httpreq_reason(int status)
 {
     switch (status) {
     case 100: return "Continue";
@@ -173,7 +174,7 @@ static void write_response_conn(struct kvr_buf *out, int status, const char *cty
     w = put_str(w, "HTTP/1.1 ");
     w = put_u64(w, (uint64_t)status);
     *w++ = ' ';
-    w = put_str(w, kvr_http_reason(status));
+    w = put_str(w, kvr_httpreq_reason(status));
     w = put_str(w, "\r\nServer: kvrouterd\r\nContent-Type: ");
     w = put_str(w, ctype);
     w = put_str(w, "\r\nContent-Length: ");
@@ -193,15 +194,15 @@ static void write_response_conn(struct kvr_buf *out, int status, const char *cty
     out->data[out->len] = '\0';
 }
 
-void kvr_http_write_response(struct kvr_buf *out, int status, const char *content_type,
-                             const char *extra_headers, const char *body, size_t body_len,
-                             bool close)
+void kvr_httpreq_write_response(struct kvr_buf *out, int status, const char *content_type,
+                                const char *extra_headers, const char *body, size_t body_len,
+                                bool close)
 {
     write_response_conn(out, status, content_type ? content_type : "application/json",
                         extra_headers, body, body_len, close ? 1 : 0);
 }
 
-void kvr_http_error_body(struct kvr_buf *out, const char *msg)
+void kvr_httpreq_error_body(struct kvr_buf *out, const char *msg)
 {
     size_t n = strlen(msg);
 
@@ -229,7 +230,7 @@ static void count_request(struct kvr_httpconn *c, enum kvr_http_ep ep, int statu
 /* An error produced by this layer: JSON body, Connection: close. */
 static void conn_error(struct kvr_httpconn *c, int status, const char *msg)
 {
-    kvr_http_error_body(c->scratch, msg);
+    kvr_httpreq_error_body(c->scratch, msg);
     write_response_conn(&c->out, status, "application/json", NULL, c->scratch->data,
                         c->scratch->len, 1);
     count_request(c, KVR_EP_OTHER, status);
@@ -245,7 +246,7 @@ static int reject(struct kvr_httpconn *c, int status, const char *msg, int limit
         c->reject_status = status;
         c->reject_msg = msg;
         if (limit >= 0)
-            kvr_httpstats_limit(c->stats, (enum kvr_http_limit)limit);
+            kvr_httpreq_stats_limit(c->stats, (enum kvr_http_limit)limit);
     }
     return -1;
 }
@@ -463,7 +464,7 @@ static int on_message_complete(http_parser *p)
     c->handler(c->handler_arg, &req, &resp);
     if (c->scratch->oom) {
         resp.status = 500;
-        kvr_http_error_body(c->scratch, "out of memory");
+        kvr_httpreq_error_body(c->scratch, "out of memory");
     }
 
     keep = http_should_keep_alive(p) && !resp.close;
@@ -497,9 +498,9 @@ static const http_parser_settings settings = {
 
 /* ---- connection ------------------------------------------------------------------------- */
 
-void kvr_httpconn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
-                       struct kvr_httpstats *stats, kvr_httpreq_handler handler, void *arg,
-                       struct kvr_buf *scratch, bool admin, int64_t now_ms)
+void kvr_httpreq_conn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
+                           struct kvr_httpstats *stats, kvr_httpreq_handler handler, void *arg,
+                           struct kvr_buf *scratch, bool admin, int64_t now_ms)
 {
     memset(c, 0, sizeof(*c));
     http_parser_init(&c->parser, HTTP_REQUEST);
@@ -516,13 +517,13 @@ void kvr_httpconn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *
     kvr_buf_init(&c->out);
 }
 
-void kvr_httpconn_deinit(struct kvr_httpconn *c)
+void kvr_httpreq_conn_deinit(struct kvr_httpconn *c)
 {
     kvr_buf_free(&c->body);
     kvr_buf_free(&c->out);
 }
 
-int kvr_httpconn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms)
+int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms)
 {
     size_t done;
     enum http_errno e;
@@ -543,7 +544,7 @@ int kvr_httpconn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t no
     if (e != HPE_OK) {
         char msg[160];
         if (e == HPE_HEADER_OVERFLOW) {
-            kvr_httpstats_limit(c->stats, KVR_LIMIT_HEADER_BYTES);
+            kvr_httpreq_stats_limit(c->stats, KVR_LIMIT_HEADER_BYTES);
             conn_error(c, 431, "request headers too large");
             return KVR_HTTPCONN_CLOSE;
         }
@@ -573,37 +574,37 @@ int kvr_httpconn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t no
     return 0;
 }
 
-int kvr_httpconn_eof(struct kvr_httpconn *c)
+int kvr_httpreq_conn_eof(struct kvr_httpconn *c)
 {
     c->closing = true;
     c->in_request = false;
     return KVR_HTTPCONN_CLOSE;
 }
 
-int64_t kvr_httpconn_deadline(const struct kvr_httpconn *c)
+int64_t kvr_httpreq_conn_deadline(const struct kvr_httpconn *c)
 {
     if (c->in_request)
         return c->req_start_ms + c->lim->request_timeout_ms;
     return c->idle_since_ms + c->lim->idle_timeout_ms;
 }
 
-int kvr_httpconn_timeout(struct kvr_httpconn *c, int64_t now_ms)
+int kvr_httpreq_conn_timeout(struct kvr_httpconn *c, int64_t now_ms)
 {
     if (c->closing)
         return 0;
-    if (now_ms < kvr_httpconn_deadline(c))
+    if (now_ms < kvr_httpreq_conn_deadline(c))
         return 0;
     if (c->in_request) {
-        kvr_httpstats_limit(c->stats, KVR_LIMIT_REQUEST_TIMEOUT);
+        kvr_httpreq_stats_limit(c->stats, KVR_LIMIT_REQUEST_TIMEOUT);
         conn_error(c, 408, "request not received in time");
         return KVR_HTTPCONN_CLOSE;
     }
-    kvr_httpstats_limit(c->stats, KVR_LIMIT_IDLE_TIMEOUT);
+    kvr_httpreq_stats_limit(c->stats, KVR_LIMIT_IDLE_TIMEOUT);
     c->closing = true;
     return KVR_HTTPCONN_CLOSE_NOW;
 }
 
-void kvr_httpconn_consumed(struct kvr_httpconn *c, size_t n)
+void kvr_httpreq_conn_consumed(struct kvr_httpconn *c, size_t n)
 {
     atomic_fetch_add_explicit(&c->stats->bytes_out, n, memory_order_relaxed);
     if (n >= c->out.len) {

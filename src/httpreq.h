@@ -1,10 +1,10 @@
 /* httpreq.h — one HTTP/1.1 server connection's protocol state, without sockets.
  *
- * Bytes read from a socket go into kvr_httpconn_feed(); it parses them with http-parser,
+ * Bytes read from a socket go into kvr_httpreq_conn_feed(); it parses them with http-parser,
  * enforces the request limits (one place for each), calls the handler for every complete
  * request in arrival order (pipelining) and appends the responses to conn->out, which the
- * socket layer writes out. Timeouts are driven by the caller's clock: kvr_httpconn_deadline()
- * says when to call kvr_httpconn_timeout() next. Everything the socket layer must do comes
+ * socket layer writes out. Timeouts are driven by the caller's clock: kvr_httpreq_conn_deadline()
+ * says when to call kvr_httpreq_conn_timeout() next. Everything the socket layer must do comes
  * back as flags (close after flushing `out`, close now).
  *
  * Limits (counted in struct kvr_httpstats.limits, each with its response):
@@ -16,7 +16,7 @@
  *   whole request not received within request_timeout → 408, close (slowloris)
  *   no request within idle_timeout after the last response → close without a response
  *   handler-level limits (tokens per query) are counted by the handler with
- *   kvr_httpstats_limit().
+ *   kvr_httpreq_stats_limit().
  * Malformed requests get 400 and close. Responses are JSON {"error": "..."} for errors.
  *
  * Threads: a connection belongs to the thread of its loop; stats are per thread (relaxed
@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "metrics.h"
+#include "buf.h"
 
 #define KVR_HTTPREQ_URL_MAX 4096
 #define KVR_HTTPREQ_CTYPE_MAX 128
@@ -49,7 +49,7 @@ enum kvr_http_ep {
     KVR_EP_METRICS,
     KVR_EP_COUNT
 };
-const char *kvr_http_ep_name(enum kvr_http_ep ep);
+const char *kvr_httpreq_ep_name(enum kvr_http_ep ep);
 
 enum kvr_http_limit {
     KVR_LIMIT_BODY = 0,
@@ -63,7 +63,7 @@ enum kvr_http_limit {
     KVR_LIMIT_TOKENS,
     KVR_LIMIT_COUNT
 };
-const char *kvr_http_limit_name(enum kvr_http_limit l);
+const char *kvr_httpreq_limit_name(enum kvr_http_limit l);
 
 /* Per-thread counters; written by the owning thread, read by any (relaxed). */
 struct kvr_httpstats {
@@ -75,10 +75,10 @@ struct kvr_httpstats {
     _Atomic uint64_t bytes_in;
     _Atomic uint64_t bytes_out;
 };
-void kvr_httpstats_limit(struct kvr_httpstats *st, enum kvr_http_limit l);
+void kvr_httpreq_stats_limit(struct kvr_httpstats *st, enum kvr_http_limit l);
 /* Renders the sums over n per-thread stats, plus the open-connections gauge. */
-void kvr_httpstats_render(struct kvr_httpstats *const *st, size_t n, uint64_t open_conns,
-                          struct kvr_buf *out);
+void kvr_httpreq_stats_render(struct kvr_httpstats *const *st, size_t n, uint64_t open_conns,
+                              struct kvr_buf *out);
 
 struct kvr_httpreq_limits {
     uint64_t max_body;
@@ -165,30 +165,30 @@ struct kvr_httpconn {
     struct kvr_buf out;     /* response bytes not yet handed to the socket */
 };
 
-void kvr_httpconn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
-                       struct kvr_httpstats *stats, kvr_httpreq_handler handler, void *arg,
-                       struct kvr_buf *scratch, bool admin, int64_t now_ms);
-void kvr_httpconn_deinit(struct kvr_httpconn *c);
+void kvr_httpreq_conn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
+                           struct kvr_httpstats *stats, kvr_httpreq_handler handler, void *arg,
+                           struct kvr_buf *scratch, bool admin, int64_t now_ms);
+void kvr_httpreq_conn_deinit(struct kvr_httpconn *c);
 
 /* Parses data[0..len) (mutable: bodies are decoded in place); returns 0 or KVR_HTTPCONN_CLOSE.
  * After CLOSE, further data is ignored. */
-int kvr_httpconn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms);
+int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms);
 /* The peer closed its side: a partial request is dropped. Returns KVR_HTTPCONN_CLOSE. */
-int kvr_httpconn_eof(struct kvr_httpconn *c);
-/* Absolute time (ms, caller's clock) at which kvr_httpconn_timeout() must run. */
-int64_t kvr_httpconn_deadline(const struct kvr_httpconn *c);
+int kvr_httpreq_conn_eof(struct kvr_httpconn *c);
+/* Absolute time (ms, caller's clock) at which kvr_httpreq_conn_timeout() must run. */
+int64_t kvr_httpreq_conn_deadline(const struct kvr_httpconn *c);
 /* 0 (nothing due), KVR_HTTPCONN_CLOSE (408 appended to out) or KVR_HTTPCONN_CLOSE_NOW. */
-int kvr_httpconn_timeout(struct kvr_httpconn *c, int64_t now_ms);
+int kvr_httpreq_conn_timeout(struct kvr_httpconn *c, int64_t now_ms);
 /* The socket layer wrote n bytes of out. Keeps buffers; drops them when they grew large. */
-void kvr_httpconn_consumed(struct kvr_httpconn *c, size_t n);
+void kvr_httpreq_conn_consumed(struct kvr_httpconn *c, size_t n);
 
 /* Appends a complete response (used for errors outside a connection too, e.g. 503 on the
  * connection cap). body may be NULL for an empty body. */
-void kvr_http_write_response(struct kvr_buf *out, int status, const char *content_type,
-                             const char *extra_headers, const char *body, size_t body_len,
-                             bool close);
+void kvr_httpreq_write_response(struct kvr_buf *out, int status, const char *content_type,
+                                const char *extra_headers, const char *body, size_t body_len,
+                                bool close);
 /* {"error": "<escaped msg>"} into out (reset first). */
-void kvr_http_error_body(struct kvr_buf *out, const char *msg);
-const char *kvr_http_reason(int status);
+void kvr_httpreq_error_body(struct kvr_buf *out, const char *msg);
+const char *kvr_httpreq_reason(int status);
 
 #endif

@@ -1,8 +1,8 @@
 /* metrics.h — counters, histograms and Prometheus text exposition.
  *
  * Modules keep their own statistics (relaxed _Atomic counters, or per-thread and summed when
- * read) and render them on demand into a struct kvr_buf with the helpers below; the HTTP
- * layer concatenates those renderings for GET /metrics. Names get the "kvrouter_" prefix
+ * read) and render them on demand into a struct kvr_buf (buf.h) with the helpers below; the
+ * HTTP layer concatenates those renderings for GET /metrics. Names get the "kvrouter_" prefix
  * here, so callers pass "events_received_total" and the line says
  * "kvrouter_events_received_total". Units belong in the name (_seconds, _bytes).
  *
@@ -16,20 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Growable byte buffer (output of renderers, HTTP responses). */
-struct kvr_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-    int oom; /* set when a growth failed; further appends are dropped */
-};
-
-void kvr_buf_init(struct kvr_buf *b);
-void kvr_buf_free(struct kvr_buf *b);
-void kvr_buf_reset(struct kvr_buf *b); /* len = 0, keeps memory */
-int kvr_buf_reserve(struct kvr_buf *b, size_t extra); /* 0 or -ENOMEM */
-void kvr_buf_append(struct kvr_buf *b, const void *p, size_t n);
-void kvr_buf_printf(struct kvr_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#include "buf.h" /* struct kvr_buf: what the renderers write into */
 
 /* Histogram with fixed upper bounds (le), plus +Inf. Values are in the unit of the metric
  * (seconds for latencies). Up to KVR_HIST_MAX_BUCKETS finite bounds. */

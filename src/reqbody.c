@@ -6,7 +6,7 @@
  * byte are rejected (they cannot be C strings). The msgpack cursor checks every length
  * against the bytes left before reading, so a count can never make it loop past the buffer;
  * generic values are skipped with a depth limit. Msgpack token arrays go through
- * kvr_decode_u32_run() (decode.c: 64-byte windows with AVX-512 VBMI when the CPU has it, a
+ * kvr_decode_u32_run() (decode_scan.c: 64-byte windows with AVX-512 VBMI when the CPU has it, a
  * scalar loop otherwise), this file's careful cursor taking every element the run leaves
  * (rare widths, negatives, errors with their messages); both ISA levels accept and reject
  * exactly the same bodies with the same messages (tests/unit/test_reqbody.c and fuzz_jtok
@@ -16,15 +16,11 @@
 #include "reqbody.h"
 
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
+#include "base.h" /* KVR_NAME_MAX */
 #include "decode.h"
-#include "index.h"
 #include "jtok.h"
 
 #define MP_MAX_DEPTH 64

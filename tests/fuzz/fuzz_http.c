@@ -131,7 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 2)
         return 0;
     step = data[0] >= 192 ? size : (size_t)(1 + data[0] % 64);
-    kvr_httpconn_init(&c, &lim, &stats, kvr_httpapi_handle, th, &scratch, data[1] & 1, 0);
+    kvr_httpreq_conn_init(&c, &lim, &stats, kvr_httpapi_handle, th, &scratch, data[1] & 1, 0);
     data += 2;
     size -= 2;
     while (off < size && rc == 0) {
@@ -140,18 +140,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (piece == NULL)
             break;
         memcpy(piece, data + off, n);
-        rc = kvr_httpconn_feed(&c, piece, n, (int64_t)off);
+        rc = kvr_httpreq_conn_feed(&c, piece, n, (int64_t)off);
         memset(piece, 0xAA, n);
         free(piece);
         off += n;
         if (c.out.len > 1 << 20)
-            kvr_httpconn_consumed(&c, c.out.len);
+            kvr_httpreq_conn_consumed(&c, c.out.len);
     }
     if (rc == 0)
-        (void)kvr_httpconn_timeout(&c, 1000000);
+        (void)kvr_httpreq_conn_timeout(&c, 1000000);
     /* every response must at least start like one */
     if (c.out.len > 0 && memcmp(c.out.data, "HTTP/1.1 ", 9) != 0)
         abort();
-    kvr_httpconn_deinit(&c);
+    kvr_httpreq_conn_deinit(&c);
     return 0;
 }

@@ -36,7 +36,7 @@ static void server_metrics(void *arg, struct kvr_buf *out)
 {
     struct fx *f = arg;
     struct kvr_httpstats *all[1] = {&f->st};
-    kvr_httpstats_render(all, 1, 2, out);
+    kvr_httpreq_stats_render(all, 1, 2, out);
 }
 
 static void store(struct fx *f, const char *pod, const uint32_t *toks, size_t n, uint32_t bs)
@@ -92,16 +92,17 @@ static struct fx *fx_new(const char *http_conf)
     f->lim.max_headers = 64;
     f->lim.request_timeout_ms = 1000;
     f->lim.idle_timeout_ms = 1000;
-    kvr_httpconn_init(&f->main, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch, false, 0);
-    kvr_httpconn_init(&f->admin, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch, true,
-                      0);
+    kvr_httpreq_conn_init(&f->main, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch,
+                          false, 0);
+    kvr_httpreq_conn_init(&f->admin, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch,
+                          true, 0);
     return f;
 }
 
 static void fx_free(struct fx *f)
 {
-    kvr_httpconn_deinit(&f->main);
-    kvr_httpconn_deinit(&f->admin);
+    kvr_httpreq_conn_deinit(&f->main);
+    kvr_httpreq_conn_deinit(&f->admin);
     kvr_buf_free(&f->scratch);
     kvr_httpapi_thread_destroy(f->th);
     kvr_httpapi_destroy(f->api);
@@ -140,7 +141,7 @@ static struct resp rq(struct kvr_httpconn *c, const char *method, const char *pa
     if (blen)
         memcpy(buf + hlen, body, blen);
     kvr_buf_reset(&c->out);
-    (void)kvr_httpconn_feed(c, buf, total, 0);
+    (void)kvr_httpreq_conn_feed(c, buf, total, 0);
     free(buf);
     p = c->out.data;
     assert_non_null(p);
@@ -153,7 +154,7 @@ static struct resp rq(struct kvr_httpconn *c, const char *method, const char *pa
         n = strtoul(cl + 16, NULL, 10);
     r.body = calloc(1, n + 1);
     memcpy(r.body, hend + 4, n);
-    kvr_httpconn_consumed(c, c->out.len);
+    kvr_httpreq_conn_consumed(c, c->out.len);
     return r;
 }
 

@@ -56,14 +56,14 @@ static struct fixture *fx_new(void)
 {
     struct fixture *f = calloc(1, sizeof(*f));
     kvr_buf_init(&f->scratch);
-    kvr_httpconn_init(&f->c, &g_lim, &f->st, echo, NULL, &f->scratch, false, 0);
+    kvr_httpreq_conn_init(&f->c, &g_lim, &f->st, echo, NULL, &f->scratch, false, 0);
     g_calls = 0;
     return f;
 }
 
 static void fx_free(struct fixture *f)
 {
-    kvr_httpconn_deinit(&f->c);
+    kvr_httpreq_conn_deinit(&f->c);
     kvr_buf_free(&f->scratch);
     free(f);
 }
@@ -81,7 +81,7 @@ static int feed(struct fixture *f, const char *s, size_t step, int64_t now)
         size_t n = len - off < step ? len - off : step;
         char *piece = malloc(n); /* a fresh buffer each time: no pointer may survive a feed */
         memcpy(piece, b + off, n);
-        rc = kvr_httpconn_feed(&f->c, piece, n, now);
+        rc = kvr_httpreq_conn_feed(&f->c, piece, n, now);
         memset(piece, 'X', n);
         free(piece);
         off += n;
@@ -137,7 +137,7 @@ static void test_simple_and_keepalive(void **state)
     assert_null(strstr(r[0].headers, "Connection:"));
     assert_false(f->c.in_request);
     assert_int_equal(f->st.requests[KVR_EP_HEALTHZ][0], 1);
-    kvr_httpconn_consumed(&f->c, f->c.out.len);
+    kvr_httpreq_conn_consumed(&f->c, f->c.out.len);
     assert_int_equal(f->c.out.len, 0);
     /* second request on the same connection */
     assert_int_equal(feed(f, "POST /b HTTP/1.1\r\nContent-Type: application/json\r\n"
@@ -347,27 +347,27 @@ static void test_timeouts(void **state)
 
     /* slowloris: a request started at t=100 must be complete by t=1100 */
     f = fx_new();
-    assert_int_equal(kvr_httpconn_deadline(&f->c), 5000); /* idle since 0 */
+    assert_int_equal(kvr_httpreq_conn_deadline(&f->c), 5000); /* idle since 0 */
     assert_int_equal(feed(f, "GET / HTTP/1.1\r\nX-A: ", 0, 100), 0);
     assert_true(f->c.in_request);
-    assert_int_equal(kvr_httpconn_deadline(&f->c), 1100);
+    assert_int_equal(kvr_httpreq_conn_deadline(&f->c), 1100);
     assert_int_equal(feed(f, "b\r\n", 0, 900), 0);
-    assert_int_equal(kvr_httpconn_deadline(&f->c), 1100); /* trickling does not extend it */
-    assert_int_equal(kvr_httpconn_timeout(&f->c, 1099), 0);
-    assert_int_equal(kvr_httpconn_timeout(&f->c, 1100), KVR_HTTPCONN_CLOSE);
+    assert_int_equal(kvr_httpreq_conn_deadline(&f->c), 1100); /* trickling does not extend it */
+    assert_int_equal(kvr_httpreq_conn_timeout(&f->c, 1099), 0);
+    assert_int_equal(kvr_httpreq_conn_timeout(&f->c, 1100), KVR_HTTPCONN_CLOSE);
     assert_int_equal(parse_out(f, r, 2), 1);
     assert_int_equal(r[0].status, 408);
     assert_int_equal(f->st.limits[KVR_LIMIT_REQUEST_TIMEOUT], 1);
-    assert_int_equal(kvr_httpconn_timeout(&f->c, 99999), 0); /* already closing */
+    assert_int_equal(kvr_httpreq_conn_timeout(&f->c, 99999), 0); /* already closing */
     fx_free(f);
 
     /* idle keep-alive: closed without a response */
     f = fx_new();
     assert_int_equal(feed(f, "GET / HTTP/1.1\r\n\r\n", 0, 200), 0);
-    kvr_httpconn_consumed(&f->c, f->c.out.len);
-    assert_int_equal(kvr_httpconn_deadline(&f->c), 5200);
-    assert_int_equal(kvr_httpconn_timeout(&f->c, 5199), 0);
-    assert_int_equal(kvr_httpconn_timeout(&f->c, 5200), KVR_HTTPCONN_CLOSE_NOW);
+    kvr_httpreq_conn_consumed(&f->c, f->c.out.len);
+    assert_int_equal(kvr_httpreq_conn_deadline(&f->c), 5200);
+    assert_int_equal(kvr_httpreq_conn_timeout(&f->c, 5199), 0);
+    assert_int_equal(kvr_httpreq_conn_timeout(&f->c, 5200), KVR_HTTPCONN_CLOSE_NOW);
     assert_int_equal(f->c.out.len, 0);
     assert_int_equal(f->st.limits[KVR_LIMIT_IDLE_TIMEOUT], 1);
     fx_free(f);
@@ -437,7 +437,7 @@ static void test_stats_render(void **state)
 
     assert_int_equal(feed(f, "GET / HTTP/1.1\r\n\r\n", 0, 0), 0);
     kvr_buf_init(&b);
-    kvr_httpstats_render(all, 1, 3, &b);
+    kvr_httpreq_stats_render(all, 1, 3, &b);
     assert_non_null(strstr(b.data, "# TYPE kvrouter_http_requests_total counter"));
     assert_non_null(strstr(b.data, "kvrouter_http_requests_total{endpoint=\"healthz\",code=\"2xx\"} 1"));
     assert_non_null(strstr(b.data, "kvrouter_http_limit_rejections_total{kind=\"body_bytes\"} 0"));
