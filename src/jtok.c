@@ -485,9 +485,10 @@ static int isa_level(void)
     int v = atomic_load_explicit(&g_isa, memory_order_relaxed);
     if (v < 0) {
 #ifdef JTOK_BLOCKS
-        v = kvr_cpu_has(KVR_CPU_AVX2) ? 2 : 1;
-        if (v == 2 && kvr_cpu_has(KVR_CPU_AVX512BW | KVR_CPU_AVX512VBMI | KVR_CPU_AVX512VBMI2 |
-                                  KVR_CPU_BMI2))
+        /* every extension the kernels' target attributes name (jtok_simd.c) */
+        v = kvr_cpu_has(KVR_CPU_AVX2 | KVR_CPU_BMI) ? 2 : 1;
+        if (v == 2 && kvr_cpu_has(KVR_CPU_AVX512F | KVR_CPU_AVX512BW | KVR_CPU_AVX512VBMI |
+                                  KVR_CPU_AVX512VBMI2 | KVR_CPU_BMI2))
             v = 3;
 #else
         v = 0;
