@@ -23,7 +23,7 @@
  *
  * Replays: requests queue FIFO; at most max_concurrent_replays run, each on its own DEALER
  * polled with the SUBs. Request [empty, be64 start]; replies in either era are parsed with
- * kvr_decode_replay_reply(); each batch goes to the requester's queue as a REPLAY item, the
+ * kvr_zsub_replay_reply(); each batch goes to the requester's queue as a REPLAY item, the
  * end marker (or a failure: timeout, bad reply, source gone)
  * as REPLAY_END. Contiguity is the requester's business (stream.c). replay_timeout is a
  * deadline for the whole replay (not an inactivity limit): a stream waits for its replay, and
@@ -46,7 +46,6 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "decode.h"
 #include "log.h"
 
 _Static_assert(sizeof(zmq_msg_t) <= sizeof(struct kvr_zsub_msg), "zmq_msg_t does not fit");
@@ -851,7 +850,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     struct topic_rec *t;
     const char *pod, *model;
     size_t plen, mlen;
-    struct kvr_topic kt;
+    struct kvr_zsub_topic_parts kt;
 
     if (s->last_topic != NULL && topic_key_eq(s->last_topic, override, raw, len))
         return s->last_topic;
@@ -865,7 +864,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     }
     /* New topic: work out pod and model. */
     if (override == NULL) {
-        if (kvr_decode_topic(raw, len, &kt) != 0) {
+        if (kvr_zsub_topic_split(raw, len, &kt) != 0) {
             *bad = KVR_ZSUB_BAD_TOPIC;
             return NULL;
         }
@@ -879,7 +878,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
         if (s->model != NULL) {
             model = s->model;
             mlen = strlen(model);
-        } else if (kvr_decode_topic(raw, len, &kt) == 0) {
+        } else if (kvr_zsub_topic_split(raw, len, &kt) == 0) {
             model = kt.model;
             mlen = kt.model_len;
         } else if (len > 0) {
@@ -991,7 +990,7 @@ static void read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, KVR_ZSUB_BAD_FRAMES, n);
             goto drop;
         }
-        if (kvr_decode_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
+        if (kvr_zsub_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
             count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
             goto drop;
         }
@@ -1108,7 +1107,7 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
             frames[i] = zmq_msg_data(&f[i]);
             lens[i] = zmq_msg_size(&f[i]);
         }
-        rc = total == n ? kvr_decode_replay_reply(frames, lens, n, &seq, &payload, &plen)
+        rc = total == n ? kvr_zsub_replay_reply(frames, lens, n, &seq, &payload, &plen)
                         : -EINVAL;
         if (rc != 0) {
             INC(z->replay_bad_replies);
@@ -1120,7 +1119,7 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
             end_replay(z, r, false);
             return true;
         }
-        if (seq == KVR_REPLAY_END || plen == 0) {
+        if (seq == KVR_ZSUB_SEQ_END || plen == 0) {
             for (size_t i = 0; i < n; i++)
                 zmq_msg_close(&f[i]);
             kvr_log_debug("events: replay from %s of %s done: %" PRIu64 " batches from %" PRIu64,

@@ -9,9 +9,9 @@
  * (struct kvr_queue of items), moved into the slot in place: the payload is the ZeroMQ
  * message itself, never copied. The consumer closes it with kvr_zsub_msg_close().
  *
- * Deviation from the module table, on purpose: the frame-level helpers kvr_decode_topic()
- * and kvr_decode_replay_reply() (pure byte functions, no msgpack) are used here; batches
- * themselves are never decoded here.
+ * Frames (zsub_frame.c): the byte-level checks of topic, seq and replay replies are pure
+ * functions declared at the end, for the unit tests and the fuzzer; batches themselves are
+ * never decoded here (zsub does not use decode).
  */
 #ifndef KVR_ZSUB_H
 #define KVR_ZSUB_H
@@ -169,5 +169,28 @@ struct kvr_zsub_stats {
     uint64_t topics;            /* gauge: interned topics */
 };
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st);
+
+/* ---- frames (zsub_frame.c): pure functions of peer bytes, any thread ---------------- */
+
+struct kvr_zsub_topic_parts {
+    const char *pod;   /* borrowed from the frame, not NUL-terminated */
+    size_t pod_len;
+    const char *model;
+    size_t model_len;
+};
+/* "kv@<pod>@<model>" (prefix must be exactly "kv@"), split at the first two '@' (the model
+ * may contain '@'): 0, or -EINVAL when the topic does not have that shape, pod/model is
+ * empty or it contains a NUL byte. */
+int kvr_zsub_topic_split(const void *frame, size_t len, struct kvr_zsub_topic_parts *out);
+/* Exactly 8 bytes big-endian → 0; otherwise -EINVAL. */
+int kvr_zsub_seq(const void *frame, size_t len, uint64_t *seq);
+
+#define KVR_ZSUB_SEQ_END UINT64_MAX
+/* A replay reply as seen by a DEALER: v0.9–v0.24 [empty, seq8, payload] or v0.25+
+ * [empty, topic, seq8, payload]. frames/lens hold nframes frames. On success *seq and the
+ * payload span are set; *seq == KVR_ZSUB_SEQ_END (or an empty payload) is the end
+ * marker. -EINVAL for any other shape. */
+int kvr_zsub_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,
+                          uint64_t *seq, const void **payload, size_t *payload_len);
 
 #endif
