@@ -192,19 +192,6 @@ struct kvr_ingest {
 #define CINC(f) CADD(f, 1)
 #define GET(f) atomic_load_explicit(&(f), memory_order_relaxed)
 
-const char *kvr_stream_state_name(enum kvr_stream_state s)
-{
-    switch (s) {
-    case KVR_STREAM_SYNCED:
-        return "synced";
-    case KVR_STREAM_REPLAYING:
-        return "replaying";
-    case KVR_STREAM_UNSYNCED:
-        return "unsynced";
-    }
-    return "?";
-}
-
 static const char *skip_name(int r)
 {
     return r < KVR_SKIP_REASON_COUNT ? kvr_skip_reason_name((enum kvr_skip_reason)r)

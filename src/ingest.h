@@ -20,6 +20,7 @@
 #include "err.h"
 #include "index.h"
 #include "metrics.h"
+#include "stream.h" /* enum kvr_stream_state */
 
 struct kvr_ingest;
 
@@ -66,13 +67,6 @@ void kvr_ingest_endpoints(struct kvr_ingest *ing,
 /* Purges every block of the pod (all ranks, models, tiers) on its writer thread and waits.
  * *removed = (holder, block) pairs dropped. -ENOENT when the pod was never seen. */
 int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *removed);
-
-enum kvr_stream_state {
-    KVR_STREAM_SYNCED = 0,    /* contiguous since the baseline */
-    KVR_STREAM_REPLAYING = 1, /* a gap is being recovered through replay */
-    KVR_STREAM_UNSYNCED = 2,  /* a gap could not be recovered; index may miss blocks */
-};
-const char *kvr_stream_state_name(enum kvr_stream_state s); /* "synced", ... */
 
 /* One (topic, dp_rank) stream, joined with its worker's block counts. */
 struct kvr_stream_info {
