@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base.h"
 #include "decode.h"
 #include "hash.h"
 #include "log.h"
@@ -188,9 +189,6 @@ struct kvr_ingest {
 };
 
 
-#define CADD(f, n) atomic_store_explicit(&(f), atomic_load_explicit(&(f), memory_order_relaxed) + (n), memory_order_relaxed)
-#define CINC(f) CADD(f, 1)
-#define GET(f) atomic_load_explicit(&(f), memory_order_relaxed)
 
 static const char *skip_name(int r)
 {
@@ -315,19 +313,19 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_zsub_topi
 static void add_wres(struct writer *w, const struct kvr_index_wres *r)
 {
     if (r->stored)
-        CADD(w->st.stored, r->stored);
+        KVR_CNT_OWN_ADD(w->st.stored, r->stored);
     if (r->duplicates)
-        CADD(w->st.dup_blocks, r->duplicates);
+        KVR_CNT_OWN_ADD(w->st.dup_blocks, r->duplicates);
     if (r->orphaned)
-        CADD(w->st.orphaned, r->orphaned);
+        KVR_CNT_OWN_ADD(w->st.orphaned, r->orphaned);
     if (r->orphans_adopted)
-        CADD(w->st.adopted, r->orphans_adopted);
+        KVR_CNT_OWN_ADD(w->st.adopted, r->orphans_adopted);
     if (r->orphans_dropped)
-        CADD(w->st.orphans_dropped, r->orphans_dropped);
+        KVR_CNT_OWN_ADD(w->st.orphans_dropped, r->orphans_dropped);
     if (r->removed)
-        CADD(w->st.removed, r->removed);
+        KVR_CNT_OWN_ADD(w->st.removed, r->removed);
     if (r->unknown_removes)
-        CADD(w->st.unknown_removes, r->unknown_removes);
+        KVR_CNT_OWN_ADD(w->st.unknown_removes, r->unknown_removes);
 }
 
 static int tier_of(struct writer *w, const char *medium, size_t len, uint8_t *tier)
@@ -435,7 +433,7 @@ static bool ensure_scratch(struct writer *w, size_t n)
 
 static void skip(struct writer *w, struct ing_stream *s, int reason)
 {
-    CINC(w->st.skipped[reason]);
+    KVR_CNT_OWN_INC(w->st.skipped[reason]);
     if (reason != KVR_SKIP_GROUP)
         kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: skipped an event from %s/%u: %s",
                         s->it->t->pod, s->dp_rank, skip_name(reason));
@@ -581,7 +579,7 @@ static void clear_worker(struct writer *w, struct ing_stream *s, _Atomic uint64_
     struct kvr_index_wres res = {0};
 
     kvr_index_clear(w->ing->ix, s->wid, -1, &res);
-    CADD(*counter, res.cleared);
+    KVR_CNT_OWN_ADD(*counter, res.cleared);
 }
 
 /* Applies the events of the batch currently open in the decoder. */
@@ -602,16 +600,16 @@ static void apply_batch(struct writer *w, struct ing_stream *s)
             flush_removed(w, s);
         switch (ev.type) {
         case KVR_EV_STORED:
-            CINC(w->st.events[KVR_EV_STORED]);
+            KVR_CNT_OWN_INC(w->st.events[KVR_EV_STORED]);
             learn_group(s, ev.group_idx, true);
             apply_stored(w, s, &ev);
             break;
         case KVR_EV_REMOVED:
-            CINC(w->st.events[KVR_EV_REMOVED]);
+            KVR_CNT_OWN_INC(w->st.events[KVR_EV_REMOVED]);
             apply_removed(w, s, &ev);
             break;
         case KVR_EV_CLEARED:
-            CINC(w->st.events[KVR_EV_CLEARED]);
+            KVR_CNT_OWN_INC(w->st.events[KVR_EV_CLEARED]);
             clear_worker(w, s, &w->st.cleared);
             kvr_stream_cleared(&s->sm);
             break;
@@ -672,10 +670,10 @@ static void apply_buffered(struct writer *w, struct ing_stream *s, struct pend *
     if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&p->msg), kvr_zsub_msg_size(&p->msg), &b) ==
         0) {
         apply_batch(w, s);
-        CINC(w->st.batches);
+        KVR_CNT_OWN_INC(w->st.batches);
         observe_lag(w, b.ts);
     } else {
-        CINC(w->st.bad[BAD_DECODE]); /* cannot happen: it decoded when buffered */
+        KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]); /* cannot happen: it decoded when buffered */
     }
     applied(w, s, p->seq);
 }
@@ -699,7 +697,7 @@ static void drain(struct writer *w, struct ing_stream *s)
         if (v == KVR_STREAM_APPLY)
             apply_buffered(w, s, &s->pend[i]);
         else
-            CINC(w->st.dup_batches);
+            KVR_CNT_OWN_INC(w->st.dup_batches);
         kvr_zsub_msg_close(&s->pend[i].msg);
     }
     s->npend = 0;
@@ -727,14 +725,14 @@ static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
     s->pend[s->npend].seq = seq;
     kvr_zsub_msg_move(&s->pend[s->npend].msg, m);
     s->npend++;
-    CINC(w->st.buffered);
+    KVR_CNT_OWN_INC(w->st.buffered);
     return true;
 }
 
 static void abort_replay(struct writer *w, struct ing_stream *s, const char *why)
 {
     kvr_stream_abort_replay(&s->sm);
-    CINC(w->st.replay_aborts);
+    KVR_CNT_OWN_INC(w->st.replay_aborts);
     kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN, "events: %s/%u: replay abandoned (%s)",
                     s->it->t->pod, s->dp_rank, why);
     drain(w, s);
@@ -749,7 +747,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
 
     if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
                          kvr_zsub_msg_size(&item->payload), &b) != 0) {
-        CINC(w->st.bad[BAD_DECODE]);
+        KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
         kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
                         "events: undecodable batch seq %" PRIu64 " from %s (%zu bytes)",
                         item->seq, item->topic->pod, kvr_zsub_msg_size(&item->payload));
@@ -757,7 +755,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     }
     s = stream_of(w, item->topic, b.has_dp_rank ? b.dp_rank : 0, &bad);
     if (s == NULL) {
-        CINC(w->st.bad[bad]);
+        KVR_CNT_OWN_INC(w->st.bad[bad]);
         return;
     }
     s->source = item->source;
@@ -778,11 +776,11 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
                             item->topic->pod, s->dp_rank, s->sm.last + 1, item->seq - 1);
         apply_batch(w, s);
         applied(w, s, item->seq);
-        CINC(w->st.batches);
+        KVR_CNT_OWN_INC(w->st.batches);
         observe_lag(w, b.ts);
         break;
     case KVR_STREAM_DROP:
-        CINC(w->st.dup_batches);
+        KVR_CNT_OWN_INC(w->st.dup_batches);
         break;
     case KVR_STREAM_REPLAY:
         if (!buffer_msg(w, s, item->seq, &item->payload)) {
@@ -800,7 +798,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
                                  kvr_zsub_msg_size(&item->payload), &b) == 0) {
                 apply_batch(w, s);
                 applied(w, s, item->seq);
-                CINC(w->st.batches);
+                KVR_CNT_OWN_INC(w->st.batches);
                 observe_lag(w, b.ts);
             }
         }
@@ -816,25 +814,25 @@ static void handle_replay(struct writer *w, struct kvr_zsub_item *item)
 
     if (kvr_stream_on_replay(&s->sm, item->gen, item->seq) != KVR_STREAM_APPLY) {
         if (s->sm.replaying && item->gen == s->sm.replay_gen)
-            CINC(w->st.dup_batches);
+            KVR_CNT_OWN_INC(w->st.dup_batches);
         else
-            CINC(w->st.stale_items);
+            KVR_CNT_OWN_INC(w->st.stale_items);
         publish(s);
         return;
     }
     if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
                          kvr_zsub_msg_size(&item->payload), &b) != 0) {
         /* The engine's own batch is broken: it is lost either way; keep continuity. */
-        CINC(w->st.bad[BAD_DECODE]);
+        KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
     } else if ((b.has_dp_rank ? b.dp_rank : 0) != s->dp_rank) {
-        CINC(w->st.bad[BAD_REPLAY_RANK]);
+        KVR_CNT_OWN_INC(w->st.bad[BAD_REPLAY_RANK]);
         kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
                         "events: replay for %s/%u returned a batch of dp_rank %u: is replay= "
                         "the ROUTER of that rank?",
                         s->it->t->pod, s->dp_rank, b.dp_rank);
     } else {
         apply_batch(w, s);
-        CINC(w->st.replayed_batches);
+        KVR_CNT_OWN_INC(w->st.replayed_batches);
     }
     applied(w, s, item->seq);
     publish(s);
@@ -871,7 +869,7 @@ static void handle_cmd(struct writer *w, struct ing_cmd *c)
     if (c->type == CMD_PURGE_POD) {
         c->rc = kvr_index_purge_pod(ing->ix, c->pod_id, &res);
         c->removed = res.cleared;
-        CADD(w->st.purged, res.cleared);
+        KVR_CNT_OWN_ADD(w->st.purged, res.cleared);
         for (size_t i = 0; i < w->ntopics; i++) {
             struct ing_topic *it = w->topics[i];
             if (strcmp(it->t->pod, c->pod) != 0)
@@ -901,7 +899,7 @@ static void handle_item(struct writer *w, struct kvr_zsub_item *item)
         if (kvr_stream_on_replay_end(&s->sm, item->gen, item->ok))
             drain(w, s);
         else
-            CINC(w->st.stale_items);
+            KVR_CNT_OWN_INC(w->st.stale_items);
         publish(s);
         break;
     }
@@ -1262,10 +1260,10 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
             si.blocks += tb[t];
         }
         si.last_seq = atomic_load_explicit(&s->p_last_seq, memory_order_acquire);
-        si.gaps = GET(s->p_gaps);
-        si.replays = GET(s->p_replays);
-        si.restarts = GET(s->p_restarts);
-        si.state = (enum kvr_stream_state)GET(s->p_state);
+        si.gaps = KVR_CNT_GET(s->p_gaps);
+        si.replays = KVR_CNT_GET(s->p_replays);
+        si.restarts = KVR_CNT_GET(s->p_restarts);
+        si.state = (enum kvr_stream_state)KVR_CNT_GET(s->p_state);
         si.last_event_age_ms = last > 0 ? now - last : -1;
         cb(&si, arg);
     }
@@ -1278,7 +1276,7 @@ uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing)
 
     pthread_mutex_lock(&ing->reg_mu);
     for (size_t i = 0; i < ing->nstreams; i++)
-        if (GET(ing->streams[i]->p_state) == KVR_STREAM_UNSYNCED)
+        if (KVR_CNT_GET(ing->streams[i]->p_state) == KVR_STREAM_UNSYNCED)
             n++;
     pthread_mutex_unlock(&ing->reg_mu);
     return n;
@@ -1289,7 +1287,7 @@ static uint64_t sumw(const struct kvr_ingest *ing, size_t off)
 {
     uint64_t s = 0;
     for (uint32_t i = 0; i < ing->nwriters; i++)
-        s += GET(*(_Atomic uint64_t *)((char *)&ing->w[i].st + off));
+        s += KVR_CNT_GET(*(_Atomic uint64_t *)((char *)&ing->w[i].st + off));
     return s;
 }
 #define SUMW(field) sumw(ing, offsetof(struct writer_stats, field))
@@ -1387,12 +1385,12 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     pthread_mutex_lock(&ing->reg_mu);
     for (size_t i = 0; i < ing->nstreams; i++) {
         struct ing_stream *s = ing->streams[i];
-        int st = GET(s->p_state);
-        gaps += GET(s->p_gaps);
-        replays += GET(s->p_replays);
-        restarts += GET(s->p_restarts);
-        rok += GET(s->p_replays_ok);
-        rfail += GET(s->p_replays_failed);
+        int st = KVR_CNT_GET(s->p_state);
+        gaps += KVR_CNT_GET(s->p_gaps);
+        replays += KVR_CNT_GET(s->p_replays);
+        restarts += KVR_CNT_GET(s->p_restarts);
+        rok += KVR_CNT_GET(s->p_replays_ok);
+        rfail += KVR_CNT_GET(s->p_replays_failed);
         if (st >= 0 && st < 3)
             st_count[st]++;
         nstreams++;

@@ -46,6 +46,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "base.h"
 #include "log.h"
 
 _Static_assert(sizeof(zmq_msg_t) <= sizeof(struct kvr_zsub_msg), "zmq_msg_t does not fit");
@@ -62,7 +63,7 @@ const char *__tsan_default_suppressions(void)
 }
 #endif
 
-#define NAME_MAX_LEN 255 /* same limit as the index's KVR_NAME_MAX - 1 */
+#define NAME_MAX_LEN (KVR_NAME_MAX - 1) /* 255: the longest pod or model name accepted */
 #define RECV_BURST 512   /* messages read from one socket before polling the others */
 #define MAX_REPLY_FRAMES 8
 #define DEFAULT_MODEL "default"
@@ -216,9 +217,6 @@ void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint
     rl->burst = burst > 0 ? burst : 10;
 }
 
-#define INC(f) atomic_fetch_add_explicit(&(f), 1, memory_order_relaxed)
-#define ADD(f, n) atomic_fetch_add_explicit(&(f), (n), memory_order_relaxed)
-#define GET(f) atomic_load_explicit(&(f), memory_order_relaxed)
 
 static const char *const bad_names[KVR_ZSUB_BAD_COUNT] = {"frames", "seq", "topic",
                                                           "too_many_topics"};
@@ -603,7 +601,7 @@ static struct kvr_zsub_item *reserve_item(struct kvr_zsub *z, uint32_t shard)
     struct kvr_zsub_item *it = kvr_queue_reserve(z->o.queues[shard], &waited);
 
     if (waited)
-        INC(z->queue_waits);
+        KVR_CNT_INC(z->queue_waits);
     if (it != NULL) {
         it->topic = NULL;
         it->ctx = NULL;
@@ -630,7 +628,7 @@ static void push_purge(struct kvr_zsub *z, struct source *s)
         it->source = s->id;
         kvr_queue_commit(z->o.queues[t->pub.shard]);
     }
-    INC(z->disconnect_purges);
+    KVR_CNT_INC(z->disconnect_purges);
     kvr_log_info("events: %s disconnected for %" PRId64 " ms: purging %zu topic(s) it fed",
                  s->endpoint, z->o.purge_after_disconnect_ms, s->ntopics);
 }
@@ -640,9 +638,9 @@ static void end_replay(struct kvr_zsub *z, struct replay *r, bool ok)
     struct kvr_zsub_item *it = reserve_item(z, r->req.shard);
 
     if (ok)
-        INC(z->replays_completed);
+        KVR_CNT_INC(z->replays_completed);
     else
-        INC(z->replays_failed);
+        KVR_CNT_INC(z->replays_failed);
     if (it == NULL)
         return;
     it->kind = KVR_ZSUB_REPLAY_END;
@@ -678,7 +676,7 @@ static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_er
             end_replay(z, r, false);
             replay_free(r);
             z->active[i] = z->active[--z->nactive];
-            atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+            KVR_CNT_SET(z->replays_active, z->nactive);
         } else {
             i++;
         }
@@ -927,7 +925,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     t->pub.shard = kvr_zsub_shard(t->pub.pod, plen, z->o.nshards);
     t->pub.id = (uint32_t)z->ntopics;
     z->tlist[z->ntopics++] = t;
-    atomic_store_explicit(&z->ntopics_pub, z->ntopics, memory_order_relaxed);
+    KVR_CNT_SET(z->ntopics_pub, z->ntopics);
     kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
                   t->pub.shard);
 found:
@@ -947,7 +945,7 @@ found:
 
 static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)
 {
-    INC(z->bad[r]);
+    KVR_CNT_INC(z->bad[r]);
     kvr_log_limited(&z->rl_frames, KVR_LOG_WARN, "events: dropped message from %s: bad %s (%zu frames)",
                     s->bind ? s->bound : s->endpoint, kvr_zsub_bad_name(r), nframes);
 }
@@ -1009,8 +1007,8 @@ static void read_sub(struct kvr_zsub *z, struct source *s)
         it->source = s->id;
         it->can_replay = s->replay != NULL;
         zmq_msg_move(zm(&it->payload), &f[2]);
-        INC(z->messages);
-        ADD(z->bytes, zmq_msg_size(zm(&it->payload)));
+        KVR_CNT_INC(z->messages);
+        KVR_CNT_ADD(z->bytes, zmq_msg_size(zm(&it->payload)));
         kvr_queue_commit(z->o.queues[t->pub.shard]);
         zmq_msg_close(&f[0]);
         zmq_msg_close(&f[1]);
@@ -1042,13 +1040,13 @@ static void read_monitor(struct kvr_zsub *z, struct source *s)
                 atomic_store(&s->connected, true);
                 s->disc_since = 0;
                 s->purged = false;
-                INC(z->connects);
+                KVR_CNT_INC(z->connects);
                 kvr_log_info("events: connected to %s", s->endpoint);
             } else if (ev == ZMQ_EVENT_DISCONNECTED) {
                 atomic_store(&s->connected, false);
                 if (s->disc_since == 0)
                     s->disc_since = kvr_now_ms();
-                INC(z->disconnects);
+                KVR_CNT_INC(z->disconnects);
                 kvr_log_info("events: disconnected from %s", s->endpoint);
             }
         }
@@ -1061,7 +1059,7 @@ static void remove_active(struct kvr_zsub *z, size_t i)
 {
     replay_free(z->active[i]);
     z->active[i] = z->active[--z->nactive];
-    atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+    KVR_CNT_SET(z->replays_active, z->nactive);
     z->dirty = true;
 }
 
@@ -1110,7 +1108,7 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
         rc = total == n ? kvr_zsub_replay_reply(frames, lens, n, &seq, &payload, &plen)
                         : -EINVAL;
         if (rc != 0) {
-            INC(z->replay_bad_replies);
+            KVR_CNT_INC(z->replay_bad_replies);
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s: malformed reply (%zu frames); giving up",
                             r->src->replay, total);
@@ -1150,7 +1148,7 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
         for (size_t i = 0; i < n; i++)
             zmq_msg_close(&f[i]);
         r->batches++;
-        INC(z->replay_batches);
+        KVR_CNT_INC(z->replay_batches);
         kvr_queue_commit(z->o.queues[r->req.shard]);
     }
     return false;
@@ -1178,7 +1176,7 @@ static void start_replays(struct kvr_zsub *z)
         r->next = NULL;
         atomic_fetch_sub_explicit(&z->replays_pending, 1, memory_order_relaxed);
         r->src = find_id(z, r->req.source);
-        INC(z->replays_started);
+        KVR_CNT_INC(z->replays_started);
         if (r->src == NULL || r->src->replay == NULL) {
             end_replay(z, r, false);
             replay_free(r);
@@ -1208,7 +1206,7 @@ static void start_replays(struct kvr_zsub *z)
         }
         r->deadline = kvr_now_ms() + z->o.replay_timeout_ms;
         z->active[z->nactive++] = r;
-        atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+        KVR_CNT_SET(z->replays_active, z->nactive);
         z->dirty = true;
         kvr_log_debug("events: replaying %s dp stream of %s from seq %" PRIu64 " via %s",
                       r->req.topic ? r->req.topic->pod : "?", r->src->endpoint, r->req.start,
@@ -1263,7 +1261,7 @@ static void handle_control(struct kvr_zsub *z)
         else
             z->pend_head = r;
         z->pend_tail = r;
-        atomic_fetch_add_explicit(&z->replays_pending, 1, memory_order_relaxed);
+        KVR_CNT_INC(z->replays_pending);
     }
 }
 
@@ -1465,22 +1463,22 @@ bool kvr_zsub_running(const struct kvr_zsub *z)
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
 {
     memset(st, 0, sizeof(*st));
-    st->messages = GET(z->messages);
-    st->bytes = GET(z->bytes);
+    st->messages = KVR_CNT_GET(z->messages);
+    st->bytes = KVR_CNT_GET(z->bytes);
     for (int i = 0; i < KVR_ZSUB_BAD_COUNT; i++)
-        st->bad[i] = GET(z->bad[i]);
-    st->queue_waits = GET(z->queue_waits);
-    st->replays_started = GET(z->replays_started);
-    st->replays_completed = GET(z->replays_completed);
-    st->replays_failed = GET(z->replays_failed);
-    st->replay_batches = GET(z->replay_batches);
-    st->replay_bad_replies = GET(z->replay_bad_replies);
-    st->replays_pending = GET(z->replays_pending);
-    st->replays_active = GET(z->replays_active);
-    st->connects = GET(z->connects);
-    st->disconnects = GET(z->disconnects);
-    st->disconnect_purges = GET(z->disconnect_purges);
-    st->topics = GET(z->ntopics_pub);
+        st->bad[i] = KVR_CNT_GET(z->bad[i]);
+    st->queue_waits = KVR_CNT_GET(z->queue_waits);
+    st->replays_started = KVR_CNT_GET(z->replays_started);
+    st->replays_completed = KVR_CNT_GET(z->replays_completed);
+    st->replays_failed = KVR_CNT_GET(z->replays_failed);
+    st->replay_batches = KVR_CNT_GET(z->replay_batches);
+    st->replay_bad_replies = KVR_CNT_GET(z->replay_bad_replies);
+    st->replays_pending = KVR_CNT_GET(z->replays_pending);
+    st->replays_active = KVR_CNT_GET(z->replays_active);
+    st->connects = KVR_CNT_GET(z->connects);
+    st->disconnects = KVR_CNT_GET(z->disconnects);
+    st->disconnect_purges = KVR_CNT_GET(z->disconnect_purges);
+    st->topics = KVR_CNT_GET(z->ntopics_pub);
     pthread_mutex_lock(&z->lmu);
     for (size_t i = 0; i < z->nsrcs; i++) {
         if (z->srcs[i]->bind)
