@@ -1,19 +1,21 @@
 /* ingest.c — writer threads: decode batches, track every (topic, dp_rank) stream's seq,
  * apply events to the index, recover gaps through replays, count everything.
  *
- * Pipeline: zsub (one receive thread) → one bounded queue per writer, chosen by
- * FNV-1a-32(pod) % writer_threads → writer thread: decode (its own kvr_decoder), stream state
+ * Pipeline: a producer (zsub's receive thread in the daemon, wired by main; the tests push
+ * directly) → one bounded queue per writer, owned by ingest, chosen by kvr_queue_shard(pod) →
+ * writer thread: decode (its own kvr_decoder), stream state
  * machine (stream.c), index writes. All workers of a pod are written by one writer thread,
  * which is the index's rule; admin purges are posted into that writer's queue as commands
  * and waited for, so nothing else ever writes those workers.
  *
  * Streams: a stream is (topic, dp_rank); its worker is (pod, dp_rank). dp_rank comes from the
  * batch (0 when absent), so the writer decodes a batch before it knows the stream. Per topic
- * (struct ing_topic, reached through the interned zsub topic's owner pointer: no lookup per
+ * (struct ing_topic, reached through the producer's interned topic's owner pointer: no lookup per
  * batch) the writer keeps streams by rank and a small namespace cache.
  *
  * Replays (ordering per stream): on a gap the stream state machine asks for a replay; the
- * writer posts it to zsub and from then on *buffers* that stream's live batches (payloads
+ * writer posts it through the intake interface (zsub's replay client in the daemon) and from
+ * then on *buffers* that stream's live batches (payloads
  * moved, not copied) instead of applying them. Replayed batches arrive through the same
  * writer queue and are applied in seq order (anything at or below the last applied seq is
  * dropped). When the replay ends (end marker, timeout, failure) the buffer is drained in
@@ -46,8 +48,8 @@
 #include "hash.h"
 #include "log.h"
 #include "queue.h"
+#include "queue_msg.h"
 #include "stream.h"
-#include "zsub.h"
 
 #define MAX_DP_RANK 4096
 #define LORA_CACHE 4
@@ -72,7 +74,7 @@ static const char *const bad_batch_names[BAD_COUNT] = {"decode", "worker", "dp_r
 
 struct pend {
     uint64_t seq;
-    struct kvr_zsub_msg msg;
+    struct kvr_queue_payload msg;
 };
 
 struct ing_topic;
@@ -108,7 +110,7 @@ struct lora_slot {
 };
 
 struct ing_topic {                  /* writer of topic->shard only */
-    const struct kvr_zsub_topic *t;
+    const struct kvr_queue_topic *t;
     struct ing_stream **ranks;
     uint32_t nranks;
     bool base_ok;
@@ -167,9 +169,10 @@ struct ing_cmd {
 struct kvr_ingest {
     const struct kvr_conf *conf;
     struct kvr_index *ix;
-    struct kvr_zsub *zsub;
+    struct kvr_ingest_intake intake; /* set before start; zeroed: no replays */
     uint32_t nwriters;
     struct writer *w;
+    struct kvr_queue **queues;       /* w[i].q, for kvr_ingest_queues() */
     struct kvr_hist lag;
 
     pthread_mutex_t reg_mu;         /* streams registry */
@@ -214,9 +217,9 @@ static void publish(struct ing_stream *s)
     atomic_store_explicit(&s->p_state, (int)kvr_stream_state(&s->sm), memory_order_relaxed);
 }
 
-static struct ing_topic *topic_of(struct writer *w, const struct kvr_zsub_topic *t)
+static struct ing_topic *topic_of(struct writer *w, const struct kvr_queue_topic *t)
 {
-    struct kvr_zsub_topic *mt = (struct kvr_zsub_topic *)t; /* owner is ours to write */
+    struct kvr_queue_topic *mt = (struct kvr_queue_topic *)t; /* owner is ours to write */
     struct ing_topic *it = mt->owner;
 
     if (it != NULL)
@@ -240,7 +243,7 @@ static struct ing_topic *topic_of(struct writer *w, const struct kvr_zsub_topic 
     return it;
 }
 
-static struct ing_stream *stream_of(struct writer *w, const struct kvr_zsub_topic *t,
+static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_topic *t,
                                     uint32_t dp_rank, int *bad)
 {
     struct kvr_ingest *ing = w->ing;
@@ -636,28 +639,31 @@ static void applied(struct writer *w, struct ing_stream *s, uint64_t seq)
 static void drop_pending(struct ing_stream *s)
 {
     for (size_t i = 0; i < s->npend; i++)
-        kvr_zsub_msg_close(&s->pend[i].msg);
+        kvr_queue_payload_release(&s->pend[i].msg);
     s->npend = 0;
 }
 
 static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
 {
-    return s->can_replay && w->ing->conf->max_concurrent_replays > 0 &&
-           kvr_zsub_running(w->ing->zsub);
+    const struct kvr_ingest_intake *in = &w->ing->intake;
+
+    return s->can_replay && w->ing->conf->max_concurrent_replays > 0 && in->running != NULL &&
+           in->running(in->arg);
 }
 
 static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
 
-/* Asks zsub for the replay the stream just started (kvr_stream_on_live/on_buffered said
+/* Asks the intake (zsub) for the replay the stream just started (kvr_stream_on_live/on_buffered said
  * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
 static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen)
 {
-    struct kvr_zsub_replay_req req = {.source = s->source, .shard = w->idx,
-                                      .gen = s->sm.replay_gen, .start = s->sm.replay_from,
-                                      .topic = s->it->t, .ctx = s};
+    const struct kvr_ingest_intake *in = &w->ing->intake;
+    struct kvr_queue_replay_req req = {.source = s->source, .shard = w->idx,
+                                       .gen = s->sm.replay_gen, .start = s->sm.replay_from,
+                                       .topic = s->it->t, .ctx = s};
     kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
                  s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
-    if (kvr_zsub_replay(w->ing->zsub, &req) != 0)
+    if (in->replay == NULL || in->replay(in->arg, &req) != 0)
         abort_replay(w, s, "replay unavailable");
 }
 
@@ -667,8 +673,7 @@ static void apply_buffered(struct writer *w, struct ing_stream *s, struct pend *
 {
     struct kvr_batch b;
 
-    if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&p->msg), kvr_zsub_msg_size(&p->msg), &b) ==
-        0) {
+    if (kvr_decode_batch(w->dec, p->msg.data, p->msg.len, &b) == 0) {
         apply_batch(w, s);
         KVR_CNT_OWN_INC(w->st.batches);
         observe_lag(w, b.ts);
@@ -687,8 +692,7 @@ static void drain(struct writer *w, struct ing_stream *s)
         int v = kvr_stream_on_buffered(&s->sm, s->pend[i].seq, stream_can_replay(w, s));
         if (v == KVR_STREAM_REPLAY) {
             for (size_t k = 0; i > 0 && i + k < s->npend; k++) { /* keep pend[i..] */
-                s->pend[k].seq = s->pend[i + k].seq;
-                kvr_zsub_msg_move(&s->pend[k].msg, &s->pend[i + k].msg);
+                s->pend[k] = s->pend[i + k];
             }
             s->npend -= i;
             request_replay(w, s, s->pend[0].seq);
@@ -698,7 +702,7 @@ static void drain(struct writer *w, struct ing_stream *s)
             apply_buffered(w, s, &s->pend[i]);
         else
             KVR_CNT_OWN_INC(w->st.dup_batches);
-        kvr_zsub_msg_close(&s->pend[i].msg);
+        kvr_queue_payload_release(&s->pend[i].msg);
     }
     s->npend = 0;
     if (s->sm.unsynced)
@@ -708,7 +712,7 @@ static void drain(struct writer *w, struct ing_stream *s)
 }
 
 static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
-                       struct kvr_zsub_msg *m)
+                       struct kvr_queue_payload *m)
 {
     uint32_t limit = w->ing->conf->queue_depth ? w->ing->conf->queue_depth : 4096;
 
@@ -723,7 +727,8 @@ static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
         s->cappend = nc;
     }
     s->pend[s->npend].seq = seq;
-    kvr_zsub_msg_move(&s->pend[s->npend].msg, m);
+    s->pend[s->npend].msg = *m;
+    *m = (struct kvr_queue_payload){0}; /* the buffer owns it now */
     s->npend++;
     KVR_CNT_OWN_INC(w->st.buffered);
     return true;
@@ -738,19 +743,18 @@ static void abort_replay(struct writer *w, struct ing_stream *s, const char *why
     drain(w, s);
 }
 
-static void handle_live(struct writer *w, struct kvr_zsub_item *item)
+static void handle_live(struct writer *w, struct kvr_queue_msg *item)
 {
     struct kvr_batch b;
     struct ing_stream *s;
     int bad = BAD_WORKER;
     int v;
 
-    if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
-                         kvr_zsub_msg_size(&item->payload), &b) != 0) {
+    if (kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) != 0) {
         KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
         kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
                         "events: undecodable batch seq %" PRIu64 " from %s (%zu bytes)",
-                        item->seq, item->topic->pod, kvr_zsub_msg_size(&item->payload));
+                        item->seq, item->topic->pod, item->payload.len);
         return;
     }
     s = stream_of(w, item->topic, b.has_dp_rank ? b.dp_rank : 0, &bad);
@@ -794,8 +798,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
             /* Apply the buffer, then this batch through the normal path. */
             abort_replay(w, s, "buffer limit reached");
             if (kvr_stream_on_buffered(&s->sm, item->seq, false) == KVR_STREAM_APPLY &&
-                kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
-                                 kvr_zsub_msg_size(&item->payload), &b) == 0) {
+                kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) == 0) {
                 apply_batch(w, s);
                 applied(w, s, item->seq);
                 KVR_CNT_OWN_INC(w->st.batches);
@@ -807,7 +810,7 @@ static void handle_live(struct writer *w, struct kvr_zsub_item *item)
     publish(s);
 }
 
-static void handle_replay(struct writer *w, struct kvr_zsub_item *item)
+static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
 {
     struct ing_stream *s = item->ctx;
     struct kvr_batch b;
@@ -820,8 +823,7 @@ static void handle_replay(struct writer *w, struct kvr_zsub_item *item)
         publish(s);
         return;
     }
-    if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
-                         kvr_zsub_msg_size(&item->payload), &b) != 0) {
+    if (kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) != 0) {
         /* The engine's own batch is broken: it is lost either way; keep continuity. */
         KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
     } else if ((b.has_dp_rank ? b.dp_rank : 0) != s->dp_rank) {
@@ -846,7 +848,7 @@ static void reset_stream(struct ing_stream *s)
 }
 
 /* Endpoint gone for purge_after_disconnect: purge the workers this source fed. */
-static void handle_purge(struct writer *w, struct kvr_zsub_item *item)
+static void handle_purge(struct writer *w, struct kvr_queue_msg *item)
 {
     struct ing_topic *it = item->topic->owner;
 
@@ -885,16 +887,16 @@ static void handle_cmd(struct writer *w, struct ing_cmd *c)
     pthread_mutex_unlock(&ing->done_mu);
 }
 
-static void handle_item(struct writer *w, struct kvr_zsub_item *item)
+static void handle_item(struct writer *w, struct kvr_queue_msg *item)
 {
     switch (item->kind) {
-    case KVR_ZSUB_LIVE:
+    case KVR_QUEUE_LIVE:
         handle_live(w, item);
         break;
-    case KVR_ZSUB_REPLAY:
+    case KVR_QUEUE_REPLAY:
         handle_replay(w, item);
         break;
-    case KVR_ZSUB_REPLAY_END: {
+    case KVR_QUEUE_REPLAY_END: {
         struct ing_stream *s = item->ctx;
         if (kvr_stream_on_replay_end(&s->sm, item->gen, item->ok))
             drain(w, s);
@@ -903,17 +905,17 @@ static void handle_item(struct writer *w, struct kvr_zsub_item *item)
         publish(s);
         break;
     }
-    case KVR_ZSUB_PURGE:
+    case KVR_QUEUE_PURGE:
         handle_purge(w, item);
         break;
-    case KVR_ZSUB_CMD:
+    case KVR_QUEUE_CMD:
         handle_cmd(w, item->ctx);
         break;
     default:
         break;
     }
-    if (item->kind == KVR_ZSUB_LIVE || item->kind == KVR_ZSUB_REPLAY)
-        kvr_zsub_msg_close(&item->payload);
+    if (item->kind == KVR_QUEUE_LIVE || item->kind == KVR_QUEUE_REPLAY)
+        kvr_queue_payload_release(&item->payload);
 }
 
 static void *writer_main(void *arg)
@@ -947,13 +949,21 @@ static void *writer_main(void *arg)
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
 
+/* A log limiter with these settings (0 → 10 s / 10 lines), as zsub sets its own. */
+static void ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
+{
+    atomic_init(&rl->window_start_ms, 0);
+    atomic_init(&rl->printed, 0);
+    atomic_init(&rl->suppressed, 0);
+    rl->interval_ms = interval_ms > 0 ? interval_ms : 10000;
+    rl->burst = burst > 0 ? burst : 10;
+}
+
 int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct kvr_ingest **out,
                       struct kvr_err *err)
 {
     struct kvr_ingest *ing;
     struct kvr_decode_limits lim;
-    struct kvr_queue **queues = NULL;
-    struct kvr_zsub_opts zo;
     int rc;
 
     ing = calloc(1, sizeof(*ing));
@@ -966,14 +976,14 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     pthread_mutex_init(&ing->done_mu, NULL);
     pthread_cond_init(&ing->done_cv, NULL);
     pthread_mutex_init(&ing->life_mu, NULL);
-    kvr_zsub_ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
-    kvr_zsub_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 
     ing->w = calloc(ing->nwriters, sizeof(*ing->w));
-    queues = calloc(ing->nwriters, sizeof(*queues));
-    if (ing->w == NULL || queues == NULL) {
+    ing->queues = calloc(ing->nwriters, sizeof(*ing->queues));
+    if (ing->w == NULL || ing->queues == NULL) {
         rc = kvr_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
@@ -987,46 +997,35 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
         w->ing = ing;
         w->idx = i;
         rc = kvr_queue_create(conf->queue_depth ? conf->queue_depth : 4096,
-                              sizeof(struct kvr_zsub_item), &w->q);
+                              sizeof(struct kvr_queue_msg), &w->q);
         if (rc == 0)
             rc = kvr_decoder_create(&lim, &w->dec);
         if (rc != 0) {
             kvr_err_set(err, rc, "events: cannot create writer %u: %s", i, strerror(-rc));
             goto fail;
         }
-        queues[i] = w->q;
+        ing->queues[i] = w->q;
     }
-    memset(&zo, 0, sizeof(zo));
-    zo.subscribe = conf->subscribe ? conf->subscribe : "kv@";
-    zo.rcvhwm = conf->rcvhwm;
-    zo.max_message_size = conf->max_message_size;
-    zo.reconnect_ivl_ms = conf->reconnect_interval_ms;
-    zo.reconnect_ivl_max_ms = conf->reconnect_interval_max_ms;
-    zo.purge_after_disconnect_ms = conf->purge_after_disconnect_ms;
-    zo.replay_timeout_ms = conf->replay_timeout_ms > 0 ? conf->replay_timeout_ms : 2000;
-    /* max_concurrent_replays = 0 disables replay (streams never ask); zsub needs >= 1 slot. */
-    zo.max_concurrent_replays = conf->max_concurrent_replays ? conf->max_concurrent_replays : 1;
-    zo.max_topics = conf->max_workers ? conf->max_workers : 16384;
-    zo.ratelimit_ms = conf->log_ratelimit_ms;
-    zo.ratelimit_burst = conf->log_ratelimit_burst;
-    zo.nshards = ing->nwriters;
-    zo.queues = queues;
-    rc = kvr_zsub_create(&zo, &ing->zsub, err);
-    free(queues);
-    queues = NULL;
-    if (rc != 0)
-        goto fail;
     *out = ing;
     return 0;
 fail:
-    free(queues);
     kvr_ingest_destroy(ing);
     return rc;
 }
 
+struct kvr_queue *const *kvr_ingest_queues(const struct kvr_ingest *ing, uint32_t *n)
+{
+    *n = ing->nwriters;
+    return ing->queues;
+}
+
+void kvr_ingest_set_intake(struct kvr_ingest *ing, const struct kvr_ingest_intake *in)
+{
+    ing->intake = *in;
+}
+
 int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err)
 {
-    const struct kvr_conf *c = ing->conf;
     int rc;
 
     pthread_mutex_lock(&ing->life_mu);
@@ -1037,17 +1036,6 @@ int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err)
     ing->started = true;
     pthread_mutex_unlock(&ing->life_mu);
 
-    for (size_t i = 0; i < c->nbind; i++) {
-        rc = kvr_zsub_bind(ing->zsub, c->bind[i], err);
-        if (rc != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < c->nconnect; i++) {
-        rc = kvr_zsub_connect(ing->zsub, c->connect[i].endpoint, c->connect[i].replay,
-                              c->connect[i].pod, true, err);
-        if (rc != 0)
-            return rc;
-    }
     for (uint32_t i = 0; i < ing->nwriters; i++) {
         rc = pthread_create(&ing->w[i].th, NULL, writer_main, &ing->w[i]);
         if (rc != 0) {
@@ -1057,11 +1045,6 @@ int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err)
         ing->w[i].th_started = true;
     }
     atomic_store(&ing->writers_running, true);
-    rc = kvr_zsub_start(ing->zsub, err);
-    if (rc != 0) {
-        kvr_ingest_stop(ing);
-        return rc;
-    }
     atomic_store(&ing->ready, true);
     return 0;
 }
@@ -1077,7 +1060,8 @@ void kvr_ingest_stop(struct kvr_ingest *ing)
     pthread_mutex_unlock(&ing->life_mu);
 
     atomic_store(&ing->ready, false);
-    kvr_zsub_stop(ing->zsub); /* no more items after this */
+    /* The producer was stopped first (main: kvr_zsub_stop); one still pushing gets NULL from
+     * kvr_queue_reserve() from here on. */
     for (uint32_t i = 0; i < ing->nwriters; i++)
         kvr_queue_close(ing->w[i].q);
     for (uint32_t i = 0; i < ing->nwriters; i++) {
@@ -1110,14 +1094,13 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         kvr_queue_close(w->q);
         while ((n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, 0)) > 0) {
             for (size_t k = 0; k < n; k++) {
-                struct kvr_zsub_item *it = kvr_queue_item(w->q, k);
-                if (it->kind == KVR_ZSUB_LIVE || it->kind == KVR_ZSUB_REPLAY)
-                    kvr_zsub_msg_close(&it->payload);
+                struct kvr_queue_msg *it = kvr_queue_item(w->q, k);
+                if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY)
+                    kvr_queue_payload_release(&it->payload);
             }
             kvr_queue_release(w->q, n);
         }
     }
-    kvr_zsub_destroy(ing->zsub);
     for (size_t i = 0; i < ing->nstreams; i++)
         free_stream(ing->streams[i]);
     free(ing->streams);
@@ -1135,6 +1118,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         kvr_queue_destroy(w->q);
     }
     free(ing->w);
+    free(ing->queues);
     pthread_mutex_destroy(&ing->reg_mu);
     pthread_cond_destroy(&ing->done_cv);
     pthread_mutex_destroy(&ing->done_mu);
@@ -1147,56 +1131,12 @@ bool kvr_ingest_ready(const struct kvr_ingest *ing)
     return atomic_load(&((struct kvr_ingest *)ing)->ready);
 }
 
-size_t kvr_ingest_bound_endpoints(const struct kvr_ingest *ing, const char **eps, size_t cap)
-{
-    return kvr_zsub_bound(ing->zsub, eps, cap);
-}
-
 /* ---- admin ------------------------------------------------------------------------------ */
-
-int kvr_ingest_endpoint_add(struct kvr_ingest *ing, const char *endpoint, const char *replay,
-                            const char *pod, struct kvr_err *err)
-{
-    if (endpoint == NULL || *endpoint == '\0')
-        return kvr_err_set(err, -EINVAL, "endpoint is required");
-    if (replay != NULL && *replay == '\0')
-        replay = NULL;
-    if (pod != NULL && *pod == '\0')
-        pod = NULL;
-    return kvr_zsub_connect(ing->zsub, endpoint, replay, pod, false, err);
-}
-
-int kvr_ingest_endpoint_del(struct kvr_ingest *ing, const char *endpoint, struct kvr_err *err)
-{
-    if (endpoint == NULL || *endpoint == '\0')
-        return kvr_err_set(err, -EINVAL, "endpoint is required");
-    return kvr_zsub_disconnect(ing->zsub, endpoint, err);
-}
-
-struct ep_adapter {
-    void (*cb)(const struct kvr_endpoint_info *e, void *arg);
-    void *arg;
-};
-
-static void ep_adapt(const struct kvr_zsub_endpoint *e, void *arg)
-{
-    struct ep_adapter *a = arg;
-    struct kvr_endpoint_info info = {.endpoint = e->endpoint, .replay = e->replay, .pod = e->pod,
-                                     .connected = e->connected, .from_config = e->from_config};
-    a->cb(&info, a->arg);
-}
-
-void kvr_ingest_endpoints(struct kvr_ingest *ing,
-                          void (*cb)(const struct kvr_endpoint_info *e, void *arg), void *arg)
-{
-    struct ep_adapter a = {cb, arg};
-    kvr_zsub_endpoints(ing->zsub, ep_adapt, &a);
-}
 
 int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *removed)
 {
     struct ing_cmd c = {.type = CMD_PURGE_POD, .pod = pod};
-    struct kvr_zsub_item *it;
+    struct kvr_queue_msg *it;
     struct writer *w;
     int rc;
 
@@ -1207,7 +1147,7 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     rc = kvr_index_pod_lookup(ing->ix, pod, &c.pod_id);
     if (rc != 0)
         return -ENOENT;
-    w = &ing->w[kvr_zsub_shard(pod, strlen(pod), ing->nwriters)];
+    w = &ing->w[kvr_queue_shard(pod, strlen(pod), ing->nwriters)];
     if (!atomic_load(&ing->writers_running)) {
         /* No writer thread: this thread is the only writer. */
         struct kvr_index_wres res = {0};
@@ -1219,7 +1159,7 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     it = kvr_queue_reserve(w->q, NULL);
     if (it == NULL)
         return -ESHUTDOWN;
-    it->kind = KVR_ZSUB_CMD;
+    it->kind = KVR_QUEUE_CMD;
     it->ctx = &c;
     it->topic = NULL;
     kvr_queue_commit(w->q);
@@ -1296,25 +1236,11 @@ static uint64_t sumw(const struct kvr_ingest *ing, size_t off)
 
 void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
 {
-    struct kvr_zsub_stats zs;
     char lab[128];
     uint64_t gaps = 0, replays = 0, restarts = 0, rok = 0, rfail = 0, nstreams = 0;
     uint64_t st_count[3] = {0, 0, 0};
     uint64_t waits = 0;
 
-    kvr_zsub_stats(ing->zsub, &zs);
-
-    kvr_metrics_counter(out, "events_messages_total",
-                        "Live event messages (3 valid frames) handed to writers", NULL,
-                        zs.messages);
-    kvr_metrics_counter(out, "events_received_bytes_total", "Payload bytes of those messages",
-                        NULL, zs.bytes);
-    for (int r = 0; r < KVR_ZSUB_BAD_COUNT; r++) {
-        snprintf(lab, sizeof(lab), "reason=\"%s\"", kvr_zsub_bad_name((enum kvr_zsub_bad)r));
-        kvr_metrics_counter(out, "events_bad_frames_total",
-                            r == 0 ? "Messages dropped before decoding, by reason" : NULL, lab,
-                            zs.bad[r]);
-    }
     kvr_metrics_counter(out, "events_batches_total", "Live batches applied to the index", NULL,
                         SUMW(batches));
     kvr_metrics_counter(out, "events_replayed_batches_total",
@@ -1404,17 +1330,6 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_counter(out, "events_replays_total", "Replays finished, by result",
                         "result=\"ok\"", rok);
     kvr_metrics_counter(out, "events_replays_total", NULL, "result=\"failed\"", rfail);
-    kvr_metrics_counter(out, "events_replay_batches_received_total",
-                        "Batches received from replay endpoints", NULL, zs.replay_batches);
-    kvr_metrics_counter(out, "events_replay_bad_replies_total",
-                        "Malformed replay replies", NULL, zs.replay_bad_replies);
-    kvr_metrics_counter(out, "events_replay_requests_failed_total",
-                        "Replay requests that ended without an end marker (timeout, error)",
-                        NULL, zs.replays_failed);
-    kvr_metrics_gauge(out, "events_replays_active", "Replays in flight", NULL,
-                      (double)zs.replays_active);
-    kvr_metrics_gauge(out, "events_replays_pending", "Replays waiting for a slot", NULL,
-                      (double)zs.replays_pending);
     kvr_metrics_gauge(out, "events_streams", "Event streams (topic, dp_rank), by state",
                       "state=\"synced\"", (double)st_count[0]);
     kvr_metrics_gauge(out, "events_streams", NULL, "state=\"replaying\"", (double)st_count[1]);
@@ -1448,16 +1363,4 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                      "Time from the engine's batch timestamp to the batch being applied", NULL,
                      &ing->lag);
 
-    kvr_metrics_gauge(out, "events_endpoints", "Connect endpoints configured", NULL,
-                      (double)zs.endpoints);
-    kvr_metrics_gauge(out, "events_endpoints_connected", "Connect endpoints connected now", NULL,
-                      (double)zs.endpoints_connected);
-    kvr_metrics_counter(out, "events_connects_total", "Connections established to engines",
-                        NULL, zs.connects);
-    kvr_metrics_counter(out, "events_disconnects_total", "Connections to engines lost", NULL,
-                        zs.disconnects);
-    kvr_metrics_counter(out, "events_disconnect_purges_total",
-                        "Endpoints purged after staying disconnected", NULL,
-                        zs.disconnect_purges);
-    kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
 }

@@ -17,7 +17,8 @@
  * so no caller waits forever.
  *
  * Hand-off: a message is 3 frames [topic, be64 seq, payload]. The payload zmq_msg_t is moved
- * into the writer queue slot (no copy). Topics are interned per (pod override, topic bytes):
+ * to a small heap handle behind a plain (data, len, release, ctx) payload in the writer queue
+ * slot (the bytes are not copied; the writer's release closes it). Topics are interned per (pod override, topic bytes):
  * the record gives pod, model and shard = FNV-1a-32(pod) % nshards without re-parsing. When
  * a writer queue is full the thread waits (counted): nothing is dropped.
  *
@@ -49,8 +50,6 @@
 #include "base.h"
 #include "log.h"
 
-_Static_assert(sizeof(zmq_msg_t) <= sizeof(struct kvr_zsub_msg), "zmq_msg_t does not fit");
-
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer builds only. libzmq is not instrumented: its I/O thread fills receive
  * buffers and hands them over with atomics TSan cannot see, so every read of a received
@@ -68,39 +67,36 @@ const char *__tsan_default_suppressions(void)
 #define MAX_REPLY_FRAMES 8
 #define DEFAULT_MODEL "default"
 
-/* ---- messages --------------------------------------------------------------------- */
+/* ---- payloads --------------------------------------------------------------------- */
 
-static inline zmq_msg_t *zm(struct kvr_zsub_msg *m)
+/* A received message becomes a plain payload: the zmq_msg_t moves to the heap (the consumer
+ * may keep the payload after its queue slot is reused, e.g. in a replay buffer, and copies it
+ * by value) and the consumer's release closes it. The bytes are never copied. */
+static void payload_release(void *ctx)
 {
-    return (zmq_msg_t *)(void *)m->opaque;
+    zmq_msg_close(ctx);
+    free(ctx);
 }
 
-const void *kvr_zsub_msg_data(struct kvr_zsub_msg *m)
+static int payload_take(struct kvr_queue_payload *p, zmq_msg_t *m)
 {
-    return zmq_msg_data(zm(m));
-}
+    zmq_msg_t *h = malloc(sizeof(*h));
 
-size_t kvr_zsub_msg_size(struct kvr_zsub_msg *m)
-{
-    return zmq_msg_size(zm(m));
-}
-
-void kvr_zsub_msg_move(struct kvr_zsub_msg *dst, struct kvr_zsub_msg *src)
-{
-    zmq_msg_init(zm(dst));
-    zmq_msg_move(zm(dst), zm(src));
-}
-
-void kvr_zsub_msg_close(struct kvr_zsub_msg *m)
-{
-    zmq_msg_close(zm(m));
-    zmq_msg_init(zm(m)); /* closing twice stays harmless */
+    if (h == NULL)
+        return -ENOMEM;
+    zmq_msg_init(h);
+    zmq_msg_move(h, m);
+    p->data = zmq_msg_data(h);
+    p->len = zmq_msg_size(h);
+    p->release = payload_release;
+    p->ctx = h;
+    return 0;
 }
 
 /* ---- state ------------------------------------------------------------------------- */
 
 struct topic_rec {
-    struct kvr_zsub_topic pub;
+    struct kvr_queue_topic pub;
     const char *override; /* key part: the source's pod override string (NULL = none) */
     unsigned char *raw;   /* key part: topic bytes */
     size_t rawlen;
@@ -131,7 +127,7 @@ struct source {
 };
 
 struct replay {
-    struct kvr_zsub_replay_req req;
+    struct kvr_queue_replay_req req;
     struct source *src;
     void *dealer;
     int64_t deadline;
@@ -224,16 +220,6 @@ static const char *const bad_names[KVR_ZSUB_BAD_COUNT] = {"frames", "seq", "topi
 const char *kvr_zsub_bad_name(enum kvr_zsub_bad r)
 {
     return (unsigned)r < KVR_ZSUB_BAD_COUNT ? bad_names[r] : "?";
-}
-
-uint32_t kvr_zsub_shard(const char *pod, size_t len, uint32_t n)
-{
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)pod[i];
-        h *= 16777619u;
-    }
-    return n > 0 ? h % n : 0;
 }
 
 static uint64_t fnv64(uint64_t h, const void *p, size_t n)
@@ -595,10 +581,10 @@ fail:
 }
 
 /* Push one item into a shard queue; waits while it is full. false when closed. */
-static struct kvr_zsub_item *reserve_item(struct kvr_zsub *z, uint32_t shard)
+static struct kvr_queue_msg *reserve_item(struct kvr_zsub *z, uint32_t shard)
 {
     bool waited = false;
-    struct kvr_zsub_item *it = kvr_queue_reserve(z->o.queues[shard], &waited);
+    struct kvr_queue_msg *it = kvr_queue_reserve(z->o.queues[shard], &waited);
 
     if (waited)
         KVR_CNT_INC(z->queue_waits);
@@ -611,7 +597,7 @@ static struct kvr_zsub_item *reserve_item(struct kvr_zsub *z, uint32_t shard)
         it->gen = 0;
         it->ok = false;
         it->can_replay = false;
-        zmq_msg_init(zm(&it->payload));
+        it->payload = (struct kvr_queue_payload){0};
     }
     return it;
 }
@@ -620,10 +606,10 @@ static void push_purge(struct kvr_zsub *z, struct source *s)
 {
     for (size_t i = 0; i < s->ntopics; i++) {
         struct topic_rec *t = s->topics[i];
-        struct kvr_zsub_item *it = reserve_item(z, t->pub.shard);
+        struct kvr_queue_msg *it = reserve_item(z, t->pub.shard);
         if (it == NULL)
             return;
-        it->kind = KVR_ZSUB_PURGE;
+        it->kind = KVR_QUEUE_PURGE;
         it->topic = &t->pub;
         it->source = s->id;
         kvr_queue_commit(z->o.queues[t->pub.shard]);
@@ -635,7 +621,7 @@ static void push_purge(struct kvr_zsub *z, struct source *s)
 
 static void end_replay(struct kvr_zsub *z, struct replay *r, bool ok)
 {
-    struct kvr_zsub_item *it = reserve_item(z, r->req.shard);
+    struct kvr_queue_msg *it = reserve_item(z, r->req.shard);
 
     if (ok)
         KVR_CNT_INC(z->replays_completed);
@@ -643,7 +629,7 @@ static void end_replay(struct kvr_zsub *z, struct replay *r, bool ok)
         KVR_CNT_INC(z->replays_failed);
     if (it == NULL)
         return;
-    it->kind = KVR_ZSUB_REPLAY_END;
+    it->kind = KVR_QUEUE_REPLAY_END;
     it->topic = r->req.topic;
     it->ctx = r->req.ctx;
     it->gen = r->req.gen;
@@ -738,6 +724,25 @@ int kvr_zsub_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err
     return do_disconnect(z, endpoint, err);
 }
 
+int kvr_zsub_endpoint_add(struct kvr_zsub *z, const char *endpoint, const char *replay,
+                          const char *pod, struct kvr_err *err)
+{
+    if (endpoint == NULL || *endpoint == '\0')
+        return kvr_err_set(err, -EINVAL, "endpoint is required");
+    if (replay != NULL && *replay == '\0')
+        replay = NULL;
+    if (pod != NULL && *pod == '\0')
+        pod = NULL;
+    return kvr_zsub_connect(z, endpoint, replay, pod, false, err);
+}
+
+int kvr_zsub_endpoint_del(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    if (endpoint == NULL || *endpoint == '\0')
+        return kvr_err_set(err, -EINVAL, "endpoint is required");
+    return kvr_zsub_disconnect(z, endpoint, err);
+}
+
 size_t kvr_zsub_bound(const struct kvr_zsub *cz, const char **eps, size_t cap)
 {
     struct kvr_zsub *z = (struct kvr_zsub *)cz;
@@ -774,7 +779,7 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
     pthread_mutex_unlock(&z->lmu);
 }
 
-int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_zsub_replay_req *req)
+int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_queue_replay_req *req)
 {
     struct replay *r = calloc(1, sizeof(*r));
     uint64_t one = 1;
@@ -922,7 +927,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
         *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
         return NULL;
     }
-    t->pub.shard = kvr_zsub_shard(t->pub.pod, plen, z->o.nshards);
+    t->pub.shard = kvr_queue_shard(t->pub.pod, plen, z->o.nshards);
     t->pub.id = (uint32_t)z->ntopics;
     z->tlist[z->ntopics++] = t;
     KVR_CNT_SET(z->ntopics_pub, z->ntopics);
@@ -960,7 +965,8 @@ static void read_sub(struct kvr_zsub *z, struct source *s)
         uint64_t seq;
         enum kvr_zsub_bad bad;
         struct topic_rec *t;
-        struct kvr_zsub_item *it;
+        struct kvr_queue_msg *it;
+        struct kvr_queue_payload pl;
 
         zmq_msg_init(&f[0]);
         if (zmq_msg_recv(&f[0], s->sock, ZMQ_DONTWAIT) < 0) {
@@ -997,18 +1003,26 @@ static void read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, bad, n);
             goto drop;
         }
+        if (payload_take(&pl, &f[2]) != 0) {
+            kvr_log_limited(&z->rl_frames, KVR_LOG_WARN,
+                            "events: out of memory: dropped a message from %s",
+                            s->bind ? s->bound : s->endpoint);
+            goto drop;
+        }
         it = reserve_item(z, t->pub.shard);
-        if (it == NULL)
+        if (it == NULL) {
+            kvr_queue_payload_release(&pl);
             goto drop; /* shutting down */
-        it->kind = KVR_ZSUB_LIVE;
+        }
+        it->kind = KVR_QUEUE_LIVE;
         it->topic = &t->pub;
         it->seq = seq;
         it->recv_ns = kvr_now_ns();
         it->source = s->id;
         it->can_replay = s->replay != NULL;
-        zmq_msg_move(zm(&it->payload), &f[2]);
+        it->payload = pl;
         KVR_CNT_INC(z->messages);
-        KVR_CNT_ADD(z->bytes, zmq_msg_size(zm(&it->payload)));
+        KVR_CNT_ADD(z->bytes, pl.len);
         kvr_queue_commit(z->o.queues[t->pub.shard]);
         zmq_msg_close(&f[0]);
         zmq_msg_close(&f[1]);
@@ -1077,7 +1091,8 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
         uint64_t seq;
         const void *payload;
         size_t plen;
-        struct kvr_zsub_item *it;
+        struct kvr_queue_msg *it;
+        struct kvr_queue_payload pl;
         int rc;
 
         zmq_msg_init(&f[0]);
@@ -1125,28 +1140,38 @@ static bool read_dealer(struct kvr_zsub *z, size_t idx)
             end_replay(z, r, true);
             return true;
         }
-        it = reserve_item(z, r->req.shard);
-        if (it == NULL) {
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&f[i]);
+        if (payload == zmq_msg_data(&f[n - 1]) && plen == zmq_msg_size(&f[n - 1])) {
+            rc = payload_take(&pl, &f[n - 1]);
+        } else {
+            /* Not the last frame as a whole: copy (never the case for the known eras). */
+            zmq_msg_t c;
+            rc = zmq_msg_init_size(&c, plen) == 0 ? 0 : -ENOMEM;
+            if (rc == 0) {
+                memcpy(zmq_msg_data(&c), payload, plen);
+                rc = payload_take(&pl, &c);
+                zmq_msg_close(&c);
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            zmq_msg_close(&f[i]);
+        if (rc != 0) {
+            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
+                            "events: replay from %s: out of memory; giving up", r->src->replay);
+            end_replay(z, r, false);
             return true;
         }
-        it->kind = KVR_ZSUB_REPLAY;
+        it = reserve_item(z, r->req.shard);
+        if (it == NULL) {
+            kvr_queue_payload_release(&pl);
+            return true;
+        }
+        it->kind = KVR_QUEUE_REPLAY;
         it->topic = r->req.topic;
         it->ctx = r->req.ctx;
         it->gen = r->req.gen;
         it->seq = seq;
         it->recv_ns = kvr_now_ns();
-        if (payload == zmq_msg_data(&f[n - 1]) && plen == zmq_msg_size(&f[n - 1])) {
-            zmq_msg_move(zm(&it->payload), &f[n - 1]);
-        } else {
-            /* Not the last frame as a whole: copy (never the case for the known eras). */
-            zmq_msg_close(zm(&it->payload));
-            zmq_msg_init_size(zm(&it->payload), plen);
-            memcpy(zmq_msg_data(zm(&it->payload)), payload, plen);
-        }
-        for (size_t i = 0; i < n; i++)
-            zmq_msg_close(&f[i]);
+        it->payload = pl;
         r->batches++;
         KVR_CNT_INC(z->replay_batches);
         kvr_queue_commit(z->o.queues[r->req.shard]);
@@ -1488,4 +1513,46 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
             st->endpoints_connected++;
     }
     pthread_mutex_unlock(&z->lmu);
+}
+
+void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
+{
+    struct kvr_zsub_stats zs;
+    char lab[128];
+
+    kvr_zsub_stats(z, &zs);
+    kvr_metrics_counter(out, "events_messages_total",
+                        "Live event messages (3 valid frames) handed to writers", NULL,
+                        zs.messages);
+    kvr_metrics_counter(out, "events_received_bytes_total", "Payload bytes of those messages",
+                        NULL, zs.bytes);
+    for (int r = 0; r < KVR_ZSUB_BAD_COUNT; r++) {
+        snprintf(lab, sizeof(lab), "reason=\"%s\"", kvr_zsub_bad_name((enum kvr_zsub_bad)r));
+        kvr_metrics_counter(out, "events_bad_frames_total",
+                            r == 0 ? "Messages dropped before decoding, by reason" : NULL, lab,
+                            zs.bad[r]);
+    }
+    kvr_metrics_counter(out, "events_replay_batches_received_total",
+                        "Batches received from replay endpoints", NULL, zs.replay_batches);
+    kvr_metrics_counter(out, "events_replay_bad_replies_total",
+                        "Malformed replay replies", NULL, zs.replay_bad_replies);
+    kvr_metrics_counter(out, "events_replay_requests_failed_total",
+                        "Replay requests that ended without an end marker (timeout, error)",
+                        NULL, zs.replays_failed);
+    kvr_metrics_gauge(out, "events_replays_active", "Replays in flight", NULL,
+                      (double)zs.replays_active);
+    kvr_metrics_gauge(out, "events_replays_pending", "Replays waiting for a slot", NULL,
+                      (double)zs.replays_pending);
+    kvr_metrics_gauge(out, "events_endpoints", "Connect endpoints configured", NULL,
+                      (double)zs.endpoints);
+    kvr_metrics_gauge(out, "events_endpoints_connected", "Connect endpoints connected now", NULL,
+                      (double)zs.endpoints_connected);
+    kvr_metrics_counter(out, "events_connects_total", "Connections established to engines",
+                        NULL, zs.connects);
+    kvr_metrics_counter(out, "events_disconnects_total", "Connections to engines lost", NULL,
+                        zs.disconnects);
+    kvr_metrics_counter(out, "events_disconnect_purges_total",
+                        "Endpoints purged after staying disconnected", NULL,
+                        zs.disconnect_purges);
+    kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
 }
