@@ -1,6 +1,7 @@
 /* ingest_int.h — ingest's private header: the writer, stream and topic records, the
  * counters, and the few functions its files share (ingest.c: lifecycle, admin, readers;
- * ingest_apply.c: events → index). Not a contract for other modules: ingest.h is.
+ * ingest_writer.c: the writer loop, ordering and replay buffering; ingest_apply.c: events →
+ * index). Not a contract for other modules: ingest.h is.
  *
  * Threads: as noted per field (writer-only fields are touched by the writer thread that
  * owns the topic's shard; published fields are relaxed atomics read by any thread).
@@ -162,6 +163,11 @@ struct kvr_ingest {
 void kvr_ingest_apply_batch(struct writer *w, struct ing_stream *s);
 /* Drops every tier of s's worker; the blocks dropped are added to *counter (one of w->st). */
 void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uint64_t *counter);
+
+/* ingest_writer.c: a writer thread (arg: its struct writer); drop_pending releases the
+ * live batches a stream buffered during a replay. */
+void *kvr_ingest_writer_main(void *arg);
+void kvr_ingest_drop_pending(struct ing_stream *s);
 
 /* ingest.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */
 const char *kvr_ingest_skip_name(int r);
