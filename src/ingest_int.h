@@ -1,7 +1,7 @@
 /* ingest_int.h — ingest's private header: the writer, stream and topic records, the
- * counters, and the few functions its files share (ingest.c: lifecycle, admin, readers;
+ * counters, and the few functions its files share (ingest.c: lifecycle, admin;
  * ingest_writer.c: the writer loop, ordering and replay buffering; ingest_apply.c: events →
- * index). Not a contract for other modules: ingest.h is.
+ * index; ingest_metrics.c: readers: streams, /metrics). Not a contract for other modules: ingest.h is.
  *
  * Threads: as noted per field (writer-only fields are touched by the writer thread that
  * owns the topic's shard; published fields are relaxed atomics read by any thread).
@@ -169,7 +169,7 @@ void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uin
 void *kvr_ingest_writer_main(void *arg);
 void kvr_ingest_drop_pending(struct ing_stream *s);
 
-/* ingest.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */
+/* ingest_metrics.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */
 const char *kvr_ingest_skip_name(int r);
 
 #endif
