@@ -35,6 +35,7 @@
  * delivered, into that topic's writer queue.
  */
 #include "zsub.h"
+#include "zsub_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -62,11 +63,6 @@ const char *__tsan_default_suppressions(void)
 }
 #endif
 
-#define NAME_MAX_LEN (KVR_NAME_MAX - 1) /* 255: the longest pod or model name accepted */
-#define RECV_BURST 512   /* messages read from one socket before polling the others */
-#define MAX_REPLY_FRAMES 8
-#define DEFAULT_MODEL "default"
-
 /* ---- payloads --------------------------------------------------------------------- */
 
 /* A received message becomes a plain payload: the zmq_msg_t moves to the heap (the consumer
@@ -78,7 +74,7 @@ static void payload_release(void *ctx)
     free(ctx);
 }
 
-static int payload_take(struct kvr_queue_payload *p, zmq_msg_t *m)
+int kvr_zsub_payload_take(struct kvr_queue_payload *p, zmq_msg_t *m)
 {
     zmq_msg_t *h = malloc(sizeof(*h));
 
@@ -92,117 +88,6 @@ static int payload_take(struct kvr_queue_payload *p, zmq_msg_t *m)
     p->ctx = h;
     return 0;
 }
-
-/* ---- state ------------------------------------------------------------------------- */
-
-struct topic_rec {
-    struct kvr_queue_topic pub;
-    const char *override; /* key part: the source's pod override string (NULL = none) */
-    unsigned char *raw;   /* key part: topic bytes */
-    size_t rawlen;
-    uint64_t hash;
-};
-
-struct source {
-    uint32_t id;
-    bool bind;
-    bool from_config;
-    char *endpoint;      /* as given */
-    char *bound;         /* bind: ZMQ_LAST_ENDPOINT */
-    char *replay;        /* NULL = none */
-    char *pod_cfg;       /* override as given (NULL = none) */
-    char *pod;           /* override pod */
-    char *model;         /* override model (NULL: from the topic) */
-    void *sock;
-    void *mon;           /* connect: PAIR receiving monitor events */
-    _Atomic bool connected;
-
-    /* receive thread (or creating thread before start) */
-    int64_t disc_since;  /* ms; 0 = not disconnected */
-    bool purged;         /* this disconnect episode was purged */
-    int64_t purge_at;    /* ghosts: when to purge; 0 = never */
-    struct topic_rec **topics;
-    size_t ntopics, captopics;
-    struct topic_rec *last_topic;
-};
-
-struct replay {
-    struct kvr_queue_replay_req req;
-    struct source *src;
-    void *dealer;
-    int64_t deadline;
-    uint64_t batches;
-    struct replay *next;
-};
-
-enum { CMD_CONNECT = 1, CMD_DISCONNECT = 2 };
-
-struct cmd {
-    int type;
-    const char *endpoint, *replay, *pod;
-    bool from_config;
-    struct kvr_err *err;
-    int rc;
-    bool done;
-    struct cmd *next;
-};
-
-enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER };
-struct pslot {
-    int kind;
-    void *ptr;
-};
-
-struct kvr_zsub {
-    struct kvr_zsub_opts o;
-    struct kvr_queue **queues; /* copy of o.queues */
-    char *subscribe;
-    void *ctx;
-    int efd;
-
-    /* sources: structure changes under lmu (readers: endpoints(), stats()) */
-    pthread_mutex_t lmu;
-    struct source **srcs;
-    size_t nsrcs, capsrcs;
-    uint32_t next_id;
-    struct source **ghosts; /* removed sources waiting for their purge (receive thread) */
-    size_t nghosts, capghosts;
-
-    /* topics (receive thread) */
-    struct topic_rec **tab;
-    size_t tabcap, ntopics;
-    struct topic_rec **tlist; /* by id, for destroy */
-    size_t captlist;
-    _Atomic uint64_t ntopics_pub;
-
-    /* control (cmu) */
-    pthread_mutex_t cmu;
-    pthread_cond_t ccond;
-    struct cmd *cmds;
-    struct replay *req_head, *req_tail; /* posted replay requests */
-    bool accepting;
-
-    /* receive thread */
-    pthread_t th;
-    _Atomic bool running;
-    bool started;
-    _Atomic bool stop;
-    struct replay *pend_head, *pend_tail; /* waiting for a slot */
-    struct replay **active;
-    size_t nactive;
-    zmq_pollitem_t *items;
-    struct pslot *slots;
-    size_t nitems, capitems;
-    bool dirty;
-
-    struct kvr_ratelimit rl_frames, rl_replay; /* peer-caused warnings */
-
-    /* stats (relaxed atomics; written by the receive thread) */
-    _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
-    _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
-    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active;
-    _Atomic uint64_t connects, disconnects, disconnect_purges;
-};
 
 void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
 {
@@ -340,29 +225,22 @@ static void source_free(struct source *s)
     free(s);
 }
 
-static void replay_free(struct replay *r)
-{
-    if (r->dealer != NULL)
-        zmq_close(r->dealer);
-    free(r);
-}
-
 void kvr_zsub_destroy(struct kvr_zsub *z)
 {
     if (z == NULL)
         return;
     kvr_zsub_stop(z);
     for (size_t i = 0; i < z->nactive; i++)
-        replay_free(z->active[i]);
+        kvr_zsub_replay_free(z->active[i]);
     while (z->pend_head != NULL) {
         struct replay *r = z->pend_head;
         z->pend_head = r->next;
-        replay_free(r);
+        kvr_zsub_replay_free(r);
     }
     while (z->req_head != NULL) {
         struct replay *r = z->req_head;
         z->req_head = r->next;
-        replay_free(r);
+        kvr_zsub_replay_free(r);
     }
     for (size_t i = 0; i < z->nsrcs; i++)
         source_free(z->srcs[i]);
@@ -395,7 +273,7 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
 
 /* ---- sockets ------------------------------------------------------------------------ */
 
-static int set_int(void *s, int opt, int64_t v)
+int kvr_zsub_set_int(void *s, int opt, int64_t v)
 {
     int iv = v > INT32_MAX ? INT32_MAX : (int)v;
     return zmq_setsockopt(s, opt, &iv, sizeof(iv));
@@ -403,10 +281,10 @@ static int set_int(void *s, int opt, int64_t v)
 
 /* IPv6 only when the endpoint names an IPv6 address: with ZMQ_IPV6 on, IPv4 binds would be
  * reported as tcp://[::ffff:a.b.c.d]:P, which IPv4-only peers cannot dial. */
-static void set_ipv6_for(void *s, const char *endpoint)
+void kvr_zsub_set_ipv6_for(void *s, const char *endpoint)
 {
     if (endpoint != NULL && strchr(endpoint, '[') != NULL)
-        set_int(s, ZMQ_IPV6, 1);
+        kvr_zsub_set_int(s, ZMQ_IPV6, 1);
 }
 
 static void *sub_socket(struct kvr_zsub *z, bool subscribe_all, const char *endpoint)
@@ -417,14 +295,14 @@ static void *sub_socket(struct kvr_zsub *z, bool subscribe_all, const char *endp
 
     if (s == NULL)
         return NULL;
-    set_int(s, ZMQ_LINGER, 0);
-    set_ipv6_for(s, endpoint);
-    set_int(s, ZMQ_RCVHWM, z->o.rcvhwm);
+    kvr_zsub_set_int(s, ZMQ_LINGER, 0);
+    kvr_zsub_set_ipv6_for(s, endpoint);
+    kvr_zsub_set_int(s, ZMQ_RCVHWM, z->o.rcvhwm);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     if (z->o.reconnect_ivl_ms > 0)
-        set_int(s, ZMQ_RECONNECT_IVL, z->o.reconnect_ivl_ms);
+        kvr_zsub_set_int(s, ZMQ_RECONNECT_IVL, z->o.reconnect_ivl_ms);
     if (z->o.reconnect_ivl_max_ms > 0)
-        set_int(s, ZMQ_RECONNECT_IVL_MAX, z->o.reconnect_ivl_max_ms);
+        kvr_zsub_set_int(s, ZMQ_RECONNECT_IVL_MAX, z->o.reconnect_ivl_max_ms);
     zmq_setsockopt(s, ZMQ_SUBSCRIBE, sub, strlen(sub));
     return s;
 }
@@ -549,8 +427,8 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
         goto fail;
     }
     /* ZMTP heartbeats notice a dead engine that never closed its TCP connection. */
-    set_int(s->sock, ZMQ_HEARTBEAT_IVL, 1000);
-    set_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000);
+    kvr_zsub_set_int(s->sock, ZMQ_HEARTBEAT_IVL, 1000);
+    kvr_zsub_set_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000);
     s->id = z->next_id++;
     snprintf(addr, sizeof(addr), "inproc://kvr-zsub-mon-%p-%" PRIu32, (void *)z, s->id);
     if (zmq_socket_monitor(s->sock, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
@@ -559,7 +437,7 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
                          zmq_strerror(errno));
         goto fail;
     }
-    set_int(s->mon, ZMQ_LINGER, 0);
+    kvr_zsub_set_int(s->mon, ZMQ_LINGER, 0);
     if (zmq_connect(s->sock, endpoint) != 0) {
         rc = kvr_err_set(err, -EINVAL, "endpoint %s: %s", endpoint, zmq_strerror(errno));
         goto fail;
@@ -581,7 +459,7 @@ fail:
 }
 
 /* Push one item into a shard queue; waits while it is full. false when closed. */
-static struct kvr_queue_msg *reserve_item(struct kvr_zsub *z, uint32_t shard)
+struct kvr_queue_msg *kvr_zsub_reserve_item(struct kvr_zsub *z, uint32_t shard)
 {
     bool waited = false;
     struct kvr_queue_msg *it = kvr_queue_reserve(z->o.queues[shard], &waited);
@@ -606,7 +484,7 @@ static void push_purge(struct kvr_zsub *z, struct source *s)
 {
     for (size_t i = 0; i < s->ntopics; i++) {
         struct topic_rec *t = s->topics[i];
-        struct kvr_queue_msg *it = reserve_item(z, t->pub.shard);
+        struct kvr_queue_msg *it = kvr_zsub_reserve_item(z, t->pub.shard);
         if (it == NULL)
             return;
         it->kind = KVR_QUEUE_PURGE;
@@ -617,24 +495,6 @@ static void push_purge(struct kvr_zsub *z, struct source *s)
     KVR_CNT_INC(z->disconnect_purges);
     kvr_log_info("events: %s disconnected for %" PRId64 " ms: purging %zu topic(s) it fed",
                  s->endpoint, z->o.purge_after_disconnect_ms, s->ntopics);
-}
-
-static void end_replay(struct kvr_zsub *z, struct replay *r, bool ok)
-{
-    struct kvr_queue_msg *it = reserve_item(z, r->req.shard);
-
-    if (ok)
-        KVR_CNT_INC(z->replays_completed);
-    else
-        KVR_CNT_INC(z->replays_failed);
-    if (it == NULL)
-        return;
-    it->kind = KVR_QUEUE_REPLAY_END;
-    it->topic = r->req.topic;
-    it->ctx = r->req.ctx;
-    it->gen = r->req.gen;
-    it->ok = ok;
-    kvr_queue_commit(z->o.queues[r->req.shard]);
 }
 
 static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
@@ -659,8 +519,8 @@ static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_er
     for (i = 0; i < z->nactive;) {
         if (z->active[i]->src == s) {
             struct replay *r = z->active[i];
-            end_replay(z, r, false);
-            replay_free(r);
+            kvr_zsub_end_replay(z, r, false);
+            kvr_zsub_replay_free(r);
             z->active[i] = z->active[--z->nactive];
             KVR_CNT_SET(z->replays_active, z->nactive);
         } else {
@@ -777,32 +637,6 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
         cb(&e, arg);
     }
     pthread_mutex_unlock(&z->lmu);
-}
-
-int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_queue_replay_req *req)
-{
-    struct replay *r = calloc(1, sizeof(*r));
-    uint64_t one = 1;
-    ssize_t w;
-
-    if (r == NULL)
-        return -ENOMEM;
-    r->req = *req;
-    pthread_mutex_lock(&z->cmu);
-    if (!z->accepting) {
-        pthread_mutex_unlock(&z->cmu);
-        free(r);
-        return -ESHUTDOWN;
-    }
-    if (z->req_tail != NULL)
-        z->req_tail->next = r;
-    else
-        z->req_head = r;
-    z->req_tail = r;
-    w = write(z->efd, &one, sizeof(one));
-    (void)w;
-    pthread_mutex_unlock(&z->cmu);
-    return 0;
 }
 
 /* ---- receive path --------------------------------------------------------------------- */
@@ -1003,13 +837,13 @@ static void read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, bad, n);
             goto drop;
         }
-        if (payload_take(&pl, &f[2]) != 0) {
+        if (kvr_zsub_payload_take(&pl, &f[2]) != 0) {
             kvr_log_limited(&z->rl_frames, KVR_LOG_WARN,
                             "events: out of memory: dropped a message from %s",
                             s->bind ? s->bound : s->endpoint);
             goto drop;
         }
-        it = reserve_item(z, t->pub.shard);
+        it = kvr_zsub_reserve_item(z, t->pub.shard);
         if (it == NULL) {
             kvr_queue_payload_release(&pl);
             goto drop; /* shutting down */
@@ -1066,176 +900,6 @@ static void read_monitor(struct kvr_zsub *z, struct source *s)
         }
         zmq_msg_close(&a);
         zmq_msg_close(&b);
-    }
-}
-
-static void remove_active(struct kvr_zsub *z, size_t i)
-{
-    replay_free(z->active[i]);
-    z->active[i] = z->active[--z->nactive];
-    KVR_CNT_SET(z->replays_active, z->nactive);
-    z->dirty = true;
-}
-
-/* Reads the replies of active replay i; returns true when the replay finished. */
-static bool read_dealer(struct kvr_zsub *z, size_t idx)
-{
-    struct replay *r = z->active[idx];
-
-    for (int k = 0; k < RECV_BURST; k++) {
-        zmq_msg_t f[MAX_REPLY_FRAMES];
-        const void *frames[MAX_REPLY_FRAMES];
-        size_t lens[MAX_REPLY_FRAMES];
-        size_t n = 0, total = 0;
-        int more = 1;
-        uint64_t seq;
-        const void *payload;
-        size_t plen;
-        struct kvr_queue_msg *it;
-        struct kvr_queue_payload pl;
-        int rc;
-
-        zmq_msg_init(&f[0]);
-        if (zmq_msg_recv(&f[0], r->dealer, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f[0]);
-            return false;
-        }
-        n = total = 1;
-        more = zmq_msg_more(&f[0]);
-        while (more) {
-            zmq_msg_t extra, *m = n < MAX_REPLY_FRAMES ? &f[n] : &extra;
-            zmq_msg_init(m);
-            if (zmq_msg_recv(m, r->dealer, 0) < 0) {
-                zmq_msg_close(m);
-                break;
-            }
-            more = zmq_msg_more(m);
-            if (m == &extra)
-                zmq_msg_close(m);
-            else
-                n++;
-            total++;
-        }
-        for (size_t i = 0; i < n; i++) {
-            frames[i] = zmq_msg_data(&f[i]);
-            lens[i] = zmq_msg_size(&f[i]);
-        }
-        rc = total == n ? kvr_zsub_replay_reply(frames, lens, n, &seq, &payload, &plen)
-                        : -EINVAL;
-        if (rc != 0) {
-            KVR_CNT_INC(z->replay_bad_replies);
-            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
-                            "events: replay from %s: malformed reply (%zu frames); giving up",
-                            r->src->replay, total);
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&f[i]);
-            end_replay(z, r, false);
-            return true;
-        }
-        if (seq == KVR_ZSUB_SEQ_END || plen == 0) {
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&f[i]);
-            kvr_log_debug("events: replay from %s of %s done: %" PRIu64 " batches from %" PRIu64,
-                          r->src->replay, r->req.topic->pod, r->batches, r->req.start);
-            end_replay(z, r, true);
-            return true;
-        }
-        if (payload == zmq_msg_data(&f[n - 1]) && plen == zmq_msg_size(&f[n - 1])) {
-            rc = payload_take(&pl, &f[n - 1]);
-        } else {
-            /* Not the last frame as a whole: copy (never the case for the known eras). */
-            zmq_msg_t c;
-            rc = zmq_msg_init_size(&c, plen) == 0 ? 0 : -ENOMEM;
-            if (rc == 0) {
-                memcpy(zmq_msg_data(&c), payload, plen);
-                rc = payload_take(&pl, &c);
-                zmq_msg_close(&c);
-            }
-        }
-        for (size_t i = 0; i < n; i++)
-            zmq_msg_close(&f[i]);
-        if (rc != 0) {
-            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
-                            "events: replay from %s: out of memory; giving up", r->src->replay);
-            end_replay(z, r, false);
-            return true;
-        }
-        it = reserve_item(z, r->req.shard);
-        if (it == NULL) {
-            kvr_queue_payload_release(&pl);
-            return true;
-        }
-        it->kind = KVR_QUEUE_REPLAY;
-        it->topic = r->req.topic;
-        it->ctx = r->req.ctx;
-        it->gen = r->req.gen;
-        it->seq = seq;
-        it->recv_ns = kvr_now_ns();
-        it->payload = pl;
-        r->batches++;
-        KVR_CNT_INC(z->replay_batches);
-        kvr_queue_commit(z->o.queues[r->req.shard]);
-    }
-    return false;
-}
-
-static struct source *find_id(struct kvr_zsub *z, uint32_t id)
-{
-    for (size_t i = 0; i < z->nsrcs; i++)
-        if (z->srcs[i]->id == id)
-            return z->srcs[i];
-    return NULL;
-}
-
-/* Starts pending replays while slots are free. */
-static void start_replays(struct kvr_zsub *z)
-{
-    while (z->pend_head != NULL && z->nactive < z->o.max_concurrent_replays) {
-        struct replay *r = z->pend_head;
-        unsigned char be[8];
-        void *d;
-
-        z->pend_head = r->next;
-        if (z->pend_head == NULL)
-            z->pend_tail = NULL;
-        r->next = NULL;
-        atomic_fetch_sub_explicit(&z->replays_pending, 1, memory_order_relaxed);
-        r->src = find_id(z, r->req.source);
-        KVR_CNT_INC(z->replays_started);
-        if (r->src == NULL || r->src->replay == NULL) {
-            end_replay(z, r, false);
-            replay_free(r);
-            continue;
-        }
-        d = zmq_socket(z->ctx, ZMQ_DEALER);
-        if (d == NULL) {
-            end_replay(z, r, false);
-            replay_free(r);
-            continue;
-        }
-        r->dealer = d;
-        set_int(d, ZMQ_LINGER, 0);
-        set_ipv6_for(d, r->src->replay);
-        set_int(d, ZMQ_RCVHWM, 0);
-        if (z->o.max_message_size > 0)
-            zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &z->o.max_message_size, sizeof(int64_t));
-        for (int i = 0; i < 8; i++)
-            be[i] = (unsigned char)(r->req.start >> (56 - 8 * i));
-        if (zmq_connect(d, r->src->replay) != 0 || zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 ||
-            zmq_send(d, be, 8, ZMQ_DONTWAIT) != 8) {
-            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN, "events: replay request to %s failed: %s",
-                            r->src->replay, zmq_strerror(errno));
-            end_replay(z, r, false);
-            replay_free(r);
-            continue;
-        }
-        r->deadline = kvr_now_ms() + z->o.replay_timeout_ms;
-        z->active[z->nactive++] = r;
-        KVR_CNT_SET(z->replays_active, z->nactive);
-        z->dirty = true;
-        kvr_log_debug("events: replaying %s dp stream of %s from seq %" PRIu64 " via %s",
-                      r->req.topic ? r->req.topic->pod : "?", r->src->endpoint, r->req.start,
-                      r->src->replay);
     }
 }
 
@@ -1330,8 +994,8 @@ static int64_t timers(struct kvr_zsub *z)
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s timed out after %" PRIu64 " batches",
                             r->src->replay, r->batches);
-            end_replay(z, r, false);
-            remove_active(z, i);
+            kvr_zsub_end_replay(z, r, false);
+            kvr_zsub_remove_active(z, i);
             continue;
         }
         if (r->deadline < next)
@@ -1400,8 +1064,8 @@ static void *recv_main(void *arg)
             case PS_DEALER: {
                 for (size_t a = 0; a < z->nactive; a++) {
                     if (z->active[a] == z->slots[i].ptr) {
-                        if (read_dealer(z, a))
-                            remove_active(z, a);
+                        if (kvr_zsub_read_dealer(z, a))
+                            kvr_zsub_remove_active(z, a);
                         break;
                     }
                 }
@@ -1414,7 +1078,7 @@ static void *recv_main(void *arg)
         /* The control fd last: sources may change (dirty) while handling it. */
         if (z->nitems > 0 && (z->items[0].revents & ZMQ_POLLIN))
             handle_control(z);
-        start_replays(z);
+        kvr_zsub_start_replays(z);
         timeout = timers(z);
     }
 
