@@ -1,6 +1,7 @@
 /* zsub_int.h — zsub's private header: the receive thread's state (sources, topics, replays,
  * commands, the poll set) and the functions its files share (zsub.c: lifecycle, sockets,
- * endpoints, control, the receive loop; zsub_replay.c: the replay client). Not a contract
+ * endpoints, control, the receive loop; zsub_recv.c: the live path, frames to items, topic
+ * interning, monitors; zsub_replay.c: the replay client; zsub_frame.c: pure frame parsers). Not a contract
  * for other modules: zsub.h is.
  *
  * Threads: as noted per field; after kvr_zsub_start() only the receive thread touches
@@ -141,7 +142,16 @@ struct kvr_zsub {
 /* zsub.c */
 int kvr_zsub_set_int(void *s, int opt, int64_t v);
 void kvr_zsub_set_ipv6_for(void *s, const char *endpoint);
-/* Moves a received message behind a payload (see zsub.c); -ENOMEM leaves m as it was. */
+/* Grows *arr (of elem-byte elements, capacity *cap) to hold need; false when out of memory. */
+bool kvr_zsub_grow(void **arr, size_t *cap, size_t need, size_t elem);
+char *kvr_zsub_xstrndup(const char *s, size_t n);
+
+/* zsub_recv.c (receive thread) */
+/* Reads up to RECV_BURST messages from a SUB and hands them off. */
+void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s);
+/* Connection monitor events of a connect source. */
+void kvr_zsub_read_monitor(struct kvr_zsub *z, struct source *s);
+/* Moves a received message behind a payload (see zsub_recv.c); -ENOMEM leaves m as it was. */
 int kvr_zsub_payload_take(struct kvr_queue_payload *p, zmq_msg_t *m);
 /* Reserves a slot of queue[shard] (waiting while full, counted) with the fields cleared;
  * NULL once the queue is closed. The caller commits it. */
