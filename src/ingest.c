@@ -31,6 +31,10 @@
  * Counters are per writer (written by that writer only, relaxed atomics) and summed when
  * rendered; per-stream fields read by kvr_ingest_streams() are published as relaxed atomics
  * after each batch. The stream registry (reg_mu) only grows; streams live until destroy.
+ *
+ * Files: this one holds the lifecycle (queues, writers, intake) and the admin purge;
+ * ingest_writer.c the writer loop (sequence verdicts, replay buffering); ingest_apply.c
+ * events → index; ingest_metrics.c the readers (streams, /metrics). They share ingest_int.h.
  */
 #include "ingest.h"
 #include "ingest_int.h"

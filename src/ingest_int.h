@@ -1,7 +1,8 @@
 /* ingest_int.h — ingest's private header: the writer, stream and topic records, the
  * counters, and the few functions its files share (ingest.c: lifecycle, admin;
  * ingest_writer.c: the writer loop, ordering and replay buffering; ingest_apply.c: events →
- * index; ingest_metrics.c: readers: streams, /metrics). Not a contract for other modules: ingest.h is.
+ * index; ingest_metrics.c: the readers, streams and /metrics). Not a contract for other
+ * modules: ingest.h is.
  *
  * Threads: as noted per field (writer-only fields are touched by the writer thread that
  * owns the topic's shard; published fields are relaxed atomics read by any thread).

@@ -17,10 +17,11 @@
  * so no caller waits forever.
  *
  * Hand-off: a message is 3 frames [topic, be64 seq, payload]. The payload zmq_msg_t is moved
- * to a small heap handle behind a plain (data, len, release, ctx) payload in the writer queue
- * slot (the bytes are not copied; the writer's release closes it). Topics are interned per (pod override, topic bytes):
- * the record gives pod, model and shard = FNV-1a-32(pod) % nshards without re-parsing. When
- * a writer queue is full the thread waits (counted): nothing is dropped.
+ * to a small heap handle behind a plain (data, len, release, ctx) payload in the writer
+ * queue slot (the bytes are not copied; the writer's release closes it). Topics are interned
+ * per (pod override, topic bytes): the record gives pod, model and shard =
+ * FNV-1a-32(pod) % nshards without re-parsing. When a writer queue is full the thread waits
+ * (counted): nothing is dropped.
  *
  * Replays: requests queue FIFO; at most max_concurrent_replays run, each on its own DEALER
  * polled with the SUBs. Request [empty, be64 start]; replies in either era are parsed with
@@ -33,6 +34,11 @@
  * Disconnect purge: a connected source that stays disconnected for purge_after_disconnect
  * (or is removed, then waits that long as a "ghost") gets one PURGE item per topic it
  * delivered, into that topic's writer queue.
+ *
+ * Files: this one holds the lifecycle, sockets and endpoints, the control list, timers and
+ * the receive loop; zsub_recv.c the live path (frames → items, topics, monitors);
+ * zsub_replay.c the replay client; zsub_frame.c the pure frame parsers. They share
+ * zsub_int.h.
  */
 #include "zsub.h"
 #include "zsub_int.h"

@@ -179,7 +179,8 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
         return NULL;
     }
     t = calloc(1, sizeof(*t));
-    if (t == NULL || !kvr_zsub_grow((void **)&z->tlist, &z->captlist, z->ntopics + 1, sizeof(*z->tlist))) {
+    if (t == NULL ||
+        !kvr_zsub_grow((void **)&z->tlist, &z->captlist, z->ntopics + 1, sizeof(*z->tlist))) {
         free(t);
         *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
         return NULL;

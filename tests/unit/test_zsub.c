@@ -275,8 +275,10 @@ static void test_replay_random(void **state)
 
         for (size_t i = 0; i < nf; i++) {
             /* mostly the right shape: empty delimiter, 8-byte seq */
-            l[i] = rand() % 4 == 0 ? (size_t)rand() % 16 : i == 0 ? 0 : i == is ? 8
-                                                                               : (size_t)rand() % 16;
+            if (rand() % 4 == 0)
+                l[i] = (size_t)rand() % 16;
+            else
+                l[i] = i == 0 ? 0 : i == is ? 8 : (size_t)rand() % 16;
             for (size_t k = 0; k < l[i]; k++)
                 bytes[i][k] = (unsigned char)rand();
             f[i] = l[i] == 0 && rand() % 2 ? NULL : bytes[i];
