@@ -23,6 +23,7 @@
 #include "log.h"
 #include "notify.h"
 #include "score.h"
+#include "zsub.h"
 
 #ifndef KVR_DEFAULT_CONF
 #define KVR_DEFAULT_CONF "/etc/kvrouterd/kvrouterd.conf"
@@ -34,7 +35,8 @@ struct app {
     sigset_t sigs;
     struct kvr_index *index;
     struct kvr_score *score;
-    struct kvr_ingest *ingest;
+    struct kvr_ingest *ingest; /* owns the writer queues */
+    struct kvr_zsub *zsub;     /* produces into them */
     struct kvr_http *http;
 };
 
@@ -81,11 +83,17 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_ingest_create(&a->conf, a->index, &a->ingest, err);
     if (rc != 0)
         return rc;
+    rc = kvr_daemon_zsub_create(&a->conf, a->ingest, &a->zsub, err); /* binds, connects */
+    if (rc != 0)
+        return rc;
     rc = kvr_ingest_start(a->ingest, err);
     if (rc != 0)
         return rc;
-    hd = (struct kvr_http_deps){
-        .conf = &a->conf, .score = a->score, .ingest = a->ingest, .index = a->index};
+    rc = kvr_zsub_start(a->zsub, err);
+    if (rc != 0)
+        return rc;
+    hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
+                                .zsub = a->zsub, .index = a->index};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
@@ -101,10 +109,16 @@ static void app_stop(struct app *a)
         kvr_http_destroy(a->http);
         a->http = NULL;
     }
+    if (a->zsub != NULL)
+        kvr_zsub_stop(a->zsub); /* intake ends: nothing is queued after this */
     if (a->ingest != NULL) {
-        kvr_ingest_stop(a->ingest); /* stops intake, drains: every received batch is applied */
-        kvr_ingest_destroy(a->ingest);
+        kvr_ingest_stop(a->ingest); /* drains: every received batch is applied */
+        kvr_ingest_destroy(a->ingest); /* before zsub: its streams point at zsub's topics */
         a->ingest = NULL;
+    }
+    if (a->zsub != NULL) {
+        kvr_zsub_destroy(a->zsub);
+        a->zsub = NULL;
     }
     if (a->score != NULL) {
         kvr_score_destroy(a->score);
@@ -122,8 +136,8 @@ static void app_ready(struct app *a)
     char http[300], admin[300];
     const char *events[64];
 
-    if (a->ingest != NULL) {
-        l.nevents = kvr_ingest_bound_endpoints(a->ingest, events, 64);
+    if (a->zsub != NULL) {
+        l.nevents = kvr_zsub_bound(a->zsub, events, 64);
         l.events = events;
     }
 

@@ -9,6 +9,10 @@
  * Reload: parse the whole file into a fresh struct first; only when it is valid are the
  * reloadable directives copied onto the live config (kvr_conf_apply_reload). A broken file
  * leaves everything as it was and is logged with its FILE:LINE.
+ *
+ * Event wiring (kvr_daemon_zsub_create): the [events] settings as zsub's options, and two
+ * small adapters from ingest's intake interface to zsub, so that neither module includes
+ * the other; main only calls it in order.
  */
 #include "daemon.h"
 
@@ -21,6 +25,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "queue_msg.h"
 
 void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l)
 {
@@ -221,4 +226,64 @@ int kvr_daemon_shutdown_guard(int64_t ms)
     rc = pthread_create(&t, &a, guard_main, (void *)(intptr_t)ms);
     pthread_attr_destroy(&a);
     return -rc;
+}
+
+/* ---- event pipeline wiring -------------------------------------------------------------- */
+
+static int intake_replay(void *arg, const struct kvr_queue_replay_req *r)
+{
+    return kvr_zsub_replay(arg, r);
+}
+
+static bool intake_running(void *arg)
+{
+    return kvr_zsub_running(arg);
+}
+
+int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
+                           struct kvr_zsub **out, struct kvr_err *err)
+{
+    struct kvr_ingest_intake in;
+    struct kvr_zsub_opts zo;
+    struct kvr_zsub *z;
+    uint32_t n;
+    int rc;
+
+    *out = NULL;
+    memset(&zo, 0, sizeof(zo));
+    zo.subscribe = c->subscribe ? c->subscribe : "kv@";
+    zo.rcvhwm = c->rcvhwm;
+    zo.max_message_size = c->max_message_size;
+    zo.reconnect_ivl_ms = c->reconnect_interval_ms;
+    zo.reconnect_ivl_max_ms = c->reconnect_interval_max_ms;
+    zo.purge_after_disconnect_ms = c->purge_after_disconnect_ms;
+    zo.replay_timeout_ms = c->replay_timeout_ms > 0 ? c->replay_timeout_ms : 2000;
+    /* max_concurrent_replays = 0 disables replay (streams never ask); zsub needs >= 1 slot. */
+    zo.max_concurrent_replays = c->max_concurrent_replays ? c->max_concurrent_replays : 1;
+    zo.max_topics = c->max_workers ? c->max_workers : 16384;
+    zo.ratelimit_ms = c->log_ratelimit_ms;
+    zo.ratelimit_burst = c->log_ratelimit_burst;
+    zo.queues = kvr_ingest_queues(ing, &n);
+    zo.nshards = n;
+    rc = kvr_zsub_create(&zo, &z, err);
+    if (rc != 0)
+        return rc;
+    for (size_t i = 0; i < c->nbind; i++) {
+        rc = kvr_zsub_bind(z, c->bind[i], err);
+        if (rc != 0)
+            goto fail;
+    }
+    for (size_t i = 0; i < c->nconnect; i++) {
+        rc = kvr_zsub_connect(z, c->connect[i].endpoint, c->connect[i].replay,
+                              c->connect[i].pod, true, err);
+        if (rc != 0)
+            goto fail;
+    }
+    in = (struct kvr_ingest_intake){.replay = intake_replay, .running = intake_running, .arg = z};
+    kvr_ingest_set_intake(ing, &in);
+    *out = z;
+    return 0;
+fail:
+    kvr_zsub_destroy(z);
+    return rc;
 }

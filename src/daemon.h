@@ -18,8 +18,10 @@
 
 #include "conf.h"
 #include "err.h"
+#include "ingest.h"
 #include "metrics.h"
 #include "notify.h"
+#include "zsub.h"
 
 #ifndef KVR_VERSION
 #define KVR_VERSION "0.0.0"
@@ -71,6 +73,19 @@ int kvr_daemon_reload(struct kvr_daemon_loop *l);
 /* Waits for signals until SIGTERM or SIGINT (returned), handling SIGHUP (RELOADING=1, reload,
  * READY=1) and sending WATCHDOG=1 every half watchdog interval. */
 int kvr_daemon_wait(struct kvr_daemon_loop *l);
+
+/* The event pipeline's wiring. Ownership: ingest owns the writer queues and consumes them;
+ * zsub borrows them as its outputs and produces into them. Directions: zsub → queues →
+ * ingest for batches (zsub never calls ingest); ingest → zsub only for replay requests,
+ * through ingest's intake interface, which this wires to kvr_zsub_replay. Order: create
+ * ingest, then this, then kvr_ingest_start and kvr_zsub_start; stop zsub, then ingest;
+ * destroy ingest (it points at zsub's topics), then zsub.
+ *
+ * Creates zsub from [events]/[log] with ing's queues as outputs, binds and connects every
+ * configured endpoint (the first failure is returned, with its endpoint in err, and nothing
+ * is left created) and sets ing's intake to it. */
+int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
+                           struct kvr_zsub **out, struct kvr_err *err);
 
 /* Starts a detached thread that ends the process with exit status 1 if shutdown has not
  * finished after ms milliseconds (a hung module must not keep a stopping service alive). */

@@ -133,63 +133,6 @@ static inline bool str_eq(const msgpack_object_str *s, const char *lit, size_t n
 }
 #define STR_EQ(s, lit) str_eq((s), (lit), sizeof(lit) - 1)
 
-/* ---- frames -------------------------------------------------------------------------- */
-
-int kvr_decode_topic(const void *frame, size_t len, struct kvr_topic *out)
-{
-    const char *s = frame;
-    const char *at;
-
-    if (s == NULL || out == NULL || len < 3 || memcmp(s, "kv@", 3) != 0)
-        return -EINVAL;
-    /* Reject NUL bytes: pods and models end up as C strings downstream. */
-    if (memchr(s, '\0', len) != NULL)
-        return -EINVAL;
-    at = memchr(s + 3, '@', len - 3);
-    if (at == NULL)
-        return -EINVAL;
-    out->pod = s + 3;
-    out->pod_len = (size_t)(at - out->pod);
-    out->model = at + 1;
-    out->model_len = len - (size_t)(out->model - s);
-    if (out->pod_len == 0 || out->model_len == 0)
-        return -EINVAL;
-    return 0;
-}
-
-int kvr_decode_seq(const void *frame, size_t len, uint64_t *seq)
-{
-    if (frame == NULL || len != 8 || seq == NULL)
-        return -EINVAL;
-    *seq = be_read(frame, 8);
-    return 0;
-}
-
-int kvr_decode_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,
-                            uint64_t *seq, const void **payload, size_t *payload_len)
-{
-    size_t is;
-
-    if (frames == NULL || lens == NULL || seq == NULL || payload == NULL ||
-        payload_len == NULL)
-        return -EINVAL;
-    if (nframes == 3)
-        is = 1; /* [empty, seq, payload]          v0.9 – v0.24 */
-    else if (nframes == 4)
-        is = 2; /* [empty, topic, seq, payload]   v0.25+ */
-    else
-        return -EINVAL;
-    if (lens[0] != 0) /* the DEALER's empty delimiter */
-        return -EINVAL;
-    if (kvr_decode_seq(frames[is], lens[is], seq) != 0)
-        return -EINVAL;
-    if (lens[is + 1] != 0 && frames[is + 1] == NULL)
-        return -EINVAL;
-    *payload = frames[is + 1];
-    *payload_len = lens[is + 1];
-    return 0;
-}
-
 /* ---- token-id runs (decode.h; shared with the HTTP layer's msgpack request bodies) ---- */
 
 /* kvr_decode_u32_run() and kvr_decode_force_isa() live in decode_scan.c, next to the

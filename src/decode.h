@@ -1,10 +1,6 @@
 /* decode.h — vLLM KV-event wire format → plain event structs. Pure functions of bytes:
  * no sockets, no index, no globals. See ../shared/specs/vllm-kv-events.md.
  *
- * Frames: kvr_decode_topic() splits "kv@<pod>@<model>" at the first two '@' (the model may
- * contain '@'); kvr_decode_seq() reads the 8-byte big-endian seq; kvr_decode_replay_reply()
- * reads a replay reply in either era.
- *
  * Batches: a decoder (one per writer thread; owns a reusable msgpack zone and scratch
  * arrays, so decoding makes no per-token allocation once warm) opens a batch with
  * kvr_decode_batch(), then kvr_decode_next() yields events one by one. A malformed or
@@ -40,28 +36,6 @@ struct kvr_decode_limits {
 
 int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out);
 void kvr_decoder_destroy(struct kvr_decoder *d);
-
-/* ---- frames ---------------------------------------------------------------------------- */
-
-struct kvr_topic {
-    const char *pod;   /* borrowed from the frame, not NUL-terminated */
-    size_t pod_len;
-    const char *model;
-    size_t model_len;
-};
-/* "kv@<pod>@<model>" (prefix must be exactly "kv@"): 0, or -EINVAL when the topic does not
- * have that shape or pod/model is empty. */
-int kvr_decode_topic(const void *frame, size_t len, struct kvr_topic *out);
-/* Exactly 8 bytes big-endian → 0; otherwise -EINVAL. */
-int kvr_decode_seq(const void *frame, size_t len, uint64_t *seq);
-
-#define KVR_REPLAY_END UINT64_MAX
-/* A replay reply as seen by a DEALER: v0.9–v0.24 [empty, seq8, payload] or v0.25+
- * [empty, topic, seq8, payload]. frames/lens hold nframes frames. On success *seq and the
- * payload span are set; *seq == KVR_REPLAY_END (or an empty payload) is the end marker.
- * -EINVAL for any other shape. */
-int kvr_decode_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,
-                            uint64_t *seq, const void **payload, size_t *payload_len);
 
 /* ---- batches --------------------------------------------------------------------------- */
 

@@ -581,6 +581,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     ad.conf = conf;
     ad.score = deps->score;
     ad.ingest = deps->ingest;
+    ad.zsub = deps->zsub;
     ad.index = deps->index;
     ad.admin_listener = conf->admin_listen != NULL && conf->admin_listen[0] != '\0';
     ad.server_metrics = server_metrics;

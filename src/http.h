@@ -15,6 +15,7 @@
 #include "err.h"
 #include "ingest.h"
 #include "score.h"
+#include "zsub.h"
 
 struct kvr_http;
 
@@ -22,6 +23,7 @@ struct kvr_http_deps {
     const struct kvr_conf *conf;
     struct kvr_score *score;
     struct kvr_ingest *ingest;
+    struct kvr_zsub *zsub;   /* admin endpoints, its /metrics lines, readiness */
     struct kvr_index *index; /* only for kvr_index_stats() gauges in /metrics */
 };
 

@@ -9,8 +9,10 @@
  *   buffers have grown.
  * - The score path decodes the body in place (reqbody) into the thread's token array and
  *   hashes straight from it (score.c).
- * - Ingestion is optional: unit tests, fuzzers and benchmarks pass ingest = NULL; routes
- *   that need it then answer 503.
+ * - Ingestion is optional: unit tests, fuzzers and benchmarks pass ingest = NULL and
+ *   zsub = NULL; routes that need them then answer 503. Pods (streams, purge) are ingest's;
+ *   connect endpoints (list, add, remove) are zsub's and are asked of it directly. /metrics
+ *   appends ingest's lines, then zsub's.
  * Threads: handlers run on loop threads; shared state is read-only except `ready`.
  */
 #include "httpapi.h"
@@ -33,6 +35,7 @@ struct kvr_httpapi {
     const struct kvr_conf *conf;
     struct kvr_score *score;
     struct kvr_ingest *ingest;
+    struct kvr_zsub *zsub;
     struct kvr_index *index;
     bool admin_listener;
     char *token;      /* NULL = no auth */
@@ -64,6 +67,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->conf = deps->conf;
     api->score = deps->score;
     api->ingest = deps->ingest;
+    api->zsub = deps->zsub;
     api->index = deps->index;
     api->admin_listener = deps->admin_listener;
     api->max_tokens = deps->conf->max_query_tokens ? deps->conf->max_query_tokens : 262144;
@@ -546,7 +550,7 @@ static void put_opt_str(struct kvr_buf *b, const char *s)
         put_json_str(b, s);
 }
 
-static void ep_cb(const struct kvr_endpoint_info *e, void *arg)
+static void ep_cb(const struct kvr_zsub_endpoint *e, void *arg)
 {
     struct json_list *ec = arg;
     struct kvr_buf *b = ec->b;
@@ -566,7 +570,7 @@ static void ep_endpoints_get(struct kvr_httpapi_thread *t, struct kvr_httpresp *
     struct json_list ec = {resp->body, 0};
 
     put(resp->body, "{\"endpoints\":[");
-    kvr_ingest_endpoints(t->api->ingest, ep_cb, &ec);
+    kvr_zsub_endpoints(t->api->zsub, ep_cb, &ec);
     put(resp->body, "]}\n");
 }
 
@@ -586,9 +590,9 @@ static void ep_endpoints_change(struct kvr_httpapi_thread *t, const struct kvr_h
     }
     err.msg[0] = '\0';
     if (add)
-        rc = kvr_ingest_endpoint_add(t->api->ingest, e.endpoint, e.replay_endpoint, e.pod, &err);
+        rc = kvr_zsub_endpoint_add(t->api->zsub, e.endpoint, e.replay_endpoint, e.pod, &err);
     else
-        rc = kvr_ingest_endpoint_del(t->api->ingest, e.endpoint, &err);
+        rc = kvr_zsub_endpoint_del(t->api->zsub, e.endpoint, &err);
     if (rc == -EEXIST) {
         fail(resp, 409, "endpoint '%s' already exists", e.endpoint);
         return;
@@ -622,10 +626,17 @@ static void ep_endpoints_change(struct kvr_httpapi_thread *t, const struct kvr_h
 
 /* ---- health, readiness, metrics -------------------------------------------------------- */
 
+/* Ingestion is ready when its writers and its receive thread run (each optional). */
+static bool ingestion_ready(const struct kvr_httpapi *api)
+{
+    return (api->ingest == NULL || kvr_ingest_ready(api->ingest)) &&
+           (api->zsub == NULL || kvr_zsub_running(api->zsub));
+}
+
 static void ep_readyz(struct kvr_httpapi *api, struct kvr_httpresp *resp)
 {
     bool http_ready = kvr_httpapi_ready(api);
-    bool ing_ready = api->ingest == NULL || kvr_ingest_ready(api->ingest);
+    bool ing_ready = ingestion_ready(api);
 
     if (http_ready && ing_ready) {
         put(resp->body, "{\"ready\":true}\n");
@@ -679,12 +690,11 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
 
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
     kvr_metrics_gauge(b, "ready", "1 while /readyz answers 200", NULL,
-                      kvr_httpapi_ready(api) &&
-                              (api->ingest == NULL || kvr_ingest_ready(api->ingest))
-                          ? 1.0
-                          : 0.0);
+                      kvr_httpapi_ready(api) && ingestion_ready(api) ? 1.0 : 0.0);
     if (api->ingest != NULL)
         kvr_ingest_metrics(api->ingest, b);
+    if (api->zsub != NULL)
+        kvr_zsub_metrics(api->zsub, b);
     if (api->index != NULL)
         index_gauges(api->index, b);
     if (api->score != NULL)
@@ -784,7 +794,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
             if (check_auth(api, req, resp) != 0)
                 return;
         }
-        if (api->ingest == NULL)
+        if (api->zsub == NULL)
             RET_VOID(fail(resp, 503, "ingestion is not running"));
         if (m == HTTP_GET)
             RET_VOID(ep_endpoints_get(t, resp));

@@ -28,6 +28,7 @@
 #include "index.h"
 #include "ingest.h"
 #include "score.h"
+#include "zsub.h"
 
 #define KVR_HTTPAPI_MAX_PODS 4096 /* pod filter entries per score query */
 
@@ -37,7 +38,9 @@ struct kvr_httpapi_thread;
 struct kvr_httpapi_deps {
     const struct kvr_conf *conf;
     struct kvr_score *score;   /* required for /v1/score */
-    struct kvr_ingest *ingest; /* NULL: pod/endpoint routes answer 503, readyz ignores it */
+    struct kvr_ingest *ingest; /* NULL: pod routes answer 503, readyz ignores it */
+    struct kvr_zsub *zsub;     /* NULL: endpoint routes answer 503, readyz ignores it; admin
+                                * endpoint add/remove/list and its /metrics lines go to it */
     struct kvr_index *index;   /* index gauges in /metrics when ingest is NULL */
     bool admin_listener;       /* an admin listener exists (mutations only there) */
     /* Appends the server's own metrics (connections, requests, limits); may be NULL. */

@@ -1,19 +1,21 @@
 /* ingest.c — writer threads: decode batches, track every (topic, dp_rank) stream's seq,
  * apply events to the index, recover gaps through replays, count everything.
  *
- * Pipeline: zsub (one receive thread) → one bounded queue per writer, chosen by
- * FNV-1a-32(pod) % writer_threads → writer thread: decode (its own kvr_decoder), stream state
+ * Pipeline: a producer (zsub's receive thread in the daemon, wired by main; the tests push
+ * directly) → one bounded queue per writer, owned by ingest, chosen by kvr_queue_shard(pod) →
+ * writer thread: decode (its own kvr_decoder), stream state
  * machine (stream.c), index writes. All workers of a pod are written by one writer thread,
  * which is the index's rule; admin purges are posted into that writer's queue as commands
  * and waited for, so nothing else ever writes those workers.
  *
  * Streams: a stream is (topic, dp_rank); its worker is (pod, dp_rank). dp_rank comes from the
  * batch (0 when absent), so the writer decodes a batch before it knows the stream. Per topic
- * (struct ing_topic, reached through the interned zsub topic's owner pointer: no lookup per
+ * (struct ing_topic, reached through the producer's interned topic's owner pointer: no lookup per
  * batch) the writer keeps streams by rank and a small namespace cache.
  *
  * Replays (ordering per stream): on a gap the stream state machine asks for a replay; the
- * writer posts it to zsub and from then on *buffers* that stream's live batches (payloads
+ * writer posts it through the intake interface (zsub's replay client in the daemon) and from
+ * then on *buffers* that stream's live batches (payloads
  * moved, not copied) instead of applying them. Replayed batches arrive through the same
  * writer queue and are applied in seq order (anything at or below the last applied seq is
  * dropped). When the replay ends (end marker, timeout, failure) the buffer is drained in
@@ -29,8 +31,13 @@
  * Counters are per writer (written by that writer only, relaxed atomics) and summed when
  * rendered; per-stream fields read by kvr_ingest_streams() are published as relaxed atomics
  * after each batch. The stream registry (reg_mu) only grows; streams live until destroy.
+ *
+ * Files: this one holds the lifecycle (queues, writers, intake) and the admin purge;
+ * ingest_writer.c the writer loop (sequence verdicts, replay buffering); ingest_apply.c
+ * events → index; ingest_metrics.c the readers (streams, /metrics). They share ingest_int.h.
  */
 #include "ingest.h"
+#include "ingest_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,934 +48,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base.h"
 #include "decode.h"
 #include "hash.h"
 #include "log.h"
 #include "queue.h"
+#include "queue_msg.h"
 #include "stream.h"
-#include "zsub.h"
-
-#define MAX_DP_RANK 4096
-#define LORA_CACHE 4
-#define TIER_CACHE 8
-#define ACQUIRE_BATCH 64
-
-/* Skip reasons of our own, after the decoder's. */
-enum {
-    SKIP_NO_BLOCK_SIZE = KVR_SKIP_REASON_COUNT,
-    SKIP_BLOCK_SIZE_MISMATCH,
-    SKIP_NAMESPACE,
-    SKIP_TIER,
-    SKIP_INDEX,
-    SKIP_COUNT
-};
-static const char *const own_skip_names[] = {"no_block_size", "block_size_mismatch", "namespace",
-                                             "tier", "index_error"};
-
-enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
-static const char *const bad_batch_names[BAD_COUNT] = {"decode", "worker", "dp_rank",
-                                                       "replay_rank"};
-
-struct pend {
-    uint64_t seq;
-    struct kvr_zsub_msg msg;
-};
-
-struct ing_topic;
-
-struct ing_stream {
-    struct kvr_stream sm;           /* writer only */
-    struct ing_topic *it;
-    uint32_t dp_rank;
-    uint32_t wid;
-    uint32_t source;                /* writer: source of the last live batch */
-    bool can_replay;
-    /* writer only: bit g set = KV-cache group g seen in BlockStored as full attention
-     * (indexed) / as another kind (filtered by the decoder); groups >= 64 are never learned */
-    uint64_t groups_full, groups_other;
-    struct pend *pend;              /* writer: live batches buffered during a replay */
-    size_t npend, cappend;
-
-    /* published for readers (relaxed) */
-    _Atomic uint64_t p_last_seq, p_gaps, p_replays, p_restarts, p_replays_ok, p_replays_failed;
-    /* set (release, after p_last_seq) once a batch was applied: until then the stream is not
-     * listed, so a client waiting for last_seq == 0 cannot see it before seq 0 is indexed */
-    _Atomic bool p_has_last;
-    _Atomic int p_state;
-    _Atomic int64_t p_last_ms;      /* kvr_now_ms() of the last applied batch; 0 = never */
-};
-
-struct lora_slot {
-    bool used;
-    uint8_t len;
-    char name[KVR_NAME_MAX];
-    uint32_t ns;
-    uint64_t seed;
-};
-
-struct ing_topic {                  /* writer of topic->shard only */
-    const struct kvr_zsub_topic *t;
-    struct ing_stream **ranks;
-    uint32_t nranks;
-    bool base_ok;
-    uint32_t base_ns;
-    uint64_t base_seed;
-    struct lora_slot lora[LORA_CACHE];
-    unsigned lora_next;
-};
-
-struct tier_slot {
-    uint8_t len;
-    char s[32];
-    uint8_t tier;
-};
-
-struct writer_stats {
-    _Atomic uint64_t batches, replayed_batches, dup_batches, stale_items;
-    _Atomic uint64_t bad[BAD_COUNT];
-    _Atomic uint64_t events[4];
-    _Atomic uint64_t skipped[SKIP_COUNT];
-    _Atomic uint64_t stored, removed, dup_blocks, orphaned, adopted, orphans_dropped;
-    _Atomic uint64_t unknown_removes, cleared, purged, restart_purged;
-    _Atomic uint64_t buffered, replay_aborts;
-};
-
-struct writer {
-    struct kvr_ingest *ing;
-    uint32_t idx;
-    struct kvr_queue *q;
-    struct kvr_decoder *dec;
-    pthread_t th;
-    bool th_started;
-    struct ing_topic **topics;      /* topics of this shard (writer only) */
-    size_t ntopics, captopics;
-    uint64_t *rm;                   /* coalesced removals (apply_removed) */
-    size_t nrm, caprm;
-    uint8_t rm_tier;
-    uint64_t *content;              /* scratch */
-    struct kvr_index_block *blocks;
-    size_t capblocks;
-    struct tier_slot tiers[TIER_CACHE];
-    unsigned ntiers;
-    struct writer_stats st;
-};
-
-enum { CMD_PURGE_POD = 1 };
-struct ing_cmd {
-    int type;
-    const char *pod;
-    uint32_t pod_id;
-    uint64_t removed;
-    int rc;
-    bool done;                      /* under ing->done_mu */
-};
-
-struct kvr_ingest {
-    const struct kvr_conf *conf;
-    struct kvr_index *ix;
-    struct kvr_zsub *zsub;
-    uint32_t nwriters;
-    struct writer *w;
-    struct kvr_hist lag;
-
-    pthread_mutex_t reg_mu;         /* streams registry */
-    struct ing_stream **streams;
-    size_t nstreams, capstreams;
-
-    pthread_mutex_t done_mu;        /* command completions */
-    pthread_cond_t done_cv;
-
-    struct kvr_ratelimit rl_bad;    /* peer-caused warnings ([log] ratelimit_*) */
-    struct kvr_ratelimit rl_gap;
-
-    pthread_mutex_t life_mu;        /* start/stop */
-    bool started, stopped;
-    _Atomic bool ready;
-    _Atomic bool writers_running;
-};
-
-
-#define CADD(f, n) atomic_store_explicit(&(f), atomic_load_explicit(&(f), memory_order_relaxed) + (n), memory_order_relaxed)
-#define CINC(f) CADD(f, 1)
-#define GET(f) atomic_load_explicit(&(f), memory_order_relaxed)
-
-const char *kvr_stream_state_name(enum kvr_stream_state s)
-{
-    switch (s) {
-    case KVR_STREAM_SYNCED:
-        return "synced";
-    case KVR_STREAM_REPLAYING:
-        return "replaying";
-    case KVR_STREAM_UNSYNCED:
-        return "unsynced";
-    }
-    return "?";
-}
-
-static const char *skip_name(int r)
-{
-    return r < KVR_SKIP_REASON_COUNT ? kvr_skip_reason_name((enum kvr_skip_reason)r)
-                                     : own_skip_names[r - KVR_SKIP_REASON_COUNT];
-}
-
-/* ---- streams ------------------------------------------------------------------------- */
-
-static void publish(struct ing_stream *s)
-{
-    if (s->sm.has_last) {
-        /* release: the index updates of the batches up to `last` happen before a reader
-         * that sees this value (the /v1/pods contract: wait for last_seq, then query) */
-        atomic_store_explicit(&s->p_last_seq, s->sm.last, memory_order_release);
-        atomic_store_explicit(&s->p_has_last, true, memory_order_release);
-    }
-    atomic_store_explicit(&s->p_gaps, s->sm.gaps, memory_order_relaxed);
-    atomic_store_explicit(&s->p_replays, s->sm.replays, memory_order_relaxed);
-    atomic_store_explicit(&s->p_replays_ok, s->sm.replays_ok, memory_order_relaxed);
-    atomic_store_explicit(&s->p_replays_failed, s->sm.replays_failed, memory_order_relaxed);
-    atomic_store_explicit(&s->p_restarts, s->sm.restarts, memory_order_relaxed);
-    atomic_store_explicit(&s->p_state, (int)kvr_stream_state(&s->sm), memory_order_relaxed);
-}
-
-static struct ing_topic *topic_of(struct writer *w, const struct kvr_zsub_topic *t)
-{
-    struct kvr_zsub_topic *mt = (struct kvr_zsub_topic *)t; /* owner is ours to write */
-    struct ing_topic *it = mt->owner;
-
-    if (it != NULL)
-        return it;
-    it = calloc(1, sizeof(*it));
-    if (it == NULL)
-        return NULL;
-    if (w->ntopics == w->captopics) {
-        size_t nc = w->captopics ? w->captopics * 2 : 16;
-        struct ing_topic **p = realloc(w->topics, nc * sizeof(*p));
-        if (p == NULL) {
-            free(it);
-            return NULL;
-        }
-        w->topics = p;
-        w->captopics = nc;
-    }
-    it->t = t;
-    w->topics[w->ntopics++] = it;
-    mt->owner = it;
-    return it;
-}
-
-static struct ing_stream *stream_of(struct writer *w, const struct kvr_zsub_topic *t,
-                                    uint32_t dp_rank, int *bad)
-{
-    struct kvr_ingest *ing = w->ing;
-    struct ing_topic *it;
-    struct ing_stream *s;
-    uint32_t wid;
-    int rc;
-
-    if (dp_rank >= MAX_DP_RANK) {
-        *bad = BAD_DP_RANK;
-        return NULL;
-    }
-    it = topic_of(w, t);
-    if (it == NULL) {
-        *bad = BAD_WORKER;
-        return NULL;
-    }
-    if (dp_rank < it->nranks && it->ranks[dp_rank] != NULL)
-        return it->ranks[dp_rank];
-    rc = kvr_index_worker_intern(ing->ix, t->pod, dp_rank, &wid);
-    if (rc != 0) {
-        *bad = BAD_WORKER;
-        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s", t->pod,
-                        dp_rank, strerror(-rc));
-        return NULL;
-    }
-    if (dp_rank >= it->nranks) {
-        uint32_t nn = dp_rank + 1 < 4 ? 4 : dp_rank + 1;
-        struct ing_stream **p = realloc(it->ranks, nn * sizeof(*p));
-        if (p == NULL) {
-            *bad = BAD_WORKER;
-            return NULL;
-        }
-        memset(p + it->nranks, 0, (nn - it->nranks) * sizeof(*p));
-        it->ranks = p;
-        it->nranks = nn;
-    }
-    s = calloc(1, sizeof(*s));
-    if (s == NULL) {
-        *bad = BAD_WORKER;
-        return NULL;
-    }
-    kvr_stream_init(&s->sm);
-    s->it = it;
-    s->dp_rank = dp_rank;
-    s->wid = wid;
-    pthread_mutex_lock(&ing->reg_mu);
-    if (ing->nstreams == ing->capstreams) {
-        size_t nc = ing->capstreams ? ing->capstreams * 2 : 32;
-        struct ing_stream **p = realloc(ing->streams, nc * sizeof(*p));
-        if (p == NULL) {
-            pthread_mutex_unlock(&ing->reg_mu);
-            free(s);
-            *bad = BAD_WORKER;
-            return NULL;
-        }
-        ing->streams = p;
-        ing->capstreams = nc;
-    }
-    ing->streams[ing->nstreams++] = s;
-    pthread_mutex_unlock(&ing->reg_mu);
-    it->ranks[dp_rank] = s;
-    kvr_log_info("events: new stream pod=%s model=%s dp_rank=%u (worker %u)", t->pod, t->model,
-                 dp_rank, wid);
-    return s;
-}
-
-/* ---- applying events ------------------------------------------------------------------ */
-
-static void add_wres(struct writer *w, const struct kvr_index_wres *r)
-{
-    if (r->stored)
-        CADD(w->st.stored, r->stored);
-    if (r->duplicates)
-        CADD(w->st.dup_blocks, r->duplicates);
-    if (r->orphaned)
-        CADD(w->st.orphaned, r->orphaned);
-    if (r->orphans_adopted)
-        CADD(w->st.adopted, r->orphans_adopted);
-    if (r->orphans_dropped)
-        CADD(w->st.orphans_dropped, r->orphans_dropped);
-    if (r->removed)
-        CADD(w->st.removed, r->removed);
-    if (r->unknown_removes)
-        CADD(w->st.unknown_removes, r->unknown_removes);
-}
-
-static int tier_of(struct writer *w, const char *medium, size_t len, uint8_t *tier)
-{
-    int rc;
-
-    if (medium == NULL || len == 0) {
-        *tier = KVR_TIER_GPU;
-        return 0;
-    }
-    for (unsigned i = 0; i < w->ntiers; i++) {
-        if (w->tiers[i].len == len && memcmp(w->tiers[i].s, medium, len) == 0) {
-            *tier = w->tiers[i].tier;
-            return 0;
-        }
-    }
-    rc = kvr_index_tier_intern(w->ing->ix, medium, len, tier);
-    if (rc != 0)
-        return rc;
-    if (len < sizeof(w->tiers[0].s)) {
-        unsigned slot = w->ntiers < TIER_CACHE ? w->ntiers++ : (unsigned)(len % TIER_CACHE);
-        memcpy(w->tiers[slot].s, medium, len);
-        w->tiers[slot].len = (uint8_t)len;
-        w->tiers[slot].tier = *tier;
-    }
-    return 0;
-}
-
-/* Namespace of (topic model, LoRA): lora_name, or the legacy lora_id as a decimal string. */
-static int ns_of(struct writer *w, struct ing_topic *it, const struct kvr_event *ev, uint32_t *ns,
-                 uint64_t *seed)
-{
-    char idbuf[24];
-    const char *lora = NULL;
-    size_t len = 0;
-    struct lora_slot *sl;
-    char name[KVR_NAME_MAX];
-    int rc;
-
-    if (ev->lora_name != NULL && ev->lora_name_len > 0) {
-        lora = ev->lora_name;
-        len = ev->lora_name_len;
-    } else if (ev->has_lora_id) {
-        len = (size_t)snprintf(idbuf, sizeof(idbuf), "%" PRId64, ev->lora_id);
-        lora = idbuf;
-    }
-    if (lora == NULL) {
-        if (!it->base_ok) {
-            rc = kvr_index_ns_intern(w->ing->ix, it->t->model, NULL, &it->base_ns,
-                                     &it->base_seed);
-            if (rc != 0)
-                return rc;
-            it->base_ok = true;
-        }
-        *ns = it->base_ns;
-        *seed = it->base_seed;
-        return 0;
-    }
-    if (len >= KVR_NAME_MAX || memchr(lora, '\0', len) != NULL)
-        return -EINVAL;
-    for (unsigned i = 0; i < LORA_CACHE; i++) {
-        sl = &it->lora[i];
-        if (sl->used && sl->len == len && memcmp(sl->name, lora, len) == 0) {
-            *ns = sl->ns;
-            *seed = sl->seed;
-            return 0;
-        }
-    }
-    memcpy(name, lora, len);
-    name[len] = '\0';
-    rc = kvr_index_ns_intern(w->ing->ix, it->t->model, name, ns, seed);
-    if (rc != 0)
-        return rc;
-    sl = &it->lora[it->lora_next++ % LORA_CACHE];
-    sl->used = true;
-    sl->len = (uint8_t)len;
-    memcpy(sl->name, lora, len);
-    sl->ns = *ns;
-    sl->seed = *seed;
-    return 0;
-}
-
-static bool ensure_scratch(struct writer *w, size_t n)
-{
-    size_t nc;
-    uint64_t *c;
-    struct kvr_index_block *b;
-
-    if (n <= w->capblocks)
-        return true;
-    nc = w->capblocks ? w->capblocks : 256;
-    while (nc < n)
-        nc *= 2;
-    c = realloc(w->content, nc * sizeof(*c));
-    if (c == NULL)
-        return false;
-    w->content = c;
-    b = realloc(w->blocks, nc * sizeof(*b));
-    if (b == NULL)
-        return false;
-    w->blocks = b;
-    w->capblocks = nc;
-    return true;
-}
-
-static void skip(struct writer *w, struct ing_stream *s, int reason)
-{
-    CINC(w->st.skipped[reason]);
-    if (reason != KVR_SKIP_GROUP)
-        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: skipped an event from %s/%u: %s",
-                        s->it->t->pod, s->dp_rank, skip_name(reason));
-}
-
-static void apply_stored(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
-{
-    struct kvr_index *ix = w->ing->ix;
-    struct kvr_index_wres res = {0};
-    uint32_t ns, bs, learned;
-    uint64_t seed;
-    uint8_t tier;
-    size_t n = ev->nhashes;
-
-    if (ns_of(w, s->it, ev, &ns, &seed) != 0) {
-        skip(w, s, SKIP_NAMESPACE);
-        return;
-    }
-    learned = kvr_index_ns_block_size(ix, ns);
-    bs = ev->block_size;
-    if (bs == 0) {
-        bs = learned;
-        if (bs == 0) {
-            skip(w, s, SKIP_NO_BLOCK_SIZE);
-            return;
-        }
-    } else if (learned == 0) {
-        kvr_index_ns_set_block_size(ix, ns, bs);
-        kvr_log_info("events: model %s: block size %u learned from %s", s->it->t->model, bs,
-                     s->it->t->pod);
-    } else if (bs != learned) {
-        /* Content hashes at another granularity would never match queries chunked at the
-         * learned size (hybrid partial entries, misconfigured engines). */
-        skip(w, s, SKIP_BLOCK_SIZE_MISMATCH);
-        return;
-    }
-    if (n == 0)
-        return;
-    if ((uint64_t)ev->ntokens != (uint64_t)n * bs) {
-        skip(w, s, KVR_SKIP_TOKEN_COUNT);
-        return;
-    }
-    if (tier_of(w, ev->medium, ev->medium_len, &tier) != 0) {
-        skip(w, s, SKIP_TIER);
-        return;
-    }
-    if (!ensure_scratch(w, n)) {
-        skip(w, s, SKIP_INDEX);
-        return;
-    }
-    kvr_hash_blocks(seed, ev->tokens, n, bs, w->content);
-    for (size_t i = 0; i < n; i++) {
-        w->blocks[i].engine_hash = ev->hashes[i];
-        w->blocks[i].content_hash = w->content[i];
-    }
-    if (kvr_index_store(ix, s->wid, tier, ns, ev->has_parent ? &ev->parent : NULL, w->blocks, n,
-                        &res) != 0) {
-        skip(w, s, SKIP_INDEX);
-    }
-    add_wres(w, &res);
-}
-
-/* Consecutive BlockRemoved events of one tier (vLLM sends one per evicted block, usually many
- * in a row) are applied with one kvr_index_remove() call: same result as one call per event
- * (the index processes the hashes in order), without the per-call overhead. Any other event
- * flushes first, so the batch's order is kept. */
-static void flush_removed(struct writer *w, struct ing_stream *s)
-{
-    struct kvr_index_wres res = {0};
-
-    if (w->nrm == 0)
-        return;
-    if (kvr_index_remove(w->ing->ix, s->wid, w->rm_tier, w->rm, w->nrm, &res) != 0)
-        skip(w, s, SKIP_INDEX);
-    add_wres(w, &res);
-    w->nrm = 0;
-}
-
-static void learn_group(struct ing_stream *s, int32_t g, bool full)
-{
-    if (g >= 0 && g < 64) {
-        if (full)
-            s->groups_full |= 1ull << g;
-        else
-            s->groups_other |= 1ull << g;
-    }
-}
-
-/* Hybrid models announce the same token range once per KV-cache group, with the same hashes
- * when block sizes match; only full-attention groups are indexed. BlockRemoved carries no
- * kind, so a removal is applied when its group was seen storing full-attention blocks, or is
- * group 0 not known as another kind (pre-HMA engines have only group 0). A block is always
- * stored before it is removed, so the group of an indexed block is known by then. */
-static bool removal_indexed(const struct ing_stream *s, int32_t g)
-{
-    if (g < 0 || g >= 64)
-        return false;
-    if (s->groups_full & (1ull << g))
-        return true;
-    return g == 0 && !(s->groups_other & 1ull);
-}
-
-static void apply_removed(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
-{
-    uint8_t tier;
-
-    if (!removal_indexed(s, ev->group_idx)) {
-        skip(w, s, KVR_SKIP_GROUP);
-        return;
-    }
-    if (ev->nhashes == 0)
-        return;
-    if (tier_of(w, ev->medium, ev->medium_len, &tier) != 0) {
-        skip(w, s, SKIP_TIER);
-        return;
-    }
-    if (w->nrm > 0 && tier != w->rm_tier)
-        flush_removed(w, s);
-    if (w->nrm + ev->nhashes > w->caprm) {
-        size_t nc = w->caprm ? w->caprm : 256;
-        uint64_t *p;
-        while (nc < w->nrm + ev->nhashes)
-            nc *= 2;
-        p = realloc(w->rm, nc * sizeof(*p));
-        if (p == NULL) {
-            struct kvr_index_wres res = {0};
-            flush_removed(w, s);
-            if (kvr_index_remove(w->ing->ix, s->wid, tier, ev->hashes, ev->nhashes, &res) != 0)
-                skip(w, s, SKIP_INDEX);
-            add_wres(w, &res);
-            return;
-        }
-        w->rm = p;
-        w->caprm = nc;
-    }
-    memcpy(w->rm + w->nrm, ev->hashes, ev->nhashes * sizeof(*ev->hashes));
-    w->nrm += ev->nhashes;
-    w->rm_tier = tier;
-}
-
-static void clear_worker(struct writer *w, struct ing_stream *s, _Atomic uint64_t *counter)
-{
-    struct kvr_index_wres res = {0};
-
-    kvr_index_clear(w->ing->ix, s->wid, -1, &res);
-    CADD(*counter, res.cleared);
-}
-
-/* Applies the events of the batch currently open in the decoder. */
-static void apply_batch(struct writer *w, struct ing_stream *s)
-{
-    struct kvr_event ev;
-    enum kvr_skip_reason reason;
-    int r;
-
-    while ((r = kvr_decode_next(w->dec, &ev, &reason)) != 0) {
-        if (r == 2) {
-            if (reason == KVR_SKIP_GROUP && ev.type == KVR_EV_STORED)
-                learn_group(s, ev.group_idx, false);
-            skip(w, s, reason < KVR_SKIP_REASON_COUNT ? (int)reason : KVR_SKIP_NOT_EVENT);
-            continue;
-        }
-        if (ev.type != KVR_EV_REMOVED)
-            flush_removed(w, s);
-        switch (ev.type) {
-        case KVR_EV_STORED:
-            CINC(w->st.events[KVR_EV_STORED]);
-            learn_group(s, ev.group_idx, true);
-            apply_stored(w, s, &ev);
-            break;
-        case KVR_EV_REMOVED:
-            CINC(w->st.events[KVR_EV_REMOVED]);
-            apply_removed(w, s, &ev);
-            break;
-        case KVR_EV_CLEARED:
-            CINC(w->st.events[KVR_EV_CLEARED]);
-            clear_worker(w, s, &w->st.cleared);
-            kvr_stream_cleared(&s->sm);
-            break;
-        default:
-            skip(w, s, KVR_SKIP_UNKNOWN_TAG);
-            break;
-        }
-    }
-    flush_removed(w, s);
-}
-
-static void observe_lag(struct writer *w, double ts)
-{
-    double lag = kvr_wall_s() - ts;
-    kvr_hist_observe(&w->ing->lag, lag > 0 ? lag : 0);
-}
-
-static void applied(struct writer *w, struct ing_stream *s, uint64_t seq)
-{
-    kvr_stream_applied(&s->sm, seq);
-    atomic_store_explicit(&s->p_last_ms, kvr_now_ms(), memory_order_relaxed);
-}
-
-static void drop_pending(struct ing_stream *s)
-{
-    for (size_t i = 0; i < s->npend; i++)
-        kvr_zsub_msg_close(&s->pend[i].msg);
-    s->npend = 0;
-}
-
-static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
-{
-    return s->can_replay && w->ing->conf->max_concurrent_replays > 0 &&
-           kvr_zsub_running(w->ing->zsub);
-}
-
-static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
-
-/* Asks zsub for the replay the stream just started (kvr_stream_on_live/on_buffered said
- * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
-static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen)
-{
-    struct kvr_zsub_replay_req req = {.source = s->source, .shard = w->idx,
-                                      .gen = s->sm.replay_gen, .start = s->sm.replay_from,
-                                      .topic = s->it->t, .ctx = s};
-    kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
-                 s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
-    if (kvr_zsub_replay(w->ing->zsub, &req) != 0)
-        abort_replay(w, s, "replay unavailable");
-}
-
-/* Applies a buffered live batch that kvr_stream_on_buffered() said to apply (decoded again:
- * the decoder moved on meanwhile). */
-static void apply_buffered(struct writer *w, struct ing_stream *s, struct pend *p)
-{
-    struct kvr_batch b;
-
-    if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&p->msg), kvr_zsub_msg_size(&p->msg), &b) ==
-        0) {
-        apply_batch(w, s);
-        CINC(w->st.batches);
-        observe_lag(w, b.ts);
-    } else {
-        CINC(w->st.bad[BAD_DECODE]); /* cannot happen: it decoded when buffered */
-    }
-    applied(w, s, p->seq);
-}
-
-/* After a replay ended or was abandoned: the buffered live batches, in arrival order. A new
- * gap among them (lost on the live socket after the engine served the replay) starts
- * another replay: that batch and the ones after it stay buffered for it. */
-static void drain(struct writer *w, struct ing_stream *s)
-{
-    for (size_t i = 0; i < s->npend; i++) {
-        int v = kvr_stream_on_buffered(&s->sm, s->pend[i].seq, stream_can_replay(w, s));
-        if (v == KVR_STREAM_REPLAY) {
-            for (size_t k = 0; i > 0 && i + k < s->npend; k++) { /* keep pend[i..] */
-                s->pend[k].seq = s->pend[i + k].seq;
-                kvr_zsub_msg_move(&s->pend[k].msg, &s->pend[i + k].msg);
-            }
-            s->npend -= i;
-            request_replay(w, s, s->pend[0].seq);
-            return;
-        }
-        if (v == KVR_STREAM_APPLY)
-            apply_buffered(w, s, &s->pend[i]);
-        else
-            CINC(w->st.dup_batches);
-        kvr_zsub_msg_close(&s->pend[i].msg);
-    }
-    s->npend = 0;
-    if (s->sm.unsynced)
-        kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN,
-                        "events: %s/%u: replay did not recover every batch; stream unsynced",
-                        s->it->t->pod, s->dp_rank);
-}
-
-static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
-                       struct kvr_zsub_msg *m)
-{
-    uint32_t limit = w->ing->conf->queue_depth ? w->ing->conf->queue_depth : 4096;
-
-    if (s->npend >= limit)
-        return false;
-    if (s->npend == s->cappend) {
-        size_t nc = s->cappend ? s->cappend * 2 : 16;
-        struct pend *p = realloc(s->pend, nc * sizeof(*p));
-        if (p == NULL)
-            return false;
-        s->pend = p;
-        s->cappend = nc;
-    }
-    s->pend[s->npend].seq = seq;
-    kvr_zsub_msg_move(&s->pend[s->npend].msg, m);
-    s->npend++;
-    CINC(w->st.buffered);
-    return true;
-}
-
-static void abort_replay(struct writer *w, struct ing_stream *s, const char *why)
-{
-    kvr_stream_abort_replay(&s->sm);
-    CINC(w->st.replay_aborts);
-    kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN, "events: %s/%u: replay abandoned (%s)",
-                    s->it->t->pod, s->dp_rank, why);
-    drain(w, s);
-}
-
-static void handle_live(struct writer *w, struct kvr_zsub_item *item)
-{
-    struct kvr_batch b;
-    struct ing_stream *s;
-    int bad = BAD_WORKER;
-    int v;
-
-    if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
-                         kvr_zsub_msg_size(&item->payload), &b) != 0) {
-        CINC(w->st.bad[BAD_DECODE]);
-        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
-                        "events: undecodable batch seq %" PRIu64 " from %s (%zu bytes)",
-                        item->seq, item->topic->pod, kvr_zsub_msg_size(&item->payload));
-        return;
-    }
-    s = stream_of(w, item->topic, b.has_dp_rank ? b.dp_rank : 0, &bad);
-    if (s == NULL) {
-        CINC(w->st.bad[bad]);
-        return;
-    }
-    s->source = item->source;
-    s->can_replay = item->can_replay;
-    v = kvr_stream_on_live(&s->sm, item->seq, stream_can_replay(w, s));
-    if (v & KVR_STREAM_F_PURGE) {
-        drop_pending(s);
-        clear_worker(w, s, &w->st.restart_purged);
-        kvr_log_info("events: %s/%u restarted (seq %" PRIu64 "): its blocks were purged",
-                     item->topic->pod, s->dp_rank, item->seq);
-    }
-    switch (v & KVR_STREAM_ACTION_MASK) {
-    case KVR_STREAM_APPLY:
-        if (s->sm.unsynced && s->sm.has_last && item->seq != s->sm.last + 1)
-            kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN,
-                            "events: %s/%u: gap %" PRIu64 "..%" PRIu64 " without replay; "
-                            "stream unsynced",
-                            item->topic->pod, s->dp_rank, s->sm.last + 1, item->seq - 1);
-        apply_batch(w, s);
-        applied(w, s, item->seq);
-        CINC(w->st.batches);
-        observe_lag(w, b.ts);
-        break;
-    case KVR_STREAM_DROP:
-        CINC(w->st.dup_batches);
-        break;
-    case KVR_STREAM_REPLAY:
-        if (!buffer_msg(w, s, item->seq, &item->payload)) {
-            abort_replay(w, s, "out of memory");
-            break;
-        }
-        request_replay(w, s, item->seq);
-        break;
-    case KVR_STREAM_BUFFER:
-        if (!buffer_msg(w, s, item->seq, &item->payload)) {
-            /* Apply the buffer, then this batch through the normal path. */
-            abort_replay(w, s, "buffer limit reached");
-            if (kvr_stream_on_buffered(&s->sm, item->seq, false) == KVR_STREAM_APPLY &&
-                kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
-                                 kvr_zsub_msg_size(&item->payload), &b) == 0) {
-                apply_batch(w, s);
-                applied(w, s, item->seq);
-                CINC(w->st.batches);
-                observe_lag(w, b.ts);
-            }
-        }
-        break;
-    }
-    publish(s);
-}
-
-static void handle_replay(struct writer *w, struct kvr_zsub_item *item)
-{
-    struct ing_stream *s = item->ctx;
-    struct kvr_batch b;
-
-    if (kvr_stream_on_replay(&s->sm, item->gen, item->seq) != KVR_STREAM_APPLY) {
-        if (s->sm.replaying && item->gen == s->sm.replay_gen)
-            CINC(w->st.dup_batches);
-        else
-            CINC(w->st.stale_items);
-        publish(s);
-        return;
-    }
-    if (kvr_decode_batch(w->dec, kvr_zsub_msg_data(&item->payload),
-                         kvr_zsub_msg_size(&item->payload), &b) != 0) {
-        /* The engine's own batch is broken: it is lost either way; keep continuity. */
-        CINC(w->st.bad[BAD_DECODE]);
-    } else if ((b.has_dp_rank ? b.dp_rank : 0) != s->dp_rank) {
-        CINC(w->st.bad[BAD_REPLAY_RANK]);
-        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
-                        "events: replay for %s/%u returned a batch of dp_rank %u: is replay= "
-                        "the ROUTER of that rank?",
-                        s->it->t->pod, s->dp_rank, b.dp_rank);
-    } else {
-        apply_batch(w, s);
-        CINC(w->st.replayed_batches);
-    }
-    applied(w, s, item->seq);
-    publish(s);
-}
-
-static void reset_stream(struct ing_stream *s)
-{
-    drop_pending(s);
-    kvr_stream_reset(&s->sm);
-    publish(s);
-}
-
-/* Endpoint gone for purge_after_disconnect: purge the workers this source fed. */
-static void handle_purge(struct writer *w, struct kvr_zsub_item *item)
-{
-    struct ing_topic *it = item->topic->owner;
-
-    if (it == NULL)
-        return;
-    for (uint32_t r = 0; r < it->nranks; r++) {
-        struct ing_stream *s = it->ranks[r];
-        if (s == NULL || s->source != item->source)
-            continue;
-        clear_worker(w, s, &w->st.purged);
-        reset_stream(s);
-    }
-}
-
-static void handle_cmd(struct writer *w, struct ing_cmd *c)
-{
-    struct kvr_ingest *ing = w->ing;
-    struct kvr_index_wres res = {0};
-
-    if (c->type == CMD_PURGE_POD) {
-        c->rc = kvr_index_purge_pod(ing->ix, c->pod_id, &res);
-        c->removed = res.cleared;
-        CADD(w->st.purged, res.cleared);
-        for (size_t i = 0; i < w->ntopics; i++) {
-            struct ing_topic *it = w->topics[i];
-            if (strcmp(it->t->pod, c->pod) != 0)
-                continue;
-            for (uint32_t r = 0; r < it->nranks; r++)
-                if (it->ranks[r] != NULL)
-                    reset_stream(it->ranks[r]);
-        }
-    }
-    pthread_mutex_lock(&ing->done_mu);
-    c->done = true;
-    pthread_cond_broadcast(&ing->done_cv);
-    pthread_mutex_unlock(&ing->done_mu);
-}
-
-static void handle_item(struct writer *w, struct kvr_zsub_item *item)
-{
-    switch (item->kind) {
-    case KVR_ZSUB_LIVE:
-        handle_live(w, item);
-        break;
-    case KVR_ZSUB_REPLAY:
-        handle_replay(w, item);
-        break;
-    case KVR_ZSUB_REPLAY_END: {
-        struct ing_stream *s = item->ctx;
-        if (kvr_stream_on_replay_end(&s->sm, item->gen, item->ok))
-            drain(w, s);
-        else
-            CINC(w->st.stale_items);
-        publish(s);
-        break;
-    }
-    case KVR_ZSUB_PURGE:
-        handle_purge(w, item);
-        break;
-    case KVR_ZSUB_CMD:
-        handle_cmd(w, item->ctx);
-        break;
-    default:
-        break;
-    }
-    if (item->kind == KVR_ZSUB_LIVE || item->kind == KVR_ZSUB_REPLAY)
-        kvr_zsub_msg_close(&item->payload);
-}
-
-static void *writer_main(void *arg)
-{
-    struct writer *w = arg;
-
-    for (;;) {
-        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, -1);
-        if (n == 0) {
-            if (kvr_queue_closed(w->q))
-                break;
-            continue;
-        }
-        for (size_t i = 0; i < n; i++)
-            handle_item(w, kvr_queue_item(w->q, i));
-        kvr_queue_release(w->q, n);
-    }
-    /* Shutdown: replays will not answer any more; apply what was buffered. */
-    for (size_t i = 0; i < w->ntopics; i++) {
-        struct ing_topic *it = w->topics[i];
-        for (uint32_t r = 0; r < it->nranks; r++) {
-            struct ing_stream *s = it->ranks[r];
-            if (s != NULL && s->sm.replaying) {
-                abort_replay(w, s, "shutting down");
-                publish(s);
-            }
-        }
-    }
-    return NULL;
-}
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
+
+/* A log limiter with these settings (0 → 10 s / 10 lines), as zsub sets its own. */
+static void ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
+{
+    atomic_init(&rl->window_start_ms, 0);
+    atomic_init(&rl->printed, 0);
+    atomic_init(&rl->suppressed, 0);
+    rl->interval_ms = interval_ms > 0 ? interval_ms : 10000;
+    rl->burst = burst > 0 ? burst : 10;
+}
 
 int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct kvr_ingest **out,
                       struct kvr_err *err)
 {
     struct kvr_ingest *ing;
     struct kvr_decode_limits lim;
-    struct kvr_queue **queues = NULL;
-    struct kvr_zsub_opts zo;
     int rc;
 
     ing = calloc(1, sizeof(*ing));
@@ -981,14 +85,14 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     pthread_mutex_init(&ing->done_mu, NULL);
     pthread_cond_init(&ing->done_cv, NULL);
     pthread_mutex_init(&ing->life_mu, NULL);
-    kvr_zsub_ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
-    kvr_zsub_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 
     ing->w = calloc(ing->nwriters, sizeof(*ing->w));
-    queues = calloc(ing->nwriters, sizeof(*queues));
-    if (ing->w == NULL || queues == NULL) {
+    ing->queues = calloc(ing->nwriters, sizeof(*ing->queues));
+    if (ing->w == NULL || ing->queues == NULL) {
         rc = kvr_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
@@ -1002,46 +106,35 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
         w->ing = ing;
         w->idx = i;
         rc = kvr_queue_create(conf->queue_depth ? conf->queue_depth : 4096,
-                              sizeof(struct kvr_zsub_item), &w->q);
+                              sizeof(struct kvr_queue_msg), &w->q);
         if (rc == 0)
             rc = kvr_decoder_create(&lim, &w->dec);
         if (rc != 0) {
             kvr_err_set(err, rc, "events: cannot create writer %u: %s", i, strerror(-rc));
             goto fail;
         }
-        queues[i] = w->q;
+        ing->queues[i] = w->q;
     }
-    memset(&zo, 0, sizeof(zo));
-    zo.subscribe = conf->subscribe ? conf->subscribe : "kv@";
-    zo.rcvhwm = conf->rcvhwm;
-    zo.max_message_size = conf->max_message_size;
-    zo.reconnect_ivl_ms = conf->reconnect_interval_ms;
-    zo.reconnect_ivl_max_ms = conf->reconnect_interval_max_ms;
-    zo.purge_after_disconnect_ms = conf->purge_after_disconnect_ms;
-    zo.replay_timeout_ms = conf->replay_timeout_ms > 0 ? conf->replay_timeout_ms : 2000;
-    /* max_concurrent_replays = 0 disables replay (streams never ask); zsub needs >= 1 slot. */
-    zo.max_concurrent_replays = conf->max_concurrent_replays ? conf->max_concurrent_replays : 1;
-    zo.max_topics = conf->max_workers ? conf->max_workers : 16384;
-    zo.ratelimit_ms = conf->log_ratelimit_ms;
-    zo.ratelimit_burst = conf->log_ratelimit_burst;
-    zo.nshards = ing->nwriters;
-    zo.queues = queues;
-    rc = kvr_zsub_create(&zo, &ing->zsub, err);
-    free(queues);
-    queues = NULL;
-    if (rc != 0)
-        goto fail;
     *out = ing;
     return 0;
 fail:
-    free(queues);
     kvr_ingest_destroy(ing);
     return rc;
 }
 
+struct kvr_queue *const *kvr_ingest_queues(const struct kvr_ingest *ing, uint32_t *n)
+{
+    *n = ing->nwriters;
+    return ing->queues;
+}
+
+void kvr_ingest_set_intake(struct kvr_ingest *ing, const struct kvr_ingest_intake *in)
+{
+    ing->intake = *in;
+}
+
 int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err)
 {
-    const struct kvr_conf *c = ing->conf;
     int rc;
 
     pthread_mutex_lock(&ing->life_mu);
@@ -1052,19 +145,8 @@ int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err)
     ing->started = true;
     pthread_mutex_unlock(&ing->life_mu);
 
-    for (size_t i = 0; i < c->nbind; i++) {
-        rc = kvr_zsub_bind(ing->zsub, c->bind[i], err);
-        if (rc != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < c->nconnect; i++) {
-        rc = kvr_zsub_connect(ing->zsub, c->connect[i].endpoint, c->connect[i].replay,
-                              c->connect[i].pod, true, err);
-        if (rc != 0)
-            return rc;
-    }
     for (uint32_t i = 0; i < ing->nwriters; i++) {
-        rc = pthread_create(&ing->w[i].th, NULL, writer_main, &ing->w[i]);
+        rc = pthread_create(&ing->w[i].th, NULL, kvr_ingest_writer_main, &ing->w[i]);
         if (rc != 0) {
             kvr_ingest_stop(ing);
             return kvr_err_set(err, -rc, "events: cannot start writer: %s", strerror(rc));
@@ -1072,11 +154,6 @@ int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err)
         ing->w[i].th_started = true;
     }
     atomic_store(&ing->writers_running, true);
-    rc = kvr_zsub_start(ing->zsub, err);
-    if (rc != 0) {
-        kvr_ingest_stop(ing);
-        return rc;
-    }
     atomic_store(&ing->ready, true);
     return 0;
 }
@@ -1092,7 +169,8 @@ void kvr_ingest_stop(struct kvr_ingest *ing)
     pthread_mutex_unlock(&ing->life_mu);
 
     atomic_store(&ing->ready, false);
-    kvr_zsub_stop(ing->zsub); /* no more items after this */
+    /* The producer was stopped first (main: kvr_zsub_stop); one still pushing gets NULL from
+     * kvr_queue_reserve() from here on. */
     for (uint32_t i = 0; i < ing->nwriters; i++)
         kvr_queue_close(ing->w[i].q);
     for (uint32_t i = 0; i < ing->nwriters; i++) {
@@ -1106,7 +184,7 @@ void kvr_ingest_stop(struct kvr_ingest *ing)
 
 static void free_stream(struct ing_stream *s)
 {
-    drop_pending(s);
+    kvr_ingest_drop_pending(s);
     free(s->pend);
     free(s);
 }
@@ -1125,14 +203,13 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         kvr_queue_close(w->q);
         while ((n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, 0)) > 0) {
             for (size_t k = 0; k < n; k++) {
-                struct kvr_zsub_item *it = kvr_queue_item(w->q, k);
-                if (it->kind == KVR_ZSUB_LIVE || it->kind == KVR_ZSUB_REPLAY)
-                    kvr_zsub_msg_close(&it->payload);
+                struct kvr_queue_msg *it = kvr_queue_item(w->q, k);
+                if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY)
+                    kvr_queue_payload_release(&it->payload);
             }
             kvr_queue_release(w->q, n);
         }
     }
-    kvr_zsub_destroy(ing->zsub);
     for (size_t i = 0; i < ing->nstreams; i++)
         free_stream(ing->streams[i]);
     free(ing->streams);
@@ -1150,6 +227,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         kvr_queue_destroy(w->q);
     }
     free(ing->w);
+    free(ing->queues);
     pthread_mutex_destroy(&ing->reg_mu);
     pthread_cond_destroy(&ing->done_cv);
     pthread_mutex_destroy(&ing->done_mu);
@@ -1162,56 +240,12 @@ bool kvr_ingest_ready(const struct kvr_ingest *ing)
     return atomic_load(&((struct kvr_ingest *)ing)->ready);
 }
 
-size_t kvr_ingest_bound_endpoints(const struct kvr_ingest *ing, const char **eps, size_t cap)
-{
-    return kvr_zsub_bound(ing->zsub, eps, cap);
-}
-
 /* ---- admin ------------------------------------------------------------------------------ */
-
-int kvr_ingest_endpoint_add(struct kvr_ingest *ing, const char *endpoint, const char *replay,
-                            const char *pod, struct kvr_err *err)
-{
-    if (endpoint == NULL || *endpoint == '\0')
-        return kvr_err_set(err, -EINVAL, "endpoint is required");
-    if (replay != NULL && *replay == '\0')
-        replay = NULL;
-    if (pod != NULL && *pod == '\0')
-        pod = NULL;
-    return kvr_zsub_connect(ing->zsub, endpoint, replay, pod, false, err);
-}
-
-int kvr_ingest_endpoint_del(struct kvr_ingest *ing, const char *endpoint, struct kvr_err *err)
-{
-    if (endpoint == NULL || *endpoint == '\0')
-        return kvr_err_set(err, -EINVAL, "endpoint is required");
-    return kvr_zsub_disconnect(ing->zsub, endpoint, err);
-}
-
-struct ep_adapter {
-    void (*cb)(const struct kvr_endpoint_info *e, void *arg);
-    void *arg;
-};
-
-static void ep_adapt(const struct kvr_zsub_endpoint *e, void *arg)
-{
-    struct ep_adapter *a = arg;
-    struct kvr_endpoint_info info = {.endpoint = e->endpoint, .replay = e->replay, .pod = e->pod,
-                                     .connected = e->connected, .from_config = e->from_config};
-    a->cb(&info, a->arg);
-}
-
-void kvr_ingest_endpoints(struct kvr_ingest *ing,
-                          void (*cb)(const struct kvr_endpoint_info *e, void *arg), void *arg)
-{
-    struct ep_adapter a = {cb, arg};
-    kvr_zsub_endpoints(ing->zsub, ep_adapt, &a);
-}
 
 int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *removed)
 {
     struct ing_cmd c = {.type = CMD_PURGE_POD, .pod = pod};
-    struct kvr_zsub_item *it;
+    struct kvr_queue_msg *it;
     struct writer *w;
     int rc;
 
@@ -1222,7 +256,7 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     rc = kvr_index_pod_lookup(ing->ix, pod, &c.pod_id);
     if (rc != 0)
         return -ENOENT;
-    w = &ing->w[kvr_zsub_shard(pod, strlen(pod), ing->nwriters)];
+    w = &ing->w[kvr_queue_shard(pod, strlen(pod), ing->nwriters)];
     if (!atomic_load(&ing->writers_running)) {
         /* No writer thread: this thread is the only writer. */
         struct kvr_index_wres res = {0};
@@ -1234,7 +268,7 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     it = kvr_queue_reserve(w->q, NULL);
     if (it == NULL)
         return -ESHUTDOWN;
-    it->kind = KVR_ZSUB_CMD;
+    it->kind = KVR_QUEUE_CMD;
     it->ctx = &c;
     it->topic = NULL;
     kvr_queue_commit(w->q);
@@ -1245,234 +279,4 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     if (removed != NULL)
         *removed = c.removed;
     return c.rc;
-}
-
-/* ---- reading ----------------------------------------------------------------------------- */
-
-void kvr_ingest_streams(struct kvr_ingest *ing,
-                        void (*cb)(const struct kvr_stream_info *s, void *arg), void *arg)
-{
-    int64_t now = kvr_now_ms();
-
-    pthread_mutex_lock(&ing->reg_mu);
-    for (size_t i = 0; i < ing->nstreams; i++) {
-        struct ing_stream *s = ing->streams[i];
-        struct kvr_stream_info si;
-        uint64_t tb[KVR_TIER_MAX];
-        int64_t last = atomic_load_explicit(&s->p_last_ms, memory_order_relaxed);
-
-        if (!atomic_load_explicit(&s->p_has_last, memory_order_acquire))
-            continue; /* registered, first batch not applied yet */
-        memset(&si, 0, sizeof(si));
-        si.pod = s->it->t->pod;
-        si.model = s->it->t->model;
-        si.dp_rank = s->dp_rank;
-        kvr_index_worker_blocks(ing->ix, s->wid, tb);
-        for (int t = 0; t < KVR_TIER_MAX; t++) {
-            si.tier_blocks[t] = tb[t];
-            si.tier_names[t] = kvr_index_tier_name(ing->ix, (uint8_t)t);
-            /* Per-tier counts are distinct blocks; a block in two tiers counts in both. */
-            si.blocks += tb[t];
-        }
-        si.last_seq = atomic_load_explicit(&s->p_last_seq, memory_order_acquire);
-        si.gaps = GET(s->p_gaps);
-        si.replays = GET(s->p_replays);
-        si.restarts = GET(s->p_restarts);
-        si.state = (enum kvr_stream_state)GET(s->p_state);
-        si.last_event_age_ms = last > 0 ? now - last : -1;
-        cb(&si, arg);
-    }
-    pthread_mutex_unlock(&ing->reg_mu);
-}
-
-uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing)
-{
-    uint64_t n = 0;
-
-    pthread_mutex_lock(&ing->reg_mu);
-    for (size_t i = 0; i < ing->nstreams; i++)
-        if (GET(ing->streams[i]->p_state) == KVR_STREAM_UNSYNCED)
-            n++;
-    pthread_mutex_unlock(&ing->reg_mu);
-    return n;
-}
-
-/* Sum of one per-writer counter (at byte offset off in struct writer_stats). */
-static uint64_t sumw(const struct kvr_ingest *ing, size_t off)
-{
-    uint64_t s = 0;
-    for (uint32_t i = 0; i < ing->nwriters; i++)
-        s += GET(*(_Atomic uint64_t *)((char *)&ing->w[i].st + off));
-    return s;
-}
-#define SUMW(field) sumw(ing, offsetof(struct writer_stats, field))
-#define SUMW_AT(field, i) \
-    sumw(ing, offsetof(struct writer_stats, field) + (size_t)(i) * sizeof(_Atomic uint64_t))
-
-void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
-{
-    struct kvr_zsub_stats zs;
-    char lab[128];
-    uint64_t gaps = 0, replays = 0, restarts = 0, rok = 0, rfail = 0, nstreams = 0;
-    uint64_t st_count[3] = {0, 0, 0};
-    uint64_t waits = 0;
-
-    kvr_zsub_stats(ing->zsub, &zs);
-
-    kvr_metrics_counter(out, "events_messages_total",
-                        "Live event messages (3 valid frames) handed to writers", NULL,
-                        zs.messages);
-    kvr_metrics_counter(out, "events_received_bytes_total", "Payload bytes of those messages",
-                        NULL, zs.bytes);
-    for (int r = 0; r < KVR_ZSUB_BAD_COUNT; r++) {
-        snprintf(lab, sizeof(lab), "reason=\"%s\"", kvr_zsub_bad_name((enum kvr_zsub_bad)r));
-        kvr_metrics_counter(out, "events_bad_frames_total",
-                            r == 0 ? "Messages dropped before decoding, by reason" : NULL, lab,
-                            zs.bad[r]);
-    }
-    kvr_metrics_counter(out, "events_batches_total", "Live batches applied to the index", NULL,
-                        SUMW(batches));
-    kvr_metrics_counter(out, "events_replayed_batches_total",
-                        "Batches recovered through replay and applied", NULL,
-                        SUMW(replayed_batches));
-    kvr_metrics_counter(out, "events_duplicate_batches_total",
-                        "Batches dropped because they were already applied", NULL,
-                        SUMW(dup_batches));
-    kvr_metrics_counter(out, "events_stale_replay_items_total",
-                        "Replay replies for an abandoned or finished replay", NULL,
-                        SUMW(stale_items));
-    for (int r = 0; r < BAD_COUNT; r++) {
-        snprintf(lab, sizeof(lab), "reason=\"%s\"", bad_batch_names[r]);
-        kvr_metrics_counter(out, "events_bad_batches_total",
-                            r == 0 ? "Batches not applied at all, by reason" : NULL, lab,
-                            SUMW_AT(bad, r));
-    }
-    {
-        static const char *const tn[4] = {NULL, "BlockStored", "BlockRemoved", "AllBlocksCleared"};
-        for (int t = 1; t <= 3; t++) {
-            snprintf(lab, sizeof(lab), "type=\"%s\"", tn[t]);
-            kvr_metrics_counter(out, "events_total", t == 1 ? "Events applied, by type" : NULL,
-                                lab, SUMW_AT(events, t));
-        }
-    }
-    for (int r = 1; r < SKIP_COUNT; r++) {
-        snprintf(lab, sizeof(lab), "reason=\"%s\"", skip_name(r));
-        kvr_metrics_counter(out, "events_skipped_total",
-                            r == 1 ? "Events skipped (rest of their batch applied), by reason"
-                                   : NULL,
-                            lab, SUMW_AT(skipped, r));
-    }
-    kvr_metrics_counter(out, "events_filtered_groups_total",
-                        "Events of non-full-attention KV-cache groups filtered out", NULL,
-                        SUMW_AT(skipped, KVR_SKIP_GROUP));
-    kvr_metrics_counter(out, "events_blocks_stored_total", "New (holder, block) pairs indexed",
-                        NULL, SUMW(stored));
-    kvr_metrics_counter(out, "events_blocks_removed_total",
-                        "(holder, block) pairs whose last copy was removed", NULL, SUMW(removed));
-    kvr_metrics_counter(out, "events_blocks_duplicate_total",
-                        "Stores of a block the holder already had (reference counted)", NULL,
-                        SUMW(dup_blocks));
-    kvr_metrics_counter(out, "events_blocks_orphaned_total",
-                        "Blocks parked because their parent was unknown", NULL, SUMW(orphaned));
-    kvr_metrics_counter(out, "events_orphans_adopted_total",
-                        "Parked blocks indexed once their parent arrived", NULL, SUMW(adopted));
-    kvr_metrics_counter(out, "events_orphans_dropped_total",
-                        "Parked blocks dropped (capacity or removal)", NULL,
-                        SUMW(orphans_dropped));
-    kvr_metrics_counter(out, "events_unknown_removes_total",
-                        "BlockRemoved for a block the holder did not have", NULL,
-                        SUMW(unknown_removes));
-    kvr_metrics_counter(out, "events_blocks_cleared_total",
-                        "Blocks dropped by AllBlocksCleared", NULL, SUMW(cleared));
-    kvr_metrics_counter(out, "events_blocks_restart_purged_total",
-                        "Blocks purged because their engine restarted", NULL,
-                        SUMW(restart_purged));
-    kvr_metrics_counter(out, "events_blocks_purged_total",
-                        "Blocks purged by admin request or endpoint disconnect", NULL,
-                        SUMW(purged));
-    kvr_metrics_counter(out, "events_buffered_batches_total",
-                        "Live batches held back while their stream was replaying", NULL,
-                        SUMW(buffered));
-    kvr_metrics_counter(out, "events_replay_aborts_total",
-                        "Replays abandoned by the writer (buffer limit, no replay, shutdown)",
-                        NULL, SUMW(replay_aborts));
-
-    pthread_mutex_lock(&ing->reg_mu);
-    for (size_t i = 0; i < ing->nstreams; i++) {
-        struct ing_stream *s = ing->streams[i];
-        int st = GET(s->p_state);
-        gaps += GET(s->p_gaps);
-        replays += GET(s->p_replays);
-        restarts += GET(s->p_restarts);
-        rok += GET(s->p_replays_ok);
-        rfail += GET(s->p_replays_failed);
-        if (st >= 0 && st < 3)
-            st_count[st]++;
-        nstreams++;
-    }
-    pthread_mutex_unlock(&ing->reg_mu);
-    kvr_metrics_counter(out, "events_gaps_total", "Sequence gaps detected", NULL, gaps);
-    kvr_metrics_counter(out, "events_restarts_total",
-                        "Engine restarts detected (seq went backwards)", NULL, restarts);
-    kvr_metrics_counter(out, "events_replays_started_total", "Replays requested by streams",
-                        NULL, replays);
-    kvr_metrics_counter(out, "events_replays_total", "Replays finished, by result",
-                        "result=\"ok\"", rok);
-    kvr_metrics_counter(out, "events_replays_total", NULL, "result=\"failed\"", rfail);
-    kvr_metrics_counter(out, "events_replay_batches_received_total",
-                        "Batches received from replay endpoints", NULL, zs.replay_batches);
-    kvr_metrics_counter(out, "events_replay_bad_replies_total",
-                        "Malformed replay replies", NULL, zs.replay_bad_replies);
-    kvr_metrics_counter(out, "events_replay_requests_failed_total",
-                        "Replay requests that ended without an end marker (timeout, error)",
-                        NULL, zs.replays_failed);
-    kvr_metrics_gauge(out, "events_replays_active", "Replays in flight", NULL,
-                      (double)zs.replays_active);
-    kvr_metrics_gauge(out, "events_replays_pending", "Replays waiting for a slot", NULL,
-                      (double)zs.replays_pending);
-    kvr_metrics_gauge(out, "events_streams", "Event streams (topic, dp_rank), by state",
-                      "state=\"synced\"", (double)st_count[0]);
-    kvr_metrics_gauge(out, "events_streams", NULL, "state=\"replaying\"", (double)st_count[1]);
-    kvr_metrics_gauge(out, "events_streams", NULL, "state=\"unsynced\"", (double)st_count[2]);
-    kvr_metrics_gauge(out, "events_unsynced_streams", "Streams that may miss blocks", NULL,
-                      (double)st_count[2]);
-
-    /* Prometheus wants the samples of one family together: one loop per family. */
-    for (uint32_t i = 0; i < ing->nwriters; i++) {
-        struct kvr_queue_stats qs;
-        kvr_queue_stats(ing->w[i].q, &qs);
-        snprintf(lab, sizeof(lab), "writer=\"%u\"", i);
-        kvr_metrics_gauge(out, "events_queue_depth",
-                          i == 0 ? "Messages waiting in a writer queue" : NULL, lab,
-                          (double)qs.depth);
-        waits += qs.waits;
-    }
-    for (uint32_t i = 0; i < ing->nwriters; i++) {
-        struct kvr_queue_stats qs;
-        kvr_queue_stats(ing->w[i].q, &qs);
-        snprintf(lab, sizeof(lab), "writer=\"%u\"", i);
-        kvr_metrics_gauge(out, "events_queue_max_depth",
-                          i == 0 ? "High-water mark of a writer queue" : NULL, lab,
-                          (double)qs.max_depth);
-    }
-    kvr_metrics_gauge(out, "events_queue_capacity", "Slots per writer queue", NULL,
-                      (double)(ing->conf->queue_depth ? ing->conf->queue_depth : 4096));
-    kvr_metrics_counter(out, "events_queue_waits_total",
-                        "Hand-offs that found a writer queue full and waited", NULL, waits);
-    kvr_metrics_hist(out, "events_lag_seconds",
-                     "Time from the engine's batch timestamp to the batch being applied", NULL,
-                     &ing->lag);
-
-    kvr_metrics_gauge(out, "events_endpoints", "Connect endpoints configured", NULL,
-                      (double)zs.endpoints);
-    kvr_metrics_gauge(out, "events_endpoints_connected", "Connect endpoints connected now", NULL,
-                      (double)zs.endpoints_connected);
-    kvr_metrics_counter(out, "events_connects_total", "Connections established to engines",
-                        NULL, zs.connects);
-    kvr_metrics_counter(out, "events_disconnects_total", "Connections to engines lost", NULL,
-                        zs.disconnects);
-    kvr_metrics_counter(out, "events_disconnect_purges_total",
-                        "Endpoints purged after staying disconnected", NULL,
-                        zs.disconnect_purges);
-    kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
 }

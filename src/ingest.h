@@ -1,8 +1,17 @@
-/* ingest.h — from ZeroMQ messages to index updates: sockets (via zsub), FNV-1a sharded writer
- * threads, per-stream sequence tracking (gaps, replays, restarts), counters.
+/* ingest.h — from event batches to index updates: FNV-1a sharded writer threads, each
+ * draining its own queue, per-stream sequence tracking (gaps, replays, restarts), counters.
  *
- * Lifecycle (main thread): create → start → ... → stop → destroy. stop() stops intake, drains
- * the writer queues (every received batch is applied), joins the threads.
+ * Flow and ownership: ingest owns its writer queues (one per writer thread, created with it,
+ * sized by [events] queue_depth) and is their only consumer. Whoever produces batches (zsub
+ * in the daemon, the unit tests directly) gets them from kvr_ingest_queues() and pushes
+ * struct kvr_queue_msg items (queue_msg.h): payloads are plain (data, len, release, ctx)
+ * that the writer releases when done. Ingest never calls the producer's module; what it asks
+ * of it (replays) goes through struct kvr_ingest_intake, which main wires (daemon.c adapts
+ * zsub to it). Topics in the items belong to the producer: destroy ingest before it.
+ *
+ * Lifecycle (main thread): create → [set_intake] → start → ... → stop → destroy. Stop the
+ * producer first; stop() then closes the queues, drains them (every received batch is
+ * applied), joins the threads. destroy() releases the payloads of items never consumed.
  *
  * Threads: after start, the query/admin functions below may be called from any thread (the
  * HTTP loops). Mutations of a pod's blocks (purge) are executed on the writer thread that
@@ -20,59 +29,47 @@
 #include "err.h"
 #include "index.h"
 #include "metrics.h"
+#include "queue.h"
+#include "queue_msg.h"
+#include "stream.h" /* enum kvr_stream_state */
 
 struct kvr_ingest;
 
 int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct kvr_ingest **out,
                       struct kvr_err *err);
-/* Binds/connects every configured endpoint and starts the threads. A bind that fails (address
- * in use, bad endpoint) is an error here, with the endpoint in err. */
+/* The writer queues, one per writer thread (n of them; n = [events] writer_threads): items
+ * of struct kvr_queue_msg. A pod's batches go to queue kvr_queue_shard(pod, len, n). Owned by
+ * ingest (valid until destroy); producers borrow them. */
+struct kvr_queue *const *kvr_ingest_queues(const struct kvr_ingest *ing, uint32_t *n);
+
+/* What ingest asks of its producer. Every member may be NULL (then: no replays; a gap is
+ * counted and the stream becomes unsynced, as without a replay endpoint). */
+struct kvr_ingest_intake {
+    /* A replay request, from a writer thread; must not block on I/O. Answered by REPLAY items
+     * then one REPLAY_END into queue r->shard carrying r->ctx and r->gen. Non-zero: no
+     * answer will come (the writer abandons the replay). */
+    int (*replay)(void *arg, const struct kvr_queue_replay_req *r);
+    /* True while replay requests can be answered (the producer runs). */
+    bool (*running)(void *arg);
+    void *arg;
+};
+/* Before start, from the creating thread. */
+void kvr_ingest_set_intake(struct kvr_ingest *ing, const struct kvr_ingest_intake *in);
+
+/* Starts the writer threads. */
 int kvr_ingest_start(struct kvr_ingest *ing, struct kvr_err *err);
 /* Idempotent; safe before start. */
 void kvr_ingest_stop(struct kvr_ingest *ing);
 void kvr_ingest_destroy(struct kvr_ingest *ing);
 
-/* True once every configured socket is bound/connecting and the threads run; false again
- * after stop() begins. */
+/* True once the writer threads run; false again after stop() begins. */
 bool kvr_ingest_ready(const struct kvr_ingest *ing);
-
-/* Bound endpoints as actually bound (tcp://host:port with the real port when the config said
- * port 0 or '*'); fills up to cap borrowed strings, returns the count. */
-size_t kvr_ingest_bound_endpoints(const struct kvr_ingest *ing, const char **eps, size_t cap);
-
-/* ---- runtime connect endpoints (admin API) ------------------------------------------ */
-
-/* Adds a connect endpoint (our SUB dials an engine PUB), with an optional replay endpoint and
- * pod override. -EEXIST when already present, -EINVAL for a bad endpoint. */
-int kvr_ingest_endpoint_add(struct kvr_ingest *ing, const char *endpoint, const char *replay,
-                            const char *pod, struct kvr_err *err);
-/* Disconnects it; its workers are purged after purge_after_disconnect like any disconnect.
- * -ENOENT when not present. */
-int kvr_ingest_endpoint_del(struct kvr_ingest *ing, const char *endpoint, struct kvr_err *err);
-
-struct kvr_endpoint_info {
-    const char *endpoint;
-    const char *replay;   /* NULL if none */
-    const char *pod;      /* NULL if none */
-    bool connected;       /* per the socket monitor */
-    bool from_config;     /* false when added at runtime */
-};
-/* Calls cb for each connect endpoint (under an internal lock: cb must not call back). */
-void kvr_ingest_endpoints(struct kvr_ingest *ing,
-                          void (*cb)(const struct kvr_endpoint_info *e, void *arg), void *arg);
 
 /* ---- pods / streams ------------------------------------------------------------------ */
 
 /* Purges every block of the pod (all ranks, models, tiers) on its writer thread and waits.
  * *removed = (holder, block) pairs dropped. -ENOENT when the pod was never seen. */
 int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *removed);
-
-enum kvr_stream_state {
-    KVR_STREAM_SYNCED = 0,    /* contiguous since the baseline */
-    KVR_STREAM_REPLAYING = 1, /* a gap is being recovered through replay */
-    KVR_STREAM_UNSYNCED = 2,  /* a gap could not be recovered; index may miss blocks */
-};
-const char *kvr_stream_state_name(enum kvr_stream_state s); /* "synced", ... */
 
 /* One (topic, dp_rank) stream, joined with its worker's block counts. */
 struct kvr_stream_info {
@@ -98,7 +95,8 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
 /* Number of streams currently unsynced (gauge). */
 uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing);
 
-/* Appends every ingestion counter, gauge and histogram in Prometheus text form. */
+/* Appends ingest's counters, gauges and histograms in Prometheus text form (the producer's
+ * own figures, such as zsub's events_messages_total, are its to render). */
 void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out);
 
 #endif

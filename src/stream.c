@@ -19,6 +19,19 @@
 
 #include <string.h>
 
+const char *kvr_stream_state_name(enum kvr_stream_state s)
+{
+    switch (s) {
+    case KVR_STREAM_SYNCED:
+        return "synced";
+    case KVR_STREAM_REPLAYING:
+        return "replaying";
+    case KVR_STREAM_UNSYNCED:
+        return "unsynced";
+    }
+    return "?";
+}
+
 void kvr_stream_init(struct kvr_stream *s)
 {
     memset(s, 0, sizeof(*s));

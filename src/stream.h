@@ -30,7 +30,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "ingest.h" /* enum kvr_stream_state */
+
+enum kvr_stream_state {
+    KVR_STREAM_SYNCED = 0,    /* contiguous since the baseline */
+    KVR_STREAM_REPLAYING = 1, /* a gap is being recovered through replay */
+    KVR_STREAM_UNSYNCED = 2,  /* a gap could not be recovered; index may miss blocks */
+};
+const char *kvr_stream_state_name(enum kvr_stream_state s); /* "synced", ... */
 
 /* Verdict for one batch: an action, plus KVR_STREAM_F_PURGE when the worker's blocks must be
  * purged first (engine restart; buffered batches of the old run are discarded with it). */

@@ -17,13 +17,15 @@
  * so no caller waits forever.
  *
  * Hand-off: a message is 3 frames [topic, be64 seq, payload]. The payload zmq_msg_t is moved
- * into the writer queue slot (no copy). Topics are interned per (pod override, topic bytes):
- * the record gives pod, model and shard = FNV-1a-32(pod) % nshards without re-parsing. When
- * a writer queue is full the thread waits (counted): nothing is dropped.
+ * to a small heap handle behind a plain (data, len, release, ctx) payload in the writer
+ * queue slot (the bytes are not copied; the writer's release closes it). Topics are interned
+ * per (pod override, topic bytes): the record gives pod, model and shard =
+ * FNV-1a-32(pod) % nshards without re-parsing. When a writer queue is full the thread waits
+ * (counted): nothing is dropped.
  *
  * Replays: requests queue FIFO; at most max_concurrent_replays run, each on its own DEALER
  * polled with the SUBs. Request [empty, be64 start]; replies in either era are parsed with
- * kvr_decode_replay_reply(); each batch goes to the requester's queue as a REPLAY item, the
+ * kvr_zsub_replay_reply(); each batch goes to the requester's queue as a REPLAY item, the
  * end marker (or a failure: timeout, bad reply, source gone)
  * as REPLAY_END. Contiguity is the requester's business (stream.c). replay_timeout is a
  * deadline for the whole replay (not an inactivity limit): a stream waits for its replay, and
@@ -32,8 +34,14 @@
  * Disconnect purge: a connected source that stays disconnected for purge_after_disconnect
  * (or is removed, then waits that long as a "ghost") gets one PURGE item per topic it
  * delivered, into that topic's writer queue.
+ *
+ * Files: this one holds the lifecycle, sockets and endpoints, the control list, timers and
+ * the receive loop; zsub_recv.c the live path (frames → items, topics, monitors);
+ * zsub_replay.c the replay client; zsub_frame.c the pure frame parsers. They share
+ * zsub_int.h.
  */
 #include "zsub.h"
+#include "zsub_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -46,10 +54,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "decode.h"
+#include "base.h"
 #include "log.h"
-
-_Static_assert(sizeof(zmq_msg_t) <= sizeof(struct kvr_zsub_msg), "zmq_msg_t does not fit");
 
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer builds only. libzmq is not instrumented: its I/O thread fills receive
@@ -63,151 +69,6 @@ const char *__tsan_default_suppressions(void)
 }
 #endif
 
-#define NAME_MAX_LEN 255 /* same limit as the index's KVR_NAME_MAX - 1 */
-#define RECV_BURST 512   /* messages read from one socket before polling the others */
-#define MAX_REPLY_FRAMES 8
-#define DEFAULT_MODEL "default"
-
-/* ---- messages --------------------------------------------------------------------- */
-
-static inline zmq_msg_t *zm(struct kvr_zsub_msg *m)
-{
-    return (zmq_msg_t *)(void *)m->opaque;
-}
-
-const void *kvr_zsub_msg_data(struct kvr_zsub_msg *m)
-{
-    return zmq_msg_data(zm(m));
-}
-
-size_t kvr_zsub_msg_size(struct kvr_zsub_msg *m)
-{
-    return zmq_msg_size(zm(m));
-}
-
-void kvr_zsub_msg_move(struct kvr_zsub_msg *dst, struct kvr_zsub_msg *src)
-{
-    zmq_msg_init(zm(dst));
-    zmq_msg_move(zm(dst), zm(src));
-}
-
-void kvr_zsub_msg_close(struct kvr_zsub_msg *m)
-{
-    zmq_msg_close(zm(m));
-    zmq_msg_init(zm(m)); /* closing twice stays harmless */
-}
-
-/* ---- state ------------------------------------------------------------------------- */
-
-struct topic_rec {
-    struct kvr_zsub_topic pub;
-    const char *override; /* key part: the source's pod override string (NULL = none) */
-    unsigned char *raw;   /* key part: topic bytes */
-    size_t rawlen;
-    uint64_t hash;
-};
-
-struct source {
-    uint32_t id;
-    bool bind;
-    bool from_config;
-    char *endpoint;      /* as given */
-    char *bound;         /* bind: ZMQ_LAST_ENDPOINT */
-    char *replay;        /* NULL = none */
-    char *pod_cfg;       /* override as given (NULL = none) */
-    char *pod;           /* override pod */
-    char *model;         /* override model (NULL: from the topic) */
-    void *sock;
-    void *mon;           /* connect: PAIR receiving monitor events */
-    _Atomic bool connected;
-
-    /* receive thread (or creating thread before start) */
-    int64_t disc_since;  /* ms; 0 = not disconnected */
-    bool purged;         /* this disconnect episode was purged */
-    int64_t purge_at;    /* ghosts: when to purge; 0 = never */
-    struct topic_rec **topics;
-    size_t ntopics, captopics;
-    struct topic_rec *last_topic;
-};
-
-struct replay {
-    struct kvr_zsub_replay_req req;
-    struct source *src;
-    void *dealer;
-    int64_t deadline;
-    uint64_t batches;
-    struct replay *next;
-};
-
-enum { CMD_CONNECT = 1, CMD_DISCONNECT = 2 };
-
-struct cmd {
-    int type;
-    const char *endpoint, *replay, *pod;
-    bool from_config;
-    struct kvr_err *err;
-    int rc;
-    bool done;
-    struct cmd *next;
-};
-
-enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER };
-struct pslot {
-    int kind;
-    void *ptr;
-};
-
-struct kvr_zsub {
-    struct kvr_zsub_opts o;
-    struct kvr_queue **queues; /* copy of o.queues */
-    char *subscribe;
-    void *ctx;
-    int efd;
-
-    /* sources: structure changes under lmu (readers: endpoints(), stats()) */
-    pthread_mutex_t lmu;
-    struct source **srcs;
-    size_t nsrcs, capsrcs;
-    uint32_t next_id;
-    struct source **ghosts; /* removed sources waiting for their purge (receive thread) */
-    size_t nghosts, capghosts;
-
-    /* topics (receive thread) */
-    struct topic_rec **tab;
-    size_t tabcap, ntopics;
-    struct topic_rec **tlist; /* by id, for destroy */
-    size_t captlist;
-    _Atomic uint64_t ntopics_pub;
-
-    /* control (cmu) */
-    pthread_mutex_t cmu;
-    pthread_cond_t ccond;
-    struct cmd *cmds;
-    struct replay *req_head, *req_tail; /* posted replay requests */
-    bool accepting;
-
-    /* receive thread */
-    pthread_t th;
-    _Atomic bool running;
-    bool started;
-    _Atomic bool stop;
-    struct replay *pend_head, *pend_tail; /* waiting for a slot */
-    struct replay **active;
-    size_t nactive;
-    zmq_pollitem_t *items;
-    struct pslot *slots;
-    size_t nitems, capitems;
-    bool dirty;
-
-    struct kvr_ratelimit rl_frames, rl_replay; /* peer-caused warnings */
-
-    /* stats (relaxed atomics; written by the receive thread) */
-    _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
-    _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
-    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active;
-    _Atomic uint64_t connects, disconnects, disconnect_purges;
-};
-
 void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
 {
     atomic_init(&rl->window_start_ms, 0);
@@ -217,39 +78,8 @@ void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint
     rl->burst = burst > 0 ? burst : 10;
 }
 
-#define INC(f) atomic_fetch_add_explicit(&(f), 1, memory_order_relaxed)
-#define ADD(f, n) atomic_fetch_add_explicit(&(f), (n), memory_order_relaxed)
-#define GET(f) atomic_load_explicit(&(f), memory_order_relaxed)
 
-static const char *const bad_names[KVR_ZSUB_BAD_COUNT] = {"frames", "seq", "topic",
-                                                          "too_many_topics"};
-
-const char *kvr_zsub_bad_name(enum kvr_zsub_bad r)
-{
-    return (unsigned)r < KVR_ZSUB_BAD_COUNT ? bad_names[r] : "?";
-}
-
-uint32_t kvr_zsub_shard(const char *pod, size_t len, uint32_t n)
-{
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)pod[i];
-        h *= 16777619u;
-    }
-    return n > 0 ? h % n : 0;
-}
-
-static uint64_t fnv64(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static char *xstrndup(const char *s, size_t n)
+char *kvr_zsub_xstrndup(const char *s, size_t n)
 {
     char *d = malloc(n + 1);
     if (d != NULL) {
@@ -264,7 +94,7 @@ static char *xstrdup_opt(const char *s)
     return s != NULL ? strdup(s) : NULL;
 }
 
-static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
+bool kvr_zsub_grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
     size_t nc;
     void *p;
@@ -357,29 +187,22 @@ static void source_free(struct source *s)
     free(s);
 }
 
-static void replay_free(struct replay *r)
-{
-    if (r->dealer != NULL)
-        zmq_close(r->dealer);
-    free(r);
-}
-
 void kvr_zsub_destroy(struct kvr_zsub *z)
 {
     if (z == NULL)
         return;
     kvr_zsub_stop(z);
     for (size_t i = 0; i < z->nactive; i++)
-        replay_free(z->active[i]);
+        kvr_zsub_replay_free(z->active[i]);
     while (z->pend_head != NULL) {
         struct replay *r = z->pend_head;
         z->pend_head = r->next;
-        replay_free(r);
+        kvr_zsub_replay_free(r);
     }
     while (z->req_head != NULL) {
         struct replay *r = z->req_head;
         z->req_head = r->next;
-        replay_free(r);
+        kvr_zsub_replay_free(r);
     }
     for (size_t i = 0; i < z->nsrcs; i++)
         source_free(z->srcs[i]);
@@ -412,7 +235,7 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
 
 /* ---- sockets ------------------------------------------------------------------------ */
 
-static int set_int(void *s, int opt, int64_t v)
+int kvr_zsub_set_int(void *s, int opt, int64_t v)
 {
     int iv = v > INT32_MAX ? INT32_MAX : (int)v;
     return zmq_setsockopt(s, opt, &iv, sizeof(iv));
@@ -420,10 +243,10 @@ static int set_int(void *s, int opt, int64_t v)
 
 /* IPv6 only when the endpoint names an IPv6 address: with ZMQ_IPV6 on, IPv4 binds would be
  * reported as tcp://[::ffff:a.b.c.d]:P, which IPv4-only peers cannot dial. */
-static void set_ipv6_for(void *s, const char *endpoint)
+void kvr_zsub_set_ipv6_for(void *s, const char *endpoint)
 {
     if (endpoint != NULL && strchr(endpoint, '[') != NULL)
-        set_int(s, ZMQ_IPV6, 1);
+        kvr_zsub_set_int(s, ZMQ_IPV6, 1);
 }
 
 static void *sub_socket(struct kvr_zsub *z, bool subscribe_all, const char *endpoint)
@@ -434,14 +257,14 @@ static void *sub_socket(struct kvr_zsub *z, bool subscribe_all, const char *endp
 
     if (s == NULL)
         return NULL;
-    set_int(s, ZMQ_LINGER, 0);
-    set_ipv6_for(s, endpoint);
-    set_int(s, ZMQ_RCVHWM, z->o.rcvhwm);
+    kvr_zsub_set_int(s, ZMQ_LINGER, 0);
+    kvr_zsub_set_ipv6_for(s, endpoint);
+    kvr_zsub_set_int(s, ZMQ_RCVHWM, z->o.rcvhwm);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     if (z->o.reconnect_ivl_ms > 0)
-        set_int(s, ZMQ_RECONNECT_IVL, z->o.reconnect_ivl_ms);
+        kvr_zsub_set_int(s, ZMQ_RECONNECT_IVL, z->o.reconnect_ivl_ms);
     if (z->o.reconnect_ivl_max_ms > 0)
-        set_int(s, ZMQ_RECONNECT_IVL_MAX, z->o.reconnect_ivl_max_ms);
+        kvr_zsub_set_int(s, ZMQ_RECONNECT_IVL_MAX, z->o.reconnect_ivl_max_ms);
     zmq_setsockopt(s, ZMQ_SUBSCRIBE, sub, strlen(sub));
     return s;
 }
@@ -451,7 +274,7 @@ static int add_source(struct kvr_zsub *z, struct source *s)
     int rc = 0;
 
     pthread_mutex_lock(&z->lmu);
-    if (!grow((void **)&z->srcs, &z->capsrcs, z->nsrcs + 1, sizeof(*z->srcs)))
+    if (!kvr_zsub_grow((void **)&z->srcs, &z->capsrcs, z->nsrcs + 1, sizeof(*z->srcs)))
         rc = -ENOMEM;
     else
         z->srcs[z->nsrcs++] = s;
@@ -553,7 +376,7 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
     }
     if (pod != NULL) {
         const char *at = strchr(pod, '@');
-        s->pod = at ? xstrndup(pod, (size_t)(at - pod)) : strdup(pod);
+        s->pod = at ? kvr_zsub_xstrndup(pod, (size_t)(at - pod)) : strdup(pod);
         s->model = at ? strdup(at + 1) : NULL;
         if (s->pod == NULL || (at && s->model == NULL)) {
             rc = kvr_err_set(err, -ENOMEM, "out of memory");
@@ -566,8 +389,8 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
         goto fail;
     }
     /* ZMTP heartbeats notice a dead engine that never closed its TCP connection. */
-    set_int(s->sock, ZMQ_HEARTBEAT_IVL, 1000);
-    set_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000);
+    kvr_zsub_set_int(s->sock, ZMQ_HEARTBEAT_IVL, 1000);
+    kvr_zsub_set_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000);
     s->id = z->next_id++;
     snprintf(addr, sizeof(addr), "inproc://kvr-zsub-mon-%p-%" PRIu32, (void *)z, s->id);
     if (zmq_socket_monitor(s->sock, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
@@ -576,7 +399,7 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
                          zmq_strerror(errno));
         goto fail;
     }
-    set_int(s->mon, ZMQ_LINGER, 0);
+    kvr_zsub_set_int(s->mon, ZMQ_LINGER, 0);
     if (zmq_connect(s->sock, endpoint) != 0) {
         rc = kvr_err_set(err, -EINVAL, "endpoint %s: %s", endpoint, zmq_strerror(errno));
         goto fail;
@@ -597,61 +420,21 @@ fail:
     return rc;
 }
 
-/* Push one item into a shard queue; waits while it is full. false when closed. */
-static struct kvr_zsub_item *reserve_item(struct kvr_zsub *z, uint32_t shard)
-{
-    bool waited = false;
-    struct kvr_zsub_item *it = kvr_queue_reserve(z->o.queues[shard], &waited);
-
-    if (waited)
-        INC(z->queue_waits);
-    if (it != NULL) {
-        it->topic = NULL;
-        it->ctx = NULL;
-        it->seq = 0;
-        it->recv_ns = 0;
-        it->source = 0;
-        it->gen = 0;
-        it->ok = false;
-        it->can_replay = false;
-        zmq_msg_init(zm(&it->payload));
-    }
-    return it;
-}
-
 static void push_purge(struct kvr_zsub *z, struct source *s)
 {
     for (size_t i = 0; i < s->ntopics; i++) {
         struct topic_rec *t = s->topics[i];
-        struct kvr_zsub_item *it = reserve_item(z, t->pub.shard);
+        struct kvr_queue_msg *it = kvr_zsub_reserve_item(z, t->pub.shard);
         if (it == NULL)
             return;
-        it->kind = KVR_ZSUB_PURGE;
+        it->kind = KVR_QUEUE_PURGE;
         it->topic = &t->pub;
         it->source = s->id;
         kvr_queue_commit(z->o.queues[t->pub.shard]);
     }
-    INC(z->disconnect_purges);
+    KVR_CNT_INC(z->disconnect_purges);
     kvr_log_info("events: %s disconnected for %" PRId64 " ms: purging %zu topic(s) it fed",
                  s->endpoint, z->o.purge_after_disconnect_ms, s->ntopics);
-}
-
-static void end_replay(struct kvr_zsub *z, struct replay *r, bool ok)
-{
-    struct kvr_zsub_item *it = reserve_item(z, r->req.shard);
-
-    if (ok)
-        INC(z->replays_completed);
-    else
-        INC(z->replays_failed);
-    if (it == NULL)
-        return;
-    it->kind = KVR_ZSUB_REPLAY_END;
-    it->topic = r->req.topic;
-    it->ctx = r->req.ctx;
-    it->gen = r->req.gen;
-    it->ok = ok;
-    kvr_queue_commit(z->o.queues[r->req.shard]);
 }
 
 static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
@@ -676,10 +459,10 @@ static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_er
     for (i = 0; i < z->nactive;) {
         if (z->active[i]->src == s) {
             struct replay *r = z->active[i];
-            end_replay(z, r, false);
-            replay_free(r);
+            kvr_zsub_end_replay(z, r, false);
+            kvr_zsub_replay_free(r);
             z->active[i] = z->active[--z->nactive];
-            atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
+            KVR_CNT_SET(z->replays_active, z->nactive);
         } else {
             i++;
         }
@@ -687,7 +470,7 @@ static int do_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_er
     source_close_sockets(s);
     atomic_store(&s->connected, false);
     if (z->o.purge_after_disconnect_ms > 0 && s->ntopics > 0 &&
-        grow((void **)&z->ghosts, &z->capghosts, z->nghosts + 1, sizeof(*z->ghosts))) {
+        kvr_zsub_grow((void **)&z->ghosts, &z->capghosts, z->nghosts + 1, sizeof(*z->ghosts))) {
         s->purge_at = kvr_now_ms() + z->o.purge_after_disconnect_ms;
         z->ghosts[z->nghosts++] = s;
     } else {
@@ -741,6 +524,25 @@ int kvr_zsub_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err
     return do_disconnect(z, endpoint, err);
 }
 
+int kvr_zsub_endpoint_add(struct kvr_zsub *z, const char *endpoint, const char *replay,
+                          const char *pod, struct kvr_err *err)
+{
+    if (endpoint == NULL || *endpoint == '\0')
+        return kvr_err_set(err, -EINVAL, "endpoint is required");
+    if (replay != NULL && *replay == '\0')
+        replay = NULL;
+    if (pod != NULL && *pod == '\0')
+        pod = NULL;
+    return kvr_zsub_connect(z, endpoint, replay, pod, false, err);
+}
+
+int kvr_zsub_endpoint_del(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    if (endpoint == NULL || *endpoint == '\0')
+        return kvr_err_set(err, -EINVAL, "endpoint is required");
+    return kvr_zsub_disconnect(z, endpoint, err);
+}
+
 size_t kvr_zsub_bound(const struct kvr_zsub *cz, const char **eps, size_t cap)
 {
     struct kvr_zsub *z = (struct kvr_zsub *)cz;
@@ -775,446 +577,6 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
         cb(&e, arg);
     }
     pthread_mutex_unlock(&z->lmu);
-}
-
-int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_zsub_replay_req *req)
-{
-    struct replay *r = calloc(1, sizeof(*r));
-    uint64_t one = 1;
-    ssize_t w;
-
-    if (r == NULL)
-        return -ENOMEM;
-    r->req = *req;
-    pthread_mutex_lock(&z->cmu);
-    if (!z->accepting) {
-        pthread_mutex_unlock(&z->cmu);
-        free(r);
-        return -ESHUTDOWN;
-    }
-    if (z->req_tail != NULL)
-        z->req_tail->next = r;
-    else
-        z->req_head = r;
-    z->req_tail = r;
-    w = write(z->efd, &one, sizeof(one));
-    (void)w;
-    pthread_mutex_unlock(&z->cmu);
-    return 0;
-}
-
-/* ---- receive path --------------------------------------------------------------------- */
-
-static bool topic_key_eq(const struct topic_rec *t, const char *override, const void *raw,
-                         size_t len)
-{
-    if (t->rawlen != len || memcmp(t->raw, raw, len) != 0)
-        return false;
-    if ((t->override == NULL) != (override == NULL))
-        return false;
-    return override == NULL || strcmp(t->override, override) == 0;
-}
-
-static bool tab_insert(struct kvr_zsub *z, struct topic_rec *t)
-{
-    if ((z->ntopics + 1) * 2 > z->tabcap) {
-        size_t nc = z->tabcap ? z->tabcap * 2 : 64;
-        struct topic_rec **nt = calloc(nc, sizeof(*nt));
-        if (nt == NULL)
-            return false;
-        for (size_t i = 0; i < z->tabcap; i++) {
-            struct topic_rec *o = z->tab[i];
-            if (o == NULL)
-                continue;
-            size_t j = o->hash & (nc - 1);
-            while (nt[j] != NULL)
-                j = (j + 1) & (nc - 1);
-            nt[j] = o;
-        }
-        free(z->tab);
-        z->tab = nt;
-        z->tabcap = nc;
-    }
-    size_t j = t->hash & (z->tabcap - 1);
-    while (z->tab[j] != NULL)
-        j = (j + 1) & (z->tabcap - 1);
-    z->tab[j] = t;
-    return true;
-}
-
-/* Resolves (source, topic bytes) to an interned record; NULL with *bad set when rejected. */
-static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, const void *raw,
-                                      size_t len, enum kvr_zsub_bad *bad)
-{
-    const char *override = s->pod_cfg;
-    uint64_t h = 1469598103934665603ull;
-    struct topic_rec *t;
-    const char *pod, *model;
-    size_t plen, mlen;
-    struct kvr_topic kt;
-
-    if (s->last_topic != NULL && topic_key_eq(s->last_topic, override, raw, len))
-        return s->last_topic;
-    if (override != NULL)
-        h = fnv64(h, override, strlen(override) + 1);
-    h = fnv64(h, raw, len);
-    if (z->tabcap > 0) {
-        for (size_t j = h & (z->tabcap - 1); (t = z->tab[j]) != NULL; j = (j + 1) & (z->tabcap - 1))
-            if (t->hash == h && topic_key_eq(t, override, raw, len))
-                goto found;
-    }
-    /* New topic: work out pod and model. */
-    if (override == NULL) {
-        if (kvr_decode_topic(raw, len, &kt) != 0) {
-            *bad = KVR_ZSUB_BAD_TOPIC;
-            return NULL;
-        }
-        pod = kt.pod;
-        plen = kt.pod_len;
-        model = kt.model;
-        mlen = kt.model_len;
-    } else {
-        pod = s->pod;
-        plen = strlen(s->pod);
-        if (s->model != NULL) {
-            model = s->model;
-            mlen = strlen(model);
-        } else if (kvr_decode_topic(raw, len, &kt) == 0) {
-            model = kt.model;
-            mlen = kt.model_len;
-        } else if (len > 0) {
-            model = raw;
-            mlen = len;
-        } else {
-            model = DEFAULT_MODEL;
-            mlen = strlen(DEFAULT_MODEL);
-        }
-    }
-    if (plen == 0 || plen > NAME_MAX_LEN || mlen == 0 || mlen > NAME_MAX_LEN ||
-        memchr(pod, '\0', plen) != NULL || memchr(model, '\0', mlen) != NULL) {
-        *bad = KVR_ZSUB_BAD_TOPIC;
-        return NULL;
-    }
-    if (z->ntopics >= z->o.max_topics) {
-        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
-        return NULL;
-    }
-    t = calloc(1, sizeof(*t));
-    if (t == NULL || !grow((void **)&z->tlist, &z->captlist, z->ntopics + 1, sizeof(*z->tlist))) {
-        free(t);
-        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
-        return NULL;
-    }
-    t->hash = h;
-    t->pub.pod = xstrndup(pod, plen);
-    t->pub.model = xstrndup(model, mlen);
-    t->raw = malloc(len ? len : 1);
-    /* The override string is kept alive by the record itself (sources come and go). */
-    t->override = override != NULL ? strdup(override) : NULL;
-    if (t->raw != NULL) {
-        memcpy(t->raw, raw, len);
-        t->rawlen = len;
-    }
-    if (t->pub.pod == NULL || t->pub.model == NULL || t->raw == NULL ||
-        (override != NULL && t->override == NULL) || !tab_insert(z, t)) {
-        free((char *)t->pub.pod);
-        free((char *)t->pub.model);
-        free(t->raw);
-        free((char *)t->override);
-        free(t);
-        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
-        return NULL;
-    }
-    t->pub.shard = kvr_zsub_shard(t->pub.pod, plen, z->o.nshards);
-    t->pub.id = (uint32_t)z->ntopics;
-    z->tlist[z->ntopics++] = t;
-    atomic_store_explicit(&z->ntopics_pub, z->ntopics, memory_order_relaxed);
-    kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
-                  t->pub.shard);
-found:
-    s->last_topic = t;
-    /* Remember which topics a connect source delivered (for its disconnect purge). */
-    if (!s->bind) {
-        size_t i;
-        for (i = 0; i < s->ntopics; i++)
-            if (s->topics[i] == t)
-                break;
-        if (i == s->ntopics &&
-            grow((void **)&s->topics, &s->captopics, s->ntopics + 1, sizeof(*s->topics)))
-            s->topics[s->ntopics++] = t;
-    }
-    return t;
-}
-
-static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)
-{
-    INC(z->bad[r]);
-    kvr_log_limited(&z->rl_frames, KVR_LOG_WARN, "events: dropped message from %s: bad %s (%zu frames)",
-                    s->bind ? s->bound : s->endpoint, kvr_zsub_bad_name(r), nframes);
-}
-
-/* Reads up to RECV_BURST messages from a SUB and hands them off. */
-static void read_sub(struct kvr_zsub *z, struct source *s)
-{
-    for (int k = 0; k < RECV_BURST; k++) {
-        zmq_msg_t f[3];
-        size_t n = 0;
-        int more = 1;
-        uint64_t seq;
-        enum kvr_zsub_bad bad;
-        struct topic_rec *t;
-        struct kvr_zsub_item *it;
-
-        zmq_msg_init(&f[0]);
-        if (zmq_msg_recv(&f[0], s->sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f[0]);
-            return;
-        }
-        n = 1;
-        more = zmq_msg_more(&f[0]);
-        while (more) {
-            zmq_msg_t *m = n < 3 ? &f[n] : NULL;
-            zmq_msg_t extra;
-            if (m == NULL)
-                m = &extra;
-            zmq_msg_init(m);
-            if (zmq_msg_recv(m, s->sock, 0) < 0) {
-                zmq_msg_close(m);
-                break;
-            }
-            more = zmq_msg_more(m);
-            if (m == &extra)
-                zmq_msg_close(m);
-            n++;
-        }
-        if (n != 3) {
-            count_bad(z, s, KVR_ZSUB_BAD_FRAMES, n);
-            goto drop;
-        }
-        if (kvr_decode_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
-            count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
-            goto drop;
-        }
-        t = intern_topic(z, s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), &bad);
-        if (t == NULL) {
-            count_bad(z, s, bad, n);
-            goto drop;
-        }
-        it = reserve_item(z, t->pub.shard);
-        if (it == NULL)
-            goto drop; /* shutting down */
-        it->kind = KVR_ZSUB_LIVE;
-        it->topic = &t->pub;
-        it->seq = seq;
-        it->recv_ns = kvr_now_ns();
-        it->source = s->id;
-        it->can_replay = s->replay != NULL;
-        zmq_msg_move(zm(&it->payload), &f[2]);
-        INC(z->messages);
-        ADD(z->bytes, zmq_msg_size(zm(&it->payload)));
-        kvr_queue_commit(z->o.queues[t->pub.shard]);
-        zmq_msg_close(&f[0]);
-        zmq_msg_close(&f[1]);
-        zmq_msg_close(&f[2]);
-        continue;
-drop:
-        for (size_t i = 0; i < n && i < 3; i++)
-            zmq_msg_close(&f[i]);
-    }
-}
-
-static void read_monitor(struct kvr_zsub *z, struct source *s)
-{
-    for (;;) {
-        zmq_msg_t a, b;
-        uint16_t ev;
-
-        zmq_msg_init(&a);
-        if (zmq_msg_recv(&a, s->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&a);
-            return;
-        }
-        zmq_msg_init(&b);
-        if (zmq_msg_more(&a))
-            zmq_msg_recv(&b, s->mon, 0);
-        if (zmq_msg_size(&a) >= 6) {
-            memcpy(&ev, zmq_msg_data(&a), sizeof(ev));
-            if (ev == ZMQ_EVENT_CONNECTED) {
-                atomic_store(&s->connected, true);
-                s->disc_since = 0;
-                s->purged = false;
-                INC(z->connects);
-                kvr_log_info("events: connected to %s", s->endpoint);
-            } else if (ev == ZMQ_EVENT_DISCONNECTED) {
-                atomic_store(&s->connected, false);
-                if (s->disc_since == 0)
-                    s->disc_since = kvr_now_ms();
-                INC(z->disconnects);
-                kvr_log_info("events: disconnected from %s", s->endpoint);
-            }
-        }
-        zmq_msg_close(&a);
-        zmq_msg_close(&b);
-    }
-}
-
-static void remove_active(struct kvr_zsub *z, size_t i)
-{
-    replay_free(z->active[i]);
-    z->active[i] = z->active[--z->nactive];
-    atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
-    z->dirty = true;
-}
-
-/* Reads the replies of active replay i; returns true when the replay finished. */
-static bool read_dealer(struct kvr_zsub *z, size_t idx)
-{
-    struct replay *r = z->active[idx];
-
-    for (int k = 0; k < RECV_BURST; k++) {
-        zmq_msg_t f[MAX_REPLY_FRAMES];
-        const void *frames[MAX_REPLY_FRAMES];
-        size_t lens[MAX_REPLY_FRAMES];
-        size_t n = 0, total = 0;
-        int more = 1;
-        uint64_t seq;
-        const void *payload;
-        size_t plen;
-        struct kvr_zsub_item *it;
-        int rc;
-
-        zmq_msg_init(&f[0]);
-        if (zmq_msg_recv(&f[0], r->dealer, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f[0]);
-            return false;
-        }
-        n = total = 1;
-        more = zmq_msg_more(&f[0]);
-        while (more) {
-            zmq_msg_t extra, *m = n < MAX_REPLY_FRAMES ? &f[n] : &extra;
-            zmq_msg_init(m);
-            if (zmq_msg_recv(m, r->dealer, 0) < 0) {
-                zmq_msg_close(m);
-                break;
-            }
-            more = zmq_msg_more(m);
-            if (m == &extra)
-                zmq_msg_close(m);
-            else
-                n++;
-            total++;
-        }
-        for (size_t i = 0; i < n; i++) {
-            frames[i] = zmq_msg_data(&f[i]);
-            lens[i] = zmq_msg_size(&f[i]);
-        }
-        rc = total == n ? kvr_decode_replay_reply(frames, lens, n, &seq, &payload, &plen)
-                        : -EINVAL;
-        if (rc != 0) {
-            INC(z->replay_bad_replies);
-            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
-                            "events: replay from %s: malformed reply (%zu frames); giving up",
-                            r->src->replay, total);
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&f[i]);
-            end_replay(z, r, false);
-            return true;
-        }
-        if (seq == KVR_REPLAY_END || plen == 0) {
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&f[i]);
-            kvr_log_debug("events: replay from %s of %s done: %" PRIu64 " batches from %" PRIu64,
-                          r->src->replay, r->req.topic->pod, r->batches, r->req.start);
-            end_replay(z, r, true);
-            return true;
-        }
-        it = reserve_item(z, r->req.shard);
-        if (it == NULL) {
-            for (size_t i = 0; i < n; i++)
-                zmq_msg_close(&f[i]);
-            return true;
-        }
-        it->kind = KVR_ZSUB_REPLAY;
-        it->topic = r->req.topic;
-        it->ctx = r->req.ctx;
-        it->gen = r->req.gen;
-        it->seq = seq;
-        it->recv_ns = kvr_now_ns();
-        if (payload == zmq_msg_data(&f[n - 1]) && plen == zmq_msg_size(&f[n - 1])) {
-            zmq_msg_move(zm(&it->payload), &f[n - 1]);
-        } else {
-            /* Not the last frame as a whole: copy (never the case for the known eras). */
-            zmq_msg_close(zm(&it->payload));
-            zmq_msg_init_size(zm(&it->payload), plen);
-            memcpy(zmq_msg_data(zm(&it->payload)), payload, plen);
-        }
-        for (size_t i = 0; i < n; i++)
-            zmq_msg_close(&f[i]);
-        r->batches++;
-        INC(z->replay_batches);
-        kvr_queue_commit(z->o.queues[r->req.shard]);
-    }
-    return false;
-}
-
-static struct source *find_id(struct kvr_zsub *z, uint32_t id)
-{
-    for (size_t i = 0; i < z->nsrcs; i++)
-        if (z->srcs[i]->id == id)
-            return z->srcs[i];
-    return NULL;
-}
-
-/* Starts pending replays while slots are free. */
-static void start_replays(struct kvr_zsub *z)
-{
-    while (z->pend_head != NULL && z->nactive < z->o.max_concurrent_replays) {
-        struct replay *r = z->pend_head;
-        unsigned char be[8];
-        void *d;
-
-        z->pend_head = r->next;
-        if (z->pend_head == NULL)
-            z->pend_tail = NULL;
-        r->next = NULL;
-        atomic_fetch_sub_explicit(&z->replays_pending, 1, memory_order_relaxed);
-        r->src = find_id(z, r->req.source);
-        INC(z->replays_started);
-        if (r->src == NULL || r->src->replay == NULL) {
-            end_replay(z, r, false);
-            replay_free(r);
-            continue;
-        }
-        d = zmq_socket(z->ctx, ZMQ_DEALER);
-        if (d == NULL) {
-            end_replay(z, r, false);
-            replay_free(r);
-            continue;
-        }
-        r->dealer = d;
-        set_int(d, ZMQ_LINGER, 0);
-        set_ipv6_for(d, r->src->replay);
-        set_int(d, ZMQ_RCVHWM, 0);
-        if (z->o.max_message_size > 0)
-            zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &z->o.max_message_size, sizeof(int64_t));
-        for (int i = 0; i < 8; i++)
-            be[i] = (unsigned char)(r->req.start >> (56 - 8 * i));
-        if (zmq_connect(d, r->src->replay) != 0 || zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 ||
-            zmq_send(d, be, 8, ZMQ_DONTWAIT) != 8) {
-            kvr_log_limited(&z->rl_replay, KVR_LOG_WARN, "events: replay request to %s failed: %s",
-                            r->src->replay, zmq_strerror(errno));
-            end_replay(z, r, false);
-            replay_free(r);
-            continue;
-        }
-        r->deadline = kvr_now_ms() + z->o.replay_timeout_ms;
-        z->active[z->nactive++] = r;
-        atomic_store_explicit(&z->replays_active, z->nactive, memory_order_relaxed);
-        z->dirty = true;
-        kvr_log_debug("events: replaying %s dp stream of %s from seq %" PRIu64 " via %s",
-                      r->req.topic ? r->req.topic->pod : "?", r->src->endpoint, r->req.start,
-                      r->src->replay);
-    }
 }
 
 static void handle_control(struct kvr_zsub *z)
@@ -1264,7 +626,7 @@ static void handle_control(struct kvr_zsub *z)
         else
             z->pend_head = r;
         z->pend_tail = r;
-        atomic_fetch_add_explicit(&z->replays_pending, 1, memory_order_relaxed);
+        KVR_CNT_INC(z->replays_pending);
     }
 }
 
@@ -1272,7 +634,7 @@ static void rebuild_items(struct kvr_zsub *z)
 {
     size_t need = 1 + 2 * z->nsrcs + z->nactive;
 
-    if (!grow((void **)&z->items, &z->capitems, need, sizeof(*z->items)) ||
+    if (!kvr_zsub_grow((void **)&z->items, &z->capitems, need, sizeof(*z->items)) ||
         (z->slots = realloc(z->slots, z->capitems * sizeof(*z->slots))) == NULL) {
         kvr_log_error("events: out of memory building the poll set");
         abort();
@@ -1308,8 +670,8 @@ static int64_t timers(struct kvr_zsub *z)
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s timed out after %" PRIu64 " batches",
                             r->src->replay, r->batches);
-            end_replay(z, r, false);
-            remove_active(z, i);
+            kvr_zsub_end_replay(z, r, false);
+            kvr_zsub_remove_active(z, i);
             continue;
         }
         if (r->deadline < next)
@@ -1370,16 +732,16 @@ static void *recv_main(void *arg)
                 continue;
             switch (z->slots[i].kind) {
             case PS_SUB:
-                read_sub(z, z->slots[i].ptr);
+                kvr_zsub_read_sub(z, z->slots[i].ptr);
                 break;
             case PS_MON:
-                read_monitor(z, z->slots[i].ptr);
+                kvr_zsub_read_monitor(z, z->slots[i].ptr);
                 break;
             case PS_DEALER: {
                 for (size_t a = 0; a < z->nactive; a++) {
                     if (z->active[a] == z->slots[i].ptr) {
-                        if (read_dealer(z, a))
-                            remove_active(z, a);
+                        if (kvr_zsub_read_dealer(z, a))
+                            kvr_zsub_remove_active(z, a);
                         break;
                     }
                 }
@@ -1392,7 +754,7 @@ static void *recv_main(void *arg)
         /* The control fd last: sources may change (dirty) while handling it. */
         if (z->nitems > 0 && (z->items[0].revents & ZMQ_POLLIN))
             handle_control(z);
-        start_replays(z);
+        kvr_zsub_start_replays(z);
         timeout = timers(z);
     }
 
@@ -1466,22 +828,22 @@ bool kvr_zsub_running(const struct kvr_zsub *z)
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
 {
     memset(st, 0, sizeof(*st));
-    st->messages = GET(z->messages);
-    st->bytes = GET(z->bytes);
+    st->messages = KVR_CNT_GET(z->messages);
+    st->bytes = KVR_CNT_GET(z->bytes);
     for (int i = 0; i < KVR_ZSUB_BAD_COUNT; i++)
-        st->bad[i] = GET(z->bad[i]);
-    st->queue_waits = GET(z->queue_waits);
-    st->replays_started = GET(z->replays_started);
-    st->replays_completed = GET(z->replays_completed);
-    st->replays_failed = GET(z->replays_failed);
-    st->replay_batches = GET(z->replay_batches);
-    st->replay_bad_replies = GET(z->replay_bad_replies);
-    st->replays_pending = GET(z->replays_pending);
-    st->replays_active = GET(z->replays_active);
-    st->connects = GET(z->connects);
-    st->disconnects = GET(z->disconnects);
-    st->disconnect_purges = GET(z->disconnect_purges);
-    st->topics = GET(z->ntopics_pub);
+        st->bad[i] = KVR_CNT_GET(z->bad[i]);
+    st->queue_waits = KVR_CNT_GET(z->queue_waits);
+    st->replays_started = KVR_CNT_GET(z->replays_started);
+    st->replays_completed = KVR_CNT_GET(z->replays_completed);
+    st->replays_failed = KVR_CNT_GET(z->replays_failed);
+    st->replay_batches = KVR_CNT_GET(z->replay_batches);
+    st->replay_bad_replies = KVR_CNT_GET(z->replay_bad_replies);
+    st->replays_pending = KVR_CNT_GET(z->replays_pending);
+    st->replays_active = KVR_CNT_GET(z->replays_active);
+    st->connects = KVR_CNT_GET(z->connects);
+    st->disconnects = KVR_CNT_GET(z->disconnects);
+    st->disconnect_purges = KVR_CNT_GET(z->disconnect_purges);
+    st->topics = KVR_CNT_GET(z->ntopics_pub);
     pthread_mutex_lock(&z->lmu);
     for (size_t i = 0; i < z->nsrcs; i++) {
         if (z->srcs[i]->bind)
@@ -1491,4 +853,46 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
             st->endpoints_connected++;
     }
     pthread_mutex_unlock(&z->lmu);
+}
+
+void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
+{
+    struct kvr_zsub_stats zs;
+    char lab[128];
+
+    kvr_zsub_stats(z, &zs);
+    kvr_metrics_counter(out, "events_messages_total",
+                        "Live event messages (3 valid frames) handed to writers", NULL,
+                        zs.messages);
+    kvr_metrics_counter(out, "events_received_bytes_total", "Payload bytes of those messages",
+                        NULL, zs.bytes);
+    for (int r = 0; r < KVR_ZSUB_BAD_COUNT; r++) {
+        snprintf(lab, sizeof(lab), "reason=\"%s\"", kvr_zsub_bad_name((enum kvr_zsub_bad)r));
+        kvr_metrics_counter(out, "events_bad_frames_total",
+                            r == 0 ? "Messages dropped before decoding, by reason" : NULL, lab,
+                            zs.bad[r]);
+    }
+    kvr_metrics_counter(out, "events_replay_batches_received_total",
+                        "Batches received from replay endpoints", NULL, zs.replay_batches);
+    kvr_metrics_counter(out, "events_replay_bad_replies_total",
+                        "Malformed replay replies", NULL, zs.replay_bad_replies);
+    kvr_metrics_counter(out, "events_replay_requests_failed_total",
+                        "Replay requests that ended without an end marker (timeout, error)",
+                        NULL, zs.replays_failed);
+    kvr_metrics_gauge(out, "events_replays_active", "Replays in flight", NULL,
+                      (double)zs.replays_active);
+    kvr_metrics_gauge(out, "events_replays_pending", "Replays waiting for a slot", NULL,
+                      (double)zs.replays_pending);
+    kvr_metrics_gauge(out, "events_endpoints", "Connect endpoints configured", NULL,
+                      (double)zs.endpoints);
+    kvr_metrics_gauge(out, "events_endpoints_connected", "Connect endpoints connected now", NULL,
+                      (double)zs.endpoints_connected);
+    kvr_metrics_counter(out, "events_connects_total", "Connections established to engines",
+                        NULL, zs.connects);
+    kvr_metrics_counter(out, "events_disconnects_total", "Connections to engines lost", NULL,
+                        zs.disconnects);
+    kvr_metrics_counter(out, "events_disconnect_purges_total",
+                        "Endpoints purged after staying disconnected", NULL,
+                        zs.disconnect_purges);
+    kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
 }

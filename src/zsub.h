@@ -5,13 +5,20 @@
  * One receive thread owns every socket once started. Other threads talk to it through a
  * command list plus an eventfd it polls (endpoint add/remove, replay requests, stop).
  *
- * Items: everything handed to a writer is a struct kvr_zsub_item in that writer's queue
- * (struct kvr_queue of items), moved into the slot in place: the payload is the ZeroMQ
- * message itself, never copied. The consumer closes it with kvr_zsub_msg_close().
+ * Outputs: zsub only produces. Everything it hands on is a struct kvr_queue_msg
+ * (queue_msg.h) in one of the queues given at create (borrowed: their owner, the consumer,
+ * creates them and destroys them after zsub is stopped). A payload is the received ZeroMQ
+ * message itself, never copied, behind a plain (data, len, release, ctx): the consumer
+ * releases it without knowing about ZeroMQ. zsub never calls the consumer.
  *
- * Deviation from the module table, on purpose: the frame-level helpers kvr_decode_topic()
- * and kvr_decode_replay_reply() (pure byte functions, no msgpack) are used here; batches
- * themselves are never decoded here.
+ * Inputs from other modules, all through this header: replay requests (kvr_zsub_replay,
+ * which daemon.c adapts to ingest's intake interface), the admin API's endpoint add/remove/
+ * list (httpapi calls kvr_zsub_endpoint_* directly) and its own /metrics lines
+ * (kvr_zsub_metrics, called by httpapi).
+ *
+ * Frames (zsub_frame.c): the byte-level checks of topic, seq and replay replies are pure
+ * functions declared at the end, for the unit tests and the fuzzer; batches themselves are
+ * never decoded here (zsub does not use decode).
  */
 #ifndef KVR_ZSUB_H
 #define KVR_ZSUB_H
@@ -22,50 +29,11 @@
 
 #include "err.h"
 #include "log.h"
+#include "metrics.h"
 #include "queue.h"
+#include "queue_msg.h"
 
 struct kvr_zsub;
-
-/* Storage for one ZeroMQ message (a zmq_msg_t); moved, never byte-copied. */
-struct kvr_zsub_msg {
-    _Alignas(16) unsigned char opaque[64];
-};
-const void *kvr_zsub_msg_data(struct kvr_zsub_msg *m);
-size_t kvr_zsub_msg_size(struct kvr_zsub_msg *m);
-/* dst must be closed or never initialised; src is left empty (closing it is a no-op). */
-void kvr_zsub_msg_move(struct kvr_zsub_msg *dst, struct kvr_zsub_msg *src);
-void kvr_zsub_msg_close(struct kvr_zsub_msg *m);
-
-/* One distinct topic (per pod override): interned by the receive thread, immutable after,
- * freed by kvr_zsub_destroy(). */
-struct kvr_zsub_topic {
-    const char *pod;   /* NUL-terminated */
-    const char *model;
-    uint32_t shard;    /* FNV-1a-32(pod) % nshards */
-    uint32_t id;       /* dense, 0.. */
-    void *owner;       /* for the consumer of `shard` only (ingest's per-topic state) */
-};
-
-enum kvr_zsub_kind {
-    KVR_ZSUB_LIVE = 1,       /* a live batch: topic, seq, source, can_replay, payload */
-    KVR_ZSUB_REPLAY = 2,     /* a replayed batch of request ctx/gen: topic, seq, payload */
-    KVR_ZSUB_REPLAY_END = 3, /* replay ctx/gen finished: ok */
-    KVR_ZSUB_PURGE = 4,      /* source went away long enough: purge what topic got from it */
-    KVR_ZSUB_CMD = 5,        /* owner-defined command in ctx (never produced by zsub) */
-};
-
-struct kvr_zsub_item {
-    struct kvr_zsub_msg payload;        /* LIVE, REPLAY: owned by the item */
-    const struct kvr_zsub_topic *topic; /* LIVE, REPLAY, PURGE */
-    void *ctx;                          /* REPLAY, REPLAY_END, CMD */
-    uint64_t seq;                       /* LIVE, REPLAY */
-    uint64_t recv_ns;                   /* LIVE, REPLAY: kvr_now_ns() at receipt */
-    uint32_t source;                    /* LIVE: source id; PURGE: the source gone */
-    uint32_t gen;                       /* REPLAY, REPLAY_END: the request's gen */
-    uint8_t kind;                       /* enum kvr_zsub_kind */
-    bool ok;                            /* REPLAY_END: end marker received */
-    bool can_replay;                    /* LIVE: the source has a replay endpoint */
-};
 
 struct kvr_zsub_opts {
     const char *subscribe;            /* topic prefix for sockets without pod override */
@@ -80,12 +48,13 @@ struct kvr_zsub_opts {
     int64_t ratelimit_ms;             /* peer-caused warnings: interval ([log]) */
     uint32_t ratelimit_burst;         /* and lines per interval */
     uint32_t nshards;
-    struct kvr_queue *const *queues;  /* nshards queues of struct kvr_zsub_item (borrowed) */
+    struct kvr_queue *const *queues;  /* nshards queues of struct kvr_queue_msg (borrowed) */
 };
 
 int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct kvr_err *err);
-/* Stops if needed, closes every socket (linger 0), frees topics. Items already queued keep
- * their payloads valid (ZeroMQ messages outlive the context's sockets). */
+/* Stops if needed, closes every socket (linger 0), frees topics (destroy the consumer first:
+ * it points at them). Items already queued keep their payloads valid (ZeroMQ messages
+ * outlive the context's sockets). */
 void kvr_zsub_destroy(struct kvr_zsub *z);
 
 /* Before start, from the creating thread: our SUB binds (engines connect). -EINVAL for a bad
@@ -99,6 +68,13 @@ int kvr_zsub_connect(struct kvr_zsub *z, const char *endpoint, const char *repla
 /* Any time: closes the endpoint's socket; what it delivered is purged after
  * purge_after_disconnect. -ENOENT when absent. */
 int kvr_zsub_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
+
+/* The admin API's forms (any thread): a runtime connect endpoint (from_config false); an
+ * empty or NULL endpoint is -EINVAL "endpoint is required", an empty replay or pod means
+ * none. Otherwise as kvr_zsub_connect / kvr_zsub_disconnect. */
+int kvr_zsub_endpoint_add(struct kvr_zsub *z, const char *endpoint, const char *replay,
+                          const char *pod, struct kvr_err *err);
+int kvr_zsub_endpoint_del(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
 
 int kvr_zsub_start(struct kvr_zsub *z, struct kvr_err *err);
 /* Stops the receive thread; when it returns no item will be pushed any more. Replays in
@@ -122,23 +98,12 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
 
 /* A replay request (any thread, never blocks on I/O). Answered by REPLAY items then one
  * REPLAY_END into queue[shard], all with ctx and gen. -ESHUTDOWN when the receive thread is
- * not running (no answer will come), -ENOENT when the source has no replay endpoint any
- * more, -ENOMEM. */
-struct kvr_zsub_replay_req {
-    uint32_t source;
-    uint32_t shard;
-    uint32_t gen;
-    uint64_t start;
-    const struct kvr_zsub_topic *topic;
-    void *ctx;
-};
-int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_zsub_replay_req *r);
+ * not running (no answer will come), -ENOMEM. A source without a replay endpoint (any more)
+ * is answered with a failed REPLAY_END. */
+int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_queue_replay_req *r);
 
 /* A log limiter with these settings (0 → 10 s / 10 lines). */
 void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst);
-
-/* FNV-1a-32 of the pod modulo n (n >= 1). */
-uint32_t kvr_zsub_shard(const char *pod, size_t len, uint32_t n);
 
 enum kvr_zsub_bad {
     KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */
@@ -169,5 +134,31 @@ struct kvr_zsub_stats {
     uint64_t topics;            /* gauge: interned topics */
 };
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st);
+/* Appends zsub's events_* counters and gauges (messages, bad frames, replay client,
+ * connections, topics) in Prometheus text form. Any thread. */
+void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out);
+
+/* ---- frames (zsub_frame.c): pure functions of peer bytes, any thread ---------------- */
+
+struct kvr_zsub_topic_parts {
+    const char *pod;   /* borrowed from the frame, not NUL-terminated */
+    size_t pod_len;
+    const char *model;
+    size_t model_len;
+};
+/* "kv@<pod>@<model>" (prefix must be exactly "kv@"), split at the first two '@' (the model
+ * may contain '@'): 0, or -EINVAL when the topic does not have that shape, pod/model is
+ * empty or it contains a NUL byte. */
+int kvr_zsub_topic_split(const void *frame, size_t len, struct kvr_zsub_topic_parts *out);
+/* Exactly 8 bytes big-endian → 0; otherwise -EINVAL. */
+int kvr_zsub_seq(const void *frame, size_t len, uint64_t *seq);
+
+#define KVR_ZSUB_SEQ_END UINT64_MAX
+/* A replay reply as seen by a DEALER: v0.9–v0.24 [empty, seq8, payload] or v0.25+
+ * [empty, topic, seq8, payload]. frames/lens hold nframes frames. On success *seq and the
+ * payload span are set; *seq == KVR_ZSUB_SEQ_END (or an empty payload) is the end
+ * marker. -EINVAL for any other shape. */
+int kvr_zsub_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,
+                          uint64_t *seq, const void **payload, size_t *payload_len);
 
 #endif

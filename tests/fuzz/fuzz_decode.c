@@ -1,14 +1,14 @@
-/* fuzz_decode.c — libFuzzer target for the frame helpers and the batch decoder (decode.h).
+/* fuzz_decode.c — libFuzzer target for the batch decoder (decode.h). The frame helpers it
+ * used to cover moved to zsub (fuzz_zsub_frame.c); the input format is unchanged.
  *
  * Input format (the seed corpus in tests/fuzz/corpus/decode/ follows it; regenerate with
  * tests/unit/gen_decode_fixtures.py --corpus):
  *   [topic_len u8][seq_len u8][topic][seq][payload]   (lengths clamped to what is left)
- * The three parts are the three ZMQ frames of a live message: topic and seq are decoded,
- * the payload is decoded as a batch by two long-lived decoders (default limits and tight
- * ones, so both the limit paths and the normal paths run) and every event is iterated with
- * its arrays read in full. The same parts are then fed as replay replies in both eras
- * ([empty, seq, payload] and [empty, topic, seq, payload], plus a wrong delimiter), and the
- * whole input as [empty, first 8 bytes, rest]; a payload that comes back is decoded too.
+ * The three parts are the three ZMQ frames of a live message: the payload is decoded as a
+ * batch by two long-lived decoders (default limits and tight ones, so both the limit paths
+ * and the normal paths run) and every event is iterated with its arrays read in full. The
+ * whole input past its first 8 bytes (what a replay reply [empty, 8 bytes, rest] would
+ * carry) is decoded too.
  * Invariants the decoder promises are checked with abort(), and the normal decoders are
  * compared with reference ones (limits.reference: bulk arrays through msgpack-c objects),
  * which must agree on every event, skip reason and field.
@@ -105,25 +105,10 @@ static void run_diff(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t
     } while (ra != 0);
 }
 
-static void run_replay(const void *const *f, const size_t *l, size_t nf)
-{
-    uint64_t seq;
-    const void *pl;
-    size_t pn;
-
-    if (kvr_decode_replay_reply(f, l, nf, &seq, &pl, &pn) != 0)
-        return;
-    check(pn == l[nf - 1] && pl == f[nf - 1]);
-    if (seq != KVR_REPLAY_END && pn != 0)
-        run_batch(g_def, pl, pn);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *topic, *seqf, *payload;
     size_t tl = 0, sl = 0, pl;
-    struct kvr_topic t;
-    uint64_t seq;
 
     if (g_def == NULL) {
         struct kvr_decode_limits tight = {.max_events = 4, .max_tokens = 32, .max_hashes = 4,
@@ -153,16 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pl = size;
 
     /* live message */
-    if (kvr_decode_topic(topic, tl, &t) == 0) {
-        check(t.pod_len > 0 && t.model_len > 0);
-        check(t.pod == (const char *)topic + 3);
-        check(t.model + t.model_len == (const char *)topic + tl);
-        check(memchr(t.pod, '@', t.pod_len) == NULL);
-    }
-    if (kvr_decode_seq(seqf, sl, &seq) == 0)
-        check(sl == 8);
-    else
-        check(sl != 8);
+    (void)seqf;
     run_batch(g_def, payload, pl);
     run_batch(g_tight, payload, pl);
     run_diff(g_def, g_def_ref, payload, pl);
@@ -173,26 +149,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvr_decode_force_isa(-1);
     }
 
-    /* replay replies, both eras */
-    {
-        const void *f3[] = {"", seqf, payload};
-        size_t l3[] = {0, sl, pl};
-        const void *f4[] = {"", topic, seqf, payload};
-        size_t l4[] = {0, tl, sl, pl};
-        const void *fbad[] = {topic, seqf, payload}; /* delimiter not empty unless tl 0 */
-        size_t lbad[] = {tl, sl, pl};
-        run_replay(f3, l3, 3);
-        run_replay(f4, l4, 4);
-        run_replay(fbad, lbad, 3);
-    }
-    /* the whole input (after the 2 length bytes) as [empty, 8 bytes, rest] */
+    /* the whole input (after the 2 length bytes) past 8 bytes, as a replay payload */
     {
         const uint8_t *all = topic;
         size_t n = tl + sl + pl;
         if (n >= 8) {
-            const void *f[] = {NULL, all, all + 8};
-            size_t l[] = {0, 8, n - 8};
-            run_replay(f, l, 3);
+            run_batch(g_def, all + 8, n - 8);
         }
     }
     return 0;

@@ -1,5 +1,5 @@
 /* test_decode.c — src/decode.c against byte-exact fixtures (spec §7 and one per wire era /
- * edge case), frame helpers, limits, truncation, trailing bytes, and the no-allocation
+ * edge case), limits, truncation, trailing bytes, and the no-allocation
  * promise once warm. Fixture bytes come from tests/unit/gen_decode_fixtures.py (msgspec's
  * encoding rules through Python msgpack); the two §7 fixtures were also checked byte for
  * byte against the hex dump in the spec.
@@ -756,121 +756,6 @@ static void test_outer(void **state)
     kvr_decoder_destroy(d);
 }
 
-/* ---- frames -------------------------------------------------------------------------- */
-
-static void test_topic(void **state)
-{
-    struct kvr_topic t;
-    (void)state;
-
-#define TOPIC(s) kvr_decode_topic((s), sizeof(s) - 1, &t)
-    assert_int_equal(TOPIC("kv@10.0.0.5@Qwen/Qwen3-8B"), 0);
-    assert_str(t.pod, t.pod_len, "10.0.0.5");
-    assert_str(t.model, t.model_len, "Qwen/Qwen3-8B");
-    assert_int_equal(TOPIC("kv@pod-a@org/m@v2@x"), 0); /* model keeps its '@' */
-    assert_str(t.pod, t.pod_len, "pod-a");
-    assert_str(t.model, t.model_len, "org/m@v2@x");
-    assert_int_equal(TOPIC("kv@10.0.0.5:5557@m"), 0);
-    assert_str(t.pod, t.pod_len, "10.0.0.5:5557");
-    assert_int_equal(TOPIC("kv@p@m"), 0);
-    assert_int_equal(TOPIC("kv@p@@"), 0);
-    assert_str(t.model, t.model_len, "@");
-    assert_int_equal(TOPIC("kv@@model"), -EINVAL);
-    assert_int_equal(TOPIC("kv@pod@"), -EINVAL);
-    assert_int_equal(TOPIC("kv@pod"), -EINVAL);
-    assert_int_equal(TOPIC("kv@"), -EINVAL);
-    assert_int_equal(TOPIC("kv@@"), -EINVAL);
-    assert_int_equal(TOPIC("kv"), -EINVAL);
-    assert_int_equal(TOPIC(""), -EINVAL);
-    assert_int_equal(TOPIC("kv-events"), -EINVAL);
-    assert_int_equal(TOPIC("KV@p@m"), -EINVAL);
-    assert_int_equal(TOPIC("xkv@p@m"), -EINVAL);
-    assert_int_equal(TOPIC("kv@p\0q@m"), -EINVAL);
-    assert_int_equal(TOPIC("kv@p@m\0"), -EINVAL);
-    assert_int_equal(kvr_decode_topic(NULL, 0, &t), -EINVAL);
-    /* the length is honoured, no NUL needed */
-    assert_int_equal(kvr_decode_topic("kv@p@modelXYZ", 9, &t), 0);
-    assert_str(t.model, t.model_len, "mode");
-#undef TOPIC
-}
-
-static void test_seq(void **state)
-{
-    uint64_t s = 0;
-    (void)state;
-    assert_int_equal(kvr_decode_seq("\x00\x00\x00\x00\x00\x00\x00\x2a", 8, &s), 0);
-    assert_true(s == 42);
-    assert_int_equal(kvr_decode_seq("\x01\x02\x03\x04\x05\x06\x07\x08", 8, &s), 0);
-    assert_true(s == 0x0102030405060708ull);
-    assert_int_equal(kvr_decode_seq("\xff\xff\xff\xff\xff\xff\xff\xff", 8, &s), 0);
-    assert_true(s == KVR_REPLAY_END);
-    s = 7;
-    assert_int_equal(kvr_decode_seq("\x00\x00\x00\x00\x00\x00\x2a", 7, &s), -EINVAL);
-    assert_int_equal(kvr_decode_seq("\x00\x00\x00\x00\x00\x00\x00\x00\x2a", 9, &s), -EINVAL);
-    assert_int_equal(kvr_decode_seq("", 0, &s), -EINVAL);
-    assert_true(s == 7);
-}
-
-static void test_replay(void **state)
-{
-    static const char topic[] = "kv@p@m";
-    static const char seq42[8] = {0, 0, 0, 0, 0, 0, 0, 42};
-    static const char end[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
-    const void *pl = NULL;
-    size_t pn = 0;
-    uint64_t s = 0;
-    (void)state;
-
-    {   /* v0.9 – v0.24: [empty, seq, payload] */
-        const void *f[] = {"", seq42, FX_SPEC_ARRAY};
-        size_t l[] = {0, 8, sizeof(FX_SPEC_ARRAY)};
-        assert_int_equal(kvr_decode_replay_reply(f, l, 3, &s, &pl, &pn), 0);
-        assert_true(s == 42);
-        assert_ptr_equal(pl, FX_SPEC_ARRAY);
-        assert_int_equal(pn, sizeof(FX_SPEC_ARRAY));
-    }
-    {   /* v0.9 – v0.24 end marker */
-        const void *f[] = {"", end, ""};
-        size_t l[] = {0, 8, 0};
-        assert_int_equal(kvr_decode_replay_reply(f, l, 3, &s, &pl, &pn), 0);
-        assert_true(s == KVR_REPLAY_END);
-        assert_int_equal(pn, 0);
-    }
-    {   /* v0.25+: [empty, topic, seq, payload] */
-        const void *f[] = {"", topic, seq42, FX_SPEC_MAP};
-        size_t l[] = {0, sizeof(topic) - 1, 8, sizeof(FX_SPEC_MAP)};
-        assert_int_equal(kvr_decode_replay_reply(f, l, 4, &s, &pl, &pn), 0);
-        assert_true(s == 42);
-        assert_ptr_equal(pl, FX_SPEC_MAP);
-        assert_int_equal(pn, sizeof(FX_SPEC_MAP));
-    }
-    {   /* v0.25+ end marker: empty topic, ff×8, empty payload (NULL frame pointers too) */
-        const void *f[] = {NULL, NULL, end, NULL};
-        size_t l[] = {0, 0, 8, 0};
-        s = 0;
-        assert_int_equal(kvr_decode_replay_reply(f, l, 4, &s, &pl, &pn), 0);
-        assert_true(s == KVR_REPLAY_END);
-        assert_int_equal(pn, 0);
-    }
-    {   /* bad shapes */
-        const void *f[] = {"", topic, seq42, FX_SPEC_MAP, ""};
-        size_t l[] = {0, sizeof(topic) - 1, 8, sizeof(FX_SPEC_MAP), 0};
-        assert_int_equal(kvr_decode_replay_reply(f, l, 5, &s, &pl, &pn), -EINVAL);
-        assert_int_equal(kvr_decode_replay_reply(f + 2, l + 2, 2, &s, &pl, &pn), -EINVAL);
-        assert_int_equal(kvr_decode_replay_reply(f, l, 0, &s, &pl, &pn), -EINVAL);
-        /* 4 frames whose seq slot is the topic */
-        assert_int_equal(kvr_decode_replay_reply(f + 1, l + 1, 4, &s, &pl, &pn), -EINVAL);
-        const void *g[] = {"x", seq42, FX_SPEC_MAP}; /* non-empty delimiter */
-        size_t gl[] = {1, 8, sizeof(FX_SPEC_MAP)};
-        assert_int_equal(kvr_decode_replay_reply(g, gl, 3, &s, &pl, &pn), -EINVAL);
-        const void *h[] = {"", seq42, FX_SPEC_MAP}; /* 7- and 9-byte seq */
-        size_t hl[] = {0, 7, sizeof(FX_SPEC_MAP)};
-        assert_int_equal(kvr_decode_replay_reply(h, hl, 3, &s, &pl, &pn), -EINVAL);
-        hl[1] = 9;
-        assert_int_equal(kvr_decode_replay_reply(h, hl, 3, &s, &pl, &pn), -EINVAL);
-    }
-}
-
 /* ---- limits -------------------------------------------------------------------------- */
 
 static void test_limits_events(void **state)
@@ -1601,9 +1486,6 @@ int main(void)
         cmocka_unit_test(test_mixed),
         cmocka_unit_test(test_token_count),
         cmocka_unit_test(test_outer),
-        cmocka_unit_test(test_topic),
-        cmocka_unit_test(test_seq),
-        cmocka_unit_test(test_replay),
         cmocka_unit_test(test_limits_events),
         cmocka_unit_test(test_limits_tokens_hashes),
         cmocka_unit_test(test_limits_depth),

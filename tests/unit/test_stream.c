@@ -526,9 +526,20 @@ static void test_random_loss_during_replay(void **state)
     }
 }
 
+/* The names /v1/pods prints (moved here from ingest with the enum). */
+static void test_state_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kvr_stream_state_name(KVR_STREAM_SYNCED), "synced");
+    assert_string_equal(kvr_stream_state_name(KVR_STREAM_REPLAYING), "replaying");
+    assert_string_equal(kvr_stream_state_name(KVR_STREAM_UNSYNCED), "unsynced");
+    assert_string_equal(kvr_stream_state_name((enum kvr_stream_state)7), "?");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_state_names),
         cmocka_unit_test(test_baseline_and_normal),
         cmocka_unit_test(test_baseline_at_zero),
         cmocka_unit_test(test_gap_without_replay_unsynced),

@@ -1,0 +1,176 @@
+/* ingest_int.h — ingest's private header: the writer, stream and topic records, the
+ * counters, and the few functions its files share (ingest.c: lifecycle, admin;
+ * ingest_writer.c: the writer loop, ordering and replay buffering; ingest_apply.c: events →
+ * index; ingest_metrics.c: the readers, streams and /metrics). Not a contract for other
+ * modules: ingest.h is.
+ *
+ * Threads: as noted per field (writer-only fields are touched by the writer thread that
+ * owns the topic's shard; published fields are relaxed atomics read by any thread).
+ */
+#ifndef KVR_INGEST_INT_H
+#define KVR_INGEST_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "decode.h"
+#include "index.h"
+#include "ingest.h"
+#include "log.h"
+#include "metrics.h"
+#include "queue.h"
+#include "queue_msg.h"
+#include "stream.h"
+
+#define MAX_DP_RANK 4096
+#define LORA_CACHE 4
+#define TIER_CACHE 8
+#define ACQUIRE_BATCH 64
+
+/* Skip reasons of our own, after the decoder's. */
+enum {
+    SKIP_NO_BLOCK_SIZE = KVR_SKIP_REASON_COUNT,
+    SKIP_BLOCK_SIZE_MISMATCH,
+    SKIP_NAMESPACE,
+    SKIP_TIER,
+    SKIP_INDEX,
+    SKIP_COUNT
+};
+enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
+struct pend {
+    uint64_t seq;
+    struct kvr_queue_payload msg;
+};
+
+struct ing_topic;
+
+struct ing_stream {
+    struct kvr_stream sm;           /* writer only */
+    struct ing_topic *it;
+    uint32_t dp_rank;
+    uint32_t wid;
+    uint32_t source;                /* writer: source of the last live batch */
+    bool can_replay;
+    /* writer only: bit g set = KV-cache group g seen in BlockStored as full attention
+     * (indexed) / as another kind (filtered by the decoder); groups >= 64 are never learned */
+    uint64_t groups_full, groups_other;
+    struct pend *pend;              /* writer: live batches buffered during a replay */
+    size_t npend, cappend;
+
+    /* published for readers (relaxed) */
+    _Atomic uint64_t p_last_seq, p_gaps, p_replays, p_restarts, p_replays_ok, p_replays_failed;
+    /* set (release, after p_last_seq) once a batch was applied: until then the stream is not
+     * listed, so a client waiting for last_seq == 0 cannot see it before seq 0 is indexed */
+    _Atomic bool p_has_last;
+    _Atomic int p_state;
+    _Atomic int64_t p_last_ms;      /* kvr_now_ms() of the last applied batch; 0 = never */
+};
+
+struct lora_slot {
+    bool used;
+    uint8_t len;
+    char name[KVR_NAME_MAX];
+    uint32_t ns;
+    uint64_t seed;
+};
+
+struct ing_topic {                  /* writer of topic->shard only */
+    const struct kvr_queue_topic *t;
+    struct ing_stream **ranks;
+    uint32_t nranks;
+    bool base_ok;
+    uint32_t base_ns;
+    uint64_t base_seed;
+    struct lora_slot lora[LORA_CACHE];
+    unsigned lora_next;
+};
+
+struct tier_slot {
+    uint8_t len;
+    char s[32];
+    uint8_t tier;
+};
+
+struct writer_stats {
+    _Atomic uint64_t batches, replayed_batches, dup_batches, stale_items;
+    _Atomic uint64_t bad[BAD_COUNT];
+    _Atomic uint64_t events[4];
+    _Atomic uint64_t skipped[SKIP_COUNT];
+    _Atomic uint64_t stored, removed, dup_blocks, orphaned, adopted, orphans_dropped;
+    _Atomic uint64_t unknown_removes, cleared, purged, restart_purged;
+    _Atomic uint64_t buffered, replay_aborts;
+};
+
+struct writer {
+    struct kvr_ingest *ing;
+    uint32_t idx;
+    struct kvr_queue *q;
+    struct kvr_decoder *dec;
+    pthread_t th;
+    bool th_started;
+    struct ing_topic **topics;      /* topics of this shard (writer only) */
+    size_t ntopics, captopics;
+    uint64_t *rm;                   /* coalesced removals (apply_removed) */
+    size_t nrm, caprm;
+    uint8_t rm_tier;
+    uint64_t *content;              /* scratch */
+    struct kvr_index_block *blocks;
+    size_t capblocks;
+    struct tier_slot tiers[TIER_CACHE];
+    unsigned ntiers;
+    struct writer_stats st;
+};
+
+enum { CMD_PURGE_POD = 1 };
+struct ing_cmd {
+    int type;
+    const char *pod;
+    uint32_t pod_id;
+    uint64_t removed;
+    int rc;
+    bool done;                      /* under ing->done_mu */
+};
+
+struct kvr_ingest {
+    const struct kvr_conf *conf;
+    struct kvr_index *ix;
+    struct kvr_ingest_intake intake; /* set before start; zeroed: no replays */
+    uint32_t nwriters;
+    struct writer *w;
+    struct kvr_queue **queues;       /* w[i].q, for kvr_ingest_queues() */
+    struct kvr_hist lag;
+
+    pthread_mutex_t reg_mu;         /* streams registry */
+    struct ing_stream **streams;
+    size_t nstreams, capstreams;
+
+    pthread_mutex_t done_mu;        /* command completions */
+    pthread_cond_t done_cv;
+
+    struct kvr_ratelimit rl_bad;    /* peer-caused warnings ([log] ratelimit_*) */
+    struct kvr_ratelimit rl_gap;
+
+    pthread_mutex_t life_mu;        /* start/stop */
+    bool started, stopped;
+    _Atomic bool ready;
+    _Atomic bool writers_running;
+};
+
+/* ingest_apply.c: the events of the batch open in w->dec, applied to stream s's worker. */
+void kvr_ingest_apply_batch(struct writer *w, struct ing_stream *s);
+/* Drops every tier of s's worker; the blocks dropped are added to *counter (one of w->st). */
+void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uint64_t *counter);
+
+/* ingest_writer.c: a writer thread (arg: its struct writer); drop_pending releases the
+ * live batches a stream buffered during a replay. */
+void *kvr_ingest_writer_main(void *arg);
+void kvr_ingest_drop_pending(struct ing_stream *s);
+
+/* ingest_metrics.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */
+const char *kvr_ingest_skip_name(int r);
+
+#endif

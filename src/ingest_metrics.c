@@ -1,0 +1,218 @@
+/* ingest_metrics.c — what readers see of ingest: the stream listing (/v1/pods), the
+ * unsynced gauge and ingest's /metrics lines, with the names of the skip and bad-batch
+ * reasons they are labelled with.
+ *
+ * Why its own file: reading is a job of its own (any thread, summing per-writer counters
+ * and the streams' published fields, under reg_mu only for the registry) with its own
+ * contract (the Prometheus families and HELP texts scrapers rely on, checked by
+ * test_ingest's metric assertions and the integration tests); it never writes.
+ */
+#include "ingest_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const own_skip_names[] = {"no_block_size", "block_size_mismatch", "namespace",
+                                             "tier", "index_error"};
+
+static const char *const bad_batch_names[BAD_COUNT] = {"decode", "worker", "dp_rank",
+                                                       "replay_rank"};
+
+const char *kvr_ingest_skip_name(int r)
+{
+    return r < KVR_SKIP_REASON_COUNT ? kvr_skip_reason_name((enum kvr_skip_reason)r)
+                                     : own_skip_names[r - KVR_SKIP_REASON_COUNT];
+}
+
+/* ---- reading ----------------------------------------------------------------------------- */
+
+void kvr_ingest_streams(struct kvr_ingest *ing,
+                        void (*cb)(const struct kvr_stream_info *s, void *arg), void *arg)
+{
+    int64_t now = kvr_now_ms();
+
+    pthread_mutex_lock(&ing->reg_mu);
+    for (size_t i = 0; i < ing->nstreams; i++) {
+        struct ing_stream *s = ing->streams[i];
+        struct kvr_stream_info si;
+        uint64_t tb[KVR_TIER_MAX];
+        int64_t last = atomic_load_explicit(&s->p_last_ms, memory_order_relaxed);
+
+        if (!atomic_load_explicit(&s->p_has_last, memory_order_acquire))
+            continue; /* registered, first batch not applied yet */
+        memset(&si, 0, sizeof(si));
+        si.pod = s->it->t->pod;
+        si.model = s->it->t->model;
+        si.dp_rank = s->dp_rank;
+        kvr_index_worker_blocks(ing->ix, s->wid, tb);
+        for (int t = 0; t < KVR_TIER_MAX; t++) {
+            si.tier_blocks[t] = tb[t];
+            si.tier_names[t] = kvr_index_tier_name(ing->ix, (uint8_t)t);
+            /* Per-tier counts are distinct blocks; a block in two tiers counts in both. */
+            si.blocks += tb[t];
+        }
+        si.last_seq = atomic_load_explicit(&s->p_last_seq, memory_order_acquire);
+        si.gaps = KVR_CNT_GET(s->p_gaps);
+        si.replays = KVR_CNT_GET(s->p_replays);
+        si.restarts = KVR_CNT_GET(s->p_restarts);
+        si.state = (enum kvr_stream_state)KVR_CNT_GET(s->p_state);
+        si.last_event_age_ms = last > 0 ? now - last : -1;
+        cb(&si, arg);
+    }
+    pthread_mutex_unlock(&ing->reg_mu);
+}
+
+uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing)
+{
+    uint64_t n = 0;
+
+    pthread_mutex_lock(&ing->reg_mu);
+    for (size_t i = 0; i < ing->nstreams; i++)
+        if (KVR_CNT_GET(ing->streams[i]->p_state) == KVR_STREAM_UNSYNCED)
+            n++;
+    pthread_mutex_unlock(&ing->reg_mu);
+    return n;
+}
+
+/* Sum of one per-writer counter (at byte offset off in struct writer_stats). */
+static uint64_t sumw(const struct kvr_ingest *ing, size_t off)
+{
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < ing->nwriters; i++)
+        s += KVR_CNT_GET(*(_Atomic uint64_t *)((char *)&ing->w[i].st + off));
+    return s;
+}
+#define SUMW(field) sumw(ing, offsetof(struct writer_stats, field))
+#define SUMW_AT(field, i) \
+    sumw(ing, offsetof(struct writer_stats, field) + (size_t)(i) * sizeof(_Atomic uint64_t))
+
+void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
+{
+    char lab[128];
+    uint64_t gaps = 0, replays = 0, restarts = 0, rok = 0, rfail = 0, nstreams = 0;
+    uint64_t st_count[3] = {0, 0, 0};
+    uint64_t waits = 0;
+
+    kvr_metrics_counter(out, "events_batches_total", "Live batches applied to the index", NULL,
+                        SUMW(batches));
+    kvr_metrics_counter(out, "events_replayed_batches_total",
+                        "Batches recovered through replay and applied", NULL,
+                        SUMW(replayed_batches));
+    kvr_metrics_counter(out, "events_duplicate_batches_total",
+                        "Batches dropped because they were already applied", NULL,
+                        SUMW(dup_batches));
+    kvr_metrics_counter(out, "events_stale_replay_items_total",
+                        "Replay replies for an abandoned or finished replay", NULL,
+                        SUMW(stale_items));
+    for (int r = 0; r < BAD_COUNT; r++) {
+        snprintf(lab, sizeof(lab), "reason=\"%s\"", bad_batch_names[r]);
+        kvr_metrics_counter(out, "events_bad_batches_total",
+                            r == 0 ? "Batches not applied at all, by reason" : NULL, lab,
+                            SUMW_AT(bad, r));
+    }
+    {
+        static const char *const tn[4] = {NULL, "BlockStored", "BlockRemoved", "AllBlocksCleared"};
+        for (int t = 1; t <= 3; t++) {
+            snprintf(lab, sizeof(lab), "type=\"%s\"", tn[t]);
+            kvr_metrics_counter(out, "events_total", t == 1 ? "Events applied, by type" : NULL,
+                                lab, SUMW_AT(events, t));
+        }
+    }
+    for (int r = 1; r < SKIP_COUNT; r++) {
+        snprintf(lab, sizeof(lab), "reason=\"%s\"", kvr_ingest_skip_name(r));
+        kvr_metrics_counter(out, "events_skipped_total",
+                            r == 1 ? "Events skipped (rest of their batch applied), by reason"
+                                   : NULL,
+                            lab, SUMW_AT(skipped, r));
+    }
+    kvr_metrics_counter(out, "events_filtered_groups_total",
+                        "Events of non-full-attention KV-cache groups filtered out", NULL,
+                        SUMW_AT(skipped, KVR_SKIP_GROUP));
+    kvr_metrics_counter(out, "events_blocks_stored_total", "New (holder, block) pairs indexed",
+                        NULL, SUMW(stored));
+    kvr_metrics_counter(out, "events_blocks_removed_total",
+                        "(holder, block) pairs whose last copy was removed", NULL, SUMW(removed));
+    kvr_metrics_counter(out, "events_blocks_duplicate_total",
+                        "Stores of a block the holder already had (reference counted)", NULL,
+                        SUMW(dup_blocks));
+    kvr_metrics_counter(out, "events_blocks_orphaned_total",
+                        "Blocks parked because their parent was unknown", NULL, SUMW(orphaned));
+    kvr_metrics_counter(out, "events_orphans_adopted_total",
+                        "Parked blocks indexed once their parent arrived", NULL, SUMW(adopted));
+    kvr_metrics_counter(out, "events_orphans_dropped_total",
+                        "Parked blocks dropped (capacity or removal)", NULL,
+                        SUMW(orphans_dropped));
+    kvr_metrics_counter(out, "events_unknown_removes_total",
+                        "BlockRemoved for a block the holder did not have", NULL,
+                        SUMW(unknown_removes));
+    kvr_metrics_counter(out, "events_blocks_cleared_total",
+                        "Blocks dropped by AllBlocksCleared", NULL, SUMW(cleared));
+    kvr_metrics_counter(out, "events_blocks_restart_purged_total",
+                        "Blocks purged because their engine restarted", NULL,
+                        SUMW(restart_purged));
+    kvr_metrics_counter(out, "events_blocks_purged_total",
+                        "Blocks purged by admin request or endpoint disconnect", NULL,
+                        SUMW(purged));
+    kvr_metrics_counter(out, "events_buffered_batches_total",
+                        "Live batches held back while their stream was replaying", NULL,
+                        SUMW(buffered));
+    kvr_metrics_counter(out, "events_replay_aborts_total",
+                        "Replays abandoned by the writer (buffer limit, no replay, shutdown)",
+                        NULL, SUMW(replay_aborts));
+
+    pthread_mutex_lock(&ing->reg_mu);
+    for (size_t i = 0; i < ing->nstreams; i++) {
+        struct ing_stream *s = ing->streams[i];
+        int st = KVR_CNT_GET(s->p_state);
+        gaps += KVR_CNT_GET(s->p_gaps);
+        replays += KVR_CNT_GET(s->p_replays);
+        restarts += KVR_CNT_GET(s->p_restarts);
+        rok += KVR_CNT_GET(s->p_replays_ok);
+        rfail += KVR_CNT_GET(s->p_replays_failed);
+        if (st >= 0 && st < 3)
+            st_count[st]++;
+        nstreams++;
+    }
+    pthread_mutex_unlock(&ing->reg_mu);
+    kvr_metrics_counter(out, "events_gaps_total", "Sequence gaps detected", NULL, gaps);
+    kvr_metrics_counter(out, "events_restarts_total",
+                        "Engine restarts detected (seq went backwards)", NULL, restarts);
+    kvr_metrics_counter(out, "events_replays_started_total", "Replays requested by streams",
+                        NULL, replays);
+    kvr_metrics_counter(out, "events_replays_total", "Replays finished, by result",
+                        "result=\"ok\"", rok);
+    kvr_metrics_counter(out, "events_replays_total", NULL, "result=\"failed\"", rfail);
+    kvr_metrics_gauge(out, "events_streams", "Event streams (topic, dp_rank), by state",
+                      "state=\"synced\"", (double)st_count[0]);
+    kvr_metrics_gauge(out, "events_streams", NULL, "state=\"replaying\"", (double)st_count[1]);
+    kvr_metrics_gauge(out, "events_streams", NULL, "state=\"unsynced\"", (double)st_count[2]);
+    kvr_metrics_gauge(out, "events_unsynced_streams", "Streams that may miss blocks", NULL,
+                      (double)st_count[2]);
+
+    /* Prometheus wants the samples of one family together: one loop per family. */
+    for (uint32_t i = 0; i < ing->nwriters; i++) {
+        struct kvr_queue_stats qs;
+        kvr_queue_stats(ing->w[i].q, &qs);
+        snprintf(lab, sizeof(lab), "writer=\"%u\"", i);
+        kvr_metrics_gauge(out, "events_queue_depth",
+                          i == 0 ? "Messages waiting in a writer queue" : NULL, lab,
+                          (double)qs.depth);
+        waits += qs.waits;
+    }
+    for (uint32_t i = 0; i < ing->nwriters; i++) {
+        struct kvr_queue_stats qs;
+        kvr_queue_stats(ing->w[i].q, &qs);
+        snprintf(lab, sizeof(lab), "writer=\"%u\"", i);
+        kvr_metrics_gauge(out, "events_queue_max_depth",
+                          i == 0 ? "High-water mark of a writer queue" : NULL, lab,
+                          (double)qs.max_depth);
+    }
+    kvr_metrics_gauge(out, "events_queue_capacity", "Slots per writer queue", NULL,
+                      (double)(ing->conf->queue_depth ? ing->conf->queue_depth : 4096));
+    kvr_metrics_counter(out, "events_queue_waits_total",
+                        "Hand-offs that found a writer queue full and waited", NULL, waits);
+    kvr_metrics_hist(out, "events_lag_seconds",
+                     "Time from the engine's batch timestamp to the batch being applied", NULL,
+                     &ing->lag);
+
+}

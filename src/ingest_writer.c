@@ -1,0 +1,456 @@
+/* ingest_writer.c — a writer thread's loop: drain its queue, find the item's stream,
+ * feed the sequence state machine (stream.c) and act on its verdict: apply (via
+ * ingest_apply.c), drop a duplicate, buffer live batches while a replay runs, ask the intake
+ * for a replay, drain the buffer when it ends; purges and admin commands; payload release.
+ *
+ * Why its own file: this is the ordering logic (never apply a batch twice or out of order,
+ * bounded buffering, publication of per-stream state to readers) and it has its own tests
+ * (test_ingest's replay, purge and restart cases, test_stream for the state machine); the
+ * lifecycle and readers stay in ingest.c, the index writes in ingest_apply.c.
+ *
+ * Threads: everything here runs on the writer thread that owns the item's shard, except
+ * that stream_of() registers new streams under ing->reg_mu for the readers.
+ */
+#include "ingest_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- streams ------------------------------------------------------------------------- */
+
+static void publish(struct ing_stream *s)
+{
+    if (s->sm.has_last) {
+        /* release: the index updates of the batches up to `last` happen before a reader
+         * that sees this value (the /v1/pods contract: wait for last_seq, then query) */
+        atomic_store_explicit(&s->p_last_seq, s->sm.last, memory_order_release);
+        atomic_store_explicit(&s->p_has_last, true, memory_order_release);
+    }
+    atomic_store_explicit(&s->p_gaps, s->sm.gaps, memory_order_relaxed);
+    atomic_store_explicit(&s->p_replays, s->sm.replays, memory_order_relaxed);
+    atomic_store_explicit(&s->p_replays_ok, s->sm.replays_ok, memory_order_relaxed);
+    atomic_store_explicit(&s->p_replays_failed, s->sm.replays_failed, memory_order_relaxed);
+    atomic_store_explicit(&s->p_restarts, s->sm.restarts, memory_order_relaxed);
+    atomic_store_explicit(&s->p_state, (int)kvr_stream_state(&s->sm), memory_order_relaxed);
+}
+
+static struct ing_topic *topic_of(struct writer *w, const struct kvr_queue_topic *t)
+{
+    struct kvr_queue_topic *mt = (struct kvr_queue_topic *)t; /* owner is ours to write */
+    struct ing_topic *it = mt->owner;
+
+    if (it != NULL)
+        return it;
+    it = calloc(1, sizeof(*it));
+    if (it == NULL)
+        return NULL;
+    if (w->ntopics == w->captopics) {
+        size_t nc = w->captopics ? w->captopics * 2 : 16;
+        struct ing_topic **p = realloc(w->topics, nc * sizeof(*p));
+        if (p == NULL) {
+            free(it);
+            return NULL;
+        }
+        w->topics = p;
+        w->captopics = nc;
+    }
+    it->t = t;
+    w->topics[w->ntopics++] = it;
+    mt->owner = it;
+    return it;
+}
+
+static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_topic *t,
+                                    uint32_t dp_rank, int *bad)
+{
+    struct kvr_ingest *ing = w->ing;
+    struct ing_topic *it;
+    struct ing_stream *s;
+    uint32_t wid;
+    int rc;
+
+    if (dp_rank >= MAX_DP_RANK) {
+        *bad = BAD_DP_RANK;
+        return NULL;
+    }
+    it = topic_of(w, t);
+    if (it == NULL) {
+        *bad = BAD_WORKER;
+        return NULL;
+    }
+    if (dp_rank < it->nranks && it->ranks[dp_rank] != NULL)
+        return it->ranks[dp_rank];
+    rc = kvr_index_worker_intern(ing->ix, t->pod, dp_rank, &wid);
+    if (rc != 0) {
+        *bad = BAD_WORKER;
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s", t->pod,
+                        dp_rank, strerror(-rc));
+        return NULL;
+    }
+    if (dp_rank >= it->nranks) {
+        uint32_t nn = dp_rank + 1 < 4 ? 4 : dp_rank + 1;
+        struct ing_stream **p = realloc(it->ranks, nn * sizeof(*p));
+        if (p == NULL) {
+            *bad = BAD_WORKER;
+            return NULL;
+        }
+        memset(p + it->nranks, 0, (nn - it->nranks) * sizeof(*p));
+        it->ranks = p;
+        it->nranks = nn;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        *bad = BAD_WORKER;
+        return NULL;
+    }
+    kvr_stream_init(&s->sm);
+    s->it = it;
+    s->dp_rank = dp_rank;
+    s->wid = wid;
+    pthread_mutex_lock(&ing->reg_mu);
+    if (ing->nstreams == ing->capstreams) {
+        size_t nc = ing->capstreams ? ing->capstreams * 2 : 32;
+        struct ing_stream **p = realloc(ing->streams, nc * sizeof(*p));
+        if (p == NULL) {
+            pthread_mutex_unlock(&ing->reg_mu);
+            free(s);
+            *bad = BAD_WORKER;
+            return NULL;
+        }
+        ing->streams = p;
+        ing->capstreams = nc;
+    }
+    ing->streams[ing->nstreams++] = s;
+    pthread_mutex_unlock(&ing->reg_mu);
+    it->ranks[dp_rank] = s;
+    kvr_log_info("events: new stream pod=%s model=%s dp_rank=%u (worker %u)", t->pod, t->model,
+                 dp_rank, wid);
+    return s;
+}
+
+static void observe_lag(struct writer *w, double ts)
+{
+    double lag = kvr_wall_s() - ts;
+    kvr_hist_observe(&w->ing->lag, lag > 0 ? lag : 0);
+}
+
+static void applied(struct writer *w, struct ing_stream *s, uint64_t seq)
+{
+    kvr_stream_applied(&s->sm, seq);
+    atomic_store_explicit(&s->p_last_ms, kvr_now_ms(), memory_order_relaxed);
+}
+
+void kvr_ingest_drop_pending(struct ing_stream *s)
+{
+    for (size_t i = 0; i < s->npend; i++)
+        kvr_queue_payload_release(&s->pend[i].msg);
+    s->npend = 0;
+}
+
+static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
+{
+    const struct kvr_ingest_intake *in = &w->ing->intake;
+
+    return s->can_replay && w->ing->conf->max_concurrent_replays > 0 && in->running != NULL &&
+           in->running(in->arg);
+}
+
+static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
+
+/* Asks the intake (zsub) for the replay the stream just started (kvr_stream_on_live/on_buffered said
+ * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
+static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen)
+{
+    const struct kvr_ingest_intake *in = &w->ing->intake;
+    struct kvr_queue_replay_req req = {.source = s->source, .shard = w->idx,
+                                       .gen = s->sm.replay_gen, .start = s->sm.replay_from,
+                                       .topic = s->it->t, .ctx = s};
+    kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
+                 s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
+    if (in->replay == NULL || in->replay(in->arg, &req) != 0)
+        abort_replay(w, s, "replay unavailable");
+}
+
+/* Applies a buffered live batch that kvr_stream_on_buffered() said to apply (decoded again:
+ * the decoder moved on meanwhile). */
+static void apply_buffered(struct writer *w, struct ing_stream *s, struct pend *p)
+{
+    struct kvr_batch b;
+
+    if (kvr_decode_batch(w->dec, p->msg.data, p->msg.len, &b) == 0) {
+        kvr_ingest_apply_batch(w, s);
+        KVR_CNT_OWN_INC(w->st.batches);
+        observe_lag(w, b.ts);
+    } else {
+        KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]); /* cannot happen: it decoded when buffered */
+    }
+    applied(w, s, p->seq);
+}
+
+/* After a replay ended or was abandoned: the buffered live batches, in arrival order. A new
+ * gap among them (lost on the live socket after the engine served the replay) starts
+ * another replay: that batch and the ones after it stay buffered for it. */
+static void drain(struct writer *w, struct ing_stream *s)
+{
+    for (size_t i = 0; i < s->npend; i++) {
+        int v = kvr_stream_on_buffered(&s->sm, s->pend[i].seq, stream_can_replay(w, s));
+        if (v == KVR_STREAM_REPLAY) {
+            for (size_t k = 0; i > 0 && i + k < s->npend; k++) { /* keep pend[i..] */
+                s->pend[k] = s->pend[i + k];
+            }
+            s->npend -= i;
+            request_replay(w, s, s->pend[0].seq);
+            return;
+        }
+        if (v == KVR_STREAM_APPLY)
+            apply_buffered(w, s, &s->pend[i]);
+        else
+            KVR_CNT_OWN_INC(w->st.dup_batches);
+        kvr_queue_payload_release(&s->pend[i].msg);
+    }
+    s->npend = 0;
+    if (s->sm.unsynced)
+        kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN,
+                        "events: %s/%u: replay did not recover every batch; stream unsynced",
+                        s->it->t->pod, s->dp_rank);
+}
+
+static bool buffer_msg(struct writer *w, struct ing_stream *s, uint64_t seq,
+                       struct kvr_queue_payload *m)
+{
+    uint32_t limit = w->ing->conf->queue_depth ? w->ing->conf->queue_depth : 4096;
+
+    if (s->npend >= limit)
+        return false;
+    if (s->npend == s->cappend) {
+        size_t nc = s->cappend ? s->cappend * 2 : 16;
+        struct pend *p = realloc(s->pend, nc * sizeof(*p));
+        if (p == NULL)
+            return false;
+        s->pend = p;
+        s->cappend = nc;
+    }
+    s->pend[s->npend].seq = seq;
+    s->pend[s->npend].msg = *m;
+    *m = (struct kvr_queue_payload){0}; /* the buffer owns it now */
+    s->npend++;
+    KVR_CNT_OWN_INC(w->st.buffered);
+    return true;
+}
+
+static void abort_replay(struct writer *w, struct ing_stream *s, const char *why)
+{
+    kvr_stream_abort_replay(&s->sm);
+    KVR_CNT_OWN_INC(w->st.replay_aborts);
+    kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN, "events: %s/%u: replay abandoned (%s)",
+                    s->it->t->pod, s->dp_rank, why);
+    drain(w, s);
+}
+
+static void handle_live(struct writer *w, struct kvr_queue_msg *item)
+{
+    struct kvr_batch b;
+    struct ing_stream *s;
+    int bad = BAD_WORKER;
+    int v;
+
+    if (kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) != 0) {
+        KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
+                        "events: undecodable batch seq %" PRIu64 " from %s (%zu bytes)",
+                        item->seq, item->topic->pod, item->payload.len);
+        return;
+    }
+    s = stream_of(w, item->topic, b.has_dp_rank ? b.dp_rank : 0, &bad);
+    if (s == NULL) {
+        KVR_CNT_OWN_INC(w->st.bad[bad]);
+        return;
+    }
+    s->source = item->source;
+    s->can_replay = item->can_replay;
+    v = kvr_stream_on_live(&s->sm, item->seq, stream_can_replay(w, s));
+    if (v & KVR_STREAM_F_PURGE) {
+        kvr_ingest_drop_pending(s);
+        kvr_ingest_clear_worker(w, s, &w->st.restart_purged);
+        kvr_log_info("events: %s/%u restarted (seq %" PRIu64 "): its blocks were purged",
+                     item->topic->pod, s->dp_rank, item->seq);
+    }
+    switch (v & KVR_STREAM_ACTION_MASK) {
+    case KVR_STREAM_APPLY:
+        if (s->sm.unsynced && s->sm.has_last && item->seq != s->sm.last + 1)
+            kvr_log_limited(&w->ing->rl_gap, KVR_LOG_WARN,
+                            "events: %s/%u: gap %" PRIu64 "..%" PRIu64 " without replay; "
+                            "stream unsynced",
+                            item->topic->pod, s->dp_rank, s->sm.last + 1, item->seq - 1);
+        kvr_ingest_apply_batch(w, s);
+        applied(w, s, item->seq);
+        KVR_CNT_OWN_INC(w->st.batches);
+        observe_lag(w, b.ts);
+        break;
+    case KVR_STREAM_DROP:
+        KVR_CNT_OWN_INC(w->st.dup_batches);
+        break;
+    case KVR_STREAM_REPLAY:
+        if (!buffer_msg(w, s, item->seq, &item->payload)) {
+            abort_replay(w, s, "out of memory");
+            break;
+        }
+        request_replay(w, s, item->seq);
+        break;
+    case KVR_STREAM_BUFFER:
+        if (!buffer_msg(w, s, item->seq, &item->payload)) {
+            /* Apply the buffer, then this batch through the normal path. */
+            abort_replay(w, s, "buffer limit reached");
+            if (kvr_stream_on_buffered(&s->sm, item->seq, false) == KVR_STREAM_APPLY &&
+                kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) == 0) {
+                kvr_ingest_apply_batch(w, s);
+                applied(w, s, item->seq);
+                KVR_CNT_OWN_INC(w->st.batches);
+                observe_lag(w, b.ts);
+            }
+        }
+        break;
+    }
+    publish(s);
+}
+
+static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
+{
+    struct ing_stream *s = item->ctx;
+    struct kvr_batch b;
+
+    if (kvr_stream_on_replay(&s->sm, item->gen, item->seq) != KVR_STREAM_APPLY) {
+        if (s->sm.replaying && item->gen == s->sm.replay_gen)
+            KVR_CNT_OWN_INC(w->st.dup_batches);
+        else
+            KVR_CNT_OWN_INC(w->st.stale_items);
+        publish(s);
+        return;
+    }
+    if (kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) != 0) {
+        /* The engine's own batch is broken: it is lost either way; keep continuity. */
+        KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
+    } else if ((b.has_dp_rank ? b.dp_rank : 0) != s->dp_rank) {
+        KVR_CNT_OWN_INC(w->st.bad[BAD_REPLAY_RANK]);
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
+                        "events: replay for %s/%u returned a batch of dp_rank %u: is replay= "
+                        "the ROUTER of that rank?",
+                        s->it->t->pod, s->dp_rank, b.dp_rank);
+    } else {
+        kvr_ingest_apply_batch(w, s);
+        KVR_CNT_OWN_INC(w->st.replayed_batches);
+    }
+    applied(w, s, item->seq);
+    publish(s);
+}
+
+static void reset_stream(struct ing_stream *s)
+{
+    kvr_ingest_drop_pending(s);
+    kvr_stream_reset(&s->sm);
+    publish(s);
+}
+
+/* Endpoint gone for purge_after_disconnect: purge the workers this source fed. */
+static void handle_purge(struct writer *w, struct kvr_queue_msg *item)
+{
+    struct ing_topic *it = item->topic->owner;
+
+    if (it == NULL)
+        return;
+    for (uint32_t r = 0; r < it->nranks; r++) {
+        struct ing_stream *s = it->ranks[r];
+        if (s == NULL || s->source != item->source)
+            continue;
+        kvr_ingest_clear_worker(w, s, &w->st.purged);
+        reset_stream(s);
+    }
+}
+
+static void handle_cmd(struct writer *w, struct ing_cmd *c)
+{
+    struct kvr_ingest *ing = w->ing;
+    struct kvr_index_wres res = {0};
+
+    if (c->type == CMD_PURGE_POD) {
+        c->rc = kvr_index_purge_pod(ing->ix, c->pod_id, &res);
+        c->removed = res.cleared;
+        KVR_CNT_OWN_ADD(w->st.purged, res.cleared);
+        for (size_t i = 0; i < w->ntopics; i++) {
+            struct ing_topic *it = w->topics[i];
+            if (strcmp(it->t->pod, c->pod) != 0)
+                continue;
+            for (uint32_t r = 0; r < it->nranks; r++)
+                if (it->ranks[r] != NULL)
+                    reset_stream(it->ranks[r]);
+        }
+    }
+    pthread_mutex_lock(&ing->done_mu);
+    c->done = true;
+    pthread_cond_broadcast(&ing->done_cv);
+    pthread_mutex_unlock(&ing->done_mu);
+}
+
+static void handle_item(struct writer *w, struct kvr_queue_msg *item)
+{
+    switch (item->kind) {
+    case KVR_QUEUE_LIVE:
+        handle_live(w, item);
+        break;
+    case KVR_QUEUE_REPLAY:
+        handle_replay(w, item);
+        break;
+    case KVR_QUEUE_REPLAY_END: {
+        struct ing_stream *s = item->ctx;
+        if (kvr_stream_on_replay_end(&s->sm, item->gen, item->ok))
+            drain(w, s);
+        else
+            KVR_CNT_OWN_INC(w->st.stale_items);
+        publish(s);
+        break;
+    }
+    case KVR_QUEUE_PURGE:
+        handle_purge(w, item);
+        break;
+    case KVR_QUEUE_CMD:
+        handle_cmd(w, item->ctx);
+        break;
+    default:
+        break;
+    }
+    if (item->kind == KVR_QUEUE_LIVE || item->kind == KVR_QUEUE_REPLAY)
+        kvr_queue_payload_release(&item->payload);
+}
+
+void *kvr_ingest_writer_main(void *arg)
+{
+    struct writer *w = arg;
+
+    for (;;) {
+        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, -1);
+        if (n == 0) {
+            if (kvr_queue_closed(w->q))
+                break;
+            continue;
+        }
+        for (size_t i = 0; i < n; i++)
+            handle_item(w, kvr_queue_item(w->q, i));
+        kvr_queue_release(w->q, n);
+    }
+    /* Shutdown: replays will not answer any more; apply what was buffered. */
+    for (size_t i = 0; i < w->ntopics; i++) {
+        struct ing_topic *it = w->topics[i];
+        for (uint32_t r = 0; r < it->nranks; r++) {
+            struct ing_stream *s = it->ranks[r];
+            if (s != NULL && s->sm.replaying) {
+                abort_replay(w, s, "shutting down");
+                publish(s);
+            }
+        }
+    }
+    return NULL;
+}
+

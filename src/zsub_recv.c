@@ -1,0 +1,349 @@
+/* zsub_recv.c — the live receive path: read 3-frame messages from a SUB, check them
+ * (zsub_frame.c), intern their topic (pod, model, shard) once per distinct (pod override,
+ * topic bytes), and hand each batch to its writer queue as a LIVE item whose payload is the
+ * received ZeroMQ message; bad messages are counted by reason. Also the connection monitor
+ * events of connect sources.
+ *
+ * Why its own file: this is the per-message hot path with its own rules (what is a bad
+ * frame, how topics are keyed and bounded by max_topics, nothing dropped when a queue is
+ * full) and tests (test_zsub's bad-frame, pod-override and random-garbage cases); sockets,
+ * endpoints and the loop that polls them stay in zsub.c.
+ *
+ * Threads: the receive thread only.
+ */
+#include "zsub_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- payloads --------------------------------------------------------------------- */
+
+/* A received message becomes a plain payload: the zmq_msg_t moves to the heap (the consumer
+ * may keep the payload after its queue slot is reused, e.g. in a replay buffer, and copies it
+ * by value) and the consumer's release closes it. The bytes are never copied. */
+static void payload_release(void *ctx)
+{
+    zmq_msg_close(ctx);
+    free(ctx);
+}
+
+int kvr_zsub_payload_take(struct kvr_queue_payload *p, zmq_msg_t *m)
+{
+    zmq_msg_t *h = malloc(sizeof(*h));
+
+    if (h == NULL)
+        return -ENOMEM;
+    zmq_msg_init(h);
+    zmq_msg_move(h, m);
+    p->data = zmq_msg_data(h);
+    p->len = zmq_msg_size(h);
+    p->release = payload_release;
+    p->ctx = h;
+    return 0;
+}
+
+static const char *const bad_names[KVR_ZSUB_BAD_COUNT] = {"frames", "seq", "topic",
+                                                          "too_many_topics"};
+
+const char *kvr_zsub_bad_name(enum kvr_zsub_bad r)
+{
+    return (unsigned)r < KVR_ZSUB_BAD_COUNT ? bad_names[r] : "?";
+}
+
+static uint64_t fnv64(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Push one item into a shard queue; waits while it is full. false when closed. */
+struct kvr_queue_msg *kvr_zsub_reserve_item(struct kvr_zsub *z, uint32_t shard)
+{
+    bool waited = false;
+    struct kvr_queue_msg *it = kvr_queue_reserve(z->o.queues[shard], &waited);
+
+    if (waited)
+        KVR_CNT_INC(z->queue_waits);
+    if (it != NULL) {
+        it->topic = NULL;
+        it->ctx = NULL;
+        it->seq = 0;
+        it->recv_ns = 0;
+        it->source = 0;
+        it->gen = 0;
+        it->ok = false;
+        it->can_replay = false;
+        it->payload = (struct kvr_queue_payload){0};
+    }
+    return it;
+}
+
+static bool topic_key_eq(const struct topic_rec *t, const char *override, const void *raw,
+                         size_t len)
+{
+    if (t->rawlen != len || memcmp(t->raw, raw, len) != 0)
+        return false;
+    if ((t->override == NULL) != (override == NULL))
+        return false;
+    return override == NULL || strcmp(t->override, override) == 0;
+}
+
+static bool tab_insert(struct kvr_zsub *z, struct topic_rec *t)
+{
+    if ((z->ntopics + 1) * 2 > z->tabcap) {
+        size_t nc = z->tabcap ? z->tabcap * 2 : 64;
+        struct topic_rec **nt = calloc(nc, sizeof(*nt));
+        if (nt == NULL)
+            return false;
+        for (size_t i = 0; i < z->tabcap; i++) {
+            struct topic_rec *o = z->tab[i];
+            if (o == NULL)
+                continue;
+            size_t j = o->hash & (nc - 1);
+            while (nt[j] != NULL)
+                j = (j + 1) & (nc - 1);
+            nt[j] = o;
+        }
+        free(z->tab);
+        z->tab = nt;
+        z->tabcap = nc;
+    }
+    size_t j = t->hash & (z->tabcap - 1);
+    while (z->tab[j] != NULL)
+        j = (j + 1) & (z->tabcap - 1);
+    z->tab[j] = t;
+    return true;
+}
+
+/* Resolves (source, topic bytes) to an interned record; NULL with *bad set when rejected. */
+static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, const void *raw,
+                                      size_t len, enum kvr_zsub_bad *bad)
+{
+    const char *override = s->pod_cfg;
+    uint64_t h = 1469598103934665603ull;
+    struct topic_rec *t;
+    const char *pod, *model;
+    size_t plen, mlen;
+    struct kvr_zsub_topic_parts kt;
+
+    if (s->last_topic != NULL && topic_key_eq(s->last_topic, override, raw, len))
+        return s->last_topic;
+    if (override != NULL)
+        h = fnv64(h, override, strlen(override) + 1);
+    h = fnv64(h, raw, len);
+    if (z->tabcap > 0) {
+        for (size_t j = h & (z->tabcap - 1); (t = z->tab[j]) != NULL; j = (j + 1) & (z->tabcap - 1))
+            if (t->hash == h && topic_key_eq(t, override, raw, len))
+                goto found;
+    }
+    /* New topic: work out pod and model. */
+    if (override == NULL) {
+        if (kvr_zsub_topic_split(raw, len, &kt) != 0) {
+            *bad = KVR_ZSUB_BAD_TOPIC;
+            return NULL;
+        }
+        pod = kt.pod;
+        plen = kt.pod_len;
+        model = kt.model;
+        mlen = kt.model_len;
+    } else {
+        pod = s->pod;
+        plen = strlen(s->pod);
+        if (s->model != NULL) {
+            model = s->model;
+            mlen = strlen(model);
+        } else if (kvr_zsub_topic_split(raw, len, &kt) == 0) {
+            model = kt.model;
+            mlen = kt.model_len;
+        } else if (len > 0) {
+            model = raw;
+            mlen = len;
+        } else {
+            model = DEFAULT_MODEL;
+            mlen = strlen(DEFAULT_MODEL);
+        }
+    }
+    if (plen == 0 || plen > NAME_MAX_LEN || mlen == 0 || mlen > NAME_MAX_LEN ||
+        memchr(pod, '\0', plen) != NULL || memchr(model, '\0', mlen) != NULL) {
+        *bad = KVR_ZSUB_BAD_TOPIC;
+        return NULL;
+    }
+    if (z->ntopics >= z->o.max_topics) {
+        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
+        return NULL;
+    }
+    t = calloc(1, sizeof(*t));
+    if (t == NULL ||
+        !kvr_zsub_grow((void **)&z->tlist, &z->captlist, z->ntopics + 1, sizeof(*z->tlist))) {
+        free(t);
+        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
+        return NULL;
+    }
+    t->hash = h;
+    t->pub.pod = kvr_zsub_xstrndup(pod, plen);
+    t->pub.model = kvr_zsub_xstrndup(model, mlen);
+    t->raw = malloc(len ? len : 1);
+    /* The override string is kept alive by the record itself (sources come and go). */
+    t->override = override != NULL ? strdup(override) : NULL;
+    if (t->raw != NULL) {
+        memcpy(t->raw, raw, len);
+        t->rawlen = len;
+    }
+    if (t->pub.pod == NULL || t->pub.model == NULL || t->raw == NULL ||
+        (override != NULL && t->override == NULL) || !tab_insert(z, t)) {
+        free((char *)t->pub.pod);
+        free((char *)t->pub.model);
+        free(t->raw);
+        free((char *)t->override);
+        free(t);
+        *bad = KVR_ZSUB_BAD_TOO_MANY_TOPICS;
+        return NULL;
+    }
+    t->pub.shard = kvr_queue_shard(t->pub.pod, plen, z->o.nshards);
+    t->pub.id = (uint32_t)z->ntopics;
+    z->tlist[z->ntopics++] = t;
+    KVR_CNT_SET(z->ntopics_pub, z->ntopics);
+    kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
+                  t->pub.shard);
+found:
+    s->last_topic = t;
+    /* Remember which topics a connect source delivered (for its disconnect purge). */
+    if (!s->bind) {
+        size_t i;
+        for (i = 0; i < s->ntopics; i++)
+            if (s->topics[i] == t)
+                break;
+        if (i == s->ntopics &&
+            kvr_zsub_grow((void **)&s->topics, &s->captopics, s->ntopics + 1, sizeof(*s->topics)))
+            s->topics[s->ntopics++] = t;
+    }
+    return t;
+}
+
+static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)
+{
+    KVR_CNT_INC(z->bad[r]);
+    kvr_log_limited(&z->rl_frames, KVR_LOG_WARN, "events: dropped message from %s: bad %s (%zu frames)",
+                    s->bind ? s->bound : s->endpoint, kvr_zsub_bad_name(r), nframes);
+}
+
+/* Reads up to RECV_BURST messages from a SUB and hands them off. */
+void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
+{
+    for (int k = 0; k < RECV_BURST; k++) {
+        zmq_msg_t f[3];
+        size_t n = 0;
+        int more = 1;
+        uint64_t seq;
+        enum kvr_zsub_bad bad;
+        struct topic_rec *t;
+        struct kvr_queue_msg *it;
+        struct kvr_queue_payload pl;
+
+        zmq_msg_init(&f[0]);
+        if (zmq_msg_recv(&f[0], s->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f[0]);
+            return;
+        }
+        n = 1;
+        more = zmq_msg_more(&f[0]);
+        while (more) {
+            zmq_msg_t *m = n < 3 ? &f[n] : NULL;
+            zmq_msg_t extra;
+            if (m == NULL)
+                m = &extra;
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, s->sock, 0) < 0) {
+                zmq_msg_close(m);
+                break;
+            }
+            more = zmq_msg_more(m);
+            if (m == &extra)
+                zmq_msg_close(m);
+            n++;
+        }
+        if (n != 3) {
+            count_bad(z, s, KVR_ZSUB_BAD_FRAMES, n);
+            goto drop;
+        }
+        if (kvr_zsub_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
+            count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
+            goto drop;
+        }
+        t = intern_topic(z, s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), &bad);
+        if (t == NULL) {
+            count_bad(z, s, bad, n);
+            goto drop;
+        }
+        if (kvr_zsub_payload_take(&pl, &f[2]) != 0) {
+            kvr_log_limited(&z->rl_frames, KVR_LOG_WARN,
+                            "events: out of memory: dropped a message from %s",
+                            s->bind ? s->bound : s->endpoint);
+            goto drop;
+        }
+        it = kvr_zsub_reserve_item(z, t->pub.shard);
+        if (it == NULL) {
+            kvr_queue_payload_release(&pl);
+            goto drop; /* shutting down */
+        }
+        it->kind = KVR_QUEUE_LIVE;
+        it->topic = &t->pub;
+        it->seq = seq;
+        it->recv_ns = kvr_now_ns();
+        it->source = s->id;
+        it->can_replay = s->replay != NULL;
+        it->payload = pl;
+        KVR_CNT_INC(z->messages);
+        KVR_CNT_ADD(z->bytes, pl.len);
+        kvr_queue_commit(z->o.queues[t->pub.shard]);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        zmq_msg_close(&f[2]);
+        continue;
+drop:
+        for (size_t i = 0; i < n && i < 3; i++)
+            zmq_msg_close(&f[i]);
+    }
+}
+
+void kvr_zsub_read_monitor(struct kvr_zsub *z, struct source *s)
+{
+    for (;;) {
+        zmq_msg_t a, b;
+        uint16_t ev;
+
+        zmq_msg_init(&a);
+        if (zmq_msg_recv(&a, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&a);
+            return;
+        }
+        zmq_msg_init(&b);
+        if (zmq_msg_more(&a))
+            zmq_msg_recv(&b, s->mon, 0);
+        if (zmq_msg_size(&a) >= 6) {
+            memcpy(&ev, zmq_msg_data(&a), sizeof(ev));
+            if (ev == ZMQ_EVENT_CONNECTED) {
+                atomic_store(&s->connected, true);
+                s->disc_since = 0;
+                s->purged = false;
+                KVR_CNT_INC(z->connects);
+                kvr_log_info("events: connected to %s", s->endpoint);
+            } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+                atomic_store(&s->connected, false);
+                if (s->disc_since == 0)
+                    s->disc_since = kvr_now_ms();
+                KVR_CNT_INC(z->disconnects);
+                kvr_log_info("events: disconnected from %s", s->endpoint);
+            }
+        }
+        zmq_msg_close(&a);
+        zmq_msg_close(&b);
+    }
+}
+

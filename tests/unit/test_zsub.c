@@ -1,0 +1,1022 @@
+/* test_zsub.c — zsub. First its frames (zsub_frame.c), without sockets: topic split, seq,
+ * replay replies in both eras, malformed frames rejected; fixed cases, then randomized
+ * inputs against naive reference parsers (seed printed on failure; KVR_SEED=N reruns one).
+ * Then zsub on real ZeroMQ sockets on 127.0.0.1 wired to ingest as the daemon does: bad
+ * frames counted, replays through a ROUTER in both eras, timeouts, disconnect purges and pod
+ * overrides, runtime endpoints, random garbage, IPv6 and bind errors. Every wait is bounded.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <zmq.h>
+
+#include "ingest_common.h"
+#include "daemon.h"
+#include "zsub.h"
+
+/* Payload frames are opaque to zsub: any bytes do (these are two small msgpack batches). */
+static const unsigned char PAYLOAD_ARRAY[] = {0x92, 0xcb, 0x41, 0xd9, 0x00, 0x00, 0x00, 0x00,
+                                              0x00, 0x00, 0x90};
+static const unsigned char PAYLOAD_MAP[] = {0x93, 0x01, 0x90, 0x00};
+
+static void assert_str(const char *p, size_t n, const char *want)
+{
+    assert_non_null(p);
+    assert_int_equal(n, strlen(want));
+    assert_memory_equal(p, want, n);
+}
+
+/* ---- fixed cases (moved from test_decode.c with the helpers) ----------------------- */
+
+static void test_topic(void **state)
+{
+    struct kvr_zsub_topic_parts t;
+    (void)state;
+
+#define TOPIC(s) kvr_zsub_topic_split((s), sizeof(s) - 1, &t)
+    assert_int_equal(TOPIC("kv@10.0.0.5@Qwen/Qwen3-8B"), 0);
+    assert_str(t.pod, t.pod_len, "10.0.0.5");
+    assert_str(t.model, t.model_len, "Qwen/Qwen3-8B");
+    assert_int_equal(TOPIC("kv@pod-a@org/m@v2@x"), 0); /* model keeps its '@' */
+    assert_str(t.pod, t.pod_len, "pod-a");
+    assert_str(t.model, t.model_len, "org/m@v2@x");
+    assert_int_equal(TOPIC("kv@10.0.0.5:5557@m"), 0);
+    assert_str(t.pod, t.pod_len, "10.0.0.5:5557");
+    assert_int_equal(TOPIC("kv@p@m"), 0);
+    assert_int_equal(TOPIC("kv@p@@"), 0);
+    assert_str(t.model, t.model_len, "@");
+    assert_int_equal(TOPIC("kv@@model"), -EINVAL);
+    assert_int_equal(TOPIC("kv@pod@"), -EINVAL);
+    assert_int_equal(TOPIC("kv@pod"), -EINVAL);
+    assert_int_equal(TOPIC("kv@"), -EINVAL);
+    assert_int_equal(TOPIC("kv@@"), -EINVAL);
+    assert_int_equal(TOPIC("kv"), -EINVAL);
+    assert_int_equal(TOPIC(""), -EINVAL);
+    assert_int_equal(TOPIC("kv-events"), -EINVAL);
+    assert_int_equal(TOPIC("KV@p@m"), -EINVAL);
+    assert_int_equal(TOPIC("xkv@p@m"), -EINVAL);
+    assert_int_equal(TOPIC("kv@p\0q@m"), -EINVAL);
+    assert_int_equal(TOPIC("kv@p@m\0"), -EINVAL);
+    assert_int_equal(kvr_zsub_topic_split(NULL, 0, &t), -EINVAL);
+    /* the length is honoured, no NUL needed */
+    assert_int_equal(kvr_zsub_topic_split("kv@p@modelXYZ", 9, &t), 0);
+    assert_str(t.model, t.model_len, "mode");
+#undef TOPIC
+}
+
+static void test_seq(void **state)
+{
+    uint64_t s = 0;
+    (void)state;
+    assert_int_equal(kvr_zsub_seq("\x00\x00\x00\x00\x00\x00\x00\x2a", 8, &s), 0);
+    assert_true(s == 42);
+    assert_int_equal(kvr_zsub_seq("\x01\x02\x03\x04\x05\x06\x07\x08", 8, &s), 0);
+    assert_true(s == 0x0102030405060708ull);
+    assert_int_equal(kvr_zsub_seq("\xff\xff\xff\xff\xff\xff\xff\xff", 8, &s), 0);
+    assert_true(s == KVR_ZSUB_SEQ_END);
+    s = 7;
+    assert_int_equal(kvr_zsub_seq("\x00\x00\x00\x00\x00\x00\x2a", 7, &s), -EINVAL);
+    assert_int_equal(kvr_zsub_seq("\x00\x00\x00\x00\x00\x00\x00\x00\x2a", 9, &s), -EINVAL);
+    assert_int_equal(kvr_zsub_seq("", 0, &s), -EINVAL);
+    assert_true(s == 7);
+}
+
+static void test_replay(void **state)
+{
+    static const char topic[] = "kv@p@m";
+    static const char seq42[8] = {0, 0, 0, 0, 0, 0, 0, 42};
+    static const char end[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    const void *pl = NULL;
+    size_t pn = 0;
+    uint64_t s = 0;
+    (void)state;
+
+    {   /* v0.9 – v0.24: [empty, seq, payload] */
+        const void *f[] = {"", seq42, PAYLOAD_ARRAY};
+        size_t l[] = {0, 8, sizeof(PAYLOAD_ARRAY)};
+        assert_int_equal(kvr_zsub_replay_reply(f, l, 3, &s, &pl, &pn), 0);
+        assert_true(s == 42);
+        assert_ptr_equal(pl, PAYLOAD_ARRAY);
+        assert_int_equal(pn, sizeof(PAYLOAD_ARRAY));
+    }
+    {   /* v0.9 – v0.24 end marker */
+        const void *f[] = {"", end, ""};
+        size_t l[] = {0, 8, 0};
+        assert_int_equal(kvr_zsub_replay_reply(f, l, 3, &s, &pl, &pn), 0);
+        assert_true(s == KVR_ZSUB_SEQ_END);
+        assert_int_equal(pn, 0);
+    }
+    {   /* v0.25+: [empty, topic, seq, payload] */
+        const void *f[] = {"", topic, seq42, PAYLOAD_MAP};
+        size_t l[] = {0, sizeof(topic) - 1, 8, sizeof(PAYLOAD_MAP)};
+        assert_int_equal(kvr_zsub_replay_reply(f, l, 4, &s, &pl, &pn), 0);
+        assert_true(s == 42);
+        assert_ptr_equal(pl, PAYLOAD_MAP);
+        assert_int_equal(pn, sizeof(PAYLOAD_MAP));
+    }
+    {   /* v0.25+ end marker: empty topic, ff×8, empty payload (NULL frame pointers too) */
+        const void *f[] = {NULL, NULL, end, NULL};
+        size_t l[] = {0, 0, 8, 0};
+        s = 0;
+        assert_int_equal(kvr_zsub_replay_reply(f, l, 4, &s, &pl, &pn), 0);
+        assert_true(s == KVR_ZSUB_SEQ_END);
+        assert_int_equal(pn, 0);
+    }
+    {   /* bad shapes */
+        const void *f[] = {"", topic, seq42, PAYLOAD_MAP, ""};
+        size_t l[] = {0, sizeof(topic) - 1, 8, sizeof(PAYLOAD_MAP), 0};
+        assert_int_equal(kvr_zsub_replay_reply(f, l, 5, &s, &pl, &pn), -EINVAL);
+        assert_int_equal(kvr_zsub_replay_reply(f + 2, l + 2, 2, &s, &pl, &pn), -EINVAL);
+        assert_int_equal(kvr_zsub_replay_reply(f, l, 0, &s, &pl, &pn), -EINVAL);
+        /* 4 frames whose seq slot is the topic */
+        assert_int_equal(kvr_zsub_replay_reply(f + 1, l + 1, 4, &s, &pl, &pn), -EINVAL);
+        const void *g[] = {"x", seq42, PAYLOAD_MAP}; /* non-empty delimiter */
+        size_t gl[] = {1, 8, sizeof(PAYLOAD_MAP)};
+        assert_int_equal(kvr_zsub_replay_reply(g, gl, 3, &s, &pl, &pn), -EINVAL);
+        const void *h[] = {"", seq42, PAYLOAD_MAP}; /* 7- and 9-byte seq */
+        size_t hl[] = {0, 7, sizeof(PAYLOAD_MAP)};
+        assert_int_equal(kvr_zsub_replay_reply(h, hl, 3, &s, &pl, &pn), -EINVAL);
+        hl[1] = 9;
+        assert_int_equal(kvr_zsub_replay_reply(h, hl, 3, &s, &pl, &pn), -EINVAL);
+    }
+}
+
+/* ---- randomized, against naive references ------------------------------------------ */
+
+static unsigned g_seed;
+
+static unsigned seed_from_env(void)
+{
+    const char *s = getenv("KVR_SEED");
+    return s != NULL ? (unsigned)strtoul(s, NULL, 10) : 20261125u;
+}
+
+/* A character-by-character reading of the topic rule: "kv@", pod up to the first '@',
+ * the rest is the model; no NUL anywhere; neither part empty. */
+static int ref_topic(const unsigned char *s, size_t len, size_t *pod_off, size_t *pod_len,
+                     size_t *model_off, size_t *model_len)
+{
+    int state = 0; /* 0..2: prefix, 3: pod, 4: model */
+    size_t at = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\0')
+            return -EINVAL;
+        if (state < 3) {
+            if (s[i] != "kv@"[state])
+                return -EINVAL;
+            state++;
+        } else if (state == 3 && s[i] == '@') {
+            at = i;
+            state = 4;
+        }
+    }
+    if (state != 4 || at == 3 || at + 1 == len)
+        return -EINVAL;
+    *pod_off = 3;
+    *pod_len = at - 3;
+    *model_off = at + 1;
+    *model_len = len - at - 1;
+    return 0;
+}
+
+static size_t rand_frame(unsigned char *buf, size_t cap)
+{
+    static const char alpha[] = "kv@@@a/.:-\0Kx";
+    size_t n = (size_t)rand() % cap;
+    size_t i = 0;
+
+    if (rand() % 2 == 0 && n >= 3) { /* usually the right prefix */
+        memcpy(buf, "kv@", 3);
+        i = 3;
+    }
+    for (; i < n; i++)
+        buf[i] = rand() % 8 == 0 ? (unsigned char)rand() : (unsigned char)alpha[rand() % 13];
+    return n;
+}
+
+static void test_topic_random(void **state)
+{
+    unsigned char buf[24];
+    size_t ok = 0;
+    (void)state;
+
+    g_seed = seed_from_env();
+    srand(g_seed);
+    for (int iter = 0; iter < 200000; iter++) {
+        size_t n = rand_frame(buf, sizeof(buf));
+        struct kvr_zsub_topic_parts t;
+        size_t po = 0, pl = 0, mo = 0, ml = 0;
+        int want = ref_topic(buf, n, &po, &pl, &mo, &ml);
+        int got = kvr_zsub_topic_split(buf, n, &t);
+
+        if (got != want)
+            fail_msg("seed %u iter %d: topic of %zu bytes: got %d want %d", g_seed, iter, n, got,
+                     want);
+        if (got != 0)
+            continue;
+        ok++;
+        if (t.pod != (const char *)buf + po || t.pod_len != pl ||
+            t.model != (const char *)buf + mo || t.model_len != ml)
+            fail_msg("seed %u iter %d: topic split at the wrong place", g_seed, iter);
+    }
+    assert_true(ok > 1000); /* the generator does reach valid topics */
+}
+
+static void test_seq_random(void **state)
+{
+    unsigned char buf[12];
+    (void)state;
+
+    g_seed = seed_from_env();
+    srand(g_seed);
+    for (int iter = 0; iter < 100000; iter++) {
+        size_t n = (size_t)rand() % 11;
+        uint64_t got = 0xdeadbeef, want = 0;
+        int rc;
+
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (unsigned char)rand();
+        for (size_t i = 0; i < n && n == 8; i++)
+            want = want * 256u + buf[i];
+        rc = kvr_zsub_seq(buf, n, &got);
+        if (rc != (n == 8 ? 0 : -EINVAL))
+            fail_msg("seed %u iter %d: seq of %zu bytes: rc %d", g_seed, iter, n, rc);
+        if (rc == 0 && got != want)
+            fail_msg("seed %u iter %d: seq %llx want %llx", g_seed, iter,
+                     (unsigned long long)got, (unsigned long long)want);
+        if (rc != 0 && got != 0xdeadbeef)
+            fail_msg("seed %u iter %d: a rejected seq wrote its output", g_seed, iter);
+    }
+}
+
+static void test_replay_random(void **state)
+{
+    static unsigned char bytes[8][16];
+    (void)state;
+
+    g_seed = seed_from_env();
+    srand(g_seed);
+    for (int iter = 0; iter < 100000; iter++) {
+        size_t nf = (size_t)rand() % 7, is = nf == 4 ? 2 : 1;
+        const void *f[8];
+        size_t l[8];
+        uint64_t seq = 0, wseq = 0;
+        const void *pl = NULL;
+        size_t pn = 0;
+        int want = 0, got;
+
+        for (size_t i = 0; i < nf; i++) {
+            /* mostly the right shape: empty delimiter, 8-byte seq */
+            if (rand() % 4 == 0)
+                l[i] = (size_t)rand() % 16;
+            else
+                l[i] = i == 0 ? 0 : i == is ? 8 : (size_t)rand() % 16;
+            for (size_t k = 0; k < l[i]; k++)
+                bytes[i][k] = (unsigned char)rand();
+            f[i] = l[i] == 0 && rand() % 2 ? NULL : bytes[i];
+        }
+        if (nf != 3 && nf != 4)
+            want = -EINVAL;
+        else if (l[0] != 0 || l[is] != 8 || f[is] == NULL)
+            want = -EINVAL;
+        for (size_t k = 0; want == 0 && k < 8; k++)
+            wseq = wseq * 256u + ((const unsigned char *)f[is])[k];
+        got = kvr_zsub_replay_reply(f, l, nf, &seq, &pl, &pn);
+        if (got != want)
+            fail_msg("seed %u iter %d: reply of %zu frames: got %d want %d", g_seed, iter, nf,
+                     got, want);
+        if (got == 0 && (seq != wseq || pl != f[is + 1] || pn != l[is + 1]))
+            fail_msg("seed %u iter %d: reply parsed wrong", g_seed, iter);
+    }
+}
+
+
+/* ---- zsub wired to ingest, with real sockets ------------------------------------------ */
+/* These cases moved here from test_ingest.c when zsub stopped being created by ingest: they
+ * test zsub's job (frames on the wire, the replay client, connection monitoring and
+ * disconnect purges, runtime endpoints, binds) end to end, through ingest and the index,
+ * with their assertions unchanged. A PUB in the test publishes into the zsub SUB (bound on
+ * tcp://127.0.0.1:*, or connecting to the test's PUB). */
+
+static void zsub_metrics(struct fx *f, struct kvr_buf *b)
+{
+    kvr_zsub_metrics(f->zsub, b);
+}
+
+/* Index → ingest → zsub as daemon/main.c does it; on failure nothing is left created. */
+static int pipeline_start(const struct kvr_conf *c, struct kvr_index *ix,
+                          struct kvr_ingest **ing, struct kvr_zsub **z, struct kvr_err *err)
+{
+    int rc;
+
+    *ing = NULL;
+    *z = NULL;
+    rc = kvr_ingest_create(c, ix, ing, err);
+    if (rc == 0)
+        rc = kvr_daemon_zsub_create(c, *ing, z, err);
+    if (rc == 0)
+        rc = kvr_ingest_start(*ing, err);
+    if (rc == 0)
+        rc = kvr_zsub_start(*z, err);
+    if (rc != 0) {
+        if (*z != NULL)
+            kvr_zsub_stop(*z);
+        kvr_ingest_destroy(*ing);
+        kvr_zsub_destroy(*z);
+        *ing = NULL;
+        *z = NULL;
+    }
+    return rc;
+}
+
+/* The daemon's stop order: zsub stops producing, ingest drains and goes, then zsub. */
+static void pipeline_stop(struct kvr_ingest *ing, struct kvr_zsub *z)
+{
+    kvr_zsub_stop(z);
+    kvr_ingest_stop(ing);
+    kvr_ingest_destroy(ing);
+    kvr_zsub_destroy(z);
+}
+
+/* Creates index + ingest + zsub wired as daemon/main.c does (kvr_daemon_zsub_create); bind
+ * mode unless `bind` is false; tweak edits the config. */
+static struct fx *fx_new_conf(bool bind, int64_t purge_after_ms, void (*tweak)(struct kvr_conf *))
+{
+    struct fx *f = calloc(1, sizeof(*f));
+    struct kvr_index_opts io = {0};
+    struct kvr_err err = {{0}};
+    const char *eps[1];
+
+    conf_defaults(&f->conf);
+    if (purge_after_ms >= 0)
+        f->conf.purge_after_disconnect_ms = purge_after_ms;
+    if (tweak != NULL)
+        tweak(&f->conf);
+    if (bind) {
+        f->bind_list[0] = "tcp://127.0.0.1:*";
+        f->conf.bind = f->bind_list;
+        f->conf.nbind = 1;
+    }
+    io.orphan_capacity = 1024;
+    assert_int_equal(kvr_index_create(&io, &f->ix), 0);
+    assert_int_equal(kvr_index_reader_create(f->ix, &f->rd), 0);
+    if (pipeline_start(&f->conf, f->ix, &f->ing, &f->zsub, &err) != 0)
+        fail_msg("start: %s", err.msg);
+    assert_true(kvr_ingest_ready(f->ing));
+    f->more_metrics = zsub_metrics;
+    f->zctx = zmq_ctx_new();
+    f->pub = zmq_socket(f->zctx, ZMQ_PUB);
+    int zero = 0, big = 1000000;
+    zmq_setsockopt(f->pub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(f->pub, ZMQ_SNDHWM, &big, sizeof(big));
+    if (bind) {
+        assert_int_equal(kvr_zsub_bound(f->zsub, eps, 1), 1);
+        assert_non_null(strstr(eps[0], "tcp://127.0.0.1:"));
+        assert_null(strchr(eps[0] + 16, '*'));
+        snprintf(f->ep, sizeof(f->ep), "%s", eps[0]);
+        assert_int_equal(zmq_connect(f->pub, f->ep), 0);
+    } else {
+        size_t len = sizeof(f->ep);
+        assert_int_equal(zmq_bind(f->pub, "tcp://127.0.0.1:*"), 0);
+        zmq_getsockopt(f->pub, ZMQ_LAST_ENDPOINT, f->ep, &len);
+    }
+    return f;
+}
+
+static struct fx *fx_new(bool bind, int64_t purge_after_ms)
+{
+    return fx_new_conf(bind, purge_after_ms, NULL);
+}
+
+static void fx_free(struct fx *f)
+{
+    if (f->pub != NULL)
+        zmq_close(f->pub);
+    zmq_ctx_term(f->zctx);
+    pipeline_stop(f->ing, f->zsub);
+    kvr_index_reader_destroy(f->rd);
+    kvr_index_destroy(f->ix);
+    free(f);
+}
+
+static void send_frames(void *pub, const void *topic, size_t tlen, const void *seq, size_t slen,
+                        const void *payload, size_t plen, int nframes)
+{
+    assert_true(zmq_send(pub, topic, tlen, nframes > 1 ? ZMQ_SNDMORE : 0) >= 0);
+    if (nframes > 1)
+        assert_true(zmq_send(pub, seq, slen, nframes > 2 ? ZMQ_SNDMORE : 0) >= 0);
+    if (nframes > 2)
+        assert_true(zmq_send(pub, payload, plen, nframes > 3 ? ZMQ_SNDMORE : 0) >= 0);
+    if (nframes > 3)
+        assert_true(zmq_send(pub, "x", 1, 0) >= 0);
+}
+
+static void publish(void *pub, const char *topic, uint64_t seq, const struct tev *evs, size_t n,
+                    int dp_rank)
+{
+    msgpack_sbuffer sb;
+    unsigned char s8[8];
+
+    pack_batch(&sb, evs, n, dp_rank);
+    be64(s8, seq);
+    send_frames(pub, topic, strlen(topic), s8, 8, sb.data, sb.size, 3);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void test_bad_frames_and_events(void **state)
+{
+    struct fx *f = fx_new(true, -1);
+    unsigned char s8[8], s4[4] = {0, 0, 0, 1};
+    uint32_t tok[16];
+    uint64_t h[4] = {1, 2, 3, 4}, hb[2] = {5, 6};
+    struct kvr_stream_info si;
+    msgpack_sbuffer sb;
+    (void)state;
+
+    warm_up(f);
+    tokens_seq(tok, 16, 50);
+    be64(s8, 0);
+    send_frames(f->pub, "kv@pod-b@" MODEL, strlen("kv@pod-b@" MODEL), s8, 8, "", 0, 2); /* 2 */
+    send_frames(f->pub, "kv@pod-b@" MODEL, strlen("kv@pod-b@" MODEL), s8, 8, "\x90", 1, 4);
+    send_frames(f->pub, "kv@pod-b@" MODEL, strlen("kv@pod-b@" MODEL), s4, 4, "\x90", 1, 3);
+    send_frames(f->pub, "kv@nomodel", 10, s8, 8, "\x90", 1, 3);
+    /* an undecodable payload with a valid frame layout */
+    send_frames(f->pub, "kv@pod-b@" MODEL, strlen("kv@pod-b@" MODEL), s8, 8, "\xc1\xc1", 2, 3);
+
+    /* one batch: garbage, good store, unknown tag, store with bad token count, good remove */
+    struct tev evs[5] = {
+        {.type = EV_GARBAGE_INT},
+        {.type = EV_STORED, .hashes = h, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+         .lora_id = -1},
+        {.type = EV_UNKNOWN_TAG},
+        {.type = EV_STORED, .hashes = hb, .n = 2, .has_parent = true, .parent = 4, .tokens = tok,
+         .ntok = 7, .bs = 4, .lora_id = -1},
+        {.type = EV_REMOVED, .hashes = h + 3, .n = 1},
+    };
+    publish(f->pub, "kv@pod-b@" MODEL, 1, evs, 5, 0);
+    si = wait_seq(f, "pod-b", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 3);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 4, "pod-b", 0), 3);
+    wait_metric(f, "events_bad_frames_total", "reason=\"frames\"", 2);
+    wait_metric(f, "events_bad_frames_total", "reason=\"seq\"", 1);
+    wait_metric(f, "events_bad_frames_total", "reason=\"topic\"", 1);
+    wait_metric(f, "events_bad_batches_total", "reason=\"decode\"", 1);
+    assert_int_equal(metric(f, "events_skipped_total", "reason=\"not_event\"") +
+                         metric(f, "events_skipped_total", "reason=\"no_tag\""),
+                     1);
+    assert_int_equal(metric(f, "events_skipped_total", "reason=\"unknown_tag\""), 1);
+    assert_int_equal(metric(f, "events_skipped_total", "reason=\"token_count\""), 1);
+
+    /* block size mismatch with the learned one: skipped, counted */
+    struct tev bsm = {.type = EV_STORED, .hashes = hb, .n = 1, .tokens = tok, .ntok = 8, .bs = 8,
+                      .lora_id = -1};
+    publish(f->pub, "kv@pod-b@" MODEL, 2, &bsm, 1, 0);
+    wait_seq(f, "pod-b", 0, 2, KVR_STREAM_SYNCED);
+    assert_int_equal(metric(f, "events_skipped_total", "reason=\"block_size_mismatch\""), 1);
+
+    /* a batch without dp_rank (v0.9.0 shape) counts as rank 0 */
+    pack_batch(&sb, &bsm, 0, -1);
+    be64(s8, 3);
+    send_frames(f->pub, "kv@pod-b@" MODEL, strlen("kv@pod-b@" MODEL), s8, 8, sb.data, sb.size, 3);
+    msgpack_sbuffer_destroy(&sb);
+    wait_seq(f, "pod-b", 0, 3, KVR_STREAM_SYNCED);
+    fx_free(f);
+}
+
+/* ---- replay server (ROUTER) ---------------------------------------------------------- */
+
+struct ring_ent {
+    uint64_t seq;
+    msgpack_sbuffer sb;
+};
+
+struct router {
+    void *zctx;
+    void *sock;
+    char ep[256];
+    const char *topic;
+    bool v25;
+    pthread_mutex_t mu;
+    struct ring_ent ring[64];
+    size_t nring;
+    _Atomic bool stop;
+    _Atomic int requests;
+    uint64_t skip_seq; /* not served (simulates a hole in the ring); UINT64_MAX = none */
+    bool mute;         /* never answers (a hung engine) */
+    pthread_t th;
+};
+
+static void *router_main(void *arg)
+{
+    struct router *r = arg;
+    while (!atomic_load(&r->stop)) {
+        zmq_pollitem_t it = {.socket = r->sock, .events = ZMQ_POLLIN};
+        zmq_msg_t id, empty, start;
+        unsigned char s8[8];
+        uint64_t from = 0;
+
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_init(&id);
+        zmq_msg_init(&empty);
+        zmq_msg_init(&start);
+        zmq_msg_recv(&id, r->sock, 0);
+        zmq_msg_recv(&empty, r->sock, 0);
+        zmq_msg_recv(&start, r->sock, 0);
+        for (size_t i = 0; i < 8 && i < zmq_msg_size(&start); i++)
+            from = (from << 8) | ((unsigned char *)zmq_msg_data(&start))[i];
+        atomic_fetch_add(&r->requests, 1);
+        if (r->mute) {
+            zmq_msg_close(&id);
+            zmq_msg_close(&empty);
+            zmq_msg_close(&start);
+            continue;
+        }
+        pthread_mutex_lock(&r->mu);
+        for (size_t i = 0; i < r->nring; i++) {
+            if (r->ring[i].seq < from || r->ring[i].seq == r->skip_seq)
+                continue;
+            be64(s8, r->ring[i].seq);
+            zmq_send(r->sock, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
+            zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
+            if (r->v25)
+                zmq_send(r->sock, r->topic, strlen(r->topic), ZMQ_SNDMORE);
+            zmq_send(r->sock, s8, 8, ZMQ_SNDMORE);
+            zmq_send(r->sock, r->ring[i].sb.data, r->ring[i].sb.size, 0);
+        }
+        pthread_mutex_unlock(&r->mu);
+        memset(s8, 0xff, 8);
+        zmq_send(r->sock, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
+        zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
+        if (r->v25)
+            zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
+        zmq_send(r->sock, s8, 8, ZMQ_SNDMORE);
+        zmq_send(r->sock, "", 0, 0);
+        zmq_msg_close(&id);
+        zmq_msg_close(&empty);
+        zmq_msg_close(&start);
+    }
+    return NULL;
+}
+
+static struct router *router_new_mute(void *zctx, const char *topic, bool v25, bool mute)
+{
+    struct router *r = calloc(1, sizeof(*r));
+    size_t len = sizeof(r->ep);
+    int zero = 0;
+
+    r->zctx = zctx;
+    r->topic = topic;
+    r->v25 = v25;
+    r->skip_seq = UINT64_MAX;
+    r->mute = mute;
+    pthread_mutex_init(&r->mu, NULL);
+    r->sock = zmq_socket(zctx, ZMQ_ROUTER);
+    zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(r->sock, "tcp://127.0.0.1:*"), 0);
+    zmq_getsockopt(r->sock, ZMQ_LAST_ENDPOINT, r->ep, &len);
+    pthread_create(&r->th, NULL, router_main, r);
+    return r;
+}
+
+static struct router *router_new(void *zctx, const char *topic, bool v25)
+{
+    return router_new_mute(zctx, topic, v25, false);
+}
+
+static void router_free(struct router *r)
+{
+    atomic_store(&r->stop, true);
+    pthread_join(r->th, NULL);
+    zmq_close(r->sock);
+    for (size_t i = 0; i < r->nring; i++)
+        msgpack_sbuffer_destroy(&r->ring[i].sb);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* Publishes a batch (unless drop) and keeps it in the replay ring. */
+static void engine_publish(void *pub, struct router *r, uint64_t seq, const struct tev *evs,
+                           size_t n, bool drop)
+{
+    unsigned char s8[8];
+
+    pthread_mutex_lock(&r->mu);
+    assert_true(r->nring < 64);
+    r->ring[r->nring].seq = seq;
+    pack_batch(&r->ring[r->nring].sb, evs, n, 0);
+    if (!drop) {
+        be64(s8, seq);
+        send_frames(pub, r->topic, strlen(r->topic), s8, 8, r->ring[r->nring].sb.data,
+                    r->ring[r->nring].sb.size, 3);
+    }
+    r->nring++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+struct ep_seen {
+    const char *ep;
+    bool found;
+    bool connected;
+    bool from_config;
+};
+
+static void ep_cb(const struct kvr_zsub_endpoint *e, void *arg)
+{
+    struct ep_seen *s = arg;
+    if (strcmp(e->endpoint, s->ep) == 0) {
+        s->found = true;
+        s->connected = e->connected;
+        s->from_config = e->from_config;
+    }
+}
+
+static void wait_connected(struct fx *f, const char *ep)
+{
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    while (kvr_now_ms() < deadline) {
+        struct ep_seen s = {.ep = ep};
+        kvr_zsub_endpoints(f->zsub, ep_cb, &s);
+        if (s.found && s.connected)
+            return;
+        sleep_ms(5);
+    }
+    fail_msg("endpoint %s never connected", ep);
+}
+
+/* Connect mode with a replay ROUTER: dropped live batches come back through the replay. */
+static void run_replay(bool v25)
+{
+    struct fx *f = fx_new(false, -1);
+    const char *topic = "kv@pod-rp@" MODEL;
+    struct router *r = router_new(f->zctx, topic, v25);
+    struct kvr_err err;
+    uint32_t tok[64];
+    uint64_t h[16];
+    struct kvr_stream_info si;
+
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, f->ep, r->ep, NULL, &err), 0);
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, f->ep, NULL, NULL, &err), -EEXIST);
+    wait_connected(f, f->ep);
+    warm_up(f);
+    tokens_seq(tok, 64, 500);
+    for (int i = 0; i < 16; i++)
+        h[i] = 7000 + (uint64_t)i;
+    /* a chain of 16 blocks over 8 batches (2 blocks each); batches 2, 3 and 6 are lost */
+    for (uint64_t q = 0; q < 8; q++) {
+        struct tev e = {.type = EV_STORED, .hashes = h + 2 * q, .n = 2, .has_parent = q > 0,
+                        .parent = q > 0 ? h[2 * q - 1] : 0, .tokens = tok + 8 * q, .ntok = 8,
+                        .bs = 4, .lora_id = -1};
+        engine_publish(f->pub, r, q, &e, 1, q == 2 || q == 3 || q == 6);
+    }
+    si = wait_seq(f, "pod-rp", 0, 7, KVR_STREAM_SYNCED);
+    assert_true(si.gaps >= 1);
+    assert_true(si.replays >= 1);
+    assert_int_equal(si.blocks, 16);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 64, 4, "pod-rp", 0), 16);
+    assert_true(atomic_load(&r->requests) >= 1);
+    assert_true(metric(f, "events_replayed_batches_total", NULL) >= 3);
+    assert_true(metric(f, "events_replays_total", "result=\"ok\"") >= 1);
+    /* nothing applied twice: every duplicate block store would show here */
+    assert_int_equal(metric(f, "events_blocks_duplicate_total", NULL), 0);
+
+    /* a hole in the engine's ring: replay cannot recover it → unsynced */
+    pthread_mutex_lock(&r->mu);
+    r->skip_seq = 9;
+    pthread_mutex_unlock(&r->mu);
+    struct tev none[1] = {{0}};
+    engine_publish(f->pub, r, 8, none, 0, false);
+    engine_publish(f->pub, r, 9, none, 0, true);
+    engine_publish(f->pub, r, 10, none, 0, false);
+    si = wait_seq(f, "pod-rp", 0, 10, KVR_STREAM_UNSYNCED);
+    assert_true(metric(f, "events_replays_total", "result=\"failed\"") >= 1);
+
+    assert_int_equal(kvr_zsub_endpoint_del(f->zsub, f->ep, &err), 0);
+    assert_int_equal(kvr_zsub_endpoint_del(f->zsub, f->ep, &err), -ENOENT);
+    router_free(r);
+    fx_free(f);
+}
+
+static void test_replay_v24(void **state)
+{
+    (void)state;
+    run_replay(false);
+}
+
+static void test_replay_v25(void **state)
+{
+    (void)state;
+    run_replay(true);
+}
+
+/* Connect mode: an engine that goes away for longer than purge_after_disconnect is purged;
+ * a pod override names an engine whose topic is empty. */
+static void test_disconnect_purge_and_override(void **state)
+{
+    struct fx *f = fx_new(false, 200);
+    struct kvr_err err;
+    uint32_t tok[16];
+    uint64_t h[4] = {1, 2, 3, 4};
+    struct kvr_stream_info si;
+    unsigned char s8[8];
+    msgpack_sbuffer sb;
+    (void)state;
+
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, f->ep, NULL, "pod-o@" MODEL, &err), 0);
+    wait_connected(f, f->ep);
+    tokens_seq(tok, 16, 40);
+    struct tev st = {.type = EV_STORED, .hashes = h, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+                     .lora_id = -1};
+    pack_batch(&sb, &st, 1, 0);
+    /* slow joiner: publish seq 0, 1, ... (empty topic frame, vLLM's default; the same
+     * blocks again are reference-counted duplicates) until the stream is seen */
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    uint64_t seq = 0;
+    while (!get_stream(f, "pod-o", 0, &si)) {
+        assert_true(kvr_now_ms() < deadline);
+        be64(s8, seq++);
+        send_frames(f->pub, "", 0, s8, 8, sb.data, sb.size, 3);
+        sleep_ms(5);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    si = wait_seq(f, "pod-o", 0, seq - 1, -1);
+    assert_int_equal(si.blocks, 4);
+    assert_int_equal(si.restarts, 0);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 4, "pod-o", 0), 4);
+
+    /* the engine goes away */
+    zmq_close(f->pub);
+    f->pub = NULL;
+    deadline = kvr_now_ms() + WAIT_MS;
+    while (worker_tier_blocks(f, "pod-o", 0, KVR_TIER_GPU) != 0) {
+        assert_true(kvr_now_ms() < deadline);
+        sleep_ms(10);
+    }
+    assert_true(metric(f, "events_disconnect_purges_total", NULL) >= 1);
+    assert_true(metric(f, "events_disconnects_total", NULL) >= 1);
+    fx_free(f);
+}
+
+static void short_replay_timeout(struct kvr_conf *c)
+{
+    c->replay_timeout_ms = 300;
+}
+
+static void no_replays(struct kvr_conf *c)
+{
+    c->max_concurrent_replays = 0;
+}
+
+/* An engine whose ROUTER never answers: the stream replays until the deadline, buffering its
+ * live batches, then applies them (in order, once) and is unsynced. */
+static void test_replay_timeout(void **state)
+{
+    struct fx *f = fx_new_conf(false, -1, short_replay_timeout);
+    const char *topic = "kv@pod-to@" MODEL;
+    struct router *r = router_new_mute(f->zctx, topic, true, true);
+    struct kvr_err err;
+    struct tev none[1] = {{0}};
+    struct kvr_stream_info si;
+    int64_t deadline;
+    (void)state;
+
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, f->ep, r->ep, NULL, &err), 0);
+    wait_connected(f, f->ep);
+    warm_up(f);
+    engine_publish(f->pub, r, 0, none, 0, false);
+    wait_seq(f, "pod-to", 0, 0, KVR_STREAM_SYNCED);
+    engine_publish(f->pub, r, 1, none, 0, true);
+    engine_publish(f->pub, r, 2, none, 0, false);
+    /* replaying: seq 2 is held back */
+    deadline = kvr_now_ms() + WAIT_MS;
+    while (!(get_stream(f, "pod-to", 0, &si) && si.state == KVR_STREAM_REPLAYING)) {
+        assert_true(kvr_now_ms() < deadline);
+        sleep_ms(2);
+    }
+    assert_int_equal(si.last_seq, 0);
+    engine_publish(f->pub, r, 3, none, 0, false);
+    si = wait_seq(f, "pod-to", 0, 3, KVR_STREAM_UNSYNCED);
+    assert_int_equal(si.gaps, 1);
+    assert_int_equal(si.replays, 1);
+    assert_true(atomic_load(&r->requests) >= 1);
+    assert_true(metric(f, "events_replays_total", "result=\"failed\"") >= 1);
+    assert_true(metric(f, "events_buffered_batches_total", NULL) >= 1);
+    router_free(r);
+    fx_free(f);
+}
+
+/* max_concurrent_replays = 0: a gap is never replayed, even with a replay endpoint. */
+static void test_replay_disabled(void **state)
+{
+    struct fx *f = fx_new_conf(false, -1, no_replays);
+    const char *topic = "kv@pod-nr@" MODEL;
+    struct router *r = router_new(f->zctx, topic, true);
+    struct kvr_err err;
+    struct tev none[1] = {{0}};
+    struct kvr_stream_info si;
+    (void)state;
+
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, f->ep, r->ep, NULL, &err), 0);
+    wait_connected(f, f->ep);
+    warm_up(f);
+    engine_publish(f->pub, r, 0, none, 0, false);
+    engine_publish(f->pub, r, 1, none, 0, true);
+    engine_publish(f->pub, r, 2, none, 0, false);
+    si = wait_seq(f, "pod-nr", 0, 2, KVR_STREAM_UNSYNCED);
+    assert_int_equal(si.replays, 0);
+    assert_int_equal(atomic_load(&r->requests), 0);
+    router_free(r);
+    fx_free(f);
+}
+
+static void test_endpoint_errors(void **state)
+{
+    struct fx *f = fx_new(true, -1);
+    struct kvr_err err;
+    struct kvr_buf b;
+    (void)state;
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, "not an endpoint", NULL, NULL, &err),
+                     -EINVAL);
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, "", NULL, NULL, &err), -EINVAL);
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, "tcp://127.0.0.1:1", "bad", NULL, &err),
+                     -EINVAL);
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, "tcp://127.0.0.1:1", NULL, "@m", &err),
+                     -EINVAL);
+    assert_int_equal(kvr_zsub_endpoint_add(f->zsub, "tcp://127.0.0.1:1", NULL, NULL, &err), 0);
+    struct ep_seen s = {.ep = "tcp://127.0.0.1:1"};
+    kvr_zsub_endpoints(f->zsub, ep_cb, &s);
+    assert_true(s.found);
+    assert_false(s.from_config);
+    assert_int_equal(kvr_zsub_endpoint_del(f->zsub, "tcp://127.0.0.1:1", &err), 0);
+    assert_int_equal(kvr_zsub_endpoint_del(f->zsub, "tcp://127.0.0.1:1", &err), -ENOENT);
+    /* metrics render without streams */
+    kvr_buf_init(&b);
+    kvr_ingest_metrics(f->ing, &b);
+    assert_non_null(strstr(b.data, "kvrouter_events_lag_seconds_bucket"));
+    assert_null(strstr(b.data, "kvrouter_index_entries")); /* httpapi renders the index's */
+    kvr_buf_free(&b);
+    /* stop is idempotent and ready goes false */
+    kvr_ingest_stop(f->ing);
+    kvr_ingest_stop(f->ing);
+    assert_false(kvr_ingest_ready(f->ing));
+    fx_free(f);
+}
+
+/* Garbage from the wire: random frame counts, seq sizes, topics and payloads. Nothing
+ * crashes, every message is either counted as bad or handed to a writer, and a valid batch
+ * after the storm is applied. */
+static void test_random_garbage(void **state)
+{
+    struct fx *f = fx_new(true, -1);
+    unsigned seed = (unsigned)(getenv("KVR_SEED") ? atoi(getenv("KVR_SEED")) : 4242);
+    enum { N = 2000 };
+    unsigned char buf[256];
+    uint32_t tok[8];
+    uint64_t h[2] = {1, 2};
+    double sent_before, handed, bad = 0;
+    (void)state;
+
+    warm_up(f);
+    sent_before = metric(f, "events_messages_total", NULL);
+    srand(seed);
+    for (int i = 0; i < N; i++) {
+        int nframes = 1 + rand() % 5;
+        for (int k = 0; k < nframes; k++) {
+            size_t len = (size_t)(rand() % 40);
+            int kind = rand() % 4;
+            for (size_t j = 0; j < len; j++)
+                buf[j] = (unsigned char)rand();
+            if (k == 0 && kind < 2) {
+                /* plausible topics, some valid */
+                len = (size_t)snprintf((char *)buf, sizeof(buf), kind ? "kv@g%d@m" : "kv@g%d",
+                                       rand() % 4);
+            } else if (k == 1 && kind < 3) {
+                len = 8;
+            }
+            assert_true(zmq_send(f->pub, buf, len, k + 1 < nframes ? ZMQ_SNDMORE : 0) >= 0);
+        }
+    }
+    tokens_seq(tok, 8, 77);
+    struct tev e = {.type = EV_STORED, .hashes = h, .n = 2, .tokens = tok, .ntok = 8, .bs = 4,
+                    .lora_id = -1};
+    publish(f->pub, "kv@after-storm@" MODEL, 5, &e, 1, 0);
+    wait_seq(f, "after-storm", 0, 5, KVR_STREAM_SYNCED);
+    handed = metric(f, "events_messages_total", NULL) - sent_before;
+    for (int r = 0; r < 4; r++) {
+        static const char *const reasons[] = {"frames", "seq", "topic", "too_many_topics"};
+        char lab[64];
+        snprintf(lab, sizeof(lab), "reason=\"%s\"", reasons[r]);
+        bad += metric(f, "events_bad_frames_total", lab);
+    }
+    /* every message accounted for (SUB filter "kv@": non-matching topics never arrive, so
+     * compare with what arrived: at most N + 1) */
+    assert_true(handed + bad <= N + 1);
+    assert_true(handed >= 1);
+    assert_true(bad > 0);
+    assert_true(matched(f, MODEL, NULL, tok, 8, 4, "after-storm", 0) == 2);
+    fx_free(f);
+}
+
+/* IPv6: a bind on [::1] is reported as such, and an IPv6 engine gets through. */
+static void test_ipv6_bind(void **state)
+{
+    struct kvr_conf c;
+    struct kvr_index *ix;
+    struct kvr_index_reader *rd;
+    struct kvr_ingest *ing;
+    struct kvr_zsub *zsub;
+    struct kvr_err err = {{0}};
+    char *binds[1] = {"tcp://[::1]:*"};
+    struct kvr_index_opts io = {0};
+    const char *eps[1];
+    void *zctx, *pub;
+    int one = 1, zero = 0;
+    struct fx shim;
+    (void)state;
+
+    conf_defaults(&c);
+    c.bind = binds;
+    c.nbind = 1;
+    assert_int_equal(kvr_index_create(&io, &ix), 0);
+    assert_int_equal(kvr_index_reader_create(ix, &rd), 0);
+    if (pipeline_start(&c, ix, &ing, &zsub, &err) != 0) {
+        /* no IPv6 loopback on this machine: nothing to test */
+        kvr_index_reader_destroy(rd);
+        kvr_index_destroy(ix);
+        skip();
+    }
+    assert_int_equal(kvr_zsub_bound(zsub, eps, 1), 1);
+    assert_non_null(strstr(eps[0], "tcp://[::1]:"));
+    zctx = zmq_ctx_new();
+    pub = zmq_socket(zctx, ZMQ_PUB);
+    zmq_setsockopt(pub, ZMQ_IPV6, &one, sizeof(one));
+    zmq_setsockopt(pub, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_connect(pub, eps[0]), 0);
+    memset(&shim, 0, sizeof(shim));
+    shim.ing = ing;
+    shim.zsub = zsub;
+    shim.ix = ix;
+    shim.rd = rd;
+    shim.pub = pub;
+    warm_up(&shim);
+    zmq_close(pub);
+    zmq_ctx_term(zctx);
+    pipeline_stop(ing, zsub);
+    kvr_index_reader_destroy(rd);
+    kvr_index_destroy(ix);
+}
+
+static void test_bind_error(void **state)
+{
+    struct kvr_conf c;
+    struct kvr_index *ix;
+    struct kvr_ingest *ing;
+    struct kvr_zsub *zsub;
+    struct kvr_err err = {{0}};
+    char *binds[1] = {"tcp://nonsense"};
+    struct kvr_index_opts io = {0};
+    (void)state;
+    conf_defaults(&c);
+    c.bind = binds;
+    c.nbind = 1;
+    assert_int_equal(kvr_index_create(&io, &ix), 0);
+    assert_true(pipeline_start(&c, ix, &ing, &zsub, &err) < 0);
+    assert_non_null(strstr(err.msg, "tcp://nonsense"));
+    assert_null(ing);
+    assert_null(zsub);
+    kvr_index_destroy(ix);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_topic),
+        cmocka_unit_test(test_seq),
+        cmocka_unit_test(test_replay),
+        cmocka_unit_test(test_topic_random),
+        cmocka_unit_test(test_seq_random),
+        cmocka_unit_test(test_replay_random),
+        cmocka_unit_test(test_bad_frames_and_events),
+        cmocka_unit_test(test_replay_v24),
+        cmocka_unit_test(test_replay_v25),
+        cmocka_unit_test(test_replay_timeout),
+        cmocka_unit_test(test_replay_disabled),
+        cmocka_unit_test(test_disconnect_purge_and_override),
+        cmocka_unit_test(test_endpoint_errors),
+        cmocka_unit_test(test_random_garbage),
+        cmocka_unit_test(test_ipv6_bind),
+        cmocka_unit_test(test_bind_error),
+    };
+    kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
+    if (getenv("KVR_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KVR_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
