@@ -28,7 +28,7 @@ static void bench(const char *name, uint32_t nev, uint32_t nblk, uint32_t bs, bo
 
     msgpack_sbuffer_init(&sb);
     gen_batch(&sb, nev, nblk, bs, map_form, 42);
-    if (kvr_decoder_create(NULL, &d) != 0)
+    if (kvr_decode_create(NULL, &d) != 0)
         exit(1);
     t0 = kvr_now_ns();
     deadline = t0 + (uint64_t)(seconds * 1e9);
@@ -55,7 +55,7 @@ static void bench(const char *name, uint32_t nev, uint32_t nblk, uint32_t bs, bo
            "%7.1f MB/s  %7.2f us/batch\n",
            name, sb.size, bps, bps * nev * nblk, bps * nev * nblk * bs,
            bps * (double)sb.size / 1e6, 1e6 / bps);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     msgpack_sbuffer_destroy(&sb);
 }
 

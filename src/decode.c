@@ -133,14 +133,9 @@ static inline bool str_eq(const msgpack_object_str *s, const char *lit, size_t n
 }
 #define STR_EQ(s, lit) str_eq((s), (lit), sizeof(lit) - 1)
 
-/* ---- token-id runs (decode.h; shared with the HTTP layer's msgpack request bodies) ---- */
-
-/* kvr_decode_u32_run() and kvr_decode_force_isa() live in decode_scan.c, next to the
- * walk that runs them over every token_ids array. */
-
 /* ---- decoder lifecycle --------------------------------------------------------------- */
 
-int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out)
+int kvr_decode_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out)
 {
     struct kvr_decoder *d;
 
@@ -197,7 +192,7 @@ fail_zone:
     return -ENOMEM;
 }
 
-void kvr_decoder_destroy(struct kvr_decoder *d)
+void kvr_decode_destroy(struct kvr_decoder *d)
 {
     if (d == NULL)
         return;
@@ -801,7 +796,7 @@ int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_r
     return 2;
 }
 
-const char *kvr_skip_reason_name(enum kvr_skip_reason r)
+const char *kvr_decode_skip_reason_name(enum kvr_skip_reason r)
 {
     switch (r) {
     case KVR_SKIP_NONE: return "none";

@@ -34,8 +34,8 @@ struct kvr_decode_limits {
                             * paths, which must agree on every input) */
 };
 
-int kvr_decoder_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out);
-void kvr_decoder_destroy(struct kvr_decoder *d);
+int kvr_decode_create(const struct kvr_decode_limits *lim, struct kvr_decoder **out);
+void kvr_decode_destroy(struct kvr_decoder *d);
 
 /* ---- batches --------------------------------------------------------------------------- */
 
@@ -72,7 +72,7 @@ enum kvr_skip_reason {
                               * models): filtered; ev->type and ev->group_idx are set */
     KVR_SKIP_REASON_COUNT
 };
-const char *kvr_skip_reason_name(enum kvr_skip_reason r); /* "unknown_tag", ... */
+const char *kvr_decode_skip_reason_name(enum kvr_skip_reason r); /* "unknown_tag", ... */
 
 /* One decoded event. Strings are borrowed, not NUL-terminated; NULL means nil/absent. */
 struct kvr_event {

@@ -108,7 +108,7 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
         rc = kvr_queue_create(conf->queue_depth ? conf->queue_depth : 4096,
                               sizeof(struct kvr_queue_msg), &w->q);
         if (rc == 0)
-            rc = kvr_decoder_create(&lim, &w->dec);
+            rc = kvr_decode_create(&lim, &w->dec);
         if (rc != 0) {
             kvr_err_set(err, rc, "events: cannot create writer %u: %s", i, strerror(-rc));
             goto fail;
@@ -223,7 +223,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         free(w->content);
         free(w->blocks);
         free(w->rm);
-        kvr_decoder_destroy(w->dec);
+        kvr_decode_destroy(w->dec);
         kvr_queue_destroy(w->q);
     }
     free(ing->w);

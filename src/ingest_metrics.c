@@ -20,7 +20,7 @@ static const char *const bad_batch_names[BAD_COUNT] = {"decode", "worker", "dp_r
 
 const char *kvr_ingest_skip_name(int r)
 {
-    return r < KVR_SKIP_REASON_COUNT ? kvr_skip_reason_name((enum kvr_skip_reason)r)
+    return r < KVR_SKIP_REASON_COUNT ? kvr_decode_skip_reason_name((enum kvr_skip_reason)r)
                                      : own_skip_names[r - KVR_SKIP_REASON_COUNT];
 }
 

@@ -45,7 +45,7 @@ static void run_batch(struct kvr_decoder *d, const uint8_t *p, size_t n)
         check(rc == 1 || rc == 2);
         if (rc == 2) {
             check(why > KVR_SKIP_NONE && why < KVR_SKIP_REASON_COUNT);
-            check(kvr_skip_reason_name(why) != NULL);
+            check(kvr_decode_skip_reason_name(why) != NULL);
             continue;
         }
         check(why == KVR_SKIP_NONE);
@@ -115,9 +115,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                           .max_depth = 6};
         struct kvr_decode_limits ref = {.reference = true}, tight_ref = tight;
         tight_ref.reference = true;
-        if (kvr_decoder_create(NULL, &g_def) != 0 || kvr_decoder_create(&tight, &g_tight) != 0 ||
-            kvr_decoder_create(&ref, &g_def_ref) != 0 ||
-            kvr_decoder_create(&tight_ref, &g_tight_ref) != 0)
+        if (kvr_decode_create(NULL, &g_def) != 0 || kvr_decode_create(&tight, &g_tight) != 0 ||
+            kvr_decode_create(&ref, &g_def_ref) != 0 ||
+            kvr_decode_create(&tight_ref, &g_tight_ref) != 0)
             abort();
     }
     if (size >= 2) {

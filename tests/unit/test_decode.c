@@ -336,7 +336,7 @@ static struct kvr_decoder *mk(uint32_t max_events, uint32_t max_tokens, uint32_t
     struct kvr_decode_limits lim = {.max_events = max_events, .max_tokens = max_tokens,
                                     .max_hashes = max_hashes, .max_depth = max_depth};
     struct kvr_decoder *d = NULL;
-    assert_int_equal(kvr_decoder_create(&lim, &d), 0);
+    assert_int_equal(kvr_decode_create(&lim, &d), 0);
     assert_non_null(d);
     return d;
 }
@@ -373,15 +373,15 @@ static void assert_str(const char *p, size_t n, const char *want)
 static void assert_ok(const struct res *r, enum kvr_event_type t)
 {
     if (r->rc != 1)
-        fail_msg("expected an event, got skip %s", kvr_skip_reason_name(r->why));
+        fail_msg("expected an event, got skip %s", kvr_decode_skip_reason_name(r->why));
     assert_int_equal(r->ev.type, t);
 }
 
 static void assert_skip(const struct res *r, enum kvr_skip_reason why)
 {
     if (r->rc != 2 || r->why != why)
-        fail_msg("expected skip %s, got rc=%d %s", kvr_skip_reason_name(why), r->rc,
-                 kvr_skip_reason_name(r->why));
+        fail_msg("expected skip %s, got rc=%d %s", kvr_decode_skip_reason_name(why), r->rc,
+                 kvr_decode_skip_reason_name(r->why));
 }
 
 /* ---- §7 ------------------------------------------------------------------------------ */
@@ -407,7 +407,7 @@ static void check_spec_batch(const uint8_t *b, size_t n)
     assert_null(r[0].ev.lora_name);
     assert_false(r[0].ev.has_lora_id);
     assert_int_equal(r[0].ev.group_idx, 0);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_spec_map(void **state)
@@ -467,7 +467,7 @@ static void test_v090(void **state)
     /* earlier events' arrays are still intact after later ones were decoded */
     assert_true(r[0].ev.hashes[0] == (uint64_t)-5);
     assert_int_equal(r[0].ev.tokens[0], 1);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_v0102_bin(void **state)
@@ -493,7 +493,7 @@ static void test_v0102_bin(void **state)
     assert_ok(&r[1], KVR_EV_REMOVED);
     assert_true(r[1].ev.hashes[0] == 0x2ceabcfae6d332eaull);
     assert_str(r[1].ev.medium, r[1].ev.medium_len, "CPU");
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_neg_hashes(void **state)
@@ -520,7 +520,7 @@ static void test_neg_hashes(void **state)
     assert_true(r[0].ev.has_parent && r[0].ev.parent == UINT64_MAX);
     assert_int_equal(r[0].ev.ntokens, 0); /* [] with block_size 0: 0 == 6 * 0 */
     assert_int_equal(r[0].ev.block_size, 0);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_short_bin(void **state)
@@ -537,7 +537,7 @@ static void test_short_bin(void **state)
     assert_true(r[0].ev.hashes[1] == 0x0102030405060708ull);   /* exactly 8 */
     assert_true(r[0].ev.hashes[2] == 0x08090a0b0c0d0e0full);   /* xxhash 16 B */
     assert_true(r[0].ev.hashes[3] == 0x38393a3b3c3d3e3full);   /* 2 × sha256 concat */
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_empty_bin(void **state)
@@ -552,7 +552,7 @@ static void test_empty_bin(void **state)
     assert_skip(&r[1], KVR_SKIP_BAD_HASH); /* empty bin parent */
     assert_ok(&r[2], KVR_EV_REMOVED);
     assert_true(r[2].ev.hashes[0] == 2);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_v022(void **state)
@@ -582,7 +582,7 @@ static void test_v022(void **state)
     assert_true(r[2].ev.has_lora_id);
     assert_int_equal(r[2].ev.lora_id, 5);
     assert_null(r[2].ev.lora_name);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_v024_maps(void **state)
@@ -614,7 +614,7 @@ static void test_v024_maps(void **state)
     assert_int_equal(r[2].ev.block_size, 0);
     assert_false(r[2].ev.has_parent);
     assert_null(r[2].ev.medium);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_removed_cleared(void **state)
@@ -645,7 +645,7 @@ static void test_removed_cleared(void **state)
     assert_int_equal(r[7].ev.group_idx, 1);
     assert_ok(&r[8], KVR_EV_REMOVED);
     assert_true(r[8].ev.group_idx != 0);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_mixed(void **state)
@@ -669,11 +669,11 @@ static void test_mixed(void **state)
     for (size_t i = 0; i < nw; i++) {
         if (want[i] == 0) {
             if (r[i].rc != 1)
-                fail_msg("event %zu: skipped as %s", i, kvr_skip_reason_name(r[i].why));
+                fail_msg("event %zu: skipped as %s", i, kvr_decode_skip_reason_name(r[i].why));
         } else if (r[i].rc != 2 || (int)r[i].why != want[i]) {
             fail_msg("event %zu: want %s, got rc=%d %s", i,
-                     kvr_skip_reason_name((enum kvr_skip_reason)want[i]), r[i].rc,
-                     kvr_skip_reason_name(r[i].why));
+                     kvr_decode_skip_reason_name((enum kvr_skip_reason)want[i]), r[i].rc,
+                     kvr_decode_skip_reason_name(r[i].why));
         }
     }
     /* the valid ones, checked after the whole batch was drained (pointers stay valid) */
@@ -692,7 +692,7 @@ static void test_mixed(void **state)
     assert_int_equal(r[23].ev.tokens[3], 8);
     assert_true(r[23].ev.has_lora_id);
     assert_int_equal(r[23].ev.lora_id, -1);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_token_count(void **state)
@@ -710,7 +710,7 @@ static void test_token_count(void **state)
     assert_int_equal(r[2].ev.block_size, 0);
     assert_ok(&r[3], KVR_EV_STORED);          /* placeholder: [] and block_size 0 */
     assert_int_equal(r[3].ev.ntokens, 0);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_outer(void **state)
@@ -753,7 +753,7 @@ static void test_outer(void **state)
     }
     assert_int_equal(kvr_decode_batch(d, NULL, 0, &bt), -EBADMSG);
     assert_int_equal(kvr_decode_batch(d, NULL, 5, &bt), -EINVAL);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 /* ---- limits -------------------------------------------------------------------------- */
@@ -769,10 +769,10 @@ static void test_limits_events(void **state)
     assert_int_equal(kvr_decode_next(d, &r[0].ev, &r[0].why), 0);
     assert_int_equal(kvr_decode_batch(d, FX(MIXED), &bt), -EBADMSG);
     assert_int_equal(run(d, FX(V0102_BIN), &bt, r, 4), 2);             /* 2 == 2 */
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     d = mk(3, 0, 0, 0);
     assert_int_equal(run(d, FX(V090), &bt, r, 4), 3);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_limits_tokens_hashes(void **state)
@@ -784,11 +784,11 @@ static void test_limits_tokens_hashes(void **state)
 
     assert_int_equal(run(d, FX(SPEC_MAP), &bt, r, 4), 1);
     assert_skip(&r[0], KVR_SKIP_TOO_LARGE);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     d = mk(0, 16, 0, 0);
     assert_int_equal(run(d, FX(SPEC_MAP), &bt, r, 4), 1);
     assert_ok(&r[0], KVR_EV_STORED);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 
     d = mk(0, 0, 1, 0);
     assert_int_equal(run(d, FX(V090), &bt, r, 4), 3);
@@ -796,7 +796,7 @@ static void test_limits_tokens_hashes(void **state)
     assert_ok(&r[1], KVR_EV_STORED);
     assert_ok(&r[2], KVR_EV_REMOVED);
     assert_true(r[1].ev.hashes[0] == 1234567);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_limits_depth(void **state)
@@ -811,11 +811,11 @@ static void test_limits_depth(void **state)
     /* deep_extra nests 14 containers: batch, events, event, extra_keys + 10 more */
     d = mk(0, 0, 0, 13);
     assert_int_equal(kvr_decode_batch(d, FX(DEEP_EXTRA), &bt), -EBADMSG);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     d = mk(0, 0, 0, 14);
     assert_int_equal(run(d, FX(DEEP_EXTRA), &bt, r, 2), 1);
     assert_ok(&r[0], KVR_EV_STORED);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 
     /* 100000 nested arrays; and a configured depth above msgpack-c's 32 is clamped */
     deep = malloc(big + 1);
@@ -824,7 +824,7 @@ static void test_limits_depth(void **state)
     deep[big] = 0x00;
     d = mk(0, 0, 0, 0);
     assert_int_equal(kvr_decode_batch(d, deep, big + 1, &bt), -EBADMSG);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     d = mk(0, 0, 0, 1000);
     assert_int_equal(kvr_decode_batch(d, deep, big + 1, &bt), -EBADMSG);
     /* exactly 32 levels: [ts, [[[...[0]...]]]] is accepted by the outer check... */
@@ -839,7 +839,7 @@ static void test_limits_depth(void **state)
     memset(deep + 2, 0x91, 32);
     deep[34] = 0x00;
     assert_int_equal(kvr_decode_batch(d, deep, 35, &bt), -EBADMSG);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     free(deep);
 }
 
@@ -878,7 +878,7 @@ static void test_limits_huge_declared(void **state)
         if (rc != -EBADMSG)
             fail_msg("#%zu: rc %d", i, rc);
     }
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 /* ---- robustness ---------------------------------------------------------------------- */
@@ -937,7 +937,7 @@ static void test_truncated(void **state)
         assert_int_equal(kvr_decode_batch(d, ALL[f].b, ALL[f].n, &bt), 0);
         drain(d);
     }
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 static void test_trailing(void **state)
@@ -958,7 +958,7 @@ static void test_trailing(void **state)
         assert_int_equal(kvr_decode_batch(d, buf, 2 * ALL[f].n, &bt), -EBADMSG);
         assert_int_equal(kvr_decode_next(d, &(struct kvr_event){0}, NULL), 0);
     }
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 /* Deterministic mutations of every fixture: byte flips, inserts and deletes. Everything
@@ -969,7 +969,7 @@ static struct kvr_decoder *mk_ref(void)
 {
     struct kvr_decode_limits lim = {.reference = true};
     struct kvr_decoder *d = NULL;
-    assert_int_equal(kvr_decoder_create(&lim, &d), 0);
+    assert_int_equal(kvr_decode_create(&lim, &d), 0);
     return d;
 }
 
@@ -995,8 +995,8 @@ static size_t diff_paths(struct kvr_decoder *a, struct kvr_decoder *r, const uin
         x.rc = kvr_decode_next(a, &x.ev, &x.why);
         y.rc = kvr_decode_next(r, &y.ev, &y.why);
         if (x.rc != y.rc || x.why != y.why)
-            fail_msg("paths disagree: rc %d/%d, %s/%s", x.rc, y.rc, kvr_skip_reason_name(x.why),
-                     kvr_skip_reason_name(y.why));
+            fail_msg("paths disagree: rc %d/%d, %s/%s", x.rc, y.rc, kvr_decode_skip_reason_name(x.why),
+                     kvr_decode_skip_reason_name(y.why));
         if (x.rc != 1)
             continue;
         yielded++;
@@ -1198,8 +1198,8 @@ static void bulk_paths_agree(void)
         assert_int_equal(diff_paths(a, r, (const uint8_t *)sb.data, sb.size), 3);
         msgpack_sbuffer_destroy(&sb);
     }
-    kvr_decoder_destroy(a);
-    kvr_decoder_destroy(r);
+    kvr_decode_destroy(a);
+    kvr_decode_destroy(r);
 }
 
 static void test_mutations(void **state)
@@ -1237,10 +1237,10 @@ static void test_mutations(void **state)
         }
         diff_paths(d, ref, buf, n);
     }
-    kvr_decoder_destroy(ref);
+    kvr_decode_destroy(ref);
     if (accepted == 0)
         fail_msg("seed %llx: no mutation was accepted", (unsigned long long)seed);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 /* Generated batches (decode_batch_gen.h): every value checked against its generator. */
@@ -1295,7 +1295,7 @@ static void test_big_batches(void **state)
         check_generated(d, &sb, 2, 3, 4, 9);
         msgpack_sbuffer_destroy(&sb);
     }
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 }
 
 /* [0, [small, one with extra_keys of nnil nils, small], 0] */
@@ -1352,14 +1352,14 @@ static void test_event_zone_cap(void **state)
     assert_skip(&r[1], KVR_SKIP_TOO_LARGE);
     assert_ok(&r[2], KVR_EV_STORED);
     assert_true(r[0].ev.hashes[0] == 100 && r[2].ev.hashes[0] == 102);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 
     d = mk(0, 0, 0, 0);
     assert_int_equal(run(d, (const uint8_t *)sb.data, sb.size, &bt, r, 4), 3);
     for (int i = 0; i < 3; i++)
         assert_ok(&r[i], KVR_EV_STORED);
     assert_true(r[1].ev.hashes[0] == 101);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
     msgpack_sbuffer_destroy(&sb);
 }
 
@@ -1394,7 +1394,7 @@ static void test_zone_shrinks(void **state)
     assert_int_equal(g_calls, 0);
     msgpack_sbuffer_destroy(&big);
     msgpack_sbuffer_destroy(&small);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 #else
     (void)state;
     skip();
@@ -1434,7 +1434,7 @@ static void test_no_alloc_when_warm(void **state)
     }
     for (int form = 0; form < 2; form++)
         msgpack_sbuffer_destroy(&big[form]);
-    kvr_decoder_destroy(d);
+    kvr_decode_destroy(d);
 #else
     (void)state;
     skip();
@@ -1445,17 +1445,17 @@ static void test_reason_names(void **state)
 {
     (void)state;
     for (int i = 0; i < KVR_SKIP_REASON_COUNT; i++) {
-        const char *n = kvr_skip_reason_name((enum kvr_skip_reason)i);
+        const char *n = kvr_decode_skip_reason_name((enum kvr_skip_reason)i);
         assert_non_null(n);
         assert_true(n[0] != 0);
         for (const char *p = n; *p; p++)
             assert_true((*p >= 'a' && *p <= 'z') || *p == '_');
         for (int j = 0; j < i; j++)
-            assert_string_not_equal(n, kvr_skip_reason_name((enum kvr_skip_reason)j));
+            assert_string_not_equal(n, kvr_decode_skip_reason_name((enum kvr_skip_reason)j));
     }
-    assert_string_equal(kvr_skip_reason_name(KVR_SKIP_UNKNOWN_TAG), "unknown_tag");
-    assert_string_equal(kvr_skip_reason_name(KVR_SKIP_GROUP), "group_filtered");
-    assert_string_equal(kvr_skip_reason_name(KVR_SKIP_REASON_COUNT), "invalid");
+    assert_string_equal(kvr_decode_skip_reason_name(KVR_SKIP_UNKNOWN_TAG), "unknown_tag");
+    assert_string_equal(kvr_decode_skip_reason_name(KVR_SKIP_GROUP), "group_filtered");
+    assert_string_equal(kvr_decode_skip_reason_name(KVR_SKIP_REASON_COUNT), "invalid");
 }
 
 static void test_lifecycle(void **state)
@@ -1463,11 +1463,11 @@ static void test_lifecycle(void **state)
     struct kvr_decoder *d = NULL;
     struct kvr_event ev;
     (void)state;
-    assert_int_equal(kvr_decoder_create(NULL, NULL), -EINVAL);
-    assert_int_equal(kvr_decoder_create(NULL, &d), 0); /* NULL limits → defaults */
+    assert_int_equal(kvr_decode_create(NULL, NULL), -EINVAL);
+    assert_int_equal(kvr_decode_create(NULL, &d), 0); /* NULL limits → defaults */
     assert_int_equal(kvr_decode_next(d, &ev, NULL), 0); /* no batch open */
-    kvr_decoder_destroy(d);
-    kvr_decoder_destroy(NULL);
+    kvr_decode_destroy(d);
+    kvr_decode_destroy(NULL);
 }
 
 int main(void)
