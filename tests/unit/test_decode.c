@@ -995,8 +995,8 @@ static size_t diff_paths(struct kvr_decoder *a, struct kvr_decoder *r, const uin
         x.rc = kvr_decode_next(a, &x.ev, &x.why);
         y.rc = kvr_decode_next(r, &y.ev, &y.why);
         if (x.rc != y.rc || x.why != y.why)
-            fail_msg("paths disagree: rc %d/%d, %s/%s", x.rc, y.rc, kvr_decode_skip_reason_name(x.why),
-                     kvr_decode_skip_reason_name(y.why));
+            fail_msg("paths disagree: rc %d/%d, %s/%s", x.rc, y.rc,
+                     kvr_decode_skip_reason_name(x.why), kvr_decode_skip_reason_name(y.why));
         if (x.rc != 1)
             continue;
         yielded++;
