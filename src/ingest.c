@@ -59,15 +59,6 @@
 /* ---- lifecycle ------------------------------------------------------------------------- */
 
 /* A log limiter with these settings (0 → 10 s / 10 lines), as zsub sets its own. */
-static void ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
-{
-    atomic_init(&rl->window_start_ms, 0);
-    atomic_init(&rl->printed, 0);
-    atomic_init(&rl->suppressed, 0);
-    rl->interval_ms = interval_ms > 0 ? interval_ms : 10000;
-    rl->burst = burst > 0 ? burst : 10;
-}
-
 int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct kvr_ingest **out,
                       struct kvr_err *err)
 {
@@ -85,8 +76,8 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     pthread_mutex_init(&ing->done_mu, NULL);
     pthread_cond_init(&ing->done_cv, NULL);
     pthread_mutex_init(&ing->life_mu, NULL);
-    ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
-    ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    kvr_ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    kvr_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 

@@ -149,6 +149,15 @@ void kvr_log(enum kvr_log_level level, const char *fmt, ...)
     va_end(ap);
 }
 
+void kvr_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
+{
+    atomic_init(&rl->window_start_ms, 0);
+    atomic_init(&rl->printed, 0);
+    atomic_init(&rl->suppressed, 0);
+    rl->interval_ms = interval_ms > 0 ? interval_ms : 10000;
+    rl->burst = burst > 0 ? burst : 10;
+}
+
 bool kvr_ratelimit_allow(struct kvr_ratelimit *rl, uint64_t *suppressed)
 {
     int64_t now = kvr_now_ms();

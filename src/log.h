@@ -56,6 +56,9 @@ struct kvr_ratelimit {
 };
 #define KVR_RATELIMIT_INIT(interval, n) { 0, 0, 0, (interval), (n) }
 
+/* Initialises a limiter at run time: at most burst lines per interval_ms (0 → 10 s / 10). */
+void kvr_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst);
+
 /* Returns true when a line may be printed now; *suppressed gets the number of lines dropped
  * since the last printed one (to be mentioned in that line). */
 bool kvr_ratelimit_allow(struct kvr_ratelimit *rl, uint64_t *suppressed);

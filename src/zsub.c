@@ -69,16 +69,6 @@ const char *__tsan_default_suppressions(void)
 }
 #endif
 
-void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst)
-{
-    atomic_init(&rl->window_start_ms, 0);
-    atomic_init(&rl->printed, 0);
-    atomic_init(&rl->suppressed, 0);
-    rl->interval_ms = interval_ms > 0 ? interval_ms : 10000;
-    rl->burst = burst > 0 ? burst : 10;
-}
-
-
 char *kvr_zsub_xstrndup(const char *s, size_t n)
 {
     char *d = malloc(n + 1);
@@ -153,8 +143,8 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     pthread_mutex_init(&z->cmu, NULL);
     pthread_cond_init(&z->ccond, NULL);
     z->accepting = false;
-    kvr_zsub_ratelimit_init(&z->rl_frames, o->ratelimit_ms, o->ratelimit_burst);
-    kvr_zsub_ratelimit_init(&z->rl_replay, o->ratelimit_ms, o->ratelimit_burst);
+    kvr_ratelimit_init(&z->rl_frames, o->ratelimit_ms, o->ratelimit_burst);
+    kvr_ratelimit_init(&z->rl_replay, o->ratelimit_ms, o->ratelimit_burst);
     *out = z;
     return 0;
 }

@@ -102,9 +102,6 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
  * is answered with a failed REPLAY_END. */
 int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_queue_replay_req *r);
 
-/* A log limiter with these settings (0 → 10 s / 10 lines). */
-void kvr_zsub_ratelimit_init(struct kvr_ratelimit *rl, int64_t interval_ms, uint32_t burst);
-
 enum kvr_zsub_bad {
     KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */
     KVR_ZSUB_BAD_SEQ,        /* seq frame not 8 bytes */
