@@ -4,6 +4,7 @@
  *
  * Lifecycle (main thread): create → start (binds the listeners, starts [http] threads loop
  * threads) → ... → stop (closes listeners, finishes in-flight responses, joins) → destroy.
+ * Uses zsub only to hand it to httpapi (the admin endpoint routes: see httpapi.h).
  * Readiness (/readyz) is 200 only between kvr_http_set_ready(h, true) and stop.
  */
 #ifndef KVR_HTTP_H

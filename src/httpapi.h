@@ -14,6 +14,11 @@
  * main listener); with [http] admin_token set they need "Authorization: Bearer <token>"
  * (401 without it, 403 with a wrong one; compared in constant time).
  *
+ * Uses (ARCHITECTURE.md lists score, ingest (admin), metrics): also zsub, deliberately, for
+ * the admin endpoint routes, its /metrics families and readiness (zsub owns the sockets;
+ * going through ingest would bring back the ingest -> zsub call this layout removed); and
+ * index.h's public statistics for the index gauges (never index internals).
+ *
  * Threads: struct kvr_httpapi is shared and read-only after create (except the ready flag,
  * atomic); one struct kvr_httpapi_thread per loop thread holds the score ctx and scratch.
  */

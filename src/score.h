@@ -5,6 +5,8 @@
  * with kvr_index_find(). score = sum over the matched blocks of the best tier weight the
  * worker holds each at. Entries are sorted by score desc, then pod, then dp_rank.
  *
+ * Uses conf.h only for the settings struct it is created from (tier weights), as ingest does.
+ *
  * Threads: one struct kvr_score_ctx per thread (it owns an index reader and scratch sized
  * for max_tokens, so a query makes no heap allocation). Weights can be changed at runtime
  * (SIGHUP) with kvr_score_set_weights from any thread.
