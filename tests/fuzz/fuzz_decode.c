@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "decode.h"
+#include "fuzz_frames.h"
 
 static struct kvr_decoder *g_def, *g_tight, *g_def_ref, *g_tight_ref;
 
@@ -107,8 +108,9 @@ static void run_diff(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    const uint8_t *topic, *seqf, *payload;
-    size_t tl = 0, sl = 0, pl;
+    struct fuzz_frames fr;
+    const uint8_t *payload;
+    size_t pl;
 
     if (g_def == NULL) {
         struct kvr_decode_limits tight = {.max_events = 4, .max_tokens = 32, .max_hashes = 4,
@@ -120,25 +122,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kvr_decode_create(&tight_ref, &g_tight_ref) != 0)
             abort();
     }
-    if (size >= 2) {
-        tl = data[0];
-        sl = data[1];
-        data += 2;
-        size -= 2;
-    }
-    if (tl > size)
-        tl = size;
-    topic = data;
-    data += tl, size -= tl;
-    if (sl > size)
-        sl = size;
-    seqf = data;
-    data += sl, size -= sl;
-    payload = data;
-    pl = size;
+    fuzz_frames_split(data, size, &fr);
+    payload = fr.payload;
+    pl = fr.pl;
 
     /* live message */
-    (void)seqf;
     run_batch(g_def, payload, pl);
     run_batch(g_tight, payload, pl);
     run_diff(g_def, g_def_ref, payload, pl);
@@ -151,8 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* the whole input (after the 2 length bytes) past 8 bytes, as a replay payload */
     {
-        const uint8_t *all = topic;
-        size_t n = tl + sl + pl;
+        const uint8_t *all = fr.topic;
+        size_t n = fr.tl + fr.sl + fr.pl;
         if (n >= 8) {
             run_batch(g_def, all + 8, n - 8);
         }

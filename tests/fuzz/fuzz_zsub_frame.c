@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_frames.h"
 #include "zsub.h"
 
 static void check(int ok)
@@ -37,27 +38,16 @@ static void run_replay(const void *const *f, const size_t *l, size_t nf)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    struct fuzz_frames fr;
     const uint8_t *topic, *seqf, *payload;
-    size_t tl = 0, sl = 0, pl;
+    size_t tl, sl, pl;
     struct kvr_zsub_topic_parts t;
     uint64_t seq;
 
-    if (size >= 2) {
-        tl = data[0];
-        sl = data[1];
-        data += 2;
-        size -= 2;
-    }
-    if (tl > size)
-        tl = size;
-    topic = data;
-    data += tl, size -= tl;
-    if (sl > size)
-        sl = size;
-    seqf = data;
-    data += sl, size -= sl;
-    payload = data;
-    pl = size;
+    fuzz_frames_split(data, size, &fr);
+    topic = fr.topic, tl = fr.tl;
+    seqf = fr.seq, sl = fr.sl;
+    payload = fr.payload, pl = fr.pl;
 
     /* live message */
     if (kvr_zsub_topic_split(topic, tl, &t) == 0) {
