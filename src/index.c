@@ -292,18 +292,6 @@
 
 /* ---- basics ------------------------------------------------------------------------- */
 
-#define IX_ASSERT(c)                                                                        \
-    do {                                                                                    \
-        if (__builtin_expect(!(c), 0))                                                      \
-            ix_assert_fail(#c, __LINE__);                                                   \
-    } while (0)
-
-static void ix_assert_fail(const char *what, int line)
-{
-    kvr_log_error("index: internal invariant failed: %s (index.c:%d)", what, line);
-    abort();
-}
-
 #define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define LDA(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
 #define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
@@ -1089,7 +1077,7 @@ static void shard_unlock(struct shard *sh)
 /* Under the shard lock: publishes the shard's table for readers. */
 static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)
 {
-    IX_ASSERT(((uintptr_t)t >> 48) == 0);
+    KVR_ASSERT(((uintptr_t)t >> 48) == 0);
     STR(sh->tab, t);
     STR(ix->tabw[sh - ix->sh], t ? (uint64_t)(uintptr_t)t | (uint64_t)t->shift << 56 : 0);
     sh->shift = t ? t->shift : 0;
@@ -1177,7 +1165,7 @@ static void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct s
     uint64_t i = h >> sh->shift, mask = sh->mask;
     for (;;) {
         uint64_t v = LD(t->slot[i]);
-        IX_ASSERT(v != 0);
+        KVR_ASSERT(v != 0);
         if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB)
             break;
         i = (i + 1) & mask;
@@ -1354,7 +1342,7 @@ static int hs_adj(struct node *nd, uint32_t holder, int delta)
         if (el_holder(e) != holder)
             return 0;
         uint32_t c = (uint32_t)(e >> 32);
-        IX_ASSERT(delta > 0 || c >= (uint32_t)-delta);
+        KVR_ASSERT(delta > 0 || c >= (uint32_t)-delta);
         ST(nd->h, pack_el(holder, c + (uint32_t)delta));
         return 1;
     }
@@ -1364,7 +1352,7 @@ static int hs_adj(struct node *nd, uint32_t holder, int delta)
     if (i >= cnt || LD(hh[i]) != holder)
         return 0;
     uint32_t *p = &HS_NCH(hs)[i], c = LD(*p);
-    IX_ASSERT(delta > 0 || c >= (uint32_t)-delta);
+    KVR_ASSERT(delta > 0 || c >= (uint32_t)-delta);
     ST(*p, c + (uint32_t)delta);
     return 1;
 }
@@ -1475,7 +1463,7 @@ static int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         x->seq = 0;
         x->n = 1u | (root ? N_ROOT : 0u);
         x->h = pack_el(holder, nchild);
-        IX_ASSERT(((uintptr_t)x >> 48) == 0);
+        KVR_ASSERT(((uintptr_t)x >> 48) == 0);
         if (LD(t->slot[ins]) == 0)
             sh->used++;
         sh->live++;
@@ -1506,7 +1494,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
         shard_lock(sh);
         node_lock(x);
         int r = hs_del(s, x, holder, &nchild, &old);
-        IX_ASSERT(r == 1);
+        KVR_ASSERT(r == 1);
         if ((LD(x->n) & ~N_ROOT) == 0) {
             ST(x->n, N_DEAD);
             dead = 1;
@@ -1527,7 +1515,7 @@ static uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
     int r = hs_del(s, x, holder, &nchild, &old);
     uint32_t left = LD(x->n) & N_COUNT;
     node_unlock(x);
-    IX_ASSERT(r == 1);
+    KVR_ASSERT(r == 1);
     ebr_retire(ix, s, old);
     ADD(s->pairs, -1);
     if (left != 0)
@@ -1799,7 +1787,7 @@ static int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t de
         uint32_t i = (uint32_t)kvr_hash_mix64(key) & m->mask;
         while (m->s[i].val != 0) {
             if (m->s[i].key == key) {
-                IX_ASSERT(delta >= 0 || m->s[i].val >= (uint64_t)-delta);
+                KVR_ASSERT(delta >= 0 || m->s[i].val >= (uint64_t)-delta);
                 m->s[i].val += (uint64_t)delta;
                 if (m->s[i].val == 0)
                     cmap_del_at(s, m, i);
@@ -1808,7 +1796,7 @@ static int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t de
             i = (i + 1) & m->mask;
         }
     }
-    IX_ASSERT(delta >= 0);
+    KVR_ASSERT(delta >= 0);
     if (delta == 0)
         return 0;
     if (m->s == NULL || (m->n + 1) * 4 > (m->mask + 1) * 3) {
@@ -2377,7 +2365,7 @@ static inline uint64_t absent_key(uint64_t chain)
 static void holes_add(struct wctx *c, struct holder *H, int64_t delta)
 {
     uint64_t before = LD(H->holes), after = before + (uint64_t)delta;
-    IX_ASSERT(delta >= 0 || before >= (uint64_t)-delta);
+    KVR_ASSERT(delta >= 0 || before >= (uint64_t)-delta);
     if (before == 0 && after != 0)
         __atomic_fetch_add(&c->ix->wslow[c->wid], 1, __ATOMIC_RELAXED);
     else if (before != 0 && after == 0)
@@ -2437,7 +2425,7 @@ static void pend_flush(struct wctx *c)
 {
     if (c->pend != NULL) {
         int r = entry_adj(c->pend, c->pend_hid, -1);
-        IX_ASSERT(r == 1);
+        KVR_ASSERT(r == 1);
         c->pend = NULL;
     }
 }
@@ -2462,7 +2450,7 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
         return;
     struct node *p = hint;
     if (p != NULL && p->chain == pchain) {
-        IX_ASSERT(c->pend == NULL);
+        KVR_ASSERT(c->pend == NULL);
         c->pend = p;
         c->pend_hid = hid;
         return;
@@ -2479,7 +2467,7 @@ static void prov_cancel(struct wctx *c, uint32_t hid)
 {
     if (c->prov != NULL) {
         int r = entry_adj(c->prov, hid, -1);
-        IX_ASSERT(r == 1);
+        KVR_ASSERT(r == 1);
         c->prov = NULL;
     }
 }
@@ -2538,7 +2526,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
         c->prov = more ? x : NULL;
     } else {
         prov_cancel(c, hid);
-        IX_ASSERT(nchild == 0);
+        KVR_ASSERT(nchild == 0);
         if (cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, 1) < 0)
             kvr_log_error("index: out of memory counting an engine-hash alias");
     }
@@ -2631,7 +2619,7 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         node_unlock(x);
         shard_unlock(sh);
         if (r != 1) { /* an alias (0) or ENOMEM: nothing changed */
-            IX_ASSERT(old == NULL);
+            KVR_ASSERT(old == NULL);
             return 0;
         }
         ebr_retire(ix, c->s, old);
@@ -2646,7 +2634,7 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         x->seq = 0;
         x->n = 1u | (p == NULL ? N_ROOT : 0u);
         x->h = pack_el(hid, nchild);
-        IX_ASSERT(((uintptr_t)x >> 48) == 0);
+        KVR_ASSERT(((uintptr_t)x >> 48) == 0);
         if (LD(t->slot[ins]) == 0)
             sh->used++;
         sh->live++;
@@ -2698,7 +2686,7 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     uint64_t chain = x->chain, pchain = x->parent_chain;
     uint32_t nchild = entry_del(c->ix, c->s, x, hid);
     if (c->pend != NULL) { /* == x: the decrement owed to this membership, now gone */
-        IX_ASSERT(nchild >= 1);
+        KVR_ASSERT(nchild >= 1);
         nchild--;
         c->pend = NULL;
     }
@@ -2762,7 +2750,7 @@ static inline int unstore_fast(struct wctx *c, struct holder *H, uint32_t hid, s
     acc->entries++;
     uint32_t nchild = (uint32_t)(e >> 32);
     if (c->pend != NULL) { /* == x: the decrement owed to this membership, now gone */
-        IX_ASSERT(nchild >= 1);
+        KVR_ASSERT(nchild >= 1);
         nchild--;
         c->pend = NULL;
     }
