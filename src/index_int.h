@@ -1,0 +1,302 @@
+/* index_int.h — what the index_*.c files share: the structures, the atomics and fences,
+ * the spinlock, and the hot helpers as static inline (a call per block on the store,
+ * remove and find paths must not cross files: index_*.c are separate translation units).
+ * Private to the index: nothing outside src/index*.c includes it (libuv's internal.h).
+ * The design is in index.c's opening note and next to the code; measurements in
+ * docs/index.md.
+ */
+#ifndef KVR_INDEX_INT_H
+#define KVR_INDEX_INT_H
+
+#include "index.h"
+
+#include "hash.h"
+#include "log.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* ---- basics ------------------------------------------------------------------------- */
+
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define LDA(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define STR(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#define ADD(x, v) ST((x), LD(x) + (v)) /* single-writer counters */
+
+/* Fences order the seqlock and epoch protocols on weakly ordered CPUs. ThreadSanitizer does
+ * not model fences (gcc refuses them); every shared access is atomic anyway, so in a TSAN
+ * build they become no-ops and the epoch announcement stays a full barrier (xchg on x86). */
+#if defined(__SANITIZE_THREAD__)
+#define IX_FENCE(order) ((void)0)
+#else
+#define IX_FENCE(order) __atomic_thread_fence(order)
+#endif
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#define SHARD_BITS 10
+#define NSHARD (1u << SHARD_BITS)
+#define SLOT_TOMB 1ull
+#define PTR_MASK ((1ull << 48) - 1)
+#define EBR_SLOTS 256
+#define EBR_READER_SLOTS 192 /* the rest stay free for writer calls */
+#define NS_CHUNK 1024
+#define NS_CHUNKS 1024       /* up to 1M namespaces */
+#define HOLDER(wid, tier) ((uint32_t)(wid) << 3 | (uint32_t)(tier))
+#define H_WID(h) ((h) >> 3)
+#define H_TIER(h) ((h) & 7u)
+
+#define N_COUNT 0x1fffffffu
+#define N_ROOT 0x20000000u /* immutable: the entry is at position 0 */
+#define N_EXT 0x40000000u
+#define N_DEAD 0x80000000u
+
+/* ---- structures ---------------------------------------------------------------------- */
+
+struct retired {
+    void *p;
+    uint64_t epoch;
+};
+
+struct ebr_slot {
+    uint64_t epoch; /* atomic: 0 = quiescent, else the global epoch seen at entry */
+    uint32_t owner; /* atomic: 0 free, 1 claimed */
+    uint32_t reader; /* owner: claimed by a reader for its lifetime */
+    /* owner only */
+    struct retired *ret;
+    size_t nret, capret;
+    struct node *nfresh; /* nodes taken from chunks' free lists for this call */
+    struct node *nnext;  /* nodes reclaimed during this call */
+    struct node *rb, *re; /* a run of never-used nodes of one chunk, taken for this call */
+    /* owner-written (relaxed), summed by stats */
+    int64_t bytes, entries, pairs, orphans;
+} __attribute__((aligned(64)));
+
+struct hset {
+    uint32_t cap; /* atomic (read by readers through an unvalidated pointer) */
+    uint32_t pad;
+    uint32_t v[]; /* atomic: v[0..cap) holder ids, sorted; v[cap..2 cap) their nchild */
+};
+#define HS_HID(hs) ((hs)->v)
+#define HS_NCH(hs) ((hs)->v + LD((hs)->cap))
+
+/* Copies and comparisons of holder-id runs. Readers run them under a node's seqlock and
+ * validate it afterwards (a torn read is retried, never used); writers hold the node lock.
+ * ThreadSanitizer builds go element by element with relaxed atomics (every shared access
+ * atomic, as TSAN wants); others use memcpy/memmove/memcmp (vectorised). */
+static inline void hv_move(uint32_t *dst, const uint32_t *src, uint32_t n)
+{
+#if defined(__SANITIZE_THREAD__)
+    if (dst < src)
+        for (uint32_t k = 0; k < n; k++)
+            ST(dst[k], LD(src[k]));
+    else
+        for (uint32_t k = n; k-- > 0;)
+            ST(dst[k], LD(src[k]));
+#else
+    if (n > 16) {
+        memmove(dst, src, (size_t)n * sizeof(*dst));
+    } else if (dst < src) { /* short runs (the usual shift in a holder array): no call */
+        for (uint32_t k = 0; k < n; k++)
+            dst[k] = src[k];
+    } else {
+        for (uint32_t k = n; k-- > 0;)
+            dst[k] = src[k];
+    }
+#endif
+}
+
+static inline int hv_equal(const uint32_t *x, const uint32_t *a, uint32_t n)
+{
+#if defined(__SANITIZE_THREAD__)
+    for (uint32_t k = 0; k < n; k++)
+        if (LD(x[k]) != a[k])
+            return 0;
+    return 1;
+#else
+    return memcmp(x, a, (size_t)n * sizeof(*x)) == 0;
+#endif
+}
+
+struct node {
+    uint64_t chain;        /* key (namespace and position folded in, see ns_root); immutable */
+    uint64_t parent_chain; /* immutable (unused at position 0) */
+    uint32_t seq;          /* atomic: seqlock, odd while a writer holds the node */
+    uint32_t n;            /* atomic: count | N_EXT | N_DEAD */
+    uint64_t h;            /* atomic: inline element, or struct hset * when N_EXT */
+};
+
+#define NCHUNK (2u << 20) /* node slab chunk: size and alignment, one transparent huge page */
+#define NCHUNK_HDR 64u
+#define NCHUNK_NODES ((NCHUNK - NCHUNK_HDR) / sizeof(struct node))
+_Static_assert(sizeof(struct node) == 32, "node: 32 bytes, two per cache line");
+
+struct nchunk { /* header of a node chunk, NCHUNK_HDR bytes */
+    struct nchunk *anext, *aprev; /* all chunks */
+    struct nchunk *pnext, *pprev; /* chunks with room */
+    struct node *free;
+    uint32_t live, bump;
+};
+
+struct slab {
+    uint32_t lock; /* spinlock */
+    uint32_t pad;
+    struct nchunk *all, *partial;
+    struct nchunk *spare; /* one emptied chunk kept mapped (counted in bytes) */
+} __attribute__((aligned(64)));
+
+/* A slot's home is the top bits of the key hash (the shard is chosen by the low bits), and
+ * its tag is the top 16 bits: a rebuild up to 2^16 slots places entries from the tags alone,
+ * without touching the nodes. */
+struct table {
+    uint64_t mask;  /* immutable */
+    uint32_t shift; /* immutable: 64 - log2(mask + 1) */
+    uint32_t pad;
+    uint64_t slot[]; /* atomic */
+};
+
+struct shard {
+    uint32_t lock;       /* spinlock: writers creating/deleting entries here */
+    uint32_t shift;      /* under lock: tab->shift (0 without a table) */
+    struct table *tab;   /* atomic pointer; replaced under lock */
+    uint64_t live, used; /* under lock */
+    uint64_t mask;       /* under lock: tab->mask (writers probe without loading the table
+                          * header, another cache line) */
+} __attribute__((aligned(64)));
+
+struct rec {
+    uint64_t key; /* rec_key(engine hash): mix64 is a bijection, so keys compare like hashes */
+    uint64_t nc; /* node pointer | copies << 48 (0xffff = more in holder.extra); 0 = empty */
+};
+#define REC_TOMB 1ull /* nc of a deleted record (a tombstone; a live nc is >= 1 << 48) */
+#define REC_LIVE(r) ((r)->nc > REC_TOMB)
+#define REC_ND(r) ((struct node *)(uintptr_t)((r)->nc & PTR_MASK))
+#define REC_COPIES(r) ((uint32_t)((r)->nc >> 48))
+#define COPIES_MAX 0xffffu
+
+struct recmap {
+    struct rec *s;
+    uint32_t cap, n, tomb; /* tomb: deleted records still in probe runs */
+};
+
+struct cslot {
+    uint64_t key, val; /* val 0 = empty */
+};
+
+struct cmap {
+    struct cslot *s;
+    uint32_t mask, n;
+};
+
+struct holder {
+    struct recmap recs;  /* writer */
+    struct cmap absent;  /* writer: key(ns, chain of a parent not held) -> held children */
+    struct cmap alias;   /* writer: node pointer -> extra engine hashes */
+    struct cmap extra;   /* writer: engine hash -> copies beyond COPIES_MAX */
+    uint64_t blocks;     /* atomic: distinct engine hashes held */
+    uint64_t holes;      /* atomic: held entries whose parent entry is not held */
+};
+
+struct parked {
+    uint64_t eh, content, parent;
+    uint32_t ns, tier;
+};
+
+struct worker {
+    uint32_t pod_id, rank;          /* immutable */
+    const char *pod;                /* immutable, owned by the pod */
+    struct holder *h[KVR_TIER_MAX]; /* atomic pointers; created by the writer */
+    /* writer only */
+    struct parked *orph;
+    uint32_t norph, corph;
+    struct cmap awaited; /* parent engine hash -> parked blocks awaiting it */
+};
+
+struct pod {
+    char *name;
+    uint32_t *wids; /* under ix->imu */
+    uint32_t nw, cw;
+};
+
+struct nsrec {
+    uint64_t seed;
+    uint32_t block_size; /* atomic */
+};
+
+struct irec {
+    uint64_t h;
+    uint32_t id, len;
+    char s[];
+};
+
+struct itab {
+    uint32_t mask, n;
+    struct itab *old; /* replaced tables, kept until destroy (lookups are lock-free) */
+    struct irec *slot[]; /* atomic pointers */
+};
+
+struct kvr_index {
+    struct kvr_index_opts o;
+    struct shard *sh; /* NSHARD */
+    uint64_t *tabw;   /* NSHARD, atomic: each shard's table pointer | shift << 56, one
+                       * compact array readers keep in L1 (no table header to load) */
+
+    struct slab slab;
+    struct ebr_slot slots[EBR_SLOTS];
+    uint64_t epoch;    /* atomic, starts at 1 */
+    uint32_t nslots;   /* atomic: high-water mark of used slots */
+
+    pthread_mutex_t imu; /* interning inserts */
+    int64_t gbytes;      /* atomic: bytes of interning structures */
+    struct itab *ns_tab, *w_tab, *pod_tab; /* atomic pointers */
+    struct nsrec *ns_chunk[NS_CHUNKS];     /* atomic pointers */
+    uint32_t nns;                          /* atomic */
+    struct worker **workers;               /* max_workers; atomic pointers */
+    uint32_t nworkers;                     /* atomic */
+    struct pod **pods;                     /* max_workers; atomic pointers */
+    uint32_t npods;                        /* atomic */
+    char tier_names[KVR_TIER_MAX][KVR_NAME_MAX + 1];
+    uint32_t ntiers; /* atomic */
+    uint32_t *wslow;  /* max_workers; atomic: holders of the worker with holes > 0 */
+    uint32_t *wpod;   /* max_workers; pod id of each worker (written before the worker is
+                       * published) */
+    uint64_t *pw;     /* KVR_HASH_CHAIN_MUL^i for i <= jump_stride */
+};
+
+/* ---- synchronization ---------------------------------------------------------------- */
+
+/* Test-and-test-and-set spinlock shared by the slab and the shards: held for a few
+ * instructions (one batch of nodes, one table slot), so spin briefly, then yield. */
+static inline void spin_lock(uint32_t *lock)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t z = 0;
+        if (LD(*lock) == 0 && __atomic_compare_exchange_n(lock, &z, 1, true, __ATOMIC_ACQUIRE,
+                                                          __ATOMIC_RELAXED))
+            return;
+        if (spins > 64)
+            sched_yield();
+        else
+            cpu_relax();
+    }
+}
+
+static inline void spin_unlock(uint32_t *lock)
+{
+    STR(*lock, 0u);
+}
+
+#endif
