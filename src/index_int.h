@@ -299,4 +299,32 @@ static inline void spin_unlock(uint32_t *lock)
     STR(*lock, 0u);
 }
 
+/* ---- the node slab (index_slab.c) ----------------------------------------------------- */
+
+struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s);
+void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s);
+
+static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
+{
+    struct node *x = s->nfresh;
+    if (x != NULL) {
+        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        return x;
+    }
+    if (s->rb != s->re)
+        return s->rb++;
+    return node_refill(ix, s);
+}
+
+/* Node memory: a free node's first word links it in a slot's cache. Nodes reclaimed at the
+ * end of a writer call serve the next call on that slot; whatever that call does not use is
+ * freed when it ends, so an idle index holds no cached nodes (memory follows contents). */
+#define RET_NODE 1ull /* tag in a retired pointer: a node, recycled through the cache */
+
+static inline void node_cache_put(struct ebr_slot *s, void *p)
+{
+    memcpy(p, &s->nnext, sizeof(s->nnext));
+    s->nnext = p;
+}
+
 #endif
