@@ -299,6 +299,75 @@ static inline void spin_unlock(uint32_t *lock)
     STR(*lock, 0u);
 }
 
+/* ---- memory accounting and epoch-based reclamation (index_ebr.c) ----------------------- */
+
+static inline int64_t usable(void *p)
+{
+    return (int64_t)malloc_usable_size(p);
+}
+
+static inline void *sl_alloc(struct ebr_slot *s, size_t n)
+{
+    void *p = malloc(n);
+    if (p != NULL)
+        ADD(s->bytes, usable(p));
+    return p;
+}
+
+static inline void *sl_calloc(struct ebr_slot *s, size_t n)
+{
+    void *p = calloc(1, n);
+    if (p != NULL)
+        ADD(s->bytes, usable(p));
+    return p;
+}
+
+static inline void sl_free(struct ebr_slot *s, void *p)
+{
+    if (p == NULL)
+        return;
+    ADD(s->bytes, -usable(p));
+    free(p);
+}
+
+static inline void *g_calloc(struct kvr_index *ix, size_t n)
+{
+    void *p = calloc(1, n);
+    if (p != NULL)
+        __atomic_fetch_add(&ix->gbytes, usable(p), __ATOMIC_RELAXED);
+    return p;
+}
+
+static inline void g_free(struct kvr_index *ix, void *p)
+{
+    if (p == NULL)
+        return;
+    __atomic_fetch_sub(&ix->gbytes, usable(p), __ATOMIC_RELAXED);
+    free(p);
+}
+
+struct ebr_slot *slot_claim(struct kvr_index *ix, int reader);
+void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p);
+void ebr_reserve_slot(struct ebr_slot *s, size_t more);
+void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s);
+
+static inline void slot_release(struct ebr_slot *s)
+{
+    s->reader = 0;
+    STR(s->owner, 0);
+}
+
+static inline void ebr_enter(struct kvr_index *ix, struct ebr_slot *s)
+{
+    (void)__atomic_exchange_n(&s->epoch, LD(ix->epoch), __ATOMIC_SEQ_CST);
+    IX_FENCE(__ATOMIC_SEQ_CST);
+}
+
+static inline void ebr_exit(struct ebr_slot *s)
+{
+    STR(s->epoch, 0);
+}
+
 /* ---- the node slab (index_slab.c) ----------------------------------------------------- */
 
 struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s);
