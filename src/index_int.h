@@ -396,4 +396,50 @@ static inline void node_cache_put(struct ebr_slot *s, void *p)
     s->nnext = p;
 }
 
+/* ---- nodes: the node lock and holder sets (index_hset.c) ------------------------------ */
+
+void node_lock(struct node *nd);
+int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
+                  void **old);
+int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
+                  void **old);
+int hs_adj(struct node *nd, uint32_t holder, int delta);
+uint32_t hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq);
+
+static inline uint64_t pack_el(uint32_t holder, uint32_t nchild)
+{
+    return (uint64_t)holder | (uint64_t)nchild << 32;
+}
+
+/* node_lock with the uncontended acquisition inline. */
+static inline void node_lock_fast(struct node *nd)
+{
+    uint32_t s = LD(nd->seq);
+    if (!(s & 1) && __atomic_compare_exchange_n(&nd->seq, &s, s + 1, false, __ATOMIC_ACQUIRE,
+                                                __ATOMIC_RELAXED)) {
+        IX_FENCE(__ATOMIC_RELEASE);
+        return;
+    }
+    node_lock(nd);
+}
+
+static inline void node_unlock(struct node *nd)
+{
+    STR(nd->seq, LD(nd->seq) + 1);
+}
+
+/* Node locked: sets count and flags, keeping the immutable N_ROOT. */
+#define N_SET(nd, v) ST((nd)->n, (v) | (LD((nd)->n) & N_ROOT))
+
+static inline uint32_t el_holder(uint64_t e)
+{
+    return (uint32_t)e;
+}
+
+static inline uint32_t hs_read(const struct node *nd, uint32_t *buf)
+{
+    uint32_t seq;
+    return hs_read_seq(nd, buf, &seq);
+}
+
 #endif
