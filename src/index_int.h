@@ -442,4 +442,124 @@ static inline uint32_t hs_read(const struct node *nd, uint32_t *buf)
     return hs_read_seq(nd, buf, &seq);
 }
 
+/* ---- the writer-private maps (index_maps.c) -------------------------------------------- */
+
+int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more);
+void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
+                                                      struct rec *r);
+uint64_t cmap_get(const struct cmap *m, uint64_t key);
+int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta);
+void cmap_free(struct ebr_slot *s, struct cmap *m);
+
+static inline uint64_t rec_key(uint64_t eh)
+{
+    return kvr_hash_mix64(eh);
+}
+
+/* Home of a key (already mixed: a rehash needs no hashing). */
+static inline uint32_t rec_home(const struct recmap *m, uint64_t key)
+{
+    return (uint32_t)(((unsigned __int128)key * m->cap) >> 64);
+}
+
+static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
+{
+    return i + 1 == m->cap ? 0 : i + 1;
+}
+
+#ifndef RECMAP_LOAD
+#define RECMAP_LOAD 7 /* max load, in eighths */
+#endif
+
+/* Grows once for `more` insertions ahead (a store of many blocks) when they cannot fit
+ * even with every tombstone reused; tombstones alone never cause a rehash here (a store
+ * after a remove usually reuses them: recmap_slot and store_fast take the first tombstone
+ * of the probe run), the insertion that finds no tombstone and no room does. */
+static inline void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t more)
+{
+    size_t need = (size_t)m->n + more;
+    if (need * 8 > (size_t)m->cap * RECMAP_LOAD)
+        (void)recmap_room(s, m, more);
+}
+
+static inline struct rec *recmap_get_key(const struct recmap *m, uint64_t key)
+{
+    if (m->s == NULL)
+        return NULL;
+    uint32_t i = rec_home(m, key);
+    while (m->s[i].nc != 0) {
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
+            return &m->s[i];
+        i = rec_next(m, i);
+    }
+    return NULL;
+}
+
+static inline struct rec *recmap_get(const struct recmap *m, uint64_t eh)
+{
+    return recmap_get_key(m, rec_key(eh));
+}
+
+/* Probe for key from a home computed ahead for the current capacity. */
+static inline struct rec *recmap_get_at(const struct recmap *m, uint64_t key, uint32_t i)
+{
+    while (m->s[i].nc != 0) {
+        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
+            return &m->s[i];
+        i = rec_next(m, i);
+    }
+    return NULL;
+}
+
+/* The live record of eh, or (not REC_LIVE) the free slot where it goes (the first
+ * tombstone of its probe run, else the empty slot ending it), after making room for one
+ * more; NULL when growing failed. Valid until the map changes; fill it with rec_fill. */
+static inline struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint64_t key)
+{
+    if (m->s != NULL) {
+        uint32_t i = rec_home(m, key), t = UINT32_MAX;
+        for (; m->s[i].nc != 0; i = rec_next(m, i)) {
+            if (m->s[i].nc == REC_TOMB) {
+                if (t == UINT32_MAX)
+                    t = i;
+            } else if (m->s[i].key == key) {
+                return &m->s[i];
+            }
+        }
+        if (t != UINT32_MAX) /* reusing a tombstone needs no room */
+            return &m->s[t];
+        if ((size_t)(m->n + m->tomb + 1) * 8 <= (size_t)m->cap * RECMAP_LOAD)
+            return &m->s[i];
+    }
+    /* no room: after making some (a rehash leaves no tombstones), the probe ends at an
+     * empty slot within the max load */
+    if (recmap_room(s, m, 1) < 0)
+        return NULL;
+    return recmap_slot(s, m, key);
+}
+
+/* Fills the free slot r (from recmap_slot or a probe like it) with a new record. */
+static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint64_t nc)
+{
+    if (r->nc == REC_TOMB)
+        m->tomb--;
+    r->key = key;
+    r->nc = nc;
+    m->n++;
+}
+
+/* Deletes r: a tombstone (no record moves, so records looked up ahead stay valid until the
+ * map is resized), or, before an empty slot, an empty slot with the tombstones just before
+ * it; the map is rehashed smaller when an eighth full and tombstones are cleared whenever
+ * it is rehashed. */
+static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
+{
+    uint32_t i = (uint32_t)(r - m->s);
+    r->nc = REC_TOMB;
+    m->tomb++;
+    m->n--;
+    if (m->s[rec_next(m, i)].nc == 0 || (size_t)m->n * 8 < m->cap)
+        recmap_del_slow(s, m, r);
+}
+
 #endif
