@@ -562,4 +562,114 @@ static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *
         recmap_del_slow(s, m, r);
 }
 
+/* ---- the shard tables and entries (index_shard.c) ------------------------------------- */
+
+void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+                              struct node *x, uint64_t h);
+int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
+                     uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
+                     uint32_t nchild, struct node **out, int *added);
+uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
+                          uint32_t holder);
+
+/* The chain hash of a prefix at position 0 starts from its namespace's root (the standard
+ * KVR_HASH_CHAIN_ROOT for namespace 0; mix64 is a bijection, so roots differ): an entry's
+ * chain hash alone is its key, as "equal chain hash = same namespace, position and prefix"
+ * carries the same 2^-64 collision bound as equal chains at one position already did. */
+static inline uint64_t ns_root(uint32_t ns)
+{
+    return KVR_HASH_CHAIN_ROOT ^ kvr_hash_mix64(ns);
+}
+
+static inline uint64_t key_hash(uint64_t chain)
+{
+    uint64_t h = chain;
+    h ^= h >> 32;
+    h *= 0xd6e8feb86659fd93ull;
+    h ^= h >> 32;
+    return h;
+}
+
+static inline void shard_lock(struct shard *sh)
+{
+    spin_lock(&sh->lock);
+}
+
+static inline void shard_unlock(struct shard *sh)
+{
+    spin_unlock(&sh->lock);
+}
+
+static inline const struct table *tabw_get(const struct kvr_index *ix, uint64_t h,
+                                           uint32_t *shift)
+{
+    uint64_t w = LDA(ix->tabw[h & (NSHARD - 1)]);
+    *shift = (uint32_t)(w >> 56);
+    return (const struct table *)(uintptr_t)(w & PTR_MASK);
+}
+
+/* Lock-free lookup (readers and writers inside an epoch). */
+static inline struct node *tab_find(const struct kvr_index *ix, uint64_t chain, uint64_t h)
+{
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
+    if (t == NULL)
+        return NULL;
+    uint64_t mask = (~0ull) >> shift, i = h >> shift, tag = h >> 48;
+    for (;;) {
+        uint64_t v = LDA(t->slot[i]);
+        if (v == 0)
+            return NULL;
+        if (v != SLOT_TOMB && (v >> 48) == tag) {
+            const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
+            if (x->chain == chain)
+                return (struct node *)x;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/* Prefetch stage 1: the table slot where key hash h starts probing. */
+static inline void pf_slot(const struct kvr_index *ix, uint64_t h)
+{
+    uint32_t shift;
+    const struct table *t = tabw_get(ix, h, &shift);
+    if (t != NULL)
+        __builtin_prefetch(&t->slot[h >> shift]);
+}
+
+/* Under the shard lock: probes sh's table t for the entry of chain (key hash h). Returns its
+ * node, or NULL with *ins = the slot for a new entry (the first tombstone of the probe run,
+ * else the empty slot that ends it). */
+static inline struct node *tab_probe_locked(const struct shard *sh, const struct table *t,
+                                            uint64_t h, uint64_t chain, uint64_t *ins)
+{
+    uint64_t mask = sh->mask, i = h >> sh->shift, tag = h >> 48, first = UINT64_MAX;
+    for (;;) {
+        uint64_t v = LD(t->slot[i]);
+        if (v == 0) {
+            *ins = first == UINT64_MAX ? i : first;
+            return NULL;
+        }
+        if (v == SLOT_TOMB) {
+            if (first == UINT64_MAX)
+                first = i;
+        } else if ((v >> 48) == tag) {
+            struct node *y = (struct node *)(uintptr_t)(v & PTR_MASK);
+            if (y->chain == chain)
+                return y;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/* Writer: +delta to holder's nchild in the entry; 1 when the holder holds it. */
+static inline int entry_adj(struct node *x, uint32_t holder, int delta)
+{
+    node_lock(x);
+    int r = hs_adj(x, holder, delta);
+    node_unlock(x);
+    return r;
+}
+
 #endif

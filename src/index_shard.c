@@ -1,0 +1,199 @@
+/* index_shard.c — the main table's shards and the life of an entry in them.
+ */
+#include "index_int.h"
+
+/* Under the shard lock: publishes the shard's table for readers. */
+static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)
+{
+    KVR_ASSERT(((uintptr_t)t >> 48) == 0);
+    STR(sh->tab, t);
+    STR(ix->tabw[sh - ix->sh], t ? (uint64_t)(uintptr_t)t | (uint64_t)t->shift << 56 : 0);
+    sh->shift = t ? t->shift : 0;
+    sh->mask = t ? t->mask : 0;
+}
+
+/* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it. */
+static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+                       uint64_t want)
+{
+    uint64_t cap = 16;
+    while (cap < want * 2)
+        cap <<= 1;
+    struct table *nt = sl_calloc(s, sizeof(*nt) + cap * sizeof(uint64_t));
+    if (nt == NULL)
+        return -ENOMEM;
+    nt->mask = cap - 1;
+    nt->shift = (uint32_t)__builtin_clzll(cap) + 1;
+    struct table *ot = sh->tab;
+    if (ot != NULL) {
+        for (uint64_t i = 0; i <= ot->mask; i++) {
+            uint64_t v = LD(ot->slot[i]);
+            if (v == 0 || v == SLOT_TOMB)
+                continue;
+            uint64_t j;
+            if (nt->shift >= 48) {
+                j = (v >> 48) >> (nt->shift - 48);
+            } else {
+                const struct node *x = (const struct node *)(uintptr_t)(v & PTR_MASK);
+                j = key_hash(x->chain) >> nt->shift;
+            }
+            while (nt->slot[j] != 0)
+                j = (j + 1) & nt->mask;
+            nt->slot[j] = v;
+        }
+    }
+    tab_publish(ix, sh, nt);
+    sh->used = sh->live;
+    ebr_retire(ix, s, ot);
+    return 0;
+}
+
+void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+                              struct node *x, uint64_t h)
+{
+    struct table *t = sh->tab;
+    uint64_t i = h >> sh->shift, mask = sh->mask;
+    for (;;) {
+        uint64_t v = LD(t->slot[i]);
+        KVR_ASSERT(v != 0);
+        if ((v & PTR_MASK) == (uint64_t)(uintptr_t)x && v != SLOT_TOMB)
+            break;
+        i = (i + 1) & mask;
+    }
+    if (LD(t->slot[(i + 1) & mask]) != 0) {
+        STR(t->slot[i], SLOT_TOMB);
+    } else {
+        /* The next slot is empty, so no probe needs to pass here: empty it, and the
+         * tombstones just before it (readers' probes stop at the same place as before). */
+        STR(t->slot[i], 0ull);
+        sh->used--;
+        for (uint64_t j = (i - 1) & mask; LD(t->slot[j]) == SLOT_TOMB; j = (j - 1) & mask) {
+            STR(t->slot[j], 0ull);
+            sh->used--;
+        }
+    }
+    sh->live--;
+    /* Shrink (memory follows live contents); a failed shrink is harmless. */
+    if (sh->live == 0) {
+        tab_publish(ix, sh, NULL);
+        sh->used = 0;
+        ebr_retire(ix, s, t);
+    } else if (mask + 1 > 16 && sh->live * 8 < mask + 1) {
+        (void)tab_rebuild(ix, s, sh, sh->live);
+    }
+}
+
+/* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
+ * membership. One probe under the shard lock finds the entry or the slot for it. */
+int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
+                     uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
+                     uint32_t nchild, struct node **out, int *added)
+{
+    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
+    void *old = NULL;
+    int rc;
+
+    shard_lock(sh);
+    if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->mask + 1) * 3) {
+        rc = tab_rebuild(ix, s, sh, sh->live + 1);
+        if (rc < 0) {
+            shard_unlock(sh);
+            return rc;
+        }
+    }
+    struct table *t = sh->tab;
+    uint64_t ins;
+    struct node *x = tab_probe_locked(sh, t, h, chain, &ins);
+    if (x != NULL) {
+        node_lock(x);
+        rc = hs_add(s, x, holder, nchild, &old);
+        node_unlock(x);
+        shard_unlock(sh);
+        ebr_retire(ix, s, old);
+        if (rc < 0)
+            return rc;
+    } else {
+        x = node_alloc(ix, s);
+        if (x == NULL) {
+            shard_unlock(sh);
+            return -ENOMEM;
+        }
+        x->chain = chain;
+        x->parent_chain = pchain;
+        x->seq = 0;
+        x->n = 1u | (root ? N_ROOT : 0u);
+        x->h = pack_el(holder, nchild);
+        KVR_ASSERT(((uintptr_t)x >> 48) == 0);
+        if (LD(t->slot[ins]) == 0)
+            sh->used++;
+        sh->live++;
+        STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
+        shard_unlock(sh);
+        ADD(s->entries, 1);
+        rc = 1;
+    }
+    if (rc == 1)
+        ADD(s->pairs, 1);
+    *out = x;
+    *added = rc;
+    return 0;
+}
+
+/* Removes holder from x (it must be there); deletes the entry when it empties. */
+uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
+                          uint32_t holder)
+{
+    void *old = NULL;
+    uint32_t nchild = 0;
+    uint64_t h = key_hash(x->chain);
+    struct shard *sh = &ix->sh[h & (NSHARD - 1)];
+    int dead = 0;
+
+    if ((LD(x->n) & (N_COUNT | N_EXT)) == 1) {
+        /* most likely the last holder: delete in one critical section */
+        shard_lock(sh);
+        node_lock(x);
+        int r = hs_del(s, x, holder, &nchild, &old);
+        KVR_ASSERT(r == 1);
+        if ((LD(x->n) & ~N_ROOT) == 0) {
+            ST(x->n, N_DEAD);
+            dead = 1;
+        }
+        node_unlock(x);
+        if (dead)
+            tab_unlink_locked(ix, s, sh, x, h);
+        shard_unlock(sh);
+        ADD(s->pairs, -1);
+        ebr_retire(ix, s, old);
+        if (dead) {
+            ADD(s->entries, -1);
+            ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+        }
+        return nchild;
+    }
+    node_lock(x);
+    int r = hs_del(s, x, holder, &nchild, &old);
+    uint32_t left = LD(x->n) & N_COUNT;
+    node_unlock(x);
+    KVR_ASSERT(r == 1);
+    ebr_retire(ix, s, old);
+    ADD(s->pairs, -1);
+    if (left != 0)
+        return nchild;
+
+    shard_lock(sh);
+    node_lock(x);
+    if ((LD(x->n) & ~N_ROOT) == 0) {
+        ST(x->n, N_DEAD);
+        dead = 1;
+    }
+    node_unlock(x);
+    if (dead)
+        tab_unlink_locked(ix, s, sh, x, h);
+    shard_unlock(sh);
+    if (dead) {
+        ADD(s->entries, -1);
+        ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+    }
+    return nchild;
+}
