@@ -672,4 +672,15 @@ static inline int entry_adj(struct node *x, uint32_t holder, int delta)
     return r;
 }
 
+/* ---- interning (index_intern.c) -------------------------------------------------------- */
+
+void itab_free(struct kvr_index *ix, struct itab *t, int recs);
+
+static inline struct worker *worker_get(const struct kvr_index *ix, uint32_t wid)
+{
+    if (wid >= LDA(ix->nworkers))
+        return NULL;
+    return LDA(ix->workers[wid]);
+}
+
 #endif
