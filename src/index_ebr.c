@@ -35,9 +35,9 @@ struct ebr_slot *slot_claim(struct kvr_index *ix, int reader)
     }
 }
 
-/* Queues p to be freed when no thread can see it any more. Called with no node lock held
- * is not required (a bounded realloc of the slot's own list); on allocation failure the
- * object is leaked rather than freed early. */
+/* Queues p to be freed when no thread can see it any more. Never called with an index lock
+ * held: it may grow the slot's own list and, when that fails, logs and leaks the object
+ * rather than free it early. */
 void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p)
 {
     if (p == NULL)

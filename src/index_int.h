@@ -564,8 +564,8 @@ static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *
 
 /* ---- the shard tables and entries (index_shard.c) ------------------------------------- */
 
-void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
-                              struct node *x, uint64_t h);
+struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+                                struct node *x, uint64_t h);
 int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
                      uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
                      uint32_t nchild, struct node **out, int *added);

@@ -12,7 +12,8 @@ static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)
     sh->mask = t ? t->mask : 0;
 }
 
-/* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it. */
+/* Under the shard lock: rebuilds the shard's table for `want` live entries, publishes it.
+ * The caller retires the replaced table after unlocking (see the lock order). */
 static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
                        uint64_t want)
 {
@@ -44,12 +45,13 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
     }
     tab_publish(ix, sh, nt);
     sh->used = sh->live;
-    ebr_retire(ix, s, ot);
     return 0;
 }
 
-void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
-                              struct node *x, uint64_t h)
+/* Under the shard lock: unlinks x (key hash h) from the shard's table, shrinking it when
+ * live contents call for it. Returns a replaced table to retire after unlocking, or NULL. */
+struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+                                struct node *x, uint64_t h)
 {
     struct table *t = sh->tab;
     uint64_t i = h >> sh->shift, mask = sh->mask;
@@ -77,10 +79,11 @@ void tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
     if (sh->live == 0) {
         tab_publish(ix, sh, NULL);
         sh->used = 0;
-        ebr_retire(ix, s, t);
-    } else if (mask + 1 > 16 && sh->live * 8 < mask + 1) {
-        (void)tab_rebuild(ix, s, sh, sh->live);
+        return t;
     }
+    if (mask + 1 > 16 && sh->live * 8 < mask + 1)
+        return tab_rebuild(ix, s, sh, sh->live) == 0 ? t : NULL;
+    return NULL;
 }
 
 /* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
@@ -91,10 +94,12 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
 {
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
     void *old = NULL;
+    struct table *oldt = NULL;
     int rc;
 
     shard_lock(sh);
     if (sh->tab == NULL || (sh->used + 1) * 4 > (sh->mask + 1) * 3) {
+        oldt = sh->tab;
         rc = tab_rebuild(ix, s, sh, sh->live + 1);
         if (rc < 0) {
             shard_unlock(sh);
@@ -109,6 +114,8 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         rc = hs_add(s, x, holder, nchild, &old);
         node_unlock(x);
         shard_unlock(sh);
+        if (oldt != NULL)
+            ebr_retire(ix, s, oldt);
         ebr_retire(ix, s, old);
         if (rc < 0)
             return rc;
@@ -116,6 +123,8 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         x = node_alloc(ix, s);
         if (x == NULL) {
             shard_unlock(sh);
+            if (oldt != NULL)
+                ebr_retire(ix, s, oldt);
             return -ENOMEM;
         }
         x->chain = chain;
@@ -129,6 +138,8 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         sh->live++;
         STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
         shard_unlock(sh);
+        if (oldt != NULL)
+            ebr_retire(ix, s, oldt);
         ADD(s->entries, 1);
         rc = 1;
     }
@@ -144,6 +155,7 @@ uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
                           uint32_t holder)
 {
     void *old = NULL;
+    struct table *oldt = NULL;
     uint32_t nchild = 0;
     uint64_t h = key_hash(x->chain);
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
@@ -161,8 +173,10 @@ uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
         }
         node_unlock(x);
         if (dead)
-            tab_unlink_locked(ix, s, sh, x, h);
+            oldt = tab_unlink_locked(ix, s, sh, x, h);
         shard_unlock(sh);
+        if (oldt != NULL)
+            ebr_retire(ix, s, oldt);
         ADD(s->pairs, -1);
         ebr_retire(ix, s, old);
         if (dead) {
@@ -189,8 +203,10 @@ uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
     }
     node_unlock(x);
     if (dead)
-        tab_unlink_locked(ix, s, sh, x, h);
+        oldt = tab_unlink_locked(ix, s, sh, x, h);
     shard_unlock(sh);
+    if (oldt != NULL)
+        ebr_retire(ix, s, oldt);
     if (dead) {
         ADD(s->entries, -1);
         ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));

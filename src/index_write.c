@@ -400,8 +400,10 @@ static inline int unstore_fast(struct wctx *c, struct holder *H, uint32_t hid, s
     }
     ST(x->n, N_DEAD);
     node_unlock(x);
-    tab_unlink_locked(ix, s, sh, x, h);
+    struct table *oldt = tab_unlink_locked(ix, s, sh, x, h);
     shard_unlock(sh);
+    if (oldt != NULL)
+        ebr_retire(ix, s, oldt);
     if (s->nret < s->capret) { /* reserved by the caller */
         s->ret[s->nret].p = (void *)((uintptr_t)x | RET_NODE);
         s->ret[s->nret].epoch = __atomic_load_n(&ix->epoch, __ATOMIC_SEQ_CST);
