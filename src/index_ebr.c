@@ -1,4 +1,21 @@
-/* index_ebr.c — memory accounting and epoch-based reclamation.
+/* index_ebr.c — memory accounting and epoch-based reclamation (EBR).
+ *
+ * Readers never lock (index_int.h, CONCURRENCY), so a writer that unlinks a node, replaces a
+ * holder array or replaces a shard table cannot know when the last reader lets go of it: it
+ * retires the object, and epochs say when it may be freed.
+ * - Every reader and every writer call holds a slot announcing the global epoch while it may
+ *   touch shared memory (slot_claim; ebr_enter/ebr_exit around the accesses). Readers keep a
+ *   slot for their lifetime and may use only the first EBR_READER_SLOTS, so writer calls
+ *   always find one (they spin, then yield, while all are busy).
+ * - Unlinked nodes, replaced holder arrays and replaced tables are retired into the writer
+ *   slot's list and freed once the global epoch has advanced twice past their retirement (no
+ *   thread can still see them; the list is in retirement order, so what is old enough is a
+ *   prefix). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
+ *   to the slab at the end of the call that reclaimed them (index_slab.c).
+ * - ebr_retire may allocate (its list) and log (when that fails it leaks the object rather
+ *   than free it early), so it is never called under an index lock (lock order: index_int.h).
+ * Accounting: sl_* (per slot, owner-written) and g_* (interning, atomic) in index_int.h add
+ * malloc_usable_size() at allocation and remove it at free.
  */
 #include "index_int.h"
 

@@ -1,4 +1,42 @@
-/* index_find.c — readers and find.
+/* index_find.c — the readers: kvr_index_find, the chain math and the exact jump search.
+ * Any number of reader threads, one struct kvr_index_reader each; they never lock (index_int.h,
+ * CONCURRENCY) and make no heap allocation: a reader's scratch (sized by max_query_blocks and
+ * max_workers) is allocated with it.
+ *
+ * LEMMA
+ * If holes(H) == 0 (index_write.c, HOLES) and H holds the entry at position L with the
+ * query's chain hash, then H holds the entry of every position <= L of the query (its parent
+ * is held and has chain[L-1] — equal chain hashes mean equal prefixes, 2^-64 bounds — by
+ * induction). So for a hole-free holder the positions of the query it holds are exactly
+ * [0, tm).
+ *
+ * EXACT JUMP SEARCH
+ * find looks only at jump landings (every jump_stride blocks, at most LAND_MAX = 32 of them:
+ * a longer query gets them further apart, so its cost does not grow with its length by the
+ * landing; chains computed 8 landings at a time: each stride's content sum by its own Horner
+ * chain, 8 interleaved, then one multiply-add per landing; table slots and nodes prefetched a
+ * few landings ahead); a landing whose holder set equals the alive set (compared in place,
+ * one memcmp) costs one pass; holders missing at a landing are bisected within the stride
+ * behind it, split into groups by each probe (a probe whose set equals the set at the group's
+ * lower bound, unchanged since the group was seen there by its seqlock sequence, or the set
+ * at its upper bound, moves the whole group; a probe 64+ blocks from the group's lower bound
+ * gets its chain by the interleaved sums, a nearer one block by block from the nearest known
+ * chain). A landing that keeps few of many alive holders (16x fewer: a shared prefix ends)
+ * finds them by binary search in the alive ids and drops the runs between them whole. The
+ * last block is looked at early (after LAST_AT landings with nobody gone, or at the first
+ * landing where some stopped and others go on, when LAST_MIN landings or more remain): all
+ * the landing chains are computed then, the last block's lookup is staged over the next
+ * landings like a landing's, and if its holder set equals the alive set (one memcmp) they
+ * all hold the whole query and the landings stop (one long match among shorter shared ones
+ * no longer walks the landings to the end).
+ * A worker is "fast" when all its holders are hole-free (a dense per-worker counter says so):
+ * matched = max tm over its tiers, and the score follows from the tm values. Any other worker
+ * is scanned position by position (find_slow: exact, slower). No "same count means same set"
+ * shortcut anywhere: sets are compared or intersected. The usual answer (no pod filter,
+ * workers with one hole-free holder each) is a leading run of position 0's holder set:
+ * classified by one check per holder and written out by a straight loop; the rest goes
+ * through the general per-worker classification and output.
+ * Where find's time goes, and the searches tried and dropped: docs/index.md, find.
  */
 #include "index_int.h"
 

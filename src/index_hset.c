@@ -1,4 +1,14 @@
-/* index_hset.c — entries' holder sets and the node lock.
+/* index_hset.c — an entry's holder set, and the node lock that guards it.
+ *
+ * One holder is stored inline in the node (holder | nchild << 32); two or more live in a
+ * separately allocated array (struct hset) that grows and shrinks by halves (a system-prompt
+ * block held by 16k holders costs 8 bytes a holder, a private block nothing beyond the node):
+ * the sorted holder ids first, their nchild in a parallel array behind them, so find compares
+ * and copies holder runs with memcmp/memcpy (hv_move/hv_equal, index_int.h).
+ * Writers change a set with the node locked (node_lock, the contended loop, is here and out of
+ * line; the uncontended acquisition is inline in index_int.h) and get a replaced array back,
+ * to retire after unlocking. Readers copy a set under the seqlock (hs_read_seq) and retry when
+ * it moved; a torn read is never used.
  */
 #include "index_int.h"
 

@@ -1,9 +1,57 @@
-/* index_int.h — what the index_*.c files share: the structures, the atomics and fences,
- * the spinlock, and the hot helpers as static inline (a call per block on the store,
- * remove and find paths must not cross files: index_*.c are separate translation units).
- * Private to the index: nothing outside src/index*.c includes it (libuv's internal.h).
- * The design is in index.c's opening note and next to the code; measurements in
- * docs/index.md.
+/* index_int.h — what the index_*.c files share, private to src/index*.c (libuv's
+ * internal.h): the structures, the atomics and fences, the spinlock, the lock order, and the
+ * hot helpers as static inline. index_*.c are separate translation units, so whatever the
+ * store, remove and find paths call per block from another file is defined here; what was
+ * out of line before the split stays out of line (inlining node_lock or cmap_get made remove
+ * slower). Overview and invariants: index.c; measurements: docs/index.md.
+ *
+ * ENTRIES
+ * An entry (struct node, 32 bytes, from the slab) is keyed by its chain hash alone (the
+ * namespace is folded into the chain's root, see ns_root; the position into the chain itself;
+ * a flag marks position 0) and holds the parent's chain hash and the sorted set of holders
+ * that have it (index_hset.c). A holder id is wid << 3 | tier, so the set sorted by id groups
+ * a worker's tiers together. nchild, kept per holder in the set, counts the children of the
+ * entry that the same holder holds (holes: index_write.c). kvr_index_stats' "entries" counts
+ * these (namespace, position, chain) entries. Nodes never move, so readers and the reverse
+ * maps keep plain pointers.
+ *
+ * CONCURRENCY
+ * - Writers: one thread per worker at a time (index.h); different workers' writers run in
+ *   parallel and meet on shared entries. A node is locked by its writer-side seqlock (seq
+ *   odd = held; CAS from even), held for exactly one entry update. Finding-or-creating an
+ *   entry and deleting the last holder take the shard's spinlock, then the node's; a node is
+ *   marked dead and unlinked under both, so a node found under the shard lock is alive. Other
+ *   updates (holders joining/leaving a shared entry, child counts) take only the node lock.
+ * - Readers never lock: table slots are read with acquire loads (insert publishes a fully
+ *   built node with a release store; delete writes a tombstone or, before an empty slot, 0;
+ *   growth/shrink builds a new table and publishes its pointer; nothing in a published table
+ *   moves), holder sets are read under the node's seqlock; (n, array pointer) are validated
+ *   before the array is touched and the array's own capacity bounds the read. Scalar shared
+ *   fields are accessed with atomics; holder-id runs are copied/compared with memcpy/memcmp
+ *   and validated by the seqlock (in a TSAN build element-wise relaxed atomics, so TSAN sees
+ *   no data race).
+ * - What readers may still see is freed only after they cannot: epochs (index_ebr.c).
+ * - Interning: one mutex for inserts, lock-free lookups (index_intern.c).
+ *
+ * LOCK ORDER (written down here only; every lock is held for one bounded step)
+ *     shard -> slab -> node          and, apart from them, the interning mutex
+ * - shard (struct shard.lock, a spinlock): a shard's table and its mask/shift copies: probe,
+ *   insert, unlink, rebuild, publish. Under it a writer may take the slab lock (node_alloc
+ *   refilling its slot's cache) or one node lock (joining an entry found, deleting the last
+ *   holder). May allocate: the rebuilt table (tab_rebuild, bounded by the shard's contents).
+ * - slab (struct slab.lock, a spinlock): the chunk lists and counts. May mmap, madvise and
+ *   munmap one 2 MB chunk (a new one, an emptied one beyond the spare). Takes no other lock.
+ * - node (struct node.seq, a writer seqlock): one entry's count, flags and holder set. May
+ *   allocate: a holder array (hs_add/hs_del, the set doubling or halving). Takes no other
+ *   lock. Slab and node are never held together: the order above is the total order both
+ *   nestings (shard -> slab, shard -> node) fit.
+ * - the interning mutex (ix->imu, a pthread mutex): interning inserts and a pod's worker list.
+ *   May allocate. Never held with, nor taken under, the locks above.
+ * - Under any of them: no kvr_log_* (KVR_ASSERT excepted: the process ends there), no other
+ *   I/O, no sleeping or waiting except spinning on these same locks, and no ebr_retire (it
+ *   may grow its list and log): what a locked step replaces (a table, a holder array) is
+ *   handed back and retired after unlocking.
+ * - Readers take none of them; they spin only while a node's seq is odd (one entry update).
  */
 #ifndef KVR_INDEX_INT_H
 #define KVR_INDEX_INT_H
@@ -373,6 +421,8 @@ static inline void ebr_exit(struct ebr_slot *s)
 struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s);
 void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s);
 
+/* A node for a new entry, under the shard lock: from the slot's cached nodes or its bump run
+ * without any lock (per entry created); the slab lock only to refill, once per batch. */
 static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
 {
     struct node *x = s->nfresh;
@@ -411,7 +461,8 @@ static inline uint64_t pack_el(uint32_t holder, uint32_t nchild)
     return (uint64_t)holder | (uint64_t)nchild << 32;
 }
 
-/* node_lock with the uncontended acquisition inline. */
+/* node_lock with the uncontended acquisition inline: one CAS on the store and remove fast
+ * paths; the contended loop stays out of line (inlining all of node_lock made remove slower). */
 static inline void node_lock_fast(struct node *nd)
 {
     uint32_t s = LD(nd->seq);
@@ -551,7 +602,8 @@ static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint6
 /* Deletes r: a tombstone (no record moves, so records looked up ahead stay valid until the
  * map is resized), or, before an empty slot, an empty slot with the tombstones just before
  * it; the map is rehashed smaller when an eighth full and tombstones are cleared whenever
- * it is rehashed. */
+ * it is rehashed. Inline for the usual tombstone (per block removed); the rarer half,
+ * recmap_del_slow, is out of line (index_maps.c). */
 static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
 {
     uint32_t i = (uint32_t)(r - m->s);
@@ -608,7 +660,8 @@ static inline const struct table *tabw_get(const struct kvr_index *ix, uint64_t 
     return (const struct table *)(uintptr_t)(w & PTR_MASK);
 }
 
-/* Lock-free lookup (readers and writers inside an epoch). */
+/* Lock-free lookup (readers and writers inside an epoch). Inline: find calls it at every
+ * landing and bisection probe, writers for a parent's entry. */
 static inline struct node *tab_find(const struct kvr_index *ix, uint64_t chain, uint64_t h)
 {
     uint32_t shift;

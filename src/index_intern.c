@@ -1,4 +1,11 @@
-/* index_intern.c — interning: namespaces, workers, pods and tiers.
+/* index_intern.c — interning: namespaces (model, LoRA), workers (pod, dp rank), pods and
+ * tiers get the small dense ids the index and its callers work with.
+ *
+ * Inserts take one mutex (ix->imu; it may allocate under it and takes no other lock: lock
+ * order in index_int.h); lookups are lock-free over immutable records in open-addressing
+ * tables whose replaced versions are kept until destroy (a lookup may still walk an old one).
+ * A record, a worker or a namespace chunk is complete before its pointer or count is
+ * published with a release store.
  */
 #include "index_int.h"
 

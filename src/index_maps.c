@@ -1,13 +1,24 @@
-/* index_maps.c — the writer-private maps of a holder: the reverse map and the counting maps.
+/* index_maps.c — the per-holder maps, writer-private (one writer per worker: no locks).
+ *
+ * - recs, the reverse map: engine hash -> node pointer | copies << 48 (16 bytes a block),
+ *   stored under mix64 of the engine hash (a bijection, so a rehash reads homes off the
+ *   stored keys); copies past 65535 overflow into the holder's `extra` cmap, keyed the same
+ *   way. Open addressing over any capacity (home = multiply-high of the key), doubling at 7/8
+ *   load counting tombstones, shrinking to 7/16 full when an eighth full. A deletion leaves a
+ *   tombstone (nothing moves: records looked up ahead stay valid until a resize), or before an
+ *   empty slot empties its slot and the tombstones just before it; an insertion takes the
+ *   first tombstone of its probe run (a block stored again after its removal finds its own, so
+ *   churn never rehashes); a rehash clears them.
+ * - cmap, a counting map (key -> count, 0 = none; power-of-two capacity, max load 3/4,
+ *   backward-shift deletion): a holder's `absent` (chain-keyed counts of held children whose
+ *   parent entry the holder does not hold), `alias` (extra engine hashes that map to an entry
+ *   the holder already holds: vLLM cache_salt / multimodal blocks, same tokens, different
+ *   engine hash) and `extra`; a worker's `awaited` (orphans, index_write.c).
+ * What store and remove call per block is static inline in index_int.h; growth, shrinking and
+ * the counting maps are here. tests/unit/test_index_maps.c checks both against a model. Why
+ * these load factors, and the populated doublings: docs/index.md, growth.
  */
 #include "index_int.h"
-
-/* The reverse map is open addressing with linear probing over any capacity (home =
- * multiply-high of the mixed hash), doubling (7/16..7/8 full: 16-byte records cost 18-37
- * bytes a block) and shrinking to 7/16 full when an eighth full (rehashing 0.4 records a
- * removal; at a quarter full it was 1.3, half the remove's map cost). Growing by a quarter
- * instead (70%..87% full) saved ~2 bytes a pair but rehashed every record ~5 times into a
- * table already 70% full: 120 of the store's 594 instructions a block, plus the zeroing. */
 
 #ifndef POP_MIN
 #define POP_MIN (16u << 10) /* sl_calloc_pop: smaller arrays are calloc'd */
@@ -17,9 +28,8 @@
  * are faulted in one madvise(MADV_POPULATE_WRITE) instead of one trap per 4 KB page as the
  * rehash writes them. calloc leaves memory fresh from the kernel (its own mappings, a new
  * heap top) untouched, so the pages are cleared once, by the kernel; memory it reuses it
- * clears itself, and then the madvise only walks present pages. A doubling of a reverse
- * map to 9375 records (150 KB) fresh from the kernel took ~120 us calloc'd, ~60 us so (a
- * throwaway loop of 64 doublings; malloc + madvise + memset, clearing twice: ~2 us more). */
+ * clears itself, and then the madvise only walks present pages (a doubling to 150 KB took
+ * half the time: docs/index.md, growth). */
 static void *sl_calloc_pop(struct ebr_slot *s, size_t n)
 {
     void *p = sl_calloc(s, n);

@@ -1,4 +1,19 @@
-/* index_shard.c — the main table's shards and the life of an entry in them.
+/* index_shard.c — the main table: where entries are created, found and deleted.
+ *
+ * NSHARD (1024) shards by the key hash's low bits, each an open-addressing table (linear
+ * probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
+ * 1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a rebuild
+ * of up to 2^16 slots places entries from their tags without touching nodes. Unlinking before
+ * an empty slot clears the tombstones behind it. Tables grow, and shrink when an eighth full
+ * (memory follows live contents), by a rebuild published whole; readers (tab_find, inline in
+ * index_int.h) see slots change only by release stores, and find each shard's table with its
+ * shift in one compact array (ix->tabw) that stays in L1.
+ * Writers take the table's mask and shift from the shard (copies kept under its lock, in the
+ * lock's cache line), not from the table header: another miss per entry created or deleted
+ * (docs/index.md). tab_publish writes them and writers read them, both under the shard lock;
+ * readers never read them.
+ * entry_add and entry_del hold the shard lock, then the node's (lock order: index_int.h), and
+ * retire what they replaced after unlocking.
  */
 #include "index_int.h"
 

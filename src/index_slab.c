@@ -1,14 +1,19 @@
-/* index_slab.c — the node slab.
+/* index_slab.c — the node slab, where entries' nodes come from.
+ *
+ * Nodes are created and deleted per block, so they come from 2 MB aligned chunks rather than
+ * malloc: each chunk an anonymous mapping advised MADV_HUGEPAGE (a node's chunk is its
+ * address rounded down), with a free list, a bump index and a live count, under one spinlock
+ * (the slab lock; what may run under it: index_int.h). Writers take a run of up to NODE_RUN
+ * never-used nodes of a chunk's bump area (two pointers in their slot), or when the chunk has
+ * a free list a batch of NODE_BATCH from it, and give back the unused and the reclaimed ones
+ * when the call ends (an unused run still at its chunk's bump end in one step): one lock
+ * acquisition per batch, not per node; node_alloc, per entry created, is inline in
+ * index_int.h. A chunk is unmapped when its last node comes back, except one emptied chunk
+ * kept as a spare (counted in bytes), so memory follows contents. What the huge pages save
+ * and what their first touch costs: docs/index.md, growth.
  */
 #include "index_int.h"
 
-/* Node slab: nodes live in NCHUNK-aligned chunks (the chunk of a node is its address
- * rounded down). A chunk keeps its free nodes in a list and a bump index for never-used
- * ones; chunks with free room are on the slab's partial list. Writers take nodes in batches
- * into their slot's cache and give back the unused and the reclaimed ones when the call
- * ends, all under the slab's spinlock (one acquisition per batch, not per node). A chunk
- * whose last node comes back is unmapped at once (but one spare), so memory follows
- * contents; bytes count the chunks' whole mappings. */
 static struct nchunk *nchunk_of(void *x)
 {
     return (struct nchunk *)((uintptr_t)x & ~(uintptr_t)(NCHUNK - 1));

@@ -1,4 +1,57 @@
-/* index_write.c — writers: store, remove, clear, purge.
+/* index_write.c — the writers: store, remove, clear and purge, with the hole accounting and
+ * the orphans. One writer thread per worker at a time (index.h): a worker's holders, maps and
+ * parked blocks are its writer's alone; entries are shared (index_shard.c, index_hset.c).
+ *
+ * CHAINS
+ * The chain hash is never the engine's hash: store computes chain = kvr_hash_chain(parent
+ * entry's chain, content) with the parent found through the engine hash (same holder first,
+ * then the worker's other tiers, which share engine hashes for the same content chain).
+ * Duplicate store of an engine hash the holder has: refcounted (copies), its first
+ * (position, chain) is kept. Another engine hash for an entry the holder already holds is an
+ * alias: membership of a holder in an entry = 1 + alias count, and it ends with the last
+ * engine hash. A holder's fixed record (~100 bytes) stays once used.
+ *
+ * HOLES
+ * holes(H) = number of entries H holds at position > 0 whose parent entry H does not hold.
+ * Kept exact: gaining an entry E moves absent[E] into E's nchild (those children stop being
+ * holes) and bumps the parent's nchild or absent[parent]; losing E does the reverse. (Along
+ * a stored chain the next block's membership is counted in the new entry's nchild when it
+ * is created and withdrawn if that block turns out to be a duplicate: one lock less. A
+ * remove walking a chain tail first defers the decrement of the parent's nchild to the
+ * parent's own removal, which is the next one: see hole_lose.) Every change goes through
+ * holes_add, which keeps the per-worker count of holey holders find reads (ix->wslow): a
+ * worker whose holders are all hole-free is answered by the jump search (the lemma in
+ * index_find.c), any other position by position.
+ *
+ * STORE AND REMOVE FAST PATHS
+ * store looks ST_AHEAD blocks ahead computing each block's chain (assuming the chain
+ * continues), key hash and reverse-map key and home into a ring, prefetching the table and
+ * map slots; a block whose real parent differs (after a duplicate) restarts the look-ahead.
+ * store_fast then does the usual block in one pass from the ring (new engine hash, the
+ * previous block's entry counted it provisionally or position 0, no absent children, no
+ * parked blocks, a table and map with room): one probe of each map, one shard lock, join or
+ * create, counters accumulated and published once per call. remove works in windows of
+ * RM_WIN blocks, each in stages that put all their misses in flight before the next stage
+ * needs them (reverse-map homes, records and their nodes, the nodes' table slots), then
+ * removes the blocks in order; unstore_fast deletes the usual block (last copy, no alias,
+ * the entry held by this holder alone) in one critical section and leaves a tombstone in
+ * the reverse map. Both check everything before changing anything and leave all other cases
+ * to the general store_one/unstore, so results are identical. Node runs from the slab, the
+ * uncontended node lock inline and hole_lose's usual case (the parent is the next block
+ * removed) inline in unstore_fast trim both. What each of these saved, and the look-aheads
+ * and windows tried and dropped: docs/index.md, store and remove.
+ *
+ * ORPHANS (store whose parent engine hash the worker does not know in any tier)
+ * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
+ * worker are parked, FIFO, with their parent engine hash (0 = drop them all, counted).
+ * Invariant at the end of every call: no parked block's parent is known to the worker. When
+ * a store creates an engine hash that a parked block awaits (or parks a block whose parent,
+ * an earlier block of the same store, is already known), the parked list is swept in FIFO
+ * order, adopting every block whose parent is now known (same tier first, then the other
+ * tiers), until a sweep adopts nothing. Parking more than capacity evicts the oldest
+ * parked blocks (counted in orphans_dropped); a single store larger than the capacity parks
+ * its first blocks and drops the rest. A remove naming a parked block drops it (counted in
+ * orphans_dropped); clear/purge drop the worker's parked blocks of the cleared tiers.
  */
 #include "index_int.h"
 
