@@ -52,7 +52,7 @@ static struct hset *hs_new(struct ebr_slot *s, uint32_t cap)
 /* Node locked. Adds holder: 1 added, 0 already there, -ENOMEM. *old gets an array to
  * retire after unlocking. */
 int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
-                  void **old)
+           void **old)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
 
@@ -108,7 +108,7 @@ int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild
 
 /* Node locked. Removes holder: 1 removed (*nchild set), 0 absent. */
 int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
-                  void **old)
+           void **old)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
 

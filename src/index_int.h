@@ -450,9 +450,9 @@ static inline void node_cache_put(struct ebr_slot *s, void *p)
 
 void node_lock(struct node *nd);
 int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
-                  void **old);
+           void **old);
 int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
-                  void **old);
+           void **old);
 int hs_adj(struct node *nd, uint32_t holder, int delta);
 uint32_t hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq);
 
@@ -497,7 +497,7 @@ static inline uint32_t hs_read(const struct node *nd, uint32_t *buf)
 
 int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more);
 void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
-                                                      struct rec *r);
+                     struct rec *r);
 uint64_t cmap_get(const struct cmap *m, uint64_t key);
 int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta);
 void cmap_free(struct ebr_slot *s, struct cmap *m);
@@ -619,10 +619,10 @@ static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *
 struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
                                 struct node *x, uint64_t h);
 int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
-                     uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
-                     uint32_t nchild, struct node **out, int *added);
+              uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
+              uint32_t nchild, struct node **out, int *added);
 uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
-                          uint32_t holder);
+                   uint32_t holder);
 
 /* The chain hash of a prefix at position 0 starts from its namespace's root (the standard
  * KVR_HASH_CHAIN_ROOT for namespace 0; mix64 is a bijection, so roots differ): an entry's

@@ -94,7 +94,7 @@ int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more)
 
 /* recmap_del's rarer half: the slot before an empty one, and shrinking. */
 __attribute__((noinline)) void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
-                                                      struct rec *r)
+                                               struct rec *r)
 {
     uint32_t cap = m->cap, i = (uint32_t)(r - m->s);
     if (m->s[rec_next(m, i)].nc == 0) {

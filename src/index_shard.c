@@ -104,8 +104,8 @@ struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct
 /* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
  * membership. One probe under the shard lock finds the entry or the slot for it. */
 int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
-                     uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
-                     uint32_t nchild, struct node **out, int *added)
+              uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
+              uint32_t nchild, struct node **out, int *added)
 {
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
     void *old = NULL;
@@ -167,7 +167,7 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
 
 /* Removes holder from x (it must be there); deletes the entry when it empties. */
 uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
-                          uint32_t holder)
+                   uint32_t holder)
 {
     void *old = NULL;
     struct table *oldt = NULL;
