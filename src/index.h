@@ -12,8 +12,8 @@
  * - Interning (namespaces, workers, tiers) may be called from any thread.
  * - Readers (kvr_index_find through a per-thread struct kvr_index_reader, and the stats and
  *   lookup getters) run concurrently with writers; they never wait behind a lock held for
- *   more than one entry update and make no heap allocation. The scheme is described at the
- *   top of index.c.
+ *   more than one entry update and make no heap allocation. The scheme is described in
+ *   src/index_int.h (CONCURRENCY), the module's map in src/index.c.
  *
  * Errors: negative errno (-EINVAL bad argument, -ENOMEM, -ENOSPC a configured limit).
  */
@@ -101,7 +101,7 @@ struct kvr_index_wres {
 
 /* Stores blocks[0..n) as a chain: blocks[0]'s parent is *parent (NULL = none → position 0),
  * each next block's parent is the previous one. A parent unknown to the worker never leads
- * to a guessed position (see index.c for the orphan policy). */
+ * to a guessed position (see index_write.c for the orphan policy). */
 int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t ns,
                     const uint64_t *parent, const struct kvr_index_block *blocks, size_t n,
                     struct kvr_index_wres *res);
