@@ -79,8 +79,8 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     ix->wslow = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wslow));
     ix->wpod = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wpod));
     ix->pw = g_calloc(ix, ((size_t)o.jump_stride + 1) * sizeof(*ix->pw));
-    if (ix->sh == NULL || ix->tabw == NULL || ix->workers == NULL || ix->pods == NULL || ix->wslow == NULL ||
-        ix->wpod == NULL || ix->pw == NULL) {
+    if (ix->sh == NULL || ix->tabw == NULL || ix->workers == NULL || ix->pods == NULL ||
+        ix->wslow == NULL || ix->wpod == NULL || ix->pw == NULL) {
         kvr_index_destroy(ix);
         return -ENOMEM;
     }
@@ -156,9 +156,9 @@ void kvr_index_destroy(struct kvr_index *ix)
     }
     for (uint32_t c = 0; c < NS_CHUNKS; c++)
         free(ix->ns_chunk[c]);
-    itab_free(ix, ix->ns_tab, 1);
-    itab_free(ix, ix->w_tab, 1);
-    itab_free(ix, ix->pod_tab, 1);
+    kvr_ix_itab_free(ix, ix->ns_tab, 1);
+    kvr_ix_itab_free(ix, ix->w_tab, 1);
+    kvr_ix_itab_free(ix, ix->pod_tab, 1);
     free(ix->workers);
     free(ix->pods);
     free(ix->wslow);

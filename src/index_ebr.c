@@ -4,7 +4,7 @@
  * holder array or replaces a shard table cannot know when the last reader lets go of it: it
  * retires the object, and epochs say when it may be freed.
  * - Every reader and every writer call holds a slot announcing the global epoch while it may
- *   touch shared memory (slot_claim; ebr_enter/ebr_exit around the accesses). Readers keep a
+ *   touch shared memory (kvr_ix_slot_claim; ebr_enter/ebr_exit around the accesses). Readers keep a
  *   slot for their lifetime and may use only the first EBR_READER_SLOTS, so writer calls
  *   always find one (they spin, then yield, while all are busy).
  * - Unlinked nodes, replaced holder arrays and replaced tables are retired into the writer
@@ -12,14 +12,14 @@
  *   thread can still see them; the list is in retirement order, so what is old enough is a
  *   prefix). Writers try to advance the epoch when leaving a call. Reclaimed nodes go back
  *   to the slab at the end of the call that reclaimed them (index_slab.c).
- * - ebr_retire may allocate (its list) and log (when that fails it leaks the object rather
+ * - kvr_ix_ebr_retire may allocate (its list) and log (when that fails it leaks the object rather
  *   than free it early), so it is never called under an index lock (lock order: index_int.h).
  * Accounting: sl_* (per slot, owner-written) and g_* (interning, atomic) in index_int.h add
  * malloc_usable_size() at allocation and remove it at free.
  */
 #include "index_int.h"
 
-struct ebr_slot *slot_claim(struct kvr_index *ix, int reader)
+struct ebr_slot *kvr_ix_slot_claim(struct kvr_index *ix, int reader)
 {
     static __thread uint32_t hint;
     uint32_t lim = reader ? EBR_READER_SLOTS : EBR_SLOTS;
@@ -55,7 +55,7 @@ struct ebr_slot *slot_claim(struct kvr_index *ix, int reader)
 /* Queues p to be freed when no thread can see it any more. Never called with an index lock
  * held: it may grow the slot's own list and, when that fails, logs and leaks the object
  * rather than free it early. */
-void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p)
+void kvr_ix_ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p)
 {
     if (p == NULL)
         return;
@@ -78,7 +78,7 @@ void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p)
 }
 
 /* Makes room for `more` retirements (a big remove or clear) in one growth. */
-void ebr_reserve_slot(struct ebr_slot *s, size_t more)
+void kvr_ix_ebr_reserve_slot(struct ebr_slot *s, size_t more)
 {
     size_t need = s->nret + more;
     if (need <= s->capret)
@@ -88,7 +88,7 @@ void ebr_reserve_slot(struct ebr_slot *s, size_t more)
         nc *= 2;
     struct retired *nr = sl_alloc(s, nc * sizeof(*nr));
     if (nr == NULL)
-        return; /* ebr_retire grows on demand */
+        return; /* kvr_ix_ebr_retire grows on demand */
     if (s->nret)
         memcpy(nr, s->ret, s->nret * sizeof(*nr));
     sl_free(s, s->ret);
@@ -98,7 +98,7 @@ void ebr_reserve_slot(struct ebr_slot *s, size_t more)
 
 /* Called by a writer after ebr_exit(): tries to advance the epoch (twice when nobody is in
  * a critical section) and frees what is old enough. */
-void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
+void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
 {
     if (s->nret == 0) {
         if (s->ret != NULL) { /* reserved but unused */

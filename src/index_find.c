@@ -84,7 +84,7 @@ int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
 {
     if (ix == NULL || out == NULL)
         return -EINVAL;
-    struct ebr_slot *s = slot_claim(ix, 1);
+    struct ebr_slot *s = kvr_ix_slot_claim(ix, 1);
     if (s == NULL)
         return -ENOSPC;
     struct kvr_index_reader *r = sl_calloc(s, sizeof(*r));
@@ -377,7 +377,7 @@ static void drop_search(struct kvr_index_reader *r, uint32_t ns, const uint64_t 
             pf_slot(r->ix, key_hash(chain_at(r, q, m, m + (h - m) / 2)));
         struct node *x = node_at(r, ns, q, m);
         uint32_t ms = 0;
-        uint32_t nb = x ? hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
+        uint32_t nb = x ? kvr_ix_hs_read_seq(x, buf, &ms) : 0, k = 0, np = 0, nab = 0;
         if (nb == 0) { /* nobody holds m: the whole group stops before it */
             st[sp].b = b;
             st[sp].c = c;
@@ -531,7 +531,7 @@ static void find_fast(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
             pseq = xs;
             continue;
         }
-        uint32_t nb = x ? hs_read_seq(x, buf, &xs) : 0, ka = 0, nd = 0;
+        uint32_t nb = x ? kvr_ix_hs_read_seq(x, buf, &xs) : 0, ka = 0, nd = 0;
         if (nb * 16 < na) {
             /* few left of many (a shared prefix ends): each of the landing's holders is
              * searched for in ah (binary, from the last one found); the runs between the
@@ -660,7 +660,7 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     if (x == NULL)
         goto out;
     uint32_t seq0 = 0;
-    uint32_t n0 = hs_read_seq(x, r->s0, &seq0);
+    uint32_t n0 = kvr_ix_hs_read_seq(x, r->s0, &seq0);
     uint32_t *s0 = r->s0, *tm = r->tm, *alive = r->alive, *ah = r->ah;
     const uint32_t *podq = r->podq, *wpod = ix->wpod;
     uint32_t *wslow = ix->wslow;

@@ -5,14 +5,14 @@
  * block held by 16k holders costs 8 bytes a holder, a private block nothing beyond the node):
  * the sorted holder ids first, their nchild in a parallel array behind them, so find compares
  * and copies holder runs with memcmp/memcpy (hv_move/hv_equal, index_int.h).
- * Writers change a set with the node locked (node_lock, the contended loop, is here and out of
- * line; the uncontended acquisition is inline in index_int.h) and get a replaced array back,
- * to retire after unlocking. Readers copy a set under the seqlock (hs_read_seq) and retry when
- * it moved; a torn read is never used.
+ * Writers change a set with the node locked (kvr_ix_node_lock, the contended loop, is here
+ * and out of line; the uncontended acquisition is inline in index_int.h) and get a replaced
+ * array back, to retire after unlocking. Readers copy a set under the seqlock
+ * (kvr_ix_hs_read_seq) and retry when it moved; a torn read is never used.
  */
 #include "index_int.h"
 
-void node_lock(struct node *nd)
+void kvr_ix_node_lock(struct node *nd)
 {
     for (unsigned spins = 0;; spins++) {
         uint32_t s = LD(nd->seq);
@@ -51,7 +51,7 @@ static struct hset *hs_new(struct ebr_slot *s, uint32_t cap)
 
 /* Node locked. Adds holder: 1 added, 0 already there, -ENOMEM. *old gets an array to
  * retire after unlocking. */
-int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
+int kvr_ix_hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
            void **old)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
@@ -107,7 +107,7 @@ int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild
 }
 
 /* Node locked. Removes holder: 1 removed (*nchild set), 0 absent. */
-int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
+int kvr_ix_hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
            void **old)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
@@ -157,7 +157,7 @@ int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchil
 }
 
 /* Node locked. Adds delta to the holder's nchild; returns 1 when the holder is there. */
-int hs_adj(struct node *nd, uint32_t holder, int delta)
+int kvr_ix_hs_adj(struct node *nd, uint32_t holder, int delta)
 {
     uint32_t n = LD(nd->n), cnt = n & N_COUNT;
 
@@ -185,7 +185,7 @@ int hs_adj(struct node *nd, uint32_t holder, int delta)
 
 /* Reader side: copies the holder ids of nd into buf; returns their count. *seq gets the
  * node's (even) sequence number the copy is consistent with. */
-uint32_t hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq)
+uint32_t kvr_ix_hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq)
 {
     for (;;) {
         uint32_t s1 = LDA(nd->seq);

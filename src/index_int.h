@@ -2,8 +2,10 @@
  * internal.h): the structures, the atomics and fences, the spinlock, the lock order, and the
  * hot helpers as static inline. index_*.c are separate translation units, so whatever the
  * store, remove and find paths call per block from another file is defined here; what was
- * out of line before the split stays out of line (inlining node_lock or cmap_get made remove
- * slower). Overview and invariants: index.c; measurements: docs/index.md.
+ * out of line before the split stays out of line (inlining kvr_ix_node_lock or
+ * kvr_ix_cmap_get made remove slower). Overview and invariants: index.c; measurements:
+ * docs/index.md. Functions one index file defines for another are named kvr_ix_* (the
+ * public API is kvr_index_*), so no global symbol of libkvr.a lacks the project's prefix.
  *
  * ENTRIES
  * An entry (struct node, 32 bytes, from the slab) is keyed by its chain hash alone (the
@@ -42,13 +44,13 @@
  * - slab (struct slab.lock, a spinlock): the chunk lists and counts. May mmap, madvise and
  *   munmap one 2 MB chunk (a new one, an emptied one beyond the spare). Takes no other lock.
  * - node (struct node.seq, a writer seqlock): one entry's count, flags and holder set. May
- *   allocate: a holder array (hs_add/hs_del, the set doubling or halving). Takes no other
- *   lock. Slab and node are never held together: the order above is the total order both
+ *   allocate: a holder array (kvr_ix_hs_add/kvr_ix_hs_del, the set doubling or halving).
+ *   Takes no other lock. Slab and node are never held together: the order above is the total order both
  *   nestings (shard -> slab, shard -> node) fit.
  * - the interning mutex (ix->imu, a pthread mutex): interning inserts and a pod's worker list.
  *   May allocate. Never held with, nor taken under, the locks above.
  * - Under any of them: no kvr_log_* (KVR_ASSERT excepted: the process ends there), no other
- *   I/O, no sleeping or waiting except spinning on these same locks, and no ebr_retire (it
+ *   I/O, no sleeping or waiting except spinning on these same locks, and no kvr_ix_ebr_retire (it
  *   may grow its list and log): what a locked step replaces (a table, a holder array) is
  *   handed back and retired after unlocking.
  * - Readers take none of them; they spin only while a node's seq is odd (one entry update).
@@ -394,10 +396,10 @@ static inline void g_free(struct kvr_index *ix, void *p)
     free(p);
 }
 
-struct ebr_slot *slot_claim(struct kvr_index *ix, int reader);
-void ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p);
-void ebr_reserve_slot(struct ebr_slot *s, size_t more);
-void ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s);
+struct ebr_slot *kvr_ix_slot_claim(struct kvr_index *ix, int reader);
+void kvr_ix_ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p);
+void kvr_ix_ebr_reserve_slot(struct ebr_slot *s, size_t more);
+void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s);
 
 static inline void slot_release(struct ebr_slot *s)
 {
@@ -418,8 +420,8 @@ static inline void ebr_exit(struct ebr_slot *s)
 
 /* ---- the node slab (index_slab.c) ----------------------------------------------------- */
 
-struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s);
-void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s);
+struct node *kvr_ix_node_refill(struct kvr_index *ix, struct ebr_slot *s);
+void kvr_ix_node_cache_roll(struct kvr_index *ix, struct ebr_slot *s);
 
 /* A node for a new entry, under the shard lock: from the slot's cached nodes or its bump run
  * without any lock (per entry created); the slab lock only to refill, once per batch. */
@@ -432,7 +434,7 @@ static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
     }
     if (s->rb != s->re)
         return s->rb++;
-    return node_refill(ix, s);
+    return kvr_ix_node_refill(ix, s);
 }
 
 /* Node memory: a free node's first word links it in a slot's cache. Nodes reclaimed at the
@@ -448,21 +450,22 @@ static inline void node_cache_put(struct ebr_slot *s, void *p)
 
 /* ---- nodes: the node lock and holder sets (index_hset.c) ------------------------------ */
 
-void node_lock(struct node *nd);
-int hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
+void kvr_ix_node_lock(struct node *nd);
+int kvr_ix_hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t nchild,
            void **old);
-int hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
+int kvr_ix_hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t *nchild,
            void **old);
-int hs_adj(struct node *nd, uint32_t holder, int delta);
-uint32_t hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq);
+int kvr_ix_hs_adj(struct node *nd, uint32_t holder, int delta);
+uint32_t kvr_ix_hs_read_seq(const struct node *nd, uint32_t *buf, uint32_t *seq);
 
 static inline uint64_t pack_el(uint32_t holder, uint32_t nchild)
 {
     return (uint64_t)holder | (uint64_t)nchild << 32;
 }
 
-/* node_lock with the uncontended acquisition inline: one CAS on the store and remove fast
- * paths; the contended loop stays out of line (inlining all of node_lock made remove slower). */
+/* kvr_ix_node_lock with the uncontended acquisition inline: one CAS on the store and remove
+ * fast paths; the contended loop stays out of line (inlining all of kvr_ix_node_lock made
+ * remove slower). */
 static inline void node_lock_fast(struct node *nd)
 {
     uint32_t s = LD(nd->seq);
@@ -471,7 +474,7 @@ static inline void node_lock_fast(struct node *nd)
         IX_FENCE(__ATOMIC_RELEASE);
         return;
     }
-    node_lock(nd);
+    kvr_ix_node_lock(nd);
 }
 
 static inline void node_unlock(struct node *nd)
@@ -490,17 +493,17 @@ static inline uint32_t el_holder(uint64_t e)
 static inline uint32_t hs_read(const struct node *nd, uint32_t *buf)
 {
     uint32_t seq;
-    return hs_read_seq(nd, buf, &seq);
+    return kvr_ix_hs_read_seq(nd, buf, &seq);
 }
 
 /* ---- the writer-private maps (index_maps.c) -------------------------------------------- */
 
-int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more);
-void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
+int kvr_ix_recmap_room(struct ebr_slot *s, struct recmap *m, size_t more);
+void kvr_ix_recmap_del_slow(struct ebr_slot *s, struct recmap *m,
                      struct rec *r);
-uint64_t cmap_get(const struct cmap *m, uint64_t key);
-int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta);
-void cmap_free(struct ebr_slot *s, struct cmap *m);
+uint64_t kvr_ix_cmap_get(const struct cmap *m, uint64_t key);
+int kvr_ix_cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta);
+void kvr_ix_cmap_free(struct ebr_slot *s, struct cmap *m);
 
 static inline uint64_t rec_key(uint64_t eh)
 {
@@ -530,7 +533,7 @@ static inline void recmap_reserve(struct ebr_slot *s, struct recmap *m, size_t m
 {
     size_t need = (size_t)m->n + more;
     if (need * 8 > (size_t)m->cap * RECMAP_LOAD)
-        (void)recmap_room(s, m, more);
+        (void)kvr_ix_recmap_room(s, m, more);
 }
 
 static inline struct rec *recmap_get_key(const struct recmap *m, uint64_t key)
@@ -584,7 +587,7 @@ static inline struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint
     }
     /* no room: after making some (a rehash leaves no tombstones), the probe ends at an
      * empty slot within the max load */
-    if (recmap_room(s, m, 1) < 0)
+    if (kvr_ix_recmap_room(s, m, 1) < 0)
         return NULL;
     return recmap_slot(s, m, key);
 }
@@ -603,7 +606,7 @@ static inline void rec_fill(struct recmap *m, struct rec *r, uint64_t key, uint6
  * map is resized), or, before an empty slot, an empty slot with the tombstones just before
  * it; the map is rehashed smaller when an eighth full and tombstones are cleared whenever
  * it is rehashed. Inline for the usual tombstone (per block removed); the rarer half,
- * recmap_del_slow, is out of line (index_maps.c). */
+ * kvr_ix_recmap_del_slow, is out of line (index_maps.c). */
 static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *r)
 {
     uint32_t i = (uint32_t)(r - m->s);
@@ -611,17 +614,17 @@ static inline void recmap_del(struct ebr_slot *s, struct recmap *m, struct rec *
     m->tomb++;
     m->n--;
     if (m->s[rec_next(m, i)].nc == 0 || (size_t)m->n * 8 < m->cap)
-        recmap_del_slow(s, m, r);
+        kvr_ix_recmap_del_slow(s, m, r);
 }
 
 /* ---- the shard tables and entries (index_shard.c) ------------------------------------- */
 
-struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+struct table *kvr_ix_tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
                                 struct node *x, uint64_t h);
-int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
+int kvr_ix_entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
               uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
               uint32_t nchild, struct node **out, int *added);
-uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
+uint32_t kvr_ix_entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
                    uint32_t holder);
 
 /* The chain hash of a prefix at position 0 starts from its namespace's root (the standard
@@ -719,15 +722,15 @@ static inline struct node *tab_probe_locked(const struct shard *sh, const struct
 /* Writer: +delta to holder's nchild in the entry; 1 when the holder holds it. */
 static inline int entry_adj(struct node *x, uint32_t holder, int delta)
 {
-    node_lock(x);
-    int r = hs_adj(x, holder, delta);
+    kvr_ix_node_lock(x);
+    int r = kvr_ix_hs_adj(x, holder, delta);
     node_unlock(x);
     return r;
 }
 
 /* ---- interning (index_intern.c) -------------------------------------------------------- */
 
-void itab_free(struct kvr_index *ix, struct itab *t, int recs);
+void kvr_ix_itab_free(struct kvr_index *ix, struct itab *t, int recs);
 
 static inline struct worker *worker_get(const struct kvr_index *ix, uint32_t wid)
 {

@@ -379,7 +379,7 @@ uint8_t kvr_index_tier_count(const struct kvr_index *ix)
     return (uint8_t)LDA(ix->ntiers);
 }
 
-void itab_free(struct kvr_index *ix, struct itab *t, int recs)
+void kvr_ix_itab_free(struct kvr_index *ix, struct itab *t, int recs)
 {
     while (t != NULL) {
         struct itab *old = t->old;

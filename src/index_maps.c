@@ -79,7 +79,7 @@ static inline uint32_t rec_cap_for(size_t need)
 /* Makes room for `more` insertions (records and tombstones stay within the max load): a
  * map whose tombstones are at least a quarter of the max load is rehashed at the same
  * capacity, otherwise it grows geometrically. */
-int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more)
+int kvr_ix_recmap_room(struct ebr_slot *s, struct recmap *m, size_t more)
 {
     size_t need = (size_t)m->n + more;
     if (need > (1u << 30))
@@ -93,7 +93,7 @@ int recmap_room(struct ebr_slot *s, struct recmap *m, size_t more)
 }
 
 /* recmap_del's rarer half: the slot before an empty one, and shrinking. */
-__attribute__((noinline)) void recmap_del_slow(struct ebr_slot *s, struct recmap *m,
+__attribute__((noinline)) void kvr_ix_recmap_del_slow(struct ebr_slot *s, struct recmap *m,
                                                struct rec *r)
 {
     uint32_t cap = m->cap, i = (uint32_t)(r - m->s);
@@ -135,7 +135,7 @@ static int cmap_resize(struct ebr_slot *s, struct cmap *m, uint32_t cap)
     return 0;
 }
 
-uint64_t cmap_get(const struct cmap *m, uint64_t key)
+uint64_t kvr_ix_cmap_get(const struct cmap *m, uint64_t key)
 {
     if (m->s == NULL)
         return 0;
@@ -171,7 +171,7 @@ static void cmap_del_at(struct ebr_slot *s, struct cmap *m, uint32_t i)
 }
 
 /* Adds delta to key's count (deleting it at 0). The count must not go negative. */
-int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta)
+int kvr_ix_cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta)
 {
     if (m->s != NULL) {
         uint32_t i = (uint32_t)kvr_hash_mix64(key) & m->mask;
@@ -203,7 +203,7 @@ int cmap_add(struct ebr_slot *s, struct cmap *m, uint64_t key, int64_t delta)
     return 0;
 }
 
-void cmap_free(struct ebr_slot *s, struct cmap *m)
+void kvr_ix_cmap_free(struct ebr_slot *s, struct cmap *m)
 {
     sl_free(s, m->s);
     memset(m, 0, sizeof(*m));

@@ -12,8 +12,8 @@
  * lock's cache line), not from the table header: another miss per entry created or deleted
  * (docs/index.md). tab_publish writes them and writers read them, both under the shard lock;
  * readers never read them.
- * entry_add and entry_del hold the shard lock, then the node's (lock order: index_int.h), and
- * retire what they replaced after unlocking.
+ * kvr_ix_entry_add and kvr_ix_entry_del hold the shard lock, then the node's (lock order:
+ * index_int.h), and retire what they replaced after unlocking.
  */
 #include "index_int.h"
 
@@ -65,7 +65,7 @@ static int tab_rebuild(struct kvr_index *ix, struct ebr_slot *s, struct shard *s
 
 /* Under the shard lock: unlinks x (key hash h) from the shard's table, shrinking it when
  * live contents call for it. Returns a replaced table to retire after unlocking, or NULL. */
-struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+struct table *kvr_ix_tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
                                 struct node *x, uint64_t h)
 {
     struct table *t = sh->tab;
@@ -103,7 +103,7 @@ struct table *tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s, struct
 
 /* Adds holder to entry chain (key hash h; root: at position 0), creating it. *added = 1 for a new
  * membership. One probe under the shard lock finds the entry or the slot for it. */
-int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
+int kvr_ix_entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
               uint64_t chain, uint64_t pchain, uint64_t h, uint32_t holder,
               uint32_t nchild, struct node **out, int *added)
 {
@@ -125,13 +125,13 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
     uint64_t ins;
     struct node *x = tab_probe_locked(sh, t, h, chain, &ins);
     if (x != NULL) {
-        node_lock(x);
-        rc = hs_add(s, x, holder, nchild, &old);
+        kvr_ix_node_lock(x);
+        rc = kvr_ix_hs_add(s, x, holder, nchild, &old);
         node_unlock(x);
         shard_unlock(sh);
         if (oldt != NULL)
-            ebr_retire(ix, s, oldt);
-        ebr_retire(ix, s, old);
+            kvr_ix_ebr_retire(ix, s, oldt);
+        kvr_ix_ebr_retire(ix, s, old);
         if (rc < 0)
             return rc;
     } else {
@@ -139,7 +139,7 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         if (x == NULL) {
             shard_unlock(sh);
             if (oldt != NULL)
-                ebr_retire(ix, s, oldt);
+                kvr_ix_ebr_retire(ix, s, oldt);
             return -ENOMEM;
         }
         x->chain = chain;
@@ -154,7 +154,7 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
         STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
         shard_unlock(sh);
         if (oldt != NULL)
-            ebr_retire(ix, s, oldt);
+            kvr_ix_ebr_retire(ix, s, oldt);
         ADD(s->entries, 1);
         rc = 1;
     }
@@ -166,7 +166,7 @@ int entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
 }
 
 /* Removes holder from x (it must be there); deletes the entry when it empties. */
-uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
+uint32_t kvr_ix_entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
                    uint32_t holder)
 {
     void *old = NULL;
@@ -179,8 +179,8 @@ uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
     if ((LD(x->n) & (N_COUNT | N_EXT)) == 1) {
         /* most likely the last holder: delete in one critical section */
         shard_lock(sh);
-        node_lock(x);
-        int r = hs_del(s, x, holder, &nchild, &old);
+        kvr_ix_node_lock(x);
+        int r = kvr_ix_hs_del(s, x, holder, &nchild, &old);
         KVR_ASSERT(r == 1);
         if ((LD(x->n) & ~N_ROOT) == 0) {
             ST(x->n, N_DEAD);
@@ -188,43 +188,43 @@ uint32_t entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
         }
         node_unlock(x);
         if (dead)
-            oldt = tab_unlink_locked(ix, s, sh, x, h);
+            oldt = kvr_ix_tab_unlink_locked(ix, s, sh, x, h);
         shard_unlock(sh);
         if (oldt != NULL)
-            ebr_retire(ix, s, oldt);
+            kvr_ix_ebr_retire(ix, s, oldt);
         ADD(s->pairs, -1);
-        ebr_retire(ix, s, old);
+        kvr_ix_ebr_retire(ix, s, old);
         if (dead) {
             ADD(s->entries, -1);
-            ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+            kvr_ix_ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
         }
         return nchild;
     }
-    node_lock(x);
-    int r = hs_del(s, x, holder, &nchild, &old);
+    kvr_ix_node_lock(x);
+    int r = kvr_ix_hs_del(s, x, holder, &nchild, &old);
     uint32_t left = LD(x->n) & N_COUNT;
     node_unlock(x);
     KVR_ASSERT(r == 1);
-    ebr_retire(ix, s, old);
+    kvr_ix_ebr_retire(ix, s, old);
     ADD(s->pairs, -1);
     if (left != 0)
         return nchild;
 
     shard_lock(sh);
-    node_lock(x);
+    kvr_ix_node_lock(x);
     if ((LD(x->n) & ~N_ROOT) == 0) {
         ST(x->n, N_DEAD);
         dead = 1;
     }
     node_unlock(x);
     if (dead)
-        oldt = tab_unlink_locked(ix, s, sh, x, h);
+        oldt = kvr_ix_tab_unlink_locked(ix, s, sh, x, h);
     shard_unlock(sh);
     if (oldt != NULL)
-        ebr_retire(ix, s, oldt);
+        kvr_ix_ebr_retire(ix, s, oldt);
     if (dead) {
         ADD(s->entries, -1);
-        ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+        kvr_ix_ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
     }
     return nchild;
 }

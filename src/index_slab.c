@@ -139,7 +139,7 @@ static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
 #define NODE_BATCH 64
 #define NODE_RUN 256
 
-struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s)
+struct node *kvr_ix_node_refill(struct kvr_index *ix, struct ebr_slot *s)
 {
     struct slab *sb = &ix->slab;
     slab_lock(sb);
@@ -174,7 +174,7 @@ struct node *node_refill(struct kvr_index *ix, struct ebr_slot *s)
 }
 
 /* End of a writer call: the slot's unused and reclaimed nodes go back to the slab. */
-void node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
+void kvr_ix_node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
 {
     if (s->nfresh == NULL && s->nnext == NULL && s->rb == s->re)
         return;

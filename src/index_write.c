@@ -69,7 +69,7 @@ struct wctx {
 
 static void ebr_reserve(struct wctx *c, size_t more)
 {
-    ebr_reserve_slot(c->s, more);
+    kvr_ix_ebr_reserve_slot(c->s, more);
 }
 
 static inline uint64_t absent_key(uint64_t chain)
@@ -131,7 +131,7 @@ static int hole_gain(struct wctx *c, struct holder *H, uint32_t hid, struct node
         return 0;
     if (p != NULL && entry_adj(p, hid, 1))
         return 0;
-    int rc = cmap_add(c->s, &H->absent, absent_key(x->parent_chain), 1);
+    int rc = kvr_ix_cmap_add(c->s, &H->absent, absent_key(x->parent_chain), 1);
     if (rc == 0)
         holes_add(c, H, 1);
     return rc;
@@ -158,7 +158,7 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
                       uint64_t chain, uint64_t pchain, uint32_t nchild, struct node *hint)
 {
     if (nchild > 0) {
-        if (cmap_add(c->s, &H->absent, absent_key(chain), nchild) == 0)
+        if (kvr_ix_cmap_add(c->s, &H->absent, absent_key(chain), nchild) == 0)
             holes_add(c, H, nchild);
         else
             kvr_log_error("index: out of memory in hole accounting");
@@ -175,7 +175,7 @@ static void hole_lose(struct wctx *c, struct holder *H, uint32_t hid, int root,
     p = tab_find(c->ix, pchain, key_hash(pchain));
     if (p != NULL && entry_adj(p, hid, -1))
         return;
-    (void)cmap_add(c->s, &H->absent, absent_key(pchain), -1);
+    (void)kvr_ix_cmap_add(c->s, &H->absent, absent_key(pchain), -1);
     holes_add(c, H, -1);
 }
 
@@ -207,7 +207,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
         prov_cancel(c, hid);
         if (REC_COPIES(r) < COPIES_MAX)
             r->nc += 1ull << 48;
-        else if (cmap_add(c->s, &H->extra, key, 1) < 0) /* keyed like the records */
+        else if (kvr_ix_cmap_add(c->s, &H->extra, key, 1) < 0) /* keyed like the records */
             return -ENOMEM;
         c->res->duplicates++;
         *pn = REC_ND(r);
@@ -216,11 +216,11 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
     struct node *p = *pn;
     uint64_t pch = p ? p->chain : ns_root(ns);
     uint64_t chain = kvr_hash_chain(pch, b->content_hash);
-    uint64_t nchild = H->absent.n ? cmap_get(&H->absent, absent_key(chain)) : 0;
+    uint64_t nchild = H->absent.n ? kvr_ix_cmap_get(&H->absent, absent_key(chain)) : 0;
     struct node *x;
     int added, rc;
 
-    rc = entry_add(c->ix, c->s, p == NULL, chain, pch, key_hash(chain), hid,
+    rc = kvr_ix_entry_add(c->ix, c->s, p == NULL, chain, pch, key_hash(chain), hid,
                    (uint32_t)nchild + (more ? 1 : 0), &x, &added);
     if (rc < 0) {
         prov_cancel(c, hid);
@@ -232,7 +232,7 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
     c->res->stored++;
     if (added) {
         if (nchild > 0) {
-            (void)cmap_add(c->s, &H->absent, absent_key(chain), -(int64_t)nchild);
+            (void)kvr_ix_cmap_add(c->s, &H->absent, absent_key(chain), -(int64_t)nchild);
             holes_add(c, H, -(int64_t)nchild);
         }
         rc = hole_gain(c, H, hid, x, p, c->prov != NULL && c->prov == p);
@@ -244,10 +244,10 @@ static int store_one(struct wctx *c, struct holder *H, uint32_t tier, uint32_t n
     } else {
         prov_cancel(c, hid);
         KVR_ASSERT(nchild == 0);
-        if (cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, 1) < 0)
+        if (kvr_ix_cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, 1) < 0)
             kvr_log_error("index: out of memory counting an engine-hash alias");
     }
-    if (c->w->norph > 0 && cmap_get(&c->w->awaited, b->engine_hash) > 0)
+    if (c->w->norph > 0 && kvr_ix_cmap_get(&c->w->awaited, b->engine_hash) > 0)
         c->adopt = 1;
     *pn = x;
     return 0;
@@ -315,7 +315,7 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         i = tb;
     else if ((size_t)(m->n + m->tomb + 1) * 8 > (size_t)m->cap * RECMAP_LOAD)
         return 0;
-    if (H->absent.n && cmap_get(&H->absent, absent_key(chain)) != 0)
+    if (H->absent.n && kvr_ix_cmap_get(&H->absent, absent_key(chain)) != 0)
         return 0;
     struct kvr_index *ix = c->ix;
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
@@ -332,14 +332,14 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
     struct node *x = tab_probe_locked(sh, t, h, chain, &ins);
     if (x != NULL) {
         node_lock_fast(x);
-        int r = hs_add(c->s, x, hid, nchild, &old);
+        int r = kvr_ix_hs_add(c->s, x, hid, nchild, &old);
         node_unlock(x);
         shard_unlock(sh);
         if (r != 1) { /* an alias (0) or ENOMEM: nothing changed */
             KVR_ASSERT(old == NULL);
             return 0;
         }
-        ebr_retire(ix, c->s, old);
+        kvr_ix_ebr_retire(ix, c->s, old);
     } else {
         x = node_alloc(ix, c->s);
         if (x == NULL) {
@@ -381,9 +381,9 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     if (c->pend != NULL && (c->pend != x || c->pend_hid != hid))
         pend_flush(c);
     uint32_t copies = REC_COPIES(r);
-    if (copies == COPIES_MAX && H->extra.n && cmap_get(&H->extra, r->key) > 0) {
+    if (copies == COPIES_MAX && H->extra.n && kvr_ix_cmap_get(&H->extra, r->key) > 0) {
         pend_flush(c);
-        (void)cmap_add(c->s, &H->extra, r->key, -1);
+        (void)kvr_ix_cmap_add(c->s, &H->extra, r->key, -1);
         return;
     }
     if (copies > 1) {
@@ -394,14 +394,14 @@ static void unstore(struct wctx *c, struct holder *H, uint32_t tier, struct rec 
     recmap_del(c->s, &H->recs, r);
     ADD(H->blocks, -1);
     c->res->removed++;
-    if (H->alias.n && cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
+    if (H->alias.n && kvr_ix_cmap_get(&H->alias, (uint64_t)(uintptr_t)x) > 0) {
         pend_flush(c);
-        (void)cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
+        (void)kvr_ix_cmap_add(c->s, &H->alias, (uint64_t)(uintptr_t)x, -1);
         return;
     }
     int root = (LD(x->n) & N_ROOT) != 0;
     uint64_t chain = x->chain, pchain = x->parent_chain;
-    uint32_t nchild = entry_del(c->ix, c->s, x, hid);
+    uint32_t nchild = kvr_ix_entry_del(c->ix, c->s, x, hid);
     if (c->pend != NULL) { /* == x: the decrement owed to this membership, now gone */
         KVR_ASSERT(nchild >= 1);
         nchild--;
@@ -453,16 +453,16 @@ static inline int unstore_fast(struct wctx *c, struct holder *H, uint32_t hid, s
     }
     ST(x->n, N_DEAD);
     node_unlock(x);
-    struct table *oldt = tab_unlink_locked(ix, s, sh, x, h);
+    struct table *oldt = kvr_ix_tab_unlink_locked(ix, s, sh, x, h);
     shard_unlock(sh);
     if (oldt != NULL)
-        ebr_retire(ix, s, oldt);
+        kvr_ix_ebr_retire(ix, s, oldt);
     if (s->nret < s->capret) { /* reserved by the caller */
         s->ret[s->nret].p = (void *)((uintptr_t)x | RET_NODE);
         s->ret[s->nret].epoch = __atomic_load_n(&ix->epoch, __ATOMIC_SEQ_CST);
         s->nret++;
     } else {
-        ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
+        kvr_ix_ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));
     }
     recmap_del(s, &H->recs, r);
     acc->removed++;
@@ -486,7 +486,7 @@ static void orph_remove_at(struct wctx *c, uint32_t i, uint32_t k)
 {
     struct worker *w = c->w;
     for (uint32_t j = i; j < i + k; j++)
-        (void)cmap_add(c->s, &w->awaited, w->orph[j].parent, -1);
+        (void)kvr_ix_cmap_add(c->s, &w->awaited, w->orph[j].parent, -1);
     memmove(&w->orph[i], &w->orph[i + k], (w->norph - i - k) * sizeof(*w->orph));
     w->norph -= k;
     ADD(c->s->orphans, -(int64_t)k);
@@ -534,7 +534,7 @@ static int orph_park(struct wctx *c, uint32_t tier, uint32_t ns, uint64_t parent
         pk->parent = i == 0 ? parent : b[i - 1].engine_hash;
         pk->ns = ns;
         pk->tier = tier;
-        if (cmap_add(c->s, &w->awaited, pk->parent, 1) < 0)
+        if (kvr_ix_cmap_add(c->s, &w->awaited, pk->parent, 1) < 0)
             return -ENOMEM;
         w->norph++;
         ADD(c->s->orphans, 1);
@@ -586,7 +586,7 @@ static int wbegin(struct kvr_index *ix, uint32_t wid, struct kvr_index_wres *res
     c->adopt = 0;
     c->prov = NULL;
     c->pend = NULL;
-    c->s = slot_claim(ix, 0);
+    c->s = kvr_ix_slot_claim(ix, 0);
     ebr_enter(ix, c->s);
     return 0;
 }
@@ -594,8 +594,8 @@ static int wbegin(struct kvr_index *ix, uint32_t wid, struct kvr_index_wres *res
 static void wend(struct wctx *c)
 {
     ebr_exit(c->s);
-    ebr_reclaim(c->ix, c->s);
-    node_cache_roll(c->ix, c->s);
+    kvr_ix_ebr_reclaim(c->ix, c->s);
+    kvr_ix_node_cache_roll(c->ix, c->s);
     slot_release(c->s);
 }
 
@@ -811,16 +811,16 @@ static void holder_clear(struct wctx *c, uint32_t tier)
             continue;
         c->res->cleared++;
         uint64_t key = (uint64_t)(uintptr_t)REC_ND(r);
-        if (H->alias.n && cmap_get(&H->alias, key) > 0)
-            (void)cmap_add(c->s, &H->alias, key, -1);
+        if (H->alias.n && kvr_ix_cmap_get(&H->alias, key) > 0)
+            (void)kvr_ix_cmap_add(c->s, &H->alias, key, -1);
         else
-            (void)entry_del(c->ix, c->s, REC_ND(r), hid);
+            (void)kvr_ix_entry_del(c->ix, c->s, REC_ND(r), hid);
     }
     sl_free(c->s, H->recs.s);
     memset(&H->recs, 0, sizeof(H->recs));
-    cmap_free(c->s, &H->absent);
-    cmap_free(c->s, &H->alias);
-    cmap_free(c->s, &H->extra);
+    kvr_ix_cmap_free(c->s, &H->absent);
+    kvr_ix_cmap_free(c->s, &H->alias);
+    kvr_ix_cmap_free(c->s, &H->extra);
     ST(H->blocks, 0);
     holes_add(c, H, -(int64_t)LD(H->holes));
 }

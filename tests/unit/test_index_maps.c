@@ -130,7 +130,7 @@ static void rev_store(struct ebr_slot *s, struct revh *h, uint64_t eh)
         if (REC_COPIES(r) < COPIES_MAX)
             r->nc += 1ull << 48;
         else
-            CHECK(cmap_add(s, &h->extra, key, 1) == 0);
+            CHECK(kvr_ix_cmap_add(s, &h->extra, key, 1) == 0);
         return;
     }
     rec_fill(&h->recs, r, key, fake_nd(eh) | 1ull << 48);
@@ -144,8 +144,8 @@ static int rev_unstore(struct ebr_slot *s, struct revh *h, uint64_t eh)
     if (r == NULL)
         return 0;
     uint32_t copies = REC_COPIES(r);
-    if (copies == COPIES_MAX && h->extra.n && cmap_get(&h->extra, r->key) > 0)
-        CHECK(cmap_add(s, &h->extra, r->key, -1) == 0);
+    if (copies == COPIES_MAX && h->extra.n && kvr_ix_cmap_get(&h->extra, r->key) > 0)
+        CHECK(kvr_ix_cmap_add(s, &h->extra, r->key, -1) == 0);
     else if (copies > 1)
         r->nc -= 1ull << 48;
     else
@@ -159,7 +159,7 @@ static uint64_t rev_copies(const struct revh *h, uint64_t eh)
     if (r == NULL)
         return 0;
     CHECK(REC_ND(r) == (struct node *)(uintptr_t)fake_nd(eh)); /* copies never spill */
-    return REC_COPIES(r) + cmap_get(&h->extra, r->key);
+    return REC_COPIES(r) + kvr_ix_cmap_get(&h->extra, r->key);
 }
 
 static void recmap_check_all(const struct recmap *m, const struct model *md)
@@ -261,7 +261,8 @@ static void test_recmap_random(void **state)
         for (uint64_t i = 0; i < c; i++) {
             g_op = ++ops;
             CHECK(rev_unstore(&slot, &h, hot[k]) == 1);
-            if ((c - i) % 4099 == 0 || c - i < 3 || (c - i > COPIES_MAX - 3 && c - i < COPIES_MAX + 3))
+            if ((c - i) % 4099 == 0 || c - i < 3 ||
+                (c - i > COPIES_MAX - 3 && c - i < COPIES_MAX + 3))
                 CHECK(rev_copies(&h, hot[k]) == c - i - 1);
         }
         model_set(&md, hot[k], 0);
@@ -308,7 +309,7 @@ static void cmap_check_all(const struct cmap *m, const struct model *md)
     CHECK(m->n == md->n);
     CHECK((uint64_t)m->n * 4 <= (uint64_t)cap * 3);
     for (size_t i = 0; i < md->n; i++)
-        CHECK(cmap_get(m, md->k[i]) == md->v[i]);
+        CHECK(kvr_ix_cmap_get(m, md->k[i]) == md->v[i]);
 }
 
 static void test_cmap_random(void **state)
@@ -351,9 +352,9 @@ static void test_cmap_random(void **state)
             }
             if (rnd_below(16) == 0)
                 delta = 0; /* a no-op, on a present key or an absent one */
-            CHECK(cmap_add(&slot, &m, key, delta) == 0);
+            CHECK(kvr_ix_cmap_add(&slot, &m, key, delta) == 0);
             model_set(&md, key, (uint64_t)((int64_t)model_get(&md, key) + delta));
-            CHECK(cmap_get(&m, key) == model_get(&md, key));
+            CHECK(kvr_ix_cmap_get(&m, key) == model_get(&md, key));
             if (ops % 89 == 0 || m.mask < 64)
                 cmap_check_all(&m, &md);
         }
@@ -361,9 +362,9 @@ static void test_cmap_random(void **state)
         if (goal == 0)
             CHECK(m.s == NULL); /* memory follows contents */
     }
-    CHECK(cmap_add(&slot, &m, 42, 5) == 0);
-    cmap_free(&slot, &m);
-    CHECK(m.s == NULL && m.n == 0 && cmap_get(&m, 42) == 0);
+    CHECK(kvr_ix_cmap_add(&slot, &m, 42, 5) == 0);
+    kvr_ix_cmap_free(&slot, &m);
+    CHECK(m.s == NULL && m.n == 0 && kvr_ix_cmap_get(&m, 42) == 0);
     CHECK(slot.bytes == 0);
     model_free(&md);
     free(uni);
