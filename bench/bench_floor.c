@@ -87,7 +87,7 @@ static void report(const char *name, double *v, size_t n, uint32_t nblk)
            v[n / 2] * 1e3 / nblk);
 }
 
-/* The index's hashes (src/index.c): key_hash of a chain picks shard, home and tag; mix64 of
+/* The index's hashes (src/index_int.h): key_hash of a chain picks shard, home and tag; mix64 of
  * an engine hash (mixh, bench_common.h) is the reverse-map key. */
 static inline uint64_t key_hash(uint64_t chain)
 {

@@ -4,7 +4,7 @@
  * chain) and a count per (holder, ns, position, chain); find is the definition: for every
  * worker, walk positions from 0 while some tier holds the query's chain there. The orphan
  * policy (per-worker FIFO of orphan_capacity blocks, adoption sweeps) is modelled as
- * documented in index.c. Every operation's counters, every find answer (exact, scores use
+ * documented in index.c and index_int.h. Every operation's counters, every find answer (exact, scores use
  * dyadic weights so sums are exact) and periodically the statistics are compared.
  *
  * KVR_SEED=<n> reproduces a run; KVR_DIFF_OPS=<n> changes the operation count (default
