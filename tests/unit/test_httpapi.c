@@ -208,7 +208,12 @@ static void test_score_route(void **state)
     free(r.body);
     r = rq(&f->main, "POST", "/v1/score", JSON_CT, NULL, 0);
     assert_int_equal(r.status, 411);
+    assert_non_null(strstr(r.headers, "Connection: close")); /* the body would follow */
+    assert_true(f->main.closing);
     free(r.body);
+    kvr_httpreq_conn_deinit(&f->main);
+    kvr_httpreq_conn_init(&f->main, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch,
+                          false, 0);
     r = rq(&f->main, "POST", "/v1/score", JSON_CT "Content-Length: 0\r\n", NULL, 0);
     assert_int_equal(r.status, 400);
     free(r.body);
