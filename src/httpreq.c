@@ -317,6 +317,15 @@ static int add_header_bytes(struct kvr_httpconn *c, size_t n)
     return 0;
 }
 
+/* The request line is over: its target joins the header bytes. */
+static int count_url(struct kvr_httpconn *c)
+{
+    if (c->url_counted)
+        return 0;
+    c->url_counted = true;
+    return add_header_bytes(c, c->url_len);
+}
+
 static int on_message_begin(http_parser *p)
 {
     struct kvr_httpconn *c = p->data;
@@ -332,6 +341,7 @@ static int on_message_begin(http_parser *p)
     c->field_len = 0;
     c->field_long = false;
     c->url_len = 0;
+    c->url_counted = false;
     c->ctype_len = 0;
     c->auth_len = 0;
     c->auth_present = false;
@@ -348,11 +358,10 @@ static int on_url(http_parser *p, const char *at, size_t len)
 {
     struct kvr_httpconn *c = p->data;
 
-    /* before the header bytes: an over-long target is 414 however long it is */
+    /* The target counts towards max_header_bytes only once it is complete (count_url), so
+     * an over-long one is 414 however long it is and in however many pieces it comes. */
     if (c->url_len + len > KVR_HTTPREQ_URL_MAX)
         return reject(c, 414, "request target too long", KVR_LIMIT_URI);
-    if (add_header_bytes(c, len) != 0)
-        return -1;
     memcpy(c->url + c->url_len, at, len);
     c->url_len += len;
     return 0;
@@ -362,6 +371,8 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
 {
     struct kvr_httpconn *c = p->data;
 
+    if (count_url(c) != 0)
+        return -1;
     if (c->nheaders == 0 || c->last_was_value) { /* a new header (not a split name) */
         c->nheaders++;
         if (c->nheaders > c->lim->max_headers)
@@ -445,6 +456,8 @@ static int on_headers_complete(http_parser *p)
 {
     struct kvr_httpconn *c = p->data;
 
+    if (count_url(c) != 0)
+        return -1;
     if (p->upgrade)
         return reject(c, 400, "protocol upgrade is not supported", -1);
     if (p->http_major != 1)

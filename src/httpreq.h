@@ -165,6 +165,7 @@ struct kvr_httpconn {
     bool field_long;
     char url[KVR_HTTPREQ_URL_MAX + 1];
     size_t url_len;
+    bool url_counted;      /* url_len added to header_bytes (request line complete) */
     char ctype[KVR_HTTPREQ_CTYPE_MAX + 1];
     size_t ctype_len;
     char auth[KVR_HTTPREQ_AUTH_MAX + 1];
