@@ -17,7 +17,11 @@
  *   than it holds (256 KiB of "GET /metrics" is ~10,000 responses). httpreq stops parsing
  *   once [http] max_output_bytes of responses wait and keeps the rest of the read; we stop
  *   reading, write, and resume parsing (then reading) once `out` drained. So a connection
- *   holds at most about max_output_bytes + one response + one read buffer.
+ *   holds at most about max_output_bytes + one response + one read buffer. Fairness: one
+ *   callback resumes a connection at most once (up to max_output_bytes of answers); when
+ *   the socket took them all and input is still kept, the connection queues itself on the
+ *   loop's idle handle and continues on the next loop iteration, after other connections'
+ *   I/O, so a fast pipeliner cannot hold the loop for a whole read buffer of requests.
  * - Timers: one per connection, armed lazily: it is restarted only when the deadline moves
  *   earlier; when it fires early it re-arms for the real deadline. Request deadline (408),
  *   idle keep-alive and a stuck write (idle_timeout while a write is pending) close it.
@@ -78,6 +82,8 @@ struct conn {
     bool closing;           /* uv_close issued */
     bool reading;           /* uv_read_start in effect */
     bool probe;             /* over the cap: counted in probe_conns, not open_conns */
+    bool resume_queued;     /* on lt->resume_head: continue parsing next loop iteration */
+    struct conn *resume_next;
     struct conn *prev, *next;
 };
 
@@ -101,6 +107,9 @@ struct loop_thread {
     struct kvr_buf scratch;
     char *rbuf;
     struct conn *conns;     /* loop thread only */
+    uv_idle_t idle;         /* runs queued resumes (see conn_flush) */
+    bool has_idle;
+    struct conn *resume_head; /* loop thread only: connections waiting for their turn */
 };
 
 struct kvr_http {
@@ -154,6 +163,13 @@ static void conn_close(struct conn *c)
     if (c->closing)
         return;
     c->closing = true;
+    if (c->resume_queued) { /* freed in the close callback: off the queue first */
+        struct conn **pp = &lt->resume_head;
+        while (*pp != c)
+            pp = &(*pp)->resume_next;
+        *pp = c->resume_next;
+        c->resume_queued = false;
+    }
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -296,10 +312,41 @@ static void on_write(uv_write_t *req, int status)
 /* Writes out what it can; what the socket does not take goes to uv_write and reading stops
  * until it completes. Once out is empty: resumes paused parsing (which may produce more
  * output: loop), then lingers after a final response or (re)starts reading. */
+static void on_idle(uv_idle_t *idle)
+{
+    struct loop_thread *lt = idle->data;
+    struct conn *c = lt->resume_head;
+
+    lt->resume_head = NULL; /* conns re-queued meanwhile wait for the next iteration */
+    uv_idle_stop(idle);
+    while (c != NULL) {
+        struct conn *next = c->resume_next;
+        c->resume_queued = false;
+        c->resume_next = NULL;
+        conn_flush(c);
+        conn_rearm(c);
+        c = next;
+    }
+}
+
+/* Continue this connection's paused input on the next loop iteration. */
+static void conn_queue_resume(struct conn *c)
+{
+    struct loop_thread *lt = c->lt;
+
+    if (c->resume_queued)
+        return;
+    c->resume_queued = true;
+    c->resume_next = lt->resume_head;
+    lt->resume_head = c;
+    uv_idle_start(&lt->idle, on_idle);
+}
+
 static void conn_flush(struct conn *c)
 {
     uv_buf_t b;
     int n, rc;
+    bool resumed = false;
 
     for (;;) {
         if (c->closing || c->writing)
@@ -333,6 +380,12 @@ static void conn_flush(struct conn *c)
         }
         if (!c->hc.paused || c->close_after_write || c->lingering)
             break;
+        if (resumed || c->lt->stopping) { /* one round per callback: the rest waits */
+            if (!c->lt->stopping)
+                conn_queue_resume(c);
+            break;
+        }
+        resumed = true;
         rc = kvr_httpreq_conn_resume(&c->hc, (int64_t)uv_now(&c->lt->loop));
         if (rc == KVR_HTTPCONN_CLOSE)
             c->close_after_write = true;
@@ -519,6 +572,8 @@ static void on_stop(uv_async_t *a)
     if (lt->has_admin)
         uv_close((uv_handle_t *)&lt->admin, on_listener_closed);
     uv_close((uv_handle_t *)&lt->stop_async, NULL);
+    if (lt->has_idle)
+        uv_close((uv_handle_t *)&lt->idle, NULL);
     for (c = lt->conns; c != NULL; c = next) {
         next = c->next;
         if (c->writing) {
@@ -744,6 +799,13 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         }
         lt->stop_async.data = lt;
         lt->has_async = true;
+        rc = uv_idle_init(&lt->loop, &lt->idle);
+        if (rc != 0) {
+            kvr_err_set(err, rc, "http: idle: %s", uv_strerror(rc));
+            goto fail;
+        }
+        lt->idle.data = lt;
+        lt->has_idle = true;
     }
     for (int i = 0; i < h->nthreads; i++) {
         struct loop_thread *lt = &h->lts[i];
@@ -805,6 +867,8 @@ void kvr_http_stop(struct kvr_http *h)
             uv_close((uv_handle_t *)&lt->admin, NULL);
         if (lt->has_async)
             uv_close((uv_handle_t *)&lt->stop_async, NULL);
+        if (lt->has_idle)
+            uv_close((uv_handle_t *)&lt->idle, NULL);
         uv_run(&lt->loop, UV_RUN_DEFAULT);
     }
     for (int i = 0; i < h->nthreads; i++) {
