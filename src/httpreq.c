@@ -277,7 +277,8 @@ static void access_log(struct kvr_httpconn *c, bool started, int status, size_t 
     log_escape(path, c->url, started ? c->url_len : 0);
     kvr_log_info("access: %s \"%s %s\" %d %zu %lld.%03lldms",
                  c->remote[0] ? c->remote : "-",
-                 started ? http_method_str((enum http_method)c->parser.method) : "-",
+                 started && c->url_seen ? http_method_str((enum http_method)c->parser.method)
+                                        : "-",
                  started && c->url_len ? path : "-", status, bytes, (long long)(us / 1000),
                  (long long)(us % 1000));
 }
@@ -342,6 +343,7 @@ static int on_message_begin(http_parser *p)
     c->field_long = false;
     c->url_len = 0;
     c->url_counted = false;
+    c->url_seen = false;
     c->ctype_len = 0;
     c->auth_len = 0;
     c->auth_present = false;
@@ -358,6 +360,7 @@ static int on_url(http_parser *p, const char *at, size_t len)
 {
     struct kvr_httpconn *c = p->data;
 
+    c->url_seen = true; /* the method is complete (for the access log) */
     /* The target counts towards max_header_bytes only once it is complete (count_url), so
      * an over-long one is 414 however long it is and in however many pieces it comes. */
     if (c->url_len + len > KVR_HTTPREQ_URL_MAX)

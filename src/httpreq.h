@@ -166,6 +166,7 @@ struct kvr_httpconn {
     char url[KVR_HTTPREQ_URL_MAX + 1];
     size_t url_len;
     bool url_counted;      /* url_len added to header_bytes (request line complete) */
+    bool url_seen;         /* on_url ran: the method is known */
     char ctype[KVR_HTTPREQ_CTYPE_MAX + 1];
     size_t ctype_len;
     char auth[KVR_HTTPREQ_AUTH_MAX + 1];
