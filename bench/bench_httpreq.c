@@ -102,7 +102,7 @@ int main(int argc, char **argv)
     struct kvr_httpapi_deps d;
     struct kvr_httpstats st;
     struct kvr_buf scratch;
-    struct kvr_httpreq_limits lim = {16u << 20, 16384, 64, 10000, 60000};
+    struct kvr_httpreq_limits lim = {16u << 20, 16384, 64, 10000, 60000, 0, false};
     struct kvr_httpconn c;
     static char reqs[2][NBASE][NTOK * 12 + 512], work[NTOK * 12 + 512];
     size_t lens[2][NBASE], resp_bytes = 0;

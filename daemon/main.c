@@ -51,7 +51,7 @@ static void usage(FILE *f)
             "      --version      print the version and exit\n"
             "  -h, --help         print this help and exit\n"
             "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log] and [score].\n");
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score] and [http] admin_token.\n");
 }
 
 /* Reload hook: push reloadable settings into running modules. */
@@ -61,6 +61,8 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
 
     if (a->score != NULL)
         kvr_score_set_weights(a->score, live);
+    if (a->http != NULL && kvr_http_set_admin_token(a->http, live->admin_token) != 0)
+        kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");
 }
 
 static int app_start(struct app *a, struct kvr_err *err)

@@ -64,6 +64,7 @@ enum dtype {
     T_HOSTPORT,  /* char * "IP:PORT" */
     T_WEIGHT,    /* weight.<tier>: weights[] */
     T_DOUBLE,    /* double */
+    T_BOOL,      /* bool: off|on (also false|true, no|yes, 0|1) */
 };
 
 enum {
@@ -96,6 +97,7 @@ static const struct directive directives[] = {
     {"log", "format", T_FORMAT, "text", 0, 1, F_RELOADABLE, OFF(log_format)},
     {"log", "ratelimit_interval", T_DURATION, "10s", 1, MS_H, F_RELOADABLE, OFF(log_ratelimit_ms)},
     {"log", "ratelimit_burst", T_U32, "10", 1, 1000000, F_RELOADABLE, OFF(log_ratelimit_burst)},
+    {"log", "access_log", T_BOOL, "off", 0, 1, 0, OFF(access_log)},
 
     {"events", "bind", T_BIND, NULL, 0, 0, F_REPEATABLE, OFF(bind)},
     {"events", "connect", T_CONNECT, NULL, 0, 0, F_REPEATABLE, OFF(connect)},
@@ -121,7 +123,7 @@ static const struct directive directives[] = {
 
     {"http", "listen", T_HOSTPORT, "0.0.0.0:8080", 0, 0, 0, OFF(listen)},
     {"http", "admin_listen", T_HOSTPORT, NULL, 0, 0, 0, OFF(admin_listen)},
-    {"http", "admin_token", T_STRING, NULL, 1, 255, 0, OFF(admin_token)},
+    {"http", "admin_token", T_STRING, NULL, 1, 255, F_RELOADABLE, OFF(admin_token)},
     {"http", "threads", T_U32, "1", 1, 64, 0, OFF(http_threads)},
     {"http", "max_body_bytes", T_SIZE, "8MiB", 1 * KiB, 1 * GiB, 0, OFF(max_body_bytes)},
     {"http", "max_header_bytes", T_SIZE, "16KiB", 1 * KiB, 1 * MiB, 0, OFF(max_header_bytes)},
@@ -130,6 +132,9 @@ static const struct directive directives[] = {
     {"http", "idle_timeout", T_DURATION, "60s", 1, 24 * MS_H, 0, OFF(idle_timeout_ms)},
     {"http", "max_connections", T_U32, "10000", 1, 1000000, 0, OFF(max_connections)},
     {"http", "max_query_tokens", T_U32, "262144", 1, 16777216, 0, OFF(max_query_tokens)},
+    {"http", "max_output_bytes", T_SIZE, "4MiB", 64 * KiB, 1 * GiB, 0, OFF(max_output_bytes)},
+    {"http", "probe_connections", T_U32, "16", 0, 1024, 0, OFF(probe_connections)},
+    {"http", "public_introspection", T_BOOL, "off", 0, 1, 0, OFF(public_introspection)},
 
     {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
     {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
@@ -517,6 +522,16 @@ static int set_value(struct kvr_conf *c, const struct directive *d, const char *
         return add_connect(c, d, v, sc);
     case T_WEIGHT:
         return set_weight(c, d, key, v, st, sc);
+    case T_BOOL:
+        if (strcasecmp(v, "on") == 0 || strcasecmp(v, "true") == 0 ||
+            strcasecmp(v, "yes") == 0 || strcmp(v, "1") == 0)
+            *FIELD(c, d, bool) = true;
+        else if (strcasecmp(v, "off") == 0 || strcasecmp(v, "false") == 0 ||
+                 strcasecmp(v, "no") == 0 || strcmp(v, "0") == 0)
+            *FIELD(c, d, bool) = false;
+        else
+            return bad_value(sc, d, v, "off or on");
+        return 0;
     }
     return set_msg(sc, -EINVAL, "internal: unknown directive type");
 }
@@ -960,6 +975,8 @@ static bool field_equal(const struct directive *d, const struct kvr_conf *a,
         return true;
     case T_WEIGHT:
         return true; /* compared per tier in kvr_conf_apply_reload */
+    case T_BOOL:
+        return *CFIELD(a, d, bool) == *CFIELD(b, d, bool);
     }
     return true;
 }
@@ -982,8 +999,23 @@ static void field_copy(const struct directive *d, struct kvr_conf *dst, const st
     case T_DOUBLE:
         *FIELD(dst, d, double) = *CFIELD(src, d, double);
         break;
+    case T_BOOL:
+        *FIELD(dst, d, bool) = *CFIELD(src, d, bool);
+        break;
+    case T_STRING: { /* [http] admin_token: live owns its copy; on ENOMEM keep the old one */
+        const char *v = *CFIELD(src, d, char *);
+        char *dup = v != NULL ? strdup(v) : NULL;
+        char **f = FIELD(dst, d, char *);
+        if (v != NULL && dup == NULL)
+            break;
+        if (*f != NULL)
+            explicit_bzero(*f, strlen(*f));
+        free(*f);
+        *f = dup;
+        break;
+    }
     default:
-        break; /* only scalar types are reloadable (weights handled by the caller) */
+        break; /* only scalar types and strings are reloadable (weights: the caller) */
     }
 }
 

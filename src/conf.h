@@ -40,6 +40,7 @@ struct kvr_conf {
     int log_format; /* enum kvr_log_format; default text */
     int64_t log_ratelimit_ms; /* interval of the peer-error limiter; default 10s */
     uint32_t log_ratelimit_burst; /* lines per interval; default 10 */
+    bool access_log;  /* one line per HTTP request at info level; default off (restart) */
 
     /* [events] */
     char **bind; /* repeatable: our SUB binds, engines connect */
@@ -67,7 +68,7 @@ struct kvr_conf {
     /* [http] */
     char *listen;            /* HOST:PORT; default 0.0.0.0:8080; port 0 = pick and report */
     char *admin_listen;      /* NULL (admin on main listener) or HOST:PORT */
-    char *admin_token;       /* NULL or bearer token for mutating endpoints */
+    char *admin_token;       /* NULL or bearer token for mutating endpoints; reloadable */
     uint32_t http_threads;   /* loop threads; default 1 */
     int64_t max_body_bytes;  /* default 8MiB */
     int64_t max_header_bytes; /* default 16KiB */
@@ -76,6 +77,12 @@ struct kvr_conf {
     int64_t idle_timeout_ms;    /* keep-alive idle; default 60s */
     uint32_t max_connections;   /* default 10000 */
     uint32_t max_query_tokens;  /* default 262144 */
+    int64_t max_output_bytes;   /* unsent response bytes per connection before parsing pauses;
+                                 * default 4MiB */
+    uint32_t probe_connections; /* over max_connections: connections that may still ask
+                                 * /healthz or /readyz; default 16 */
+    bool public_introspection;  /* /metrics, /v1/pods, /v1/endpoints (GET) also on the main
+                                 * listener when admin_listen is set; default off */
 
     /* [score] — reloadable; weight.<tier> = number (repeatable by tier name) */
     struct kvr_conf_tier_weight weights[KVR_CONF_MAX_TIERS];

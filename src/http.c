@@ -13,14 +13,27 @@
  *   requests. A flush tries uv_try_write first; if the socket is full the rest goes through
  *   uv_write and reading pauses until it completes (backpressure: `out` is never appended to
  *   while a write owns it).
+ * - Bounded output: one read of pipelined requests could produce far more response bytes
+ *   than it holds (256 KiB of "GET /metrics" is ~10,000 responses). httpreq stops parsing
+ *   once [http] max_output_bytes of responses wait and keeps the rest of the read; we stop
+ *   reading, write, and resume parsing (then reading) once `out` drained. So a connection
+ *   holds at most about max_output_bytes + one response + one read buffer. Fairness: one
+ *   callback resumes a connection at most once (up to max_output_bytes of answers); when
+ *   the socket took them all and input is still kept, the connection queues itself on the
+ *   loop's idle handle and continues on the next loop iteration, after other connections'
+ *   I/O, so a fast pipeliner cannot hold the loop for a whole read buffer of requests.
  * - Timers: one per connection, armed lazily: it is restarted only when the deadline moves
  *   earlier; when it fires early it re-arms for the real deadline. Request deadline (408),
  *   idle keep-alive and a stuck write (idle_timeout while a write is pending) close it.
  * - Closing after a final response is a lingering close: shutdown(SHUT_WR) after the write,
  *   then read and discard for up to LINGER_MS so the client sees the response rather than a
  *   reset caused by unread bytes.
- * - The connection cap is one atomic counter shared by the loops: over it, a connection is
- *   accepted, answered 503 with uv_try_write, and closed (counted as a limit rejection).
+ * - The connection cap is one atomic counter shared by the loops: over it, up to [http]
+ *   probe_connections more are accepted as probe-only connections (httpapi answers /healthz
+ *   and /readyz on them, 503 to anything else, and closes after one answer; the request
+ *   must arrive within request_timeout), so a liveness probe still gets its 200 while
+ *   clients hold every slot. Past that, a connection is accepted, answered 503 with
+ *   uv_try_write, and closed (counted as a limit rejection).
  * - Stop: an async handle per loop closes the listeners and every connection (waiting for a
  *   pending write to finish), then the loop ends and the thread is joined.
  * Threads: the public functions run on the main thread; everything else on the loop threads.
@@ -67,6 +80,10 @@ struct conn {
     bool close_after_write; /* final response queued: linger-close once it is written */
     bool lingering;
     bool closing;           /* uv_close issued */
+    bool reading;           /* uv_read_start in effect */
+    bool probe;             /* over the cap: counted in probe_conns, not open_conns */
+    bool resume_queued;     /* on lt->resume_head: continue parsing next loop iteration */
+    struct conn *resume_next;
     struct conn *prev, *next;
 };
 
@@ -90,17 +107,23 @@ struct loop_thread {
     struct kvr_buf scratch;
     char *rbuf;
     struct conn *conns;     /* loop thread only */
+    uv_idle_t idle;         /* runs queued resumes (see conn_flush) */
+    bool has_idle;
+    struct conn *resume_head; /* loop thread only: connections waiting for their turn */
 };
 
 struct kvr_http {
     const struct kvr_conf *conf;
     struct kvr_httpapi *api;
     struct kvr_httpreq_limits lim;
+    struct kvr_httpreq_limits probe_lim; /* lim, idle wait cut to request_timeout */
     int nthreads;
     struct loop_thread *lts;
     struct kvr_httpstats *stats_ptrs[MAX_THREADS];
     _Atomic uint64_t open_conns;
+    _Atomic uint64_t probe_conns;
     uint32_t max_conns;
+    uint32_t max_probe_conns;
     int port;
     int admin_port;
     bool started;
@@ -140,13 +163,21 @@ static void conn_close(struct conn *c)
     if (c->closing)
         return;
     c->closing = true;
+    if (c->resume_queued) { /* freed in the close callback: off the queue first */
+        struct conn **pp = &lt->resume_head;
+        while (*pp != c)
+            pp = &(*pp)->resume_next;
+        *pp = c->resume_next;
+        c->resume_queued = false;
+    }
     if (c->prev)
         c->prev->next = c->next;
     else
         lt->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    atomic_fetch_sub_explicit(&lt->h->open_conns, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(c->probe ? &lt->h->probe_conns : &lt->h->open_conns, 1,
+                              memory_order_relaxed);
     atomic_fetch_add_explicit(&lt->stats.closed, 1, memory_order_relaxed);
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
@@ -182,6 +213,7 @@ static void conn_linger(struct conn *c)
         conn_close(c);
         return;
     }
+    c->reading = true;
     uv_timer_stop(&c->timer);
     c->timer_due = INT64_MAX;
     conn_rearm(c);
@@ -273,54 +305,111 @@ static void on_write(uv_write_t *req, int status)
     }
     kvr_httpreq_conn_consumed(&c->hc, c->write_len);
     c->write_len = 0;
-    if (c->hc.out.len > 0) { /* e.g. a 408 queued by the timer meanwhile */
-        conn_flush(c);
-        return;
-    }
-    if (c->close_after_write) {
-        conn_linger(c);
-        return;
-    }
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
-        conn_close(c);
-        return;
-    }
+    conn_flush(c); /* more output (a 408 queued meanwhile, paused input), linger or read */
     conn_rearm(c);
+}
+
+/* Writes out what it can; what the socket does not take goes to uv_write and reading stops
+ * until it completes. Once out is empty: resumes paused parsing (which may produce more
+ * output: loop), then lingers after a final response or (re)starts reading. */
+static void on_idle(uv_idle_t *idle)
+{
+    struct loop_thread *lt = idle->data;
+    struct conn *c = lt->resume_head;
+
+    lt->resume_head = NULL; /* conns re-queued meanwhile wait for the next iteration */
+    uv_idle_stop(idle);
+    while (c != NULL) {
+        struct conn *next = c->resume_next;
+        c->resume_queued = false;
+        c->resume_next = NULL;
+        conn_flush(c);
+        conn_rearm(c);
+        c = next;
+    }
+}
+
+/* Continue this connection's paused input on the next loop iteration. */
+static void conn_queue_resume(struct conn *c)
+{
+    struct loop_thread *lt = c->lt;
+
+    if (c->resume_queued)
+        return;
+    c->resume_queued = true;
+    c->resume_next = lt->resume_head;
+    lt->resume_head = c;
+    uv_idle_start(&lt->idle, on_idle);
 }
 
 static void conn_flush(struct conn *c)
 {
     uv_buf_t b;
-    int n;
+    int n, rc;
+    bool resumed = false;
 
-    if (c->closing || c->writing)
-        return;
-    if (c->hc.out.len > 0) {
-        b = uv_buf_init(c->hc.out.data, (unsigned)c->hc.out.len);
-        n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-        if (n < 0 && n != UV_EAGAIN) {
-            conn_close(c);
+    for (;;) {
+        if (c->closing || c->writing)
             return;
-        }
-        if (n > 0)
-            kvr_httpreq_conn_consumed(&c->hc, (size_t)n);
         if (c->hc.out.len > 0) {
             b = uv_buf_init(c->hc.out.data, (unsigned)c->hc.out.len);
-            c->write_len = c->hc.out.len;
-            c->wreq.data = c;
-            if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+            n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+            if (n < 0 && n != UV_EAGAIN) {
                 conn_close(c);
                 return;
             }
-            c->writing = true;
-            c->write_start = (int64_t)uv_now(&c->lt->loop);
+            if (n > 0)
+                kvr_httpreq_conn_consumed(&c->hc, (size_t)n);
+            if (c->hc.out.len > 0) {
+                b = uv_buf_init(c->hc.out.data, (unsigned)c->hc.out.len);
+                c->write_len = c->hc.out.len;
+                c->wreq.data = c;
+                if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+                    conn_close(c);
+                    return;
+                }
+                c->writing = true;
+                c->write_start = (int64_t)uv_now(&c->lt->loop);
+                if (c->reading) {
+                    uv_read_stop((uv_stream_t *)&c->tcp);
+                    c->reading = false;
+                }
+                conn_rearm(c);
+                return;
+            }
+        }
+        if (!c->hc.paused || c->close_after_write || c->lingering)
+            break;
+        if (resumed || c->lt->stopping) { /* one round per callback: the rest waits */
+            if (!c->lt->stopping)
+                conn_queue_resume(c);
+            break;
+        }
+        resumed = true;
+        rc = kvr_httpreq_conn_resume(&c->hc, (int64_t)uv_now(&c->lt->loop));
+        if (rc == KVR_HTTPCONN_CLOSE)
+            c->close_after_write = true;
+        else if (c->hc.paused && c->hc.out.len == 0)
+            break; /* cannot happen (paused means out > max_output); never spin */
+    }
+    if (c->close_after_write) {
+        conn_linger(c);
+        return;
+    }
+    if (c->hc.paused) {
+        if (c->reading) {
             uv_read_stop((uv_stream_t *)&c->tcp);
-            conn_rearm(c);
+            c->reading = false;
+        }
+        return;
+    }
+    if (!c->reading && !c->lingering) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+            conn_close(c);
             return;
         }
+        c->reading = true;
     }
-    if (c->close_after_write)
-        conn_linger(c);
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -377,32 +466,63 @@ static void reject_conn(struct loop_thread *lt, uv_stream_t *server)
     uv_close((uv_handle_t *)t, on_reject_closed);
 }
 
+/* "IP:PORT" or "[IPv6]:PORT" of the peer, for the access log. */
+static void peer_name(uv_tcp_t *tcp, char *out, size_t cap)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    char ip[INET6_ADDRSTRLEN];
+
+    out[0] = '\0';
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        if (uv_ip6_name(a, ip, sizeof(ip)) == 0)
+            snprintf(out, cap, "[%s]:%d", ip, ntohs(a->sin6_port));
+    } else if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        if (uv_ip4_name(a, ip, sizeof(ip)) == 0)
+            snprintf(out, cap, "%s:%d", ip, ntohs(a->sin_port));
+    }
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     struct loop_thread *lt = server->data;
     struct kvr_http *h = lt->h;
     struct conn *c;
     bool admin = server == (uv_stream_t *)&lt->admin;
+    bool probe = false;
+    _Atomic uint64_t *counter;
     int64_t now;
 
     if (status != 0 || lt->stopping)
         return;
-    if (atomic_fetch_add_explicit(&h->open_conns, 1, memory_order_relaxed) >= h->max_conns) {
-        atomic_fetch_sub_explicit(&h->open_conns, 1, memory_order_relaxed);
-        reject_conn(lt, server);
-        return;
+    counter = &h->open_conns;
+    if (atomic_fetch_add_explicit(counter, 1, memory_order_relaxed) >= h->max_conns) {
+        atomic_fetch_sub_explicit(counter, 1, memory_order_relaxed);
+        /* over the cap: a probe-only slot, if one is free */
+        probe = true;
+        counter = &h->probe_conns;
+        if (atomic_fetch_add_explicit(counter, 1, memory_order_relaxed) >= h->max_probe_conns) {
+            atomic_fetch_sub_explicit(counter, 1, memory_order_relaxed);
+            reject_conn(lt, server);
+            return;
+        }
     }
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
-        atomic_fetch_sub_explicit(&h->open_conns, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(counter, 1, memory_order_relaxed);
         reject_conn(lt, server);
         return;
     }
     c->lt = lt;
+    c->probe = probe;
     c->timer_due = INT64_MAX;
     if (uv_tcp_init(&lt->loop, &c->tcp) != 0) {
         free(c);
-        atomic_fetch_sub_explicit(&h->open_conns, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(counter, 1, memory_order_relaxed);
         return;
     }
     uv_timer_init(&lt->loop, &c->timer);
@@ -410,8 +530,9 @@ static void on_connection(uv_stream_t *server, int status)
     c->timer.data = c;
     c->open_handles = 2;
     now = (int64_t)uv_now(&lt->loop);
-    kvr_httpreq_conn_init(&c->hc, &h->lim, &lt->stats, kvr_httpapi_handle, lt->api_thread,
-                          &lt->scratch, admin, now);
+    kvr_httpreq_conn_init(&c->hc, probe ? &h->probe_lim : &h->lim, &lt->stats,
+                          kvr_httpapi_handle, lt->api_thread, &lt->scratch, admin, now);
+    c->hc.probe_only = probe;
     c->next = lt->conns;
     if (lt->conns)
         lt->conns->prev = c;
@@ -422,10 +543,13 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    if (h->lim.access_log)
+        peer_name(&c->tcp, c->hc.remote, sizeof(c->hc.remote));
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
         conn_close(c);
         return;
     }
+    c->reading = true;
     conn_rearm(c);
 }
 
@@ -448,6 +572,8 @@ static void on_stop(uv_async_t *a)
     if (lt->has_admin)
         uv_close((uv_handle_t *)&lt->admin, on_listener_closed);
     uv_close((uv_handle_t *)&lt->stop_async, NULL);
+    if (lt->has_idle)
+        uv_close((uv_handle_t *)&lt->idle, NULL);
     for (c = lt->conns; c != NULL; c = next) {
         next = c->next;
         if (c->writing) {
@@ -575,7 +701,15 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     h->lim.max_headers = conf->max_headers ? conf->max_headers : 64;
     h->lim.request_timeout_ms = conf->request_timeout_ms > 0 ? conf->request_timeout_ms : 10000;
     h->lim.idle_timeout_ms = conf->idle_timeout_ms > 0 ? conf->idle_timeout_ms : 60000;
+    h->lim.max_output =
+        conf->max_output_bytes > 0 ? (uint64_t)conf->max_output_bytes : 4u << 20;
+    h->lim.access_log = conf->access_log;
+    h->max_probe_conns = conf->probe_connections; /* 0 = none */
+    h->probe_lim = h->lim;
+    if (h->probe_lim.idle_timeout_ms > h->probe_lim.request_timeout_ms)
+        h->probe_lim.idle_timeout_ms = h->probe_lim.request_timeout_ms;
     atomic_init(&h->open_conns, 0);
+    atomic_init(&h->probe_conns, 0);
 
     memset(&ad, 0, sizeof(ad));
     ad.conf = conf;
@@ -584,6 +718,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     ad.zsub = deps->zsub;
     ad.index = deps->index;
     ad.admin_listener = conf->admin_listen != NULL && conf->admin_listen[0] != '\0';
+    ad.public_introspection = conf->public_introspection;
     ad.server_metrics = server_metrics;
     ad.server_metrics_arg = h;
     rc = kvr_httpapi_create(&ad, &h->api);
@@ -664,6 +799,13 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         }
         lt->stop_async.data = lt;
         lt->has_async = true;
+        rc = uv_idle_init(&lt->loop, &lt->idle);
+        if (rc != 0) {
+            kvr_err_set(err, rc, "http: idle: %s", uv_strerror(rc));
+            goto fail;
+        }
+        lt->idle.data = lt;
+        lt->has_idle = true;
     }
     for (int i = 0; i < h->nthreads; i++) {
         struct loop_thread *lt = &h->lts[i];
@@ -699,6 +841,11 @@ void kvr_http_set_ready(struct kvr_http *h, bool ready)
     kvr_httpapi_set_ready(h->api, ready);
 }
 
+int kvr_http_set_admin_token(struct kvr_http *h, const char *token)
+{
+    return kvr_httpapi_set_token(h->api, token);
+}
+
 void kvr_http_stop(struct kvr_http *h)
 {
     if (h == NULL || h->stopped)
@@ -720,6 +867,8 @@ void kvr_http_stop(struct kvr_http *h)
             uv_close((uv_handle_t *)&lt->admin, NULL);
         if (lt->has_async)
             uv_close((uv_handle_t *)&lt->stop_async, NULL);
+        if (lt->has_idle)
+            uv_close((uv_handle_t *)&lt->idle, NULL);
         uv_run(&lt->loop, UV_RUN_DEFAULT);
     }
     for (int i = 0; i < h->nthreads; i++) {

@@ -36,6 +36,9 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err);
 int kvr_http_port(const struct kvr_http *h);
 int kvr_http_admin_port(const struct kvr_http *h);
 void kvr_http_set_ready(struct kvr_http *h, bool ready);
+/* SIGHUP: the bearer token for mutating admin routes (NULL or "" = none) from the next
+ * request on; main thread. 0 or -ENOMEM (the old token stays). */
+int kvr_http_set_admin_token(struct kvr_http *h, const char *token);
 /* Idempotent. */
 void kvr_http_stop(struct kvr_http *h);
 void kvr_http_destroy(struct kvr_http *h);

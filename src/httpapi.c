@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -38,6 +39,8 @@ struct kvr_httpapi {
     struct kvr_zsub *zsub;
     struct kvr_index *index;
     bool admin_listener;
+    bool public_introspection;
+    pthread_mutex_t token_lock; /* token, token_len: set on SIGHUP (main), read by loops */
     char *token;      /* NULL = no auth */
     size_t token_len;
     uint32_t max_tokens;
@@ -70,6 +73,8 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->zsub = deps->zsub;
     api->index = deps->index;
     api->admin_listener = deps->admin_listener;
+    api->public_introspection = deps->public_introspection;
+    pthread_mutex_init(&api->token_lock, NULL);
     api->max_tokens = deps->conf->max_query_tokens ? deps->conf->max_query_tokens : 262144;
     api->server_metrics = deps->server_metrics;
     api->server_metrics_arg = deps->server_metrics_arg;
@@ -91,10 +96,31 @@ void kvr_httpapi_destroy(struct kvr_httpapi *api)
     if (api == NULL)
         return;
     if (api->token != NULL) {
-        memset(api->token, 0, api->token_len);
+        explicit_bzero(api->token, api->token_len);
         free(api->token);
     }
+    pthread_mutex_destroy(&api->token_lock);
     free(api);
+}
+
+int kvr_httpapi_set_token(struct kvr_httpapi *api, const char *token)
+{
+    char *fresh = NULL, *old;
+    size_t old_len;
+
+    if (token != NULL && token[0] != '\0' && (fresh = strdup(token)) == NULL)
+        return -ENOMEM;
+    pthread_mutex_lock(&api->token_lock);
+    old = api->token;
+    old_len = api->token_len;
+    api->token = fresh;
+    api->token_len = fresh != NULL ? strlen(fresh) : 0;
+    pthread_mutex_unlock(&api->token_lock);
+    if (old != NULL) {
+        explicit_bzero(old, old_len);
+        free(old);
+    }
+    return 0;
 }
 
 void kvr_httpapi_set_ready(struct kvr_httpapi *api, bool ready)
@@ -303,16 +329,22 @@ static bool token_equal(const char *given, size_t glen, const char *want, size_t
     return d == 0;
 }
 
-/* 0 when allowed; else the response is filled (401 or 403). */
-static int check_auth(const struct kvr_httpapi *api, const struct kvr_httpreq *req,
+/* 0 when allowed; else the response is filled (401 or 403). The token may change on
+ * SIGHUP: it is read and compared under token_lock (mutating routes only). */
+static int check_auth(struct kvr_httpapi *api, const struct kvr_httpreq *req,
                       struct kvr_httpresp *resp)
 {
     const char *a;
     size_t n;
+    bool ok;
 
-    if (api->token == NULL)
+    pthread_mutex_lock(&api->token_lock);
+    if (api->token == NULL) {
+        pthread_mutex_unlock(&api->token_lock);
         return 0;
+    }
     if (req->auth == NULL || req->auth_len < 7 || strncasecmp(req->auth, "bearer ", 7) != 0) {
+        pthread_mutex_unlock(&api->token_lock);
         fail(resp, 401, "missing bearer token (Authorization: Bearer <admin_token>)");
         resp->extra_headers = "WWW-Authenticate: Bearer realm=\"kvrouterd\"\r\n";
         return -1;
@@ -325,7 +357,9 @@ static int check_auth(const struct kvr_httpapi *api, const struct kvr_httpreq *r
     }
     while (n > 0 && (a[n - 1] == ' ' || a[n - 1] == '\t'))
         n--;
-    if (req->auth_truncated || !token_equal(a, n, api->token, api->token_len)) {
+    ok = !req->auth_truncated && token_equal(a, n, api->token, api->token_len);
+    pthread_mutex_unlock(&api->token_lock);
+    if (!ok) {
         fail(resp, 403, "wrong bearer token");
         return -1;
     }
@@ -341,9 +375,11 @@ static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *re
         return -1;
     }
     if (req->body_len == 0) {
-        if (!req->has_length)
+        if (!req->has_length) {
+            /* a body sent without framing would be parsed as the next request: close */
             fail(resp, 411, "request body required (Content-Length)");
-        else
+            resp->close = true;
+        } else
             fail(resp, 400, "empty request body");
         return -1;
     }
@@ -414,9 +450,11 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
         return;
     }
     if (req->body_len == 0) {
-        if (!req->has_length)
+        if (!req->has_length) {
+            /* a body sent without framing would be parsed as the next request: close */
             fail(resp, 411, "request body required (Content-Length)");
-        else
+            resp->close = true;
+        } else
             fail(resp, 400, "empty request body");
         return;
     }
@@ -725,6 +763,13 @@ static void method_not_allowed(struct kvr_httpresp *resp, const char *allow_hdr)
     resp->extra_headers = allow_hdr;
 }
 
+/* An introspection route asked on the main listener while the admin listener serves it. */
+static void not_here(struct kvr_httpresp *resp)
+{
+    fail(resp, 404, "not found on this listener (metrics, pods and endpoints are served on "
+                    "[http] admin_listen unless public_introspection = on)");
+}
+
 #define ALLOW_GET "Allow: GET\r\n"
 #define ALLOW_POST "Allow: POST\r\n"
 #define ALLOW_DELETE "Allow: DELETE\r\n"
@@ -736,6 +781,15 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     struct kvr_httpapi *api = t->api;
     int m = req->method;
     bool admin_ok = !api->admin_listener || req->admin;
+    bool intro_ok = admin_ok || api->public_introspection;
+
+    if (req->probe_only) { /* over the connection cap: health probes only, one answer */
+        resp->close = true;
+        if (!(path_is(req, "/healthz") || path_is(req, "/readyz"))) {
+            kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_CONNECTIONS);
+            RET_VOID(fail(resp, 503, "too many connections"));
+        }
+    }
 
     if (path_is(req, "/v1/score")) {
         resp->endpoint = KVR_EP_SCORE;
@@ -758,12 +812,16 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     }
     if (path_is(req, "/metrics")) {
         resp->endpoint = KVR_EP_METRICS;
+        if (!intro_ok)
+            RET_VOID(not_here(resp));
         if (m != HTTP_GET)
             RET_VOID(method_not_allowed(resp, ALLOW_GET));
         RET_VOID(ep_metrics(api, resp));
     }
     if (path_is(req, "/v1/pods")) {
         resp->endpoint = KVR_EP_PODS;
+        if (!intro_ok)
+            RET_VOID(not_here(resp));
         if (m != HTTP_GET)
             RET_VOID(method_not_allowed(resp, ALLOW_GET));
         if (api->ingest == NULL)
@@ -785,6 +843,8 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     }
     if (path_is(req, "/v1/endpoints")) {
         resp->endpoint = KVR_EP_ENDPOINTS;
+        if (!intro_ok)
+            RET_VOID(not_here(resp));
         if (m != HTTP_GET && m != HTTP_POST && m != HTTP_DELETE)
             RET_VOID(method_not_allowed(resp, admin_ok ? ALLOW_ALL : ALLOW_GET));
         if (m != HTTP_GET) {

@@ -4,15 +4,24 @@
  *
  * Routes (see openapi.yaml):
  *   POST   /v1/score           both listeners
- *   GET    /v1/pods            both
+ *   GET    /v1/pods            admin **
  *   DELETE /v1/pods/{pod}      admin *
- *   GET    /v1/endpoints       both
+ *   GET    /v1/endpoints       admin **
  *   POST   /v1/endpoints       admin *
  *   DELETE /v1/endpoints       admin *
- *   GET    /healthz, /readyz, /metrics   both
+ *   GET    /metrics            admin **
+ *   GET    /healthz, /readyz   both
  * (*) Mutating routes: with an admin listener configured they exist only there (404 on the
  * main listener); with [http] admin_token set they need "Authorization: Bearer <token>"
- * (401 without it, 403 with a wrong one; compared in constant time).
+ * (401 without it, 403 with a wrong one; compared in constant time). The token can be
+ * replaced at run time (kvr_httpapi_set_token, SIGHUP).
+ * (**) Introspection: with an admin listener configured, only there (404 on the main
+ * listener) unless [http] public_introspection = on. Without one, everything is on the one
+ * listener.
+ * A request on a probe-only connection (over the connection cap, req->probe_only) gets
+ * /healthz or /readyz answered, anything else 503; every answer closes the connection.
+ * A body-taking route asked without Content-Length or chunked framing gets 411 and the
+ * connection closes (the unframed body would otherwise be parsed as the next request).
  *
  * Uses (ARCHITECTURE.md lists score, ingest (admin), metrics): also zsub, deliberately, for
  * the admin endpoint routes, its /metrics families and readiness (zsub owns the sockets;
@@ -48,6 +57,7 @@ struct kvr_httpapi_deps {
                                 * endpoint add/remove/list and its /metrics lines go to it */
     struct kvr_index *index;   /* index gauges in /metrics when ingest is NULL */
     bool admin_listener;       /* an admin listener exists (mutations only there) */
+    bool public_introspection; /* with admin_listener: introspection also on the main one */
     /* Appends the server's own metrics (connections, requests, limits); may be NULL. */
     void (*server_metrics)(void *arg, struct kvr_buf *out);
     void *server_metrics_arg;
@@ -57,6 +67,9 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
 void kvr_httpapi_destroy(struct kvr_httpapi *api);
 void kvr_httpapi_set_ready(struct kvr_httpapi *api, bool ready);
 bool kvr_httpapi_ready(const struct kvr_httpapi *api);
+/* Replaces the admin bearer token (NULL or "" = none); any thread. 0 or -ENOMEM (the old
+ * token stays). */
+int kvr_httpapi_set_token(struct kvr_httpapi *api, const char *token);
 
 /* Per-thread state; stats receives the handler-level limit counts (tokens). */
 int kvr_httpapi_thread_create(struct kvr_httpapi *api, struct kvr_httpstats *stats,

@@ -17,15 +17,23 @@
 #include "httpreq.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "jtok.h"
+#include "log.h"
 #include "metrics.h"
 
 #define BUF_KEEP_MAX (1u << 20) /* buffers larger than this are freed once idle */
+/* http-parser's own header-size check fires before it hands us the URL or header bytes of
+ * the current buffer, so it would answer 431 for an over-long URL. Our callbacks count and
+ * bound the URL (414) and header bytes (431) themselves; the parser's limit stays only as a
+ * backstop for bytes no callback sees (whitespace, blank lines), far above any feed. */
+#define PARSER_MAX_HEADER_SIZE (64u << 20)
 
 enum { HDR_NONE = 0, HDR_CTYPE, HDR_AUTH, HDR_EXPECT };
 
@@ -107,6 +115,8 @@ void kvr_httpreq_stats_render(struct kvr_httpstats *const *st, size_t n, uint64_
     SUM(closed, "http_connections_closed_total", "Connections closed");
     SUM(bytes_in, "http_received_bytes_total", "Bytes read from HTTP clients");
     SUM(bytes_out, "http_sent_bytes_total", "Bytes written to HTTP clients");
+    SUM(output_pauses, "http_output_pauses_total",
+        "Times a connection stopped being read because max_output_bytes of responses waited");
 #undef SUM
     kvr_metrics_gauge(out, "http_connections_open", "Connections open now", NULL,
                       (double)open_conns);
@@ -227,13 +237,62 @@ static void count_request(struct kvr_httpconn *c, enum kvr_http_ep ep, int statu
     inc(&c->stats->requests[ep][k]);
 }
 
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Bytes a terminal could act on, quotes and backslashes become \xHH. */
+static size_t log_escape(char *dst, const char *src, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t w = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)src[i];
+        if (ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\') {
+            dst[w++] = '\\';
+            dst[w++] = 'x';
+            dst[w++] = hex[ch >> 4];
+            dst[w++] = hex[ch & 15];
+        } else {
+            dst[w++] = (char)ch;
+        }
+    }
+    dst[w] = '\0';
+    return w;
+}
+
+/* One access-log line for the response just appended (bytes long). started: the request
+ * line was at least begun (method and URL so far are known). */
+static void access_log(struct kvr_httpconn *c, bool started, int status, size_t bytes)
+{
+    char path[4 * KVR_HTTPREQ_URL_MAX + 1];
+    int64_t us = started ? mono_us() - c->req_start_us : 0;
+
+    if (!c->lim->access_log)
+        return;
+    log_escape(path, c->url, started ? c->url_len : 0);
+    kvr_log_info("access: %s \"%s %s\" %d %zu %lld.%03lldms",
+                 c->remote[0] ? c->remote : "-",
+                 started && c->url_seen ? http_method_str((enum http_method)c->parser.method)
+                                        : "-",
+                 started && c->url_len ? path : "-", status, bytes, (long long)(us / 1000),
+                 (long long)(us % 1000));
+}
+
 /* An error produced by this layer: JSON body, Connection: close. */
 static void conn_error(struct kvr_httpconn *c, int status, const char *msg)
 {
+    size_t before = c->out.len;
+
     kvr_httpreq_error_body(c->scratch, msg);
     write_response_conn(&c->out, status, "application/json", NULL, c->scratch->data,
                         c->scratch->len, 1);
     count_request(c, KVR_EP_OTHER, status);
+    access_log(c, c->in_request, status, c->out.len - before);
     c->closing = true;
     c->in_request = false;
 }
@@ -259,12 +318,23 @@ static int add_header_bytes(struct kvr_httpconn *c, size_t n)
     return 0;
 }
 
+/* The request line is over: its target joins the header bytes. */
+static int count_url(struct kvr_httpconn *c)
+{
+    if (c->url_counted)
+        return 0;
+    c->url_counted = true;
+    return add_header_bytes(c, c->url_len);
+}
+
 static int on_message_begin(http_parser *p)
 {
     struct kvr_httpconn *c = p->data;
 
     c->in_request = true;
     c->req_start_ms = c->now_ms;
+    if (c->lim->access_log)
+        c->req_start_us = mono_us();
     c->header_bytes = 0;
     c->nheaders = 0;
     c->last_was_value = false;
@@ -272,6 +342,8 @@ static int on_message_begin(http_parser *p)
     c->field_len = 0;
     c->field_long = false;
     c->url_len = 0;
+    c->url_counted = false;
+    c->url_seen = false;
     c->ctype_len = 0;
     c->auth_len = 0;
     c->auth_present = false;
@@ -288,8 +360,9 @@ static int on_url(http_parser *p, const char *at, size_t len)
 {
     struct kvr_httpconn *c = p->data;
 
-    if (add_header_bytes(c, len) != 0)
-        return -1;
+    c->url_seen = true; /* the method is complete (for the access log) */
+    /* The target counts towards max_header_bytes only once it is complete (count_url), so
+     * an over-long one is 414 however long it is and in however many pieces it comes. */
     if (c->url_len + len > KVR_HTTPREQ_URL_MAX)
         return reject(c, 414, "request target too long", KVR_LIMIT_URI);
     memcpy(c->url + c->url_len, at, len);
@@ -301,6 +374,8 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
 {
     struct kvr_httpconn *c = p->data;
 
+    if (count_url(c) != 0)
+        return -1;
     if (c->nheaders == 0 || c->last_was_value) { /* a new header (not a split name) */
         c->nheaders++;
         if (c->nheaders > c->lim->max_headers)
@@ -384,6 +459,8 @@ static int on_headers_complete(http_parser *p)
 {
     struct kvr_httpconn *c = p->data;
 
+    if (count_url(c) != 0)
+        return -1;
     if (p->upgrade)
         return reject(c, 400, "protocol upgrade is not supported", -1);
     if (p->http_major != 1)
@@ -430,6 +507,7 @@ static int on_message_complete(http_parser *p)
     char *q;
     bool keep;
     int conn_hdr;
+    size_t before;
 
     c->url[c->url_len] = '\0';
     c->ctype[c->ctype_len] = '\0';
@@ -454,6 +532,7 @@ static int on_message_complete(http_parser *p)
         req.body_len = c->body_len;
     }
     req.admin = c->admin;
+    req.probe_only = c->probe_only;
 
     memset(&resp, 0, sizeof(resp));
     resp.status = 200;
@@ -469,9 +548,13 @@ static int on_message_complete(http_parser *p)
 
     keep = http_should_keep_alive(p) && !resp.close;
     conn_hdr = !keep ? 1 : (p->http_major == 1 && p->http_minor == 0) ? 2 : 0;
+    before = c->out.len;
     write_response_conn(&c->out, resp.status, resp.content_type, resp.extra_headers,
                         c->scratch->data, c->scratch->len, conn_hdr);
     count_request(c, resp.endpoint, resp.status);
+    if (q)
+        *q = '?'; /* the access log shows the whole target */
+    access_log(c, true, resp.status, c->out.len - before);
 
     c->in_request = false;
     c->idle_since_ms = c->now_ms;
@@ -482,6 +565,12 @@ static int on_message_complete(http_parser *p)
     if (!keep) {
         c->closing = true;
         return -1; /* stop: nothing after this request is parsed */
+    }
+    if (c->lim->max_output > 0 && c->out.len > c->lim->max_output) {
+        /* the client is not reading its answers: stop here, keep the rest of the input */
+        c->paused = true;
+        inc(&c->stats->output_pauses);
+        http_parser_pause(p, 1);
     }
     return 0;
 }
@@ -498,10 +587,18 @@ static const http_parser_settings settings = {
 
 /* ---- connection ------------------------------------------------------------------------- */
 
+static void set_parser_limit(void)
+{
+    http_parser_set_max_header_size(PARSER_MAX_HEADER_SIZE);
+}
+
 void kvr_httpreq_conn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
                            struct kvr_httpstats *stats, kvr_httpreq_handler handler, void *arg,
                            struct kvr_buf *scratch, bool admin, int64_t now_ms)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+    pthread_once(&once, set_parser_limit);
     memset(c, 0, sizeof(*c));
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
@@ -515,25 +612,40 @@ void kvr_httpreq_conn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limi
     c->now_ms = now_ms;
     kvr_buf_init(&c->body);
     kvr_buf_init(&c->out);
+    kvr_buf_init(&c->in);
 }
 
 void kvr_httpreq_conn_deinit(struct kvr_httpconn *c)
 {
     kvr_buf_free(&c->body);
     kvr_buf_free(&c->out);
+    kvr_buf_free(&c->in);
 }
 
-int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms)
+/* Parses data[0..len); data may be c->in.data itself (resume). */
+static int parse(struct kvr_httpconn *c, char *data, size_t len)
 {
     size_t done;
     enum http_errno e;
 
-    if (c->closing)
-        return KVR_HTTPCONN_CLOSE;
-    c->now_ms = now_ms;
-    atomic_fetch_add_explicit(&c->stats->bytes_in, len, memory_order_relaxed);
     done = http_parser_execute(&c->parser, &settings, data, len);
     e = HTTP_PARSER_ERRNO(&c->parser);
+
+    if (e == HPE_PAUSED && c->reject_status == 0 && !c->closing) {
+        size_t rest = len - done; /* paused right after a complete request: no body pending */
+        if (data == c->in.data) {
+            memmove(c->in.data, data + done, rest);
+            c->in.len = rest;
+        } else {
+            kvr_buf_reset(&c->in);
+            kvr_buf_append(&c->in, data + done, rest);
+            if (c->in.oom) {
+                conn_error(c, 503, "out of memory");
+                return KVR_HTTPCONN_CLOSE;
+            }
+        }
+        return 0;
+    }
 
     if (c->reject_status != 0) {
         conn_error(c, c->reject_status, c->reject_msg);
@@ -572,6 +684,45 @@ int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_
         }
     }
     return 0;
+}
+
+int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms)
+{
+    if (c->closing)
+        return KVR_HTTPCONN_CLOSE;
+    c->now_ms = now_ms;
+    atomic_fetch_add_explicit(&c->stats->bytes_in, len, memory_order_relaxed);
+    if (c->paused) { /* the caller should not feed now; keep the bytes in order */
+        kvr_buf_append(&c->in, data, len);
+        if (c->in.oom) {
+            conn_error(c, 503, "out of memory");
+            return KVR_HTTPCONN_CLOSE;
+        }
+        return 0;
+    }
+    return parse(c, data, len);
+}
+
+int kvr_httpreq_conn_resume(struct kvr_httpconn *c, int64_t now_ms)
+{
+    int rc;
+
+    if (c->closing)
+        return KVR_HTTPCONN_CLOSE;
+    if (!c->paused || (c->lim->max_output > 0 && c->out.len > c->lim->max_output))
+        return 0;
+    c->now_ms = now_ms;
+    c->paused = false;
+    http_parser_pause(&c->parser, 0);
+    if (c->in.len == 0)
+        return 0; /* (a zero-length execute would mean EOF to http-parser) */
+    rc = parse(c, c->in.data, c->in.len);
+    if (!c->paused) {
+        kvr_buf_reset(&c->in);
+        if (c->in.cap > BUF_KEEP_MAX)
+            kvr_buf_free(&c->in);
+    }
+    return rc;
 }
 
 int kvr_httpreq_conn_eof(struct kvr_httpconn *c)

@@ -12,12 +12,26 @@
  *   chunked body growing past max_body    → 413, close
  *   header bytes > max_header_bytes       → 431, close      (request line + headers)
  *   header count > max_headers            → 431, close
- *   request target > KVR_HTTPREQ_URL_MAX  → 414, close
+ *   request target > KVR_HTTPREQ_URL_MAX  → 414, close      (checked before header bytes,
+ *                                            so an over-long URL is 414 whatever its size)
  *   whole request not received within request_timeout → 408, close (slowloris)
  *   no request within idle_timeout after the last response → close without a response
  *   handler-level limits (tokens per query) are counted by the handler with
  *   kvr_httpreq_stats_limit().
+ *   unsent output > max_output (pipelining without reading) → parsing pauses after the
+ *                                            response that crossed it; the unparsed rest of
+ *                                            the feed is kept (conn->in) until the socket
+ *                                            layer drained out and calls
+ *                                            kvr_httpreq_conn_resume(). Counted in
+ *                                            output_pauses. The caller stops reading meanwhile.
  * Malformed requests get 400 and close. Responses are JSON {"error": "..."} for errors.
+ * Exactly one response per bad request: every error response closes the connection.
+ *
+ * Access log (lim->access_log): one INFO line per response produced here:
+ *   access: REMOTE "METHOD PATH" STATUS BYTES DURATIONms
+ * PATH is the raw target (query included), bytes below 0x20, 0x7f and above, '"' and '\'
+ * escaped as \xHH; METHOD "-" when the request line was not parsed; BYTES the response's
+ * size on the wire; the duration runs from the request's first byte to its response.
  *
  * Threads: a connection belongs to the thread of its loop; stats are per thread (relaxed
  * atomics so another thread may sum them for /metrics).
@@ -74,6 +88,7 @@ struct kvr_httpstats {
     _Atomic uint64_t closed;         /* connections closed */
     _Atomic uint64_t bytes_in;
     _Atomic uint64_t bytes_out;
+    _Atomic uint64_t output_pauses;  /* parsing paused: max_output of unsent responses */
 };
 void kvr_httpreq_stats_limit(struct kvr_httpstats *st, enum kvr_http_limit l);
 /* Renders the sums over n per-thread stats, plus the open-connections gauge. */
@@ -86,6 +101,8 @@ struct kvr_httpreq_limits {
     uint32_t max_headers;
     int64_t request_timeout_ms;
     int64_t idle_timeout_ms;
+    uint64_t max_output;     /* unsent response bytes before parsing pauses; 0 = no limit */
+    bool access_log;         /* one log line per request */
 };
 
 /* A complete request, as the handler sees it. Strings are NUL-terminated and valid during the
@@ -102,6 +119,7 @@ struct kvr_httpreq {
     char *body;               /* mutable (in-place decoding); NULL when empty */
     size_t body_len;
     bool admin;               /* arrived on the admin listener */
+    bool probe_only;          /* over the connection cap: only /healthz and /readyz answer */
 };
 
 struct kvr_httpresp {
@@ -129,6 +147,8 @@ struct kvr_httpconn {
     void *handler_arg;
     struct kvr_buf *scratch; /* response body scratch shared by the thread's connections */
     bool admin;
+    bool probe_only;       /* set by the socket layer: see struct kvr_httpreq */
+    char remote[64];       /* peer address for the access log ("" = unknown) */
 
     bool in_request;       /* bytes of a request received, response not produced yet */
     bool closing;          /* no more requests: flush and close */
@@ -145,6 +165,8 @@ struct kvr_httpconn {
     bool field_long;
     char url[KVR_HTTPREQ_URL_MAX + 1];
     size_t url_len;
+    bool url_counted;      /* url_len added to header_bytes (request line complete) */
+    bool url_seen;         /* on_url ran: the method is known */
     char ctype[KVR_HTTPREQ_CTYPE_MAX + 1];
     size_t ctype_len;
     char auth[KVR_HTTPREQ_AUTH_MAX + 1];
@@ -163,6 +185,9 @@ struct kvr_httpconn {
     const char *reject_msg;
 
     struct kvr_buf out;     /* response bytes not yet handed to the socket */
+    struct kvr_buf in;      /* paused: received bytes not parsed yet */
+    bool paused;            /* out > max_output: parsing stopped, see kvr_httpreq_conn_resume */
+    int64_t req_start_us;   /* access log: monotonic start of the current request */
 };
 
 void kvr_httpreq_conn_init(struct kvr_httpconn *c, const struct kvr_httpreq_limits *lim,
@@ -173,6 +198,10 @@ void kvr_httpreq_conn_deinit(struct kvr_httpconn *c);
 /* Parses data[0..len) (mutable: bodies are decoded in place); returns 0 or KVR_HTTPCONN_CLOSE.
  * After CLOSE, further data is ignored. */
 int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_t now_ms);
+/* While paused (out exceeded lim->max_output), the caller stops feeding; once out drained
+ * to at most max_output it calls this to parse the kept input. Returns like _feed; the
+ * connection may pause again (check ->paused). */
+int kvr_httpreq_conn_resume(struct kvr_httpconn *c, int64_t now_ms);
 /* The peer closed its side: a partial request is dropped. Returns KVR_HTTPCONN_CLOSE. */
 int kvr_httpreq_conn_eof(struct kvr_httpconn *c);
 /* Absolute time (ms, caller's clock) at which kvr_httpreq_conn_timeout() must run. */

@@ -33,6 +33,15 @@ static struct kvr_httpreq_limits lim = {
     .request_timeout_ms = 1000,
     .idle_timeout_ms = 5000,
 };
+/* the same with a small max_output: pipelined answers pause parsing (data[1] & 2) */
+static struct kvr_httpreq_limits lim_pause = {
+    .max_body = 64 * 1024,
+    .max_header_bytes = 4096,
+    .max_headers = 32,
+    .request_timeout_ms = 1000,
+    .idle_timeout_ms = 5000,
+    .max_output = 512,
+};
 
 static void store(const char *pod, uint32_t nblocks)
 {
@@ -131,7 +140,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 2)
         return 0;
     step = data[0] >= 192 ? size : (size_t)(1 + data[0] % 64);
-    kvr_httpreq_conn_init(&c, &lim, &stats, kvr_httpapi_handle, th, &scratch, data[1] & 1, 0);
+    kvr_httpreq_conn_init(&c, (data[1] & 2) ? &lim_pause : &lim, &stats, kvr_httpapi_handle, th,
+                          &scratch, data[1] & 1, 0);
     data += 2;
     size -= 2;
     while (off < size && rc == 0) {
@@ -146,6 +156,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         off += n;
         if (c.out.len > 1 << 20)
             kvr_httpreq_conn_consumed(&c, c.out.len);
+        /* the socket layer: drain out, resume the kept input, until no longer paused */
+        while (rc == 0 && c.paused) {
+            if (c.out.len == 0 || memcmp(c.out.data, "HTTP/1.1 ", 9) != 0)
+                abort(); /* paused means answers wait, and they start like one */
+            kvr_httpreq_conn_consumed(&c, c.out.len);
+            rc = kvr_httpreq_conn_resume(&c, (int64_t)off);
+        }
     }
     if (rc == 0)
         (void)kvr_httpreq_conn_timeout(&c, 1000000);

@@ -79,7 +79,7 @@ class Pub:
 
 
 def stream(d, pod, model, rank=0):
-    status, body = d.json("GET", "/v1/pods")
+    status, body = d.json("GET", "/v1/pods", admin=True)
     assert status == 200, body
     for s in body["pods"]:
         if s["pod"] == pod and s["model"] == model and s["dp_rank"] == rank:
@@ -95,7 +95,7 @@ def wait_seq(d, pod, model, seq, rank=0, timeout=WAIT):
             return s
         time.sleep(0.02)
     raise AssertionError("stream %s/%s/%d never reached seq %d: %r"
-                         % (pod, model, rank, seq, d.json("GET", "/v1/pods")))
+                         % (pod, model, rank, seq, d.json("GET", "/v1/pods", admin=True)))
 
 
 def sync(d, pub, pod, model, rank=0, timeout=WAIT):
@@ -334,7 +334,7 @@ def test_runtime_endpoints(daemon_factory, zctx):
         assert body == {"endpoint": ep, "replay_endpoint": None, "pod": "rt-pod"}
         status, body = d.json("POST", "/v1/endpoints", {"endpoint": ep}, admin=True)
         assert status == 409, body
-        status, body = d.json("GET", "/v1/endpoints")
+        status, body = d.json("GET", "/v1/endpoints", admin=True)
         assert status == 200
         mine = [e for e in body["endpoints"] if e["endpoint"] == ep]
         assert len(mine) == 1 and mine[0]["from_config"] is False and mine[0]["pod"] == "rt-pod"
@@ -381,7 +381,7 @@ def test_admin_token(daemon_factory):
     assert status == 201, body
     # read-only routes need no token, on either listener
     assert d.json("GET", "/v1/endpoints", admin=True)[0] == 200
-    assert d.json("GET", "/v1/pods")[0] == 200
+    assert d.json("GET", "/v1/pods", admin=True)[0] == 200
 
 
 def test_admin_on_main_listener_without_admin_listen(daemon_factory):
@@ -489,7 +489,7 @@ def test_health_ready_metrics(fleet):
     score(d, prompt)
     d.json("GET", "/no/such/path")
 
-    status, headers, data = d.request("GET", "/metrics")
+    status, headers, data = d.request("GET", "/metrics", admin=True)
     assert status == 200
     assert headers["content-type"].startswith("text/plain; version=0.0.4")
     fams = parse_prometheus(data.decode())
@@ -670,7 +670,7 @@ def test_body_header_and_token_limits(daemon_factory):
     mp = msgpack.packb({"model": "m", "token_ids": list(range(101))})
     assert d.request("POST", "/v1/score", mp, {"Content-Type": "application/msgpack"})[0] == 413
 
-    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    fams = parse_prometheus(d.request("GET", "/metrics", admin=True)[2].decode())
     lim = {lab["kind"]: v for _, lab, v in
            fams["kvrouter_http_limit_rejections_total"]["samples"]}
     assert lim["body_bytes"] == 2
@@ -735,15 +735,16 @@ def test_idle_timeout(daemon_factory):
     s = socket.create_connection(("127.0.0.1", d.http_port), timeout=5)
     assert s.recv(4096) == b""
     s.close()
-    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    fams = parse_prometheus(d.request("GET", "/metrics", admin=True)[2].decode())
     lim = {lab["kind"]: v for _, lab, v in
            fams["kvrouter_http_limit_rejections_total"]["samples"]}
     assert lim["idle_timeout"] >= 2
 
 
 def test_connection_cap(daemon_factory):
-    d = daemon_factory({"http": {"max_connections": "3"}})
-    # cap: three open connections, the fourth gets 503 and is closed
+    d = daemon_factory({"http": {"max_connections": "3", "probe_connections": "0"}})
+    # cap: three open connections, the fourth gets 503 and is closed (no probe-only slots
+    # here; test_http_hardening.py covers them)
     held = [socket.create_connection(("127.0.0.1", d.http_port), timeout=5) for _ in range(3)]
     try:
         for h in held:                  # make sure all three are accepted
@@ -762,7 +763,7 @@ def test_connection_cap(daemon_factory):
             break
         time.sleep(0.05)
     assert status == 200
-    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    fams = parse_prometheus(d.request("GET", "/metrics", admin=True)[2].decode())
     lim = {lab["kind"]: v for _, lab, v in
            fams["kvrouter_http_limit_rejections_total"]["samples"]}
     assert lim["connections"] >= 1
@@ -772,7 +773,7 @@ def test_slow_reader_is_cut(daemon_factory):
     """A client that pipelines requests but never reads: the server stops reading while its
     answers are stuck, and closes the connection after idle_timeout (write_timeout)."""
     d = daemon_factory({"http": {"idle_timeout": "1s"}})
-    s = socket.create_connection(("127.0.0.1", d.http_port), timeout=5)
+    s = socket.create_connection(("127.0.0.1", d.admin_port), timeout=5)  # /metrics is there
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     req = b"GET /metrics HTTP/1.1\r\n\r\n" * 200
     try:
@@ -796,7 +797,7 @@ def test_slow_reader_is_cut(daemon_factory):
     assert ended, "connection still open"
     # the daemon still serves others
     assert d.json("GET", "/healthz")[0] == 200
-    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    fams = parse_prometheus(d.request("GET", "/metrics", admin=True)[2].decode())
     lim = {lab["kind"]: v for _, lab, v in
            fams["kvrouter_http_limit_rejections_total"]["samples"]}
     assert lim["write_timeout"] >= 1
@@ -831,7 +832,7 @@ def test_two_loop_threads(daemon_factory):
     for t in threads:
         t.join(timeout=30)
     assert not errors, errors[:3]
-    fams = parse_prometheus(d.request("GET", "/metrics")[2].decode())
+    fams = parse_prometheus(d.request("GET", "/metrics", admin=True)[2].decode())
     reqs = {(lab["endpoint"], lab["code"]): v
             for _, lab, v in fams["kvrouter_http_requests_total"]["samples"]}
     assert reqs[("score", "2xx")] == 200

@@ -30,7 +30,7 @@ def start(daemon_factory, events=None, **kw):
 
 
 def pods(d):
-    status, body = d.json("GET", "/v1/pods")
+    status, body = d.json("GET", "/v1/pods", admin=True)
     assert status == 200, body
     return body["pods"]
 
@@ -76,7 +76,7 @@ def matched(d, tokens, pod, rank=0, lora=None, tier=None):
 
 
 def metric(d, name, labels=None):
-    status, _, body = d.request("GET", "/metrics")
+    status, _, body = d.request("GET", "/metrics", admin=True)
     assert status == 200
     key = "kvrouter_%s%s " % (name, "{%s}" % labels if labels else "")
     for line in body.decode().splitlines():

@@ -145,6 +145,11 @@ static const struct bad_case bad_cases[] = {
     {EV "[http]\nlisten = *:8080\n", "t.conf:4: invalid value '*:8080' for [http] listen: "
                                      "expected IP:PORT or [IPv6]:PORT with a numeric address and "
                                      "port 0..65535 (e.g. 127.0.0.1:8080)"},
+    /* on/off */
+    {EV "[http]\npublic_introspection = maybe\n", "t.conf:4: invalid value 'maybe' for [http] "
+                                                  "public_introspection: expected off or on"},
+    {EV "[http]\nmax_output_bytes = 1KiB\n", "t.conf:4: [http] max_output_bytes = 1KiB is out "
+                                             "of range (64KiB..1GiB)"},
     /* strings */
     {EV "[http]\nadmin_token = "
         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -259,6 +264,10 @@ static void test_defaults(void **state)
     assert_int_equal(c.idle_timeout_ms, 60000);
     assert_int_equal(c.max_connections, 10000);
     assert_int_equal(c.max_query_tokens, 262144);
+    assert_int_equal(c.max_output_bytes, 4 << 20);
+    assert_int_equal(c.probe_connections, 16);
+    assert_false(c.public_introspection);
+    assert_false(c.access_log);
     assert_int_equal(c.nweights, 3);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 1.0);
     assert_true(kvr_conf_tier_weight(&c, "CPU") == 0.8);
@@ -418,6 +427,23 @@ static void test_reload_apply(void **state)
     /* Applying the same again changes nothing. */
     assert_int_equal(kvr_conf_apply_reload(&live, &fresh, &changed, NULL), 0);
     assert_string_equal(changed.msg, "");
+    kvr_conf_free(&live);
+    kvr_conf_free(&fresh);
+
+    /* [http] admin_token is reloadable (set, changed, removed); access_log is not */
+    load_ok(EV "[http]\nadmin_token = one\n", &live);
+    load_ok(EV "[http]\nadmin_token = two\npublic_introspection = on\n[log]\naccess_log = on\n",
+            &fresh);
+    assert_int_equal(kvr_conf_apply_reload(&live, &fresh, &changed, &ignored), 1);
+    assert_string_equal(changed.msg, "http.admin_token");
+    assert_string_equal(ignored.msg, "log.access_log, http.public_introspection");
+    assert_string_equal(live.admin_token, "two");
+    assert_false(live.access_log);
+    kvr_conf_free(&fresh);
+    load_ok(EV "[log]\naccess_log = yes\n", &fresh);
+    assert_true(fresh.access_log);
+    assert_int_equal(kvr_conf_apply_reload(&live, &fresh, &changed, NULL), 1);
+    assert_null(live.admin_token);
     kvr_conf_free(&live);
     kvr_conf_free(&fresh);
 }

@@ -82,6 +82,7 @@ static struct fx *fx_new(const char *http_conf)
     d.score = f->score;
     d.index = f->ix;
     d.admin_listener = f->conf.admin_listen != NULL;
+    d.public_introspection = f->conf.public_introspection;
     d.server_metrics = server_metrics;
     d.server_metrics_arg = f;
     assert_int_equal(kvr_httpapi_create(&d, &f->api), 0);
@@ -208,7 +209,12 @@ static void test_score_route(void **state)
     free(r.body);
     r = rq(&f->main, "POST", "/v1/score", JSON_CT, NULL, 0);
     assert_int_equal(r.status, 411);
+    assert_non_null(strstr(r.headers, "Connection: close")); /* the body would follow */
+    assert_true(f->main.closing);
     free(r.body);
+    kvr_httpreq_conn_deinit(&f->main);
+    kvr_httpreq_conn_init(&f->main, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch,
+                          false, 0);
     r = rq(&f->main, "POST", "/v1/score", JSON_CT "Content-Length: 0\r\n", NULL, 0);
     assert_int_equal(r.status, 400);
     free(r.body);
@@ -334,6 +340,70 @@ static void test_admin_listener_and_token(void **state)
     fx_free(f);
 }
 
+/* With an admin listener: introspection routes only there (unless public_introspection);
+ * probe-only connections answer health and nothing else; the token can be replaced. */
+static void test_introspection_probe_token(void **state)
+{
+    static const char *const intro[] = {"/metrics", "/v1/pods", "/v1/endpoints"};
+    struct fx *f = fx_new("admin_listen = 127.0.0.1:0\nadmin_token = old-tok\n");
+    struct resp r;
+    (void)state;
+
+    for (size_t i = 0; i < 3; i++) {
+        r = rq(&f->main, "GET", intro[i], NULL, NULL, 0);
+        assert_int_equal(r.status, 404);
+        assert_non_null(strstr(r.body, "public_introspection"));
+        free(r.body);
+        r = rq(&f->admin, "GET", intro[i], NULL, NULL, 0);
+        assert_int_not_equal(r.status, 404); /* 200, or 503 without ingestion here */
+        free(r.body);
+    }
+    r = rq(&f->main, "GET", "/healthz", NULL, NULL, 0);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+
+    /* token replaced (SIGHUP): the old one is refused, the new one accepted */
+    r = rq(&f->admin, "DELETE", "/v1/pods/x", "Authorization: Bearer old-tok\r\n", NULL, 0);
+    assert_int_equal(r.status, 503); /* authorized; no ingestion here */
+    free(r.body);
+    assert_int_equal(kvr_httpapi_set_token(f->api, "new-tok"), 0);
+    r = rq(&f->admin, "DELETE", "/v1/pods/x", "Authorization: Bearer old-tok\r\n", NULL, 0);
+    assert_int_equal(r.status, 403);
+    free(r.body);
+    r = rq(&f->admin, "DELETE", "/v1/pods/x", "Authorization: Bearer new-tok\r\n", NULL, 0);
+    assert_int_equal(r.status, 503);
+    free(r.body);
+    assert_int_equal(kvr_httpapi_set_token(f->api, NULL), 0);
+    r = rq(&f->admin, "DELETE", "/v1/pods/x", NULL, NULL, 0);
+    assert_int_equal(r.status, 503);
+    free(r.body);
+
+    /* probe-only connection: health answered and closed, the rest 503 */
+    f->main.probe_only = true;
+    r = rq(&f->main, "GET", "/healthz", NULL, NULL, 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.headers, "Connection: close"));
+    free(r.body);
+    kvr_httpreq_conn_deinit(&f->main);
+    kvr_httpreq_conn_init(&f->main, &f->lim, &f->st, kvr_httpapi_handle, f->th, &f->scratch,
+                          false, 0);
+    f->main.probe_only = true;
+    r = rq(&f->main, "POST", "/v1/score", JSON_CT, "{}", 2);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.headers, "Connection: close"));
+    free(r.body);
+    assert_true(f->st.limits[KVR_LIMIT_CONNECTIONS] >= 1);
+    fx_free(f);
+
+    f = fx_new("admin_listen = 127.0.0.1:0\npublic_introspection = on\n");
+    for (size_t i = 0; i < 3; i++) {
+        r = rq(&f->main, "GET", intro[i], NULL, NULL, 0);
+        assert_int_not_equal(r.status, 404);
+        free(r.body);
+    }
+    fx_free(f);
+}
+
 static void test_helpers(void **state)
 {
     char d[16];
@@ -369,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_score_route),
         cmocka_unit_test(test_token_limit),
         cmocka_unit_test(test_routes_health_metrics),
+        cmocka_unit_test(test_introspection_probe_token),
         cmocka_unit_test(test_admin_listener_and_token),
         cmocka_unit_test(test_helpers),
     };

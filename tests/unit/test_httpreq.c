@@ -446,6 +446,82 @@ static void test_stats_render(void **state)
     fx_free(f);
 }
 
+/* A target longer than KVR_HTTPREQ_URL_MAX is 414 even when it is also far past
+ * max_header_bytes and http-parser's own header limit (80 KiB), whole or in pieces. */
+static void test_long_target_is_414(void **state)
+{
+    size_t n = 200 * 1024, len;
+    char *req = malloc(n + 64);
+    struct resp r[2];
+    (void)state;
+
+    len = (size_t)snprintf(req, 64, "GET /");
+    memset(req + len, 'u', n);
+    len += n;
+    snprintf(req + len, 64, " HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (int step = 0; step <= 4096; step += 4096) {
+        struct fixture *f = fx_new();
+        assert_int_equal(feed(f, req, (size_t)step, 0), KVR_HTTPCONN_CLOSE);
+        assert_int_equal(parse_out(f, r, 2), 1);
+        assert_int_equal(r[0].status, 414);
+        assert_int_equal(f->st.limits[KVR_LIMIT_URI], 1);
+        assert_int_equal(f->st.limits[KVR_LIMIT_HEADER_BYTES], 0);
+        fx_free(f);
+    }
+    free(req);
+}
+
+/* Pipelined requests whose answers exceed max_output: parsing pauses with the rest of the
+ * input kept, nothing more is parsed until out drained, and resuming produces every answer
+ * in order. */
+static void test_output_pause_resume(void **state)
+{
+    enum { N = 200 };
+    struct fixture *f;
+    char *all = malloc(N * 32 + 1), *w = all;
+    size_t done_resp = 0;
+    int rounds = 0;
+    (void)state;
+
+    for (int i = 0; i < N; i++)
+        w += sprintf(w, "GET /r%03d HTTP/1.1\r\n\r\n", i);
+    g_lim.max_output = 1000;
+    f = fx_new();
+    assert_int_equal(feed(f, all, 0, 0), 0);
+    assert_true(f->c.paused);
+    assert_true(f->c.in.len > 0);
+    assert_true(g_calls < N);
+    assert_true(f->c.out.len > 1000 && f->c.out.len < 1000 + 200);
+    assert_int_equal(f->st.output_pauses, 1);
+    /* not drained: resume does nothing */
+    assert_int_equal(kvr_httpreq_conn_resume(&f->c, 0), 0);
+    assert_true(f->c.paused);
+    while (f->c.paused || f->c.out.len > 0) {
+        const char *p = f->c.out.data, *end = p + f->c.out.len;
+        char want[16];
+        while (p < end) { /* each answer echoes its path, in order */
+            snprintf(want, sizeof(want), "GET /r%03zu|", done_resp);
+            p = strstr(p, "\r\n\r\n");
+            assert_non_null(p);
+            assert_memory_equal(p + 4, want, strlen(want));
+            p = strstr(p + 4, "HTTP/1.1 200");
+            if (p == NULL)
+                p = end;
+            done_resp++;
+        }
+        kvr_httpreq_conn_consumed(&f->c, f->c.out.len);
+        assert_int_equal(kvr_httpreq_conn_resume(&f->c, 0), 0);
+        assert_true(++rounds < N);
+    }
+    assert_int_equal(done_resp, N);
+    assert_int_equal(g_calls, N);
+    assert_true(f->st.output_pauses >= 2);
+    assert_int_equal(f->c.in.len, 0);
+    g_lim.max_output = 0;
+    fx_free(f);
+    free(all);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -459,6 +535,8 @@ int main(void)
         cmocka_unit_test(test_headers_captured),
         cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_stats_render),
+        cmocka_unit_test(test_long_target_is_414),
+        cmocka_unit_test(test_output_pause_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
