@@ -97,6 +97,26 @@ def test_allowlist_ipv6(daemon_factory):
     assert rejected(d, "address") == 0
 
 
+def test_connect_endpoints_not_subject_to_admission(daemon_factory):
+    """We dial the engine (and its replay ROUTER): the allowlist and the pod check are for
+    bind sockets (docs/security.md), so an engine at a non-allowed address with a pod id
+    that is not its address still works, replay included."""
+    with Engine(pod="pod-dialed", model=MODEL, mode="bind", replay=True, block_size=BS) as eng:
+        r = eng.rank(0)
+        d = start(daemon_factory, {"allow": "10.0.0.0/8", "pod_must_match_peer": "on",
+                                   "connect": "%s replay=%s" % (r.pub_endpoint,
+                                                                r.replay_endpoint)})
+        warm(eng, d, "pod-dialed")
+        base = r.seq
+        r.drop = {base + 1}
+        for i in range(3):
+            r.request(tokens_for(70 + i, 2 * BS))
+            seq = r.publish()
+        p = wait_pod(d, "pod-dialed", seq=seq, state="synced")
+        assert p["replays"] >= 1 and p["blocks"] == 6
+    assert rejected(d, "address") == 0 and rejected(d, "pod_mismatch") == 0
+
+
 # ---- pod must match peer: the issue's spoofing scenario -----------------------------------
 
 def test_spoofed_pod_rejected_victim_unchanged(daemon_factory):
