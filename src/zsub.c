@@ -35,10 +35,15 @@
  * (or is removed, then waits that long as a "ghost") gets one PURGE item per topic it
  * delivered, into that topic's writer queue.
  *
+ * Admission (bind sockets): a ZAP handler polled by this loop, the pod == peer check on
+ * the live path, a monitor per bind socket that counts publisher connections and the ones
+ * ZeroMQ drops (oversized messages); see zsub_auth.c and docs/security.md.
+ *
  * Files: this one holds the lifecycle, sockets and endpoints, the control list, timers and
  * the receive loop; zsub_recv.c the live path (frames → items, topics, monitors);
- * zsub_replay.c the replay client; zsub_frame.c the pure frame parsers. They share
- * zsub_int.h.
+ * zsub_replay.c the replay client; zsub_auth.c admission (ZAP, CURVE, pod check, bind
+ * monitors, key files, -t's endpoint checks); zsub_frame.c the pure frame parsers. They
+ * share zsub_int.h.
  */
 #include "zsub.h"
 #include "zsub_int.h"

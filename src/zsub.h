@@ -16,6 +16,10 @@
  * list (httpapi calls kvr_zsub_endpoint_* directly) and its own /metrics lines
  * (kvr_zsub_metrics, called by httpapi).
  *
+ * Admission (zsub_auth.c, docs/security.md): on bind sockets only, an address allowlist
+ * through a ZAP handler, optional CURVE, and optionally the topic pod checked against the
+ * peer's address; refusals are counted in events_rejected_total{reason}.
+ *
  * Frames (zsub_frame.c): the byte-level checks of topic, seq and replay replies are pure
  * functions declared at the end, for the unit tests and the fuzzer; batches themselves are
  * never decoded here (zsub does not use decode).

@@ -33,6 +33,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -44,6 +45,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
@@ -540,24 +542,52 @@ void kvr_zsub_conns_close(struct source *s)
     s->capconns = 0;
 }
 
-static void peer_name(int fd, char *buf, size_t cap)
+/* The peer of a connection that belongs to bind source s, into buf; false when fd is not
+ * such a connection (any more): its local address must be s's port (tcp) or path (ipc). The
+ * check matters because the ACCEPTED event is read later than it happened: the connection may
+ * be gone and its fd number reused by another module's socket (an HTTP client, say), which
+ * we must not hold open. */
+static bool conn_of(const struct source *s, int fd, char *buf, size_t cap)
 {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
+    struct sockaddr_storage ps, ls;
+    socklen_t pl = sizeof(ps), ll = sizeof(ls);
     char h[INET6_ADDRSTRLEN] = "?";
+    const char *colon = strrchr(s->bound, ':');
+    unsigned bport = colon != NULL ? (unsigned)strtoul(colon + 1, NULL, 10) : 0;
 
-    buf[0] = '\0';
-    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0)
-        return;
-    if (ss.ss_family == AF_INET) {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    if (getpeername(fd, (struct sockaddr *)&ps, &pl) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ls, &ll) != 0 || ps.ss_family != ls.ss_family)
+        return false;
+    if (ls.ss_family == AF_INET) {
+        const struct sockaddr_in *l = (const struct sockaddr_in *)&ls,
+                                 *a = (const struct sockaddr_in *)&ps;
+        if (strncmp(s->bound, "tcp://", 6) != 0 || ntohs(l->sin_port) != bport)
+            return false;
         inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h));
         snprintf(buf, cap, "%s:%u", h, ntohs(a->sin_port));
-    } else if (ss.ss_family == AF_INET6) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        return true;
+    }
+    if (ls.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *l = (const struct sockaddr_in6 *)&ls,
+                                  *a = (const struct sockaddr_in6 *)&ps;
+        if (strncmp(s->bound, "tcp://", 6) != 0 || ntohs(l->sin6_port) != bport)
+            return false;
         inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h));
         snprintf(buf, cap, "[%s]:%u", h, ntohs(a->sin6_port));
+        return true;
     }
+    if (ls.ss_family == AF_UNIX) {
+        const struct sockaddr_un *l = (const struct sockaddr_un *)&ls;
+        size_t n = ll > offsetof(struct sockaddr_un, sun_path)
+                       ? ll - offsetof(struct sockaddr_un, sun_path)
+                       : 0;
+        if (strncmp(s->bound, "ipc://", 6) != 0 || n == 0 ||
+            strncmp(l->sun_path, s->bound + 6, n) != 0)
+            return false;
+        snprintf(buf, cap, "a local process");
+        return true;
+    }
+    return false;
 }
 
 /* After libzmq closed its fd: did the publisher end the connection (end of stream, reset),
@@ -587,11 +617,12 @@ void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t 
             return;
         c = &s->conns[s->nconns];
         c->fd = fd;
-        /* libzmq may already have closed (and the kernel reused) the fd: we then watch the
-         * wrong connection at worst, and only for this log line and counter. */
+        /* libzmq may already have closed the fd, and the kernel reused it: conn_of() keeps
+         * us from holding another module's socket. Another connection of this same socket
+         * may be misattributed (only this counter and log line, and we close our copy at
+         * the next DISCONNECTED of that fd number). */
         c->dupfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        peer_name(c->dupfd >= 0 ? c->dupfd : fd, c->peer, sizeof(c->peer));
-        if (c->dupfd < 0 || c->peer[0] == '\0') {
+        if (c->dupfd < 0 || !conn_of(s, c->dupfd, c->peer, sizeof(c->peer))) {
             if (c->dupfd >= 0)
                 close(c->dupfd);
             return;
@@ -629,7 +660,8 @@ void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t 
             return;
         if (closed_by_peer(c->dupfd)) {
             KVR_CNT_INC(z->publisher_disconnects);
-            kvr_log_info("events: publisher %s disconnected from %s", c->peer, s->bound);
+            kvr_log_limited(&z->rl_conn, KVR_LOG_INFO, "events: publisher %s disconnected from %s",
+                            c->peer, s->bound);
         } else {
             KVR_CNT_INC(z->connections_dropped);
             kvr_log_limited(&z->rl_conn, KVR_LOG_WARN,

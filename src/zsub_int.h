@@ -1,8 +1,8 @@
 /* zsub_int.h — zsub's private header: the receive thread's state (sources, topics, replays,
  * commands, the poll set) and the functions its files share (zsub.c: lifecycle, sockets,
  * endpoints, control, the receive loop; zsub_recv.c: the live path, frames to items, topic
- * interning, monitors; zsub_replay.c: the replay client; zsub_frame.c: pure frame
- * parsers). Not a contract for other modules: zsub.h is.
+ * interning, monitors; zsub_replay.c: the replay client; zsub_auth.c: admission;
+ * zsub_frame.c: pure frame parsers). Not a contract for other modules: zsub.h is.
  *
  * Threads: as noted per field; after kvr_zsub_start() only the receive thread touches
  * sockets and everything marked "receive thread".

@@ -258,6 +258,18 @@ def test_oversized_message_counted_and_logged(daemon_factory):
         assert metric(d, "events_connections_dropped_total") == 1
 
 
+def test_oversized_message_over_ipc(daemon_factory, tmp_path):
+    ep = "ipc://%s/ev.sock" % tmp_path
+    d = start(daemon_factory, {"bind": ep, "max_message_size": "1KiB"})
+    with Engine(pod="pod-ipc", model=MODEL, endpoints=d.events, block_size=BS) as eng:
+        warm(eng, d, "pod-ipc")
+        r = eng.rank(0)
+        r.send_frames([eng.topic_bytes, be64(r.seq), b"\x90" * 4096])
+        wait_metric(d, "events_connections_dropped_total", 1)
+        d.wait_log(r"dropped the connection of publisher a local process on %s" % re.escape(ep))
+        assert metric(d, "events_publisher_disconnects_total") == 0
+
+
 def test_publisher_close_is_not_a_drop(daemon_factory):
     d = start(daemon_factory, {})
     with Engine(pod="pod-bye", model=MODEL, endpoints=d.events, block_size=BS) as eng:
