@@ -499,7 +499,9 @@ bool kvr_zsub_pod_admitted(struct kvr_zsub *z, struct source *s, zmq_msg_t *firs
     uint8_t pa[16], pp[16];
     char pod[80];
 
-    if (!z->o.pod_must_match_peer || !s->bind || s->pod_cfg != NULL)
+    /* ipc/inproc peers are local processes with no address (file permissions guard them). */
+    if (!z->o.pod_must_match_peer || !s->bind || s->pod_cfg != NULL ||
+        strncmp(s->bound, "tcp://", 6) != 0)
         return true;
     if (kvr_zsub_topic_split(zmq_msg_data(first), zmq_msg_size(first), &kt) != 0)
         return true; /* not a kv@pod@model topic: counted as a bad topic next */

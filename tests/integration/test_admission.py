@@ -158,6 +158,15 @@ def test_spoofed_pod_rejected_victim_unchanged(daemon_factory):
     d.wait_log(r"dropped message for pod '127\.0\.0\.1' from 127\.0\.0\.2 .*pod_mismatch")
 
 
+def test_pod_must_match_peer_skips_ipc(daemon_factory, tmp_path):
+    """ipc peers are local processes without an address: the pod check does not apply."""
+    d = start(daemon_factory, {"bind": "ipc://%s/ev.sock" % tmp_path,
+                               "pod_must_match_peer": "on"})
+    with Engine(pod="pod-local", model=MODEL, endpoints=d.events, block_size=BS) as eng:
+        warm(eng, d, "pod-local")
+    assert rejected(d, "pod_mismatch") == 0
+
+
 def test_pod_must_match_peer_off_by_default(daemon_factory):
     """Default off: a pod id that is not an address (today's deployments) still works."""
     d = start(daemon_factory, {})
