@@ -135,6 +135,7 @@ static int read_one_key(const char *what, const char *path, char z85[41], struct
                            what, path);
     }
     memcpy(z85, l, 41);
+    memset(buf, 0, strlen(l) + (size_t)(l - buf)); /* the secret key file's text */
     free(buf);
     return 0;
 }
@@ -161,12 +162,12 @@ int kvr_zsub_curve_load(const char *secret_file, const char *public_file,
                            secret_file);
     if ((rc = read_one_key("curve_secret_key_file", secret_file, out->secret, err)) != 0 ||
         (rc = read_one_key("curve_public_key_file", public_file, out->public_key, err)) != 0)
-        return rc;
+        goto fail;
     if (zmq_curve_public(derived, out->secret) != 0 || strcmp(derived, out->public_key) != 0) {
-        memset(out->secret, 0, sizeof(out->secret));
-        return kvr_err_set(err, -EINVAL, "curve_public_key_file %s: not the public key of "
-                                         "curve_secret_key_file %s",
-                           public_file, secret_file);
+        rc = kvr_err_set(err, -EINVAL, "curve_public_key_file %s: not the public key of "
+                                       "curve_secret_key_file %s",
+                         public_file, secret_file);
+        goto fail;
     }
     if (authorized_file != NULL) {
         char *buf, *p, *l;
