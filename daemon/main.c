@@ -54,6 +54,13 @@ static void usage(FILE *f)
             "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score] and [http] admin_token.\n");
 }
 
+/* kvrouterd -t: advice that does not fail the check. */
+static void check_warn(void *arg, const char *msg)
+{
+    (void)arg;
+    fprintf(stderr, "%s\n", msg);
+}
+
 /* Reload hook: push reloadable settings into running modules. */
 static void app_reloaded(void *arg, const struct kvr_conf *live)
 {
@@ -207,6 +214,8 @@ int main(int argc, char **argv)
 
     rc = kvr_conf_load(conf_path, &a.conf, &err);
     if (check_only) {
+        if (rc == 0 && (rc = kvr_daemon_check(&a.conf, &err, check_warn, NULL)) != 0)
+            kvr_conf_free(&a.conf);
         if (rc != 0) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;

@@ -64,7 +64,8 @@ enum dtype {
     T_HOSTPORT,  /* char * "IP:PORT" */
     T_WEIGHT,    /* weight.<tier>: weights[] */
     T_DOUBLE,    /* double */
-    T_BOOL,      /* bool: off|on (also false|true, no|yes, 0|1) */
+    T_CIDR,      /* struct kvr_cidr * + count (repeatable address ranges) */
+    T_BOOL,      /* bool: on/off, true/false, yes/no, 1/0 */
 };
 
 enum {
@@ -116,6 +117,12 @@ static const struct directive directives[] = {
     {"events", "max_events_per_batch", T_U32, "65536", 1, 16777216, 0, OFF(max_events_per_batch)},
     {"events", "max_tokens_per_event", T_U32, "1048576", 1, 67108864, 0,
      OFF(max_tokens_per_event)},
+    {"events", "allow", T_CIDR, NULL, 0, 0, F_REPEATABLE, OFF(allow)},
+    {"events", "pod_must_match_peer", T_BOOL, "off", 0, 0, 0, OFF(pod_must_match_peer)},
+    {"events", "curve_secret_key_file", T_STRING, NULL, 1, 4095, 0, OFF(curve_secret_key_file)},
+    {"events", "curve_public_key_file", T_STRING, NULL, 1, 4095, 0, OFF(curve_public_key_file)},
+    {"events", "curve_authorized_keys_file", T_STRING, NULL, 1, 4095, 0,
+     OFF(curve_authorized_keys_file)},
 
     {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
     {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},
@@ -432,9 +439,10 @@ out:
     return rc;
 }
 
-static int add_bind(struct kvr_conf *c, const char *v, struct setctx *sc)
+static int add_bind(struct kvr_conf *c, const char *v, int line, struct setctx *sc)
 {
     char **grown;
+    int *lines;
     char *dup;
 
     if (kvr_conf_check_endpoint(v, true) != 0)
@@ -448,8 +456,48 @@ static int add_bind(struct kvr_conf *c, const char *v, struct setctx *sc)
         return set_msg(sc, -ENOMEM, "out of memory");
     }
     c->bind = grown;
+    lines = xrealloc_array(c->bind_line, c->nbind + 1, sizeof(*lines));
+    if (lines == NULL) {
+        free(dup);
+        return set_msg(sc, -ENOMEM, "out of memory");
+    }
+    c->bind_line = lines;
+    c->bind_line[c->nbind] = line;
     c->bind[c->nbind++] = dup;
     return 0;
+}
+
+static int add_cidr(struct kvr_conf *c, const struct directive *d, const char *v,
+                    struct setctx *sc)
+{
+    struct kvr_cidr r, *grown;
+
+    if (kvr_cidr_parse(v, &r) != 0)
+        return bad_value(sc, d, v, "an IPv4 or IPv6 address or range with its host bits clear "
+                                   "(e.g. 10.0.0.0/8, 127.0.0.1, ::1/128, fd00::/8)");
+    grown = xrealloc_array(c->allow, c->nallow + 1, sizeof(*grown));
+    if (grown == NULL)
+        return set_msg(sc, -ENOMEM, "out of memory");
+    c->allow = grown;
+    c->allow[c->nallow++] = r;
+    return 0;
+}
+
+static int set_bool(bool *field, const struct directive *d, const char *v, struct setctx *sc)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no",
+                                                                               "off", "0"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0) {
+            *field = true;
+            return 0;
+        }
+        if (strcasecmp(v, no[i]) == 0) {
+            *field = false;
+            return 0;
+        }
+    }
+    return bad_value(sc, d, v, "on or off (also true/false, yes/no, 1/0)");
 }
 
 static int set_string(char **field, const char *v, struct setctx *sc)
@@ -517,21 +565,15 @@ static int set_value(struct kvr_conf *c, const struct directive *d, const char *
         return set_string(FIELD(c, d, char *), v, sc);
     }
     case T_BIND:
-        return add_bind(c, v, sc);
+        return add_bind(c, v, st != NULL ? st->lineno : 0, sc);
+    case T_CIDR:
+        return add_cidr(c, d, v, sc);
+    case T_BOOL:
+        return set_bool(FIELD(c, d, bool), d, v, sc);
     case T_CONNECT:
         return add_connect(c, d, v, sc);
     case T_WEIGHT:
         return set_weight(c, d, key, v, st, sc);
-    case T_BOOL:
-        if (strcasecmp(v, "on") == 0 || strcasecmp(v, "true") == 0 ||
-            strcasecmp(v, "yes") == 0 || strcmp(v, "1") == 0)
-            *FIELD(c, d, bool) = true;
-        else if (strcasecmp(v, "off") == 0 || strcasecmp(v, "false") == 0 ||
-                 strcasecmp(v, "no") == 0 || strcmp(v, "0") == 0)
-            *FIELD(c, d, bool) = false;
-        else
-            return bad_value(sc, d, v, "off or on");
-        return 0;
     }
     return set_msg(sc, -EINVAL, "internal: unknown directive type");
 }
@@ -791,6 +833,22 @@ static void cross_check(struct pstate *st)
             }
         }
     }
+    if ((c->curve_secret_key_file == NULL) != (c->curve_public_key_file == NULL)) {
+        fail(st, later(seen_line(st, "events", "curve_secret_key_file"),
+                       seen_line(st, "events", "curve_public_key_file")),
+             -EINVAL, "[events] curve_secret_key_file and curve_public_key_file go together: "
+                      "set both (CURVE on bind sockets) or neither");
+        return;
+    }
+    if (c->curve_authorized_keys_file != NULL && c->curve_secret_key_file == NULL) {
+        fail(st, seen_line(st, "events", "curve_authorized_keys_file"), -EINVAL,
+             "[events] curve_authorized_keys_file needs curve_secret_key_file and "
+             "curve_public_key_file");
+        return;
+    }
+    c->curve_secret_key_line = seen_line(st, "events", "curve_secret_key_file");
+    c->curve_public_key_line = seen_line(st, "events", "curve_public_key_file");
+    c->curve_authorized_keys_line = seen_line(st, "events", "curve_authorized_keys_file");
     if (c->nbind == 0 && c->nconnect == 0) {
         fail(st, eof, -EINVAL, "no event source: set [events] bind (engines connect to us) "
                                "and/or [events] connect (we dial engines)");
@@ -905,6 +963,11 @@ void kvr_conf_free(struct kvr_conf *c)
     for (size_t i = 0; i < c->nbind; i++)
         free(c->bind[i]);
     free(c->bind);
+    free(c->bind_line);
+    free(c->allow);
+    free(c->curve_secret_key_file);
+    free(c->curve_public_key_file);
+    free(c->curve_authorized_keys_file);
     for (size_t i = 0; i < c->nconnect; i++) {
         free(c->connect[i].endpoint);
         free(c->connect[i].replay);
@@ -973,10 +1036,13 @@ static bool field_equal(const struct directive *d, const struct kvr_conf *a,
                 !str_eq(a->connect[i].pod, b->connect[i].pod))
                 return false;
         return true;
-    case T_WEIGHT:
-        return true; /* compared per tier in kvr_conf_apply_reload */
+    case T_CIDR:
+        return a->nallow == b->nallow &&
+               (a->nallow == 0 || memcmp(a->allow, b->allow, a->nallow * sizeof(*a->allow)) == 0);
     case T_BOOL:
         return *CFIELD(a, d, bool) == *CFIELD(b, d, bool);
+    case T_WEIGHT:
+        return true; /* compared per tier in kvr_conf_apply_reload */
     }
     return true;
 }

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cidr.h"
 #include "err.h"
 
 #define KVR_CONF_MAX_TIERS 8
@@ -59,6 +60,15 @@ struct kvr_conf {
     uint32_t max_concurrent_replays; /* default 4 */
     uint32_t max_events_per_batch;   /* decoder limit; default 65536 */
     uint32_t max_tokens_per_event;   /* decoder limit; default 1048576 */
+    /* admission (docs/security.md) */
+    struct kvr_cidr *allow;          /* repeatable: peers allowed on bind sockets; none = all */
+    size_t nallow;
+    bool pod_must_match_peer;        /* topic pod == peer IP on bind sockets; default off */
+    char *curve_secret_key_file;     /* CURVE server secret key (Z85, 40 chars); NULL = off */
+    char *curve_public_key_file;     /* its public key; given together with the secret */
+    char *curve_authorized_keys_file; /* client public keys (Z85, one a line); NULL = any */
+    int *bind_line;                  /* line of each bind[i] (for -t's resolution check) */
+    int curve_secret_key_line, curve_public_key_line, curve_authorized_keys_line;
 
     /* [index] */
     uint32_t jump_stride;    /* default 32, 1..4096 */

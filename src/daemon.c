@@ -245,12 +245,14 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
 {
     struct kvr_ingest_intake in;
     struct kvr_zsub_opts zo;
+    struct kvr_zsub_curve curve;
     struct kvr_zsub *z;
     uint32_t n;
     int rc;
 
     *out = NULL;
     memset(&zo, 0, sizeof(zo));
+    memset(&curve, 0, sizeof(curve));
     zo.subscribe = c->subscribe ? c->subscribe : "kv@";
     zo.rcvhwm = c->rcvhwm;
     zo.max_message_size = c->max_message_size;
@@ -265,7 +267,19 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
     zo.ratelimit_burst = c->log_ratelimit_burst;
     zo.queues = kvr_ingest_queues(ing, &n);
     zo.nshards = n;
+    zo.allow = c->allow;
+    zo.nallow = c->nallow;
+    zo.pod_must_match_peer = c->pod_must_match_peer;
+    if (c->curve_secret_key_file != NULL) {
+        rc = kvr_zsub_curve_load(c->curve_secret_key_file, c->curve_public_key_file,
+                                 c->curve_authorized_keys_file, &curve, err);
+        if (rc != 0)
+            return rc;
+        zo.curve = &curve;
+    }
     rc = kvr_zsub_create(&zo, &z, err);
+    kvr_zsub_curve_free(&curve); /* zsub keeps its own copy */
+    memset(&curve, 0, sizeof(curve));
     if (rc != 0)
         return rc;
     for (size_t i = 0; i < c->nbind; i++) {
@@ -286,4 +300,49 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
 fail:
     kvr_zsub_destroy(z);
     return rc;
+}
+
+/* ---- kvrouterd -t: what startup would resolve ------------------------------------------ */
+
+int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
+                     void (*warn)(void *arg, const char *msg), void *arg)
+{
+    struct kvr_err e;
+    int rc;
+
+    for (size_t i = 0; i < c->nbind; i++) {
+        rc = kvr_zsub_check_bind(c->bind[i], &e);
+        if (rc != 0)
+            return kvr_err_set(err, rc, "%s:%d: [events] bind %s: %s", c->path,
+                               c->bind_line != NULL ? c->bind_line[i] : 0, c->bind[i], e.msg);
+    }
+    if (c->curve_secret_key_file != NULL) {
+        struct kvr_zsub_curve k;
+        rc = kvr_zsub_curve_load(c->curve_secret_key_file, c->curve_public_key_file,
+                                 c->curve_authorized_keys_file, &k, &e);
+        if (rc != 0) {
+            /* The line of the file the message names. */
+            int line = c->curve_secret_key_line;
+            if (strncmp(e.msg, "curve_public", 12) == 0)
+                line = c->curve_public_key_line;
+            else if (strncmp(e.msg, "curve_authorized", 16) == 0)
+                line = c->curve_authorized_keys_line;
+            return kvr_err_set(err, rc, "%s:%d: [events] %s", c->path, line, e.msg);
+        }
+        memset(k.secret, 0, sizeof(k.secret));
+        kvr_zsub_curve_free(&k);
+    }
+    for (size_t i = 0; i < c->nconnect && warn != NULL; i++) {
+        const char *eps[2] = {c->connect[i].endpoint, c->connect[i].replay};
+        for (size_t j = 0; j < 2; j++) {
+            char m[KVR_ERR_MSG_MAX + 600];
+            if (eps[j] == NULL || kvr_zsub_check_connect(eps[j], &e) == 0)
+                continue;
+            snprintf(m, sizeof(m), "%s: warning: [events] connect %s: %s (kvrouterd keeps "
+                                   "retrying it)",
+                     c->path, eps[j], e.msg);
+            warn(arg, m);
+        }
+    }
+    return 0;
 }

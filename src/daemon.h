@@ -87,6 +87,14 @@ int kvr_daemon_wait(struct kvr_daemon_loop *l);
 int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
                            struct kvr_zsub **out, struct kvr_err *err);
 
+/* kvrouterd -t beyond parsing: resolves what startup resolves, without binding. Bind
+ * endpoints as zmq_bind would (numeric address, '*' or an existing interface: "localhost" is
+ * an error), the CURVE key files as zsub loads them. Errors are "FILE:LINE: ..." in err.
+ * Connect hosts that do not resolve now are reported through warn (may be NULL), not as
+ * errors: zmq_connect accepts them and keeps retrying, as the daemon does. */
+int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
+                     void (*warn)(void *arg, const char *msg), void *arg);
+
 /* Starts a detached thread that ends the process with exit status 1 if shutdown has not
  * finished after ms milliseconds (a hung module must not keep a stopping service alive). */
 int kvr_daemon_shutdown_guard(int64_t ms);

@@ -35,10 +35,15 @@
  * (or is removed, then waits that long as a "ghost") gets one PURGE item per topic it
  * delivered, into that topic's writer queue.
  *
+ * Admission (bind sockets): a ZAP handler polled by this loop, the pod == peer check on
+ * the live path, a monitor per bind socket that counts publisher connections and the ones
+ * ZeroMQ drops (oversized messages); see zsub_auth.c and docs/security.md.
+ *
  * Files: this one holds the lifecycle, sockets and endpoints, the control list, timers and
  * the receive loop; zsub_recv.c the live path (frames → items, topics, monitors);
- * zsub_replay.c the replay client; zsub_frame.c the pure frame parsers. They share
- * zsub_int.h.
+ * zsub_replay.c the replay client; zsub_auth.c admission (ZAP, CURVE, pod check, bind
+ * monitors, key files, -t's endpoint checks); zsub_frame.c the pure frame parsers. They
+ * share zsub_int.h.
  */
 #include "zsub.h"
 #include "zsub_int.h"
@@ -145,12 +150,20 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     z->accepting = false;
     kvr_ratelimit_init(&z->rl_frames, o->ratelimit_ms, o->ratelimit_burst);
     kvr_ratelimit_init(&z->rl_replay, o->ratelimit_ms, o->ratelimit_burst);
+    {
+        int rc = kvr_zsub_auth_init(z, err);
+        if (rc != 0) {
+            kvr_zsub_destroy(z);
+            return rc;
+        }
+    }
     *out = z;
     return 0;
 }
 
 static void source_close_sockets(struct source *s)
 {
+    kvr_zsub_conns_close(s);
     if (s->mon != NULL) {
         zmq_socket_monitor(s->sock, NULL, 0);
         zmq_close(s->mon);
@@ -198,6 +211,7 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
         source_free(z->srcs[i]);
     for (size_t i = 0; i < z->nghosts; i++)
         source_free(z->ghosts[i]);
+    kvr_zsub_auth_deinit(z);
     zmq_ctx_term(z->ctx);
     for (size_t i = 0; i < z->ntopics; i++) {
         struct topic_rec *t = z->tlist[i];
@@ -294,6 +308,25 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
         rc = kvr_err_set(err, -ENOMEM, "events bind %s: cannot create socket", endpoint);
         goto fail;
     }
+    if ((rc = kvr_zsub_auth_bind_opts(z, s->sock, err)) != 0) {
+        char m[sizeof(err->msg)];
+        snprintf(m, sizeof(m), "%s", err != NULL ? err->msg : "");
+        kvr_err_set(err, rc, "events bind %s: %s", endpoint, m);
+        goto fail;
+    }
+    /* Publisher connections: accepted, refused, closed, dropped (zsub_auth.c). */
+    snprintf(last, sizeof(last), "inproc://kvr-zsub-mon-%p-%" PRIu32, (void *)z, s->id);
+    if (zmq_socket_monitor(s->sock, last,
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0 ||
+        (s->mon = zmq_socket(z->ctx, ZMQ_PAIR)) == NULL || zmq_connect(s->mon, last) != 0) {
+        rc = kvr_err_set(err, -ENOMEM, "events bind %s: cannot monitor: %s", endpoint,
+                         zmq_strerror(errno));
+        goto fail;
+    }
+    kvr_zsub_set_int(s->mon, ZMQ_LINGER, 0);
     if (zmq_bind(s->sock, endpoint) != 0) {
         rc = -errno;
         kvr_err_set(err, rc, "events bind %s: %s", endpoint, zmq_strerror(errno));
@@ -622,7 +655,7 @@ static void handle_control(struct kvr_zsub *z)
 
 static void rebuild_items(struct kvr_zsub *z)
 {
-    size_t need = 1 + 2 * z->nsrcs + z->nactive;
+    size_t need = 2 + 2 * z->nsrcs + z->nactive;
 
     if (!kvr_zsub_grow((void **)&z->items, &z->capitems, need, sizeof(*z->items)) ||
         (z->slots = realloc(z->slots, z->capitems * sizeof(*z->slots))) == NULL) {
@@ -638,6 +671,8 @@ static void rebuild_items(struct kvr_zsub *z)
         z->nitems++;                                                                        \
     } while (0)
     ADD_ITEM(NULL, z->efd, PS_EVENT, NULL);
+    if (z->zap != NULL)
+        ADD_ITEM(z->zap, 0, PS_ZAP, NULL);
     for (size_t i = 0; i < z->nsrcs; i++) {
         ADD_ITEM(z->srcs[i]->sock, 0, PS_SUB, z->srcs[i]);
         if (z->srcs[i]->mon != NULL)
@@ -727,6 +762,9 @@ static void *recv_main(void *arg)
             case PS_MON:
                 kvr_zsub_read_monitor(z, z->slots[i].ptr);
                 break;
+            case PS_ZAP:
+                kvr_zsub_read_zap(z);
+                break;
             case PS_DEALER: {
                 for (size_t a = 0; a < z->nactive; a++) {
                     if (z->active[a] == z->slots[i].ptr) {
@@ -759,6 +797,10 @@ static void *recv_main(void *arg)
         atomic_store(&z->srcs[i]->connected, false);
     }
     pthread_mutex_unlock(&z->lmu);
+    if (z->zap != NULL) {
+        zmq_close(z->zap);
+        z->zap = NULL;
+    }
 
     /* Stop accepting; fail whoever is still waiting. */
     pthread_mutex_lock(&z->cmu);
@@ -834,6 +876,11 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
     st->disconnects = KVR_CNT_GET(z->disconnects);
     st->disconnect_purges = KVR_CNT_GET(z->disconnect_purges);
     st->topics = KVR_CNT_GET(z->ntopics_pub);
+    for (int i = 0; i < KVR_ZSUB_REJ_COUNT; i++)
+        st->rejected[i] = KVR_CNT_GET(z->rejected[i]);
+    st->publisher_connects = KVR_CNT_GET(z->publisher_connects);
+    st->publisher_disconnects = KVR_CNT_GET(z->publisher_disconnects);
+    st->connections_dropped = KVR_CNT_GET(z->connections_dropped);
     pthread_mutex_lock(&z->lmu);
     for (size_t i = 0; i < z->nsrcs; i++) {
         if (z->srcs[i]->bind)
@@ -885,4 +932,23 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
                         "Endpoints purged after staying disconnected", NULL,
                         zs.disconnect_purges);
     kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
+    for (int r = 0; r < KVR_ZSUB_REJ_COUNT; r++) {
+        snprintf(lab, sizeof(lab), "reason=\"%s\"",
+                 kvr_zsub_reject_name((enum kvr_zsub_reject)r));
+        kvr_metrics_counter(out, "events_rejected_total",
+                            r == 0 ? "Publishers and messages refused by admission on bind "
+                                     "sockets, by reason (docs/security.md)"
+                                   : NULL,
+                            lab, zs.rejected[r]);
+    }
+    kvr_metrics_counter(out, "events_publisher_connects_total",
+                        "Publisher connections accepted on bind sockets", NULL,
+                        zs.publisher_connects);
+    kvr_metrics_counter(out, "events_publisher_disconnects_total",
+                        "Publisher connections on bind sockets closed by the publisher", NULL,
+                        zs.publisher_disconnects);
+    kvr_metrics_counter(out, "events_connections_dropped_total",
+                        "Publisher connections ZeroMQ dropped: a message over max_message_size "
+                        "or another protocol error (the message is lost)",
+                        NULL, zs.connections_dropped);
 }

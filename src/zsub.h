@@ -16,6 +16,10 @@
  * list (httpapi calls kvr_zsub_endpoint_* directly) and its own /metrics lines
  * (kvr_zsub_metrics, called by httpapi).
  *
+ * Admission (zsub_auth.c, docs/security.md): on bind sockets only, an address allowlist
+ * through a ZAP handler, optional CURVE, and optionally the topic pod checked against the
+ * peer's address; refusals are counted in events_rejected_total{reason}.
+ *
  * Frames (zsub_frame.c): the byte-level checks of topic, seq and replay replies are pure
  * functions declared at the end, for the unit tests and the fuzzer; batches themselves are
  * never decoded here (zsub does not use decode).
@@ -27,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cidr.h"
 #include "err.h"
 #include "log.h"
 #include "metrics.h"
@@ -34,6 +39,14 @@
 #include "queue_msg.h"
 
 struct kvr_zsub;
+
+/* CURVE server keys for bind sockets (kvr_zsub_curve_load). */
+struct kvr_zsub_curve {
+    char secret[41];             /* Z85 */
+    char public_key[41];         /* Z85, checked to belong to secret */
+    uint8_t (*authorized)[32];   /* client public keys; NULL/0 = any client */
+    size_t nauthorized;
+};
 
 struct kvr_zsub_opts {
     const char *subscribe;            /* topic prefix for sockets without pod override */
@@ -49,8 +62,16 @@ struct kvr_zsub_opts {
     uint32_t ratelimit_burst;         /* and lines per interval */
     uint32_t nshards;
     struct kvr_queue *const *queues;  /* nshards queues of struct kvr_queue_msg (borrowed) */
+    /* Admission on bind sockets (docs/security.md); copied at create. */
+    const struct kvr_cidr *allow;     /* peers allowed to connect; nallow == 0: any */
+    size_t nallow;
+    bool pod_must_match_peer;         /* topic pod must be the peer's IP address */
+    const struct kvr_zsub_curve *curve; /* NULL = no CURVE */
 };
 
+/* With an allowlist or authorized CURVE keys, create also binds the context's ZAP handler
+ * (inproc://zeromq.zap.01, RFC 27), answered by the receive thread: until kvr_zsub_start()
+ * publishers that connect wait in their handshake. */
 int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct kvr_err *err);
 /* Stops if needed, closes every socket (linger 0), frees topics (destroy the consumer first:
  * it points at them). Items already queued keep their payloads valid (ZeroMQ messages
@@ -102,6 +123,16 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
  * is answered with a failed REPLAY_END. */
 int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_queue_replay_req *r);
 
+/* Admission refusals on bind sockets (zsub_auth.c), counted per reason. */
+enum kvr_zsub_reject {
+    KVR_ZSUB_REJ_ADDRESS = 0,   /* peer address not in [events] allow (ZAP) */
+    KVR_ZSUB_REJ_CURVE_KEY,     /* CURVE client key not in the authorized keys (ZAP) */
+    KVR_ZSUB_REJ_HANDSHAKE,     /* handshake failed: no/bad CURVE, wrong mechanism */
+    KVR_ZSUB_REJ_POD_MISMATCH,  /* message whose topic pod is not the peer's address */
+    KVR_ZSUB_REJ_COUNT
+};
+const char *kvr_zsub_reject_name(enum kvr_zsub_reject r);
+
 enum kvr_zsub_bad {
     KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */
     KVR_ZSUB_BAD_SEQ,        /* seq frame not 8 bytes */
@@ -129,11 +160,38 @@ struct kvr_zsub_stats {
     uint64_t endpoints;         /* gauge: connect endpoints */
     uint64_t endpoints_connected; /* gauge */
     uint64_t topics;            /* gauge: interned topics */
+    uint64_t rejected[KVR_ZSUB_REJ_COUNT];
+    uint64_t publisher_connects;    /* bind sockets: publisher connections accepted */
+    uint64_t publisher_disconnects; /* bind sockets: closed by the publisher */
+    uint64_t connections_dropped;   /* bind sockets: dropped by ZeroMQ while the publisher
+                                     * was still connected (a message over max_message_size,
+                                     * or another ZMTP protocol error) */
 };
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st);
 /* Appends zsub's events_* counters and gauges (messages, bad frames, replay client,
  * connections, topics) in Prometheus text form. Any thread. */
 void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out);
+
+/* ---- admission helpers (zsub_auth.c): no sockets, any thread ------------------------ */
+
+/* Reads the CURVE server key files (Z85, one key per file, '#' comment lines allowed) and
+ * the optional authorized client keys (one a line); checks that public_file holds the public
+ * key of secret_file and that libzmq has CURVE. authorized_file may be NULL. Errors name the
+ * file ("curve_secret_key_file /etc/x: ..."). Free with kvr_zsub_curve_free. */
+int kvr_zsub_curve_load(const char *secret_file, const char *public_file,
+                        const char *authorized_file, struct kvr_zsub_curve *out,
+                        struct kvr_err *err);
+void kvr_zsub_curve_free(struct kvr_zsub_curve *c);
+
+/* What zmq_bind would resolve, without binding (for kvrouterd -t): a tcp endpoint's host
+ * must be '*', a numeric IPv4/IPv6 address or the name of an interface with an IPv4
+ * address (IPv6: with an IPv6 address, in brackets) on this host; ZeroMQ never asks DNS
+ * for a bind, so "localhost" fails with ENODEV. ipc:// needs an existing directory. 0, or
+ * -ENODEV/-ENOENT/-EINVAL with the reason in err. */
+int kvr_zsub_check_bind(const char *endpoint, struct kvr_err *err);
+/* A connect endpoint's host resolves (numeric or DNS): 0 or -ENOENT with the reason. zmq_connect
+ * itself accepts an unresolvable name and keeps retrying, so this is advice, not an error. */
+int kvr_zsub_check_connect(const char *endpoint, struct kvr_err *err);
 
 /* ---- frames (zsub_frame.c): pure functions of peer bytes, any thread ---------------- */
 

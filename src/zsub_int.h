@@ -1,8 +1,8 @@
 /* zsub_int.h — zsub's private header: the receive thread's state (sources, topics, replays,
  * commands, the poll set) and the functions its files share (zsub.c: lifecycle, sockets,
  * endpoints, control, the receive loop; zsub_recv.c: the live path, frames to items, topic
- * interning, monitors; zsub_replay.c: the replay client; zsub_frame.c: pure frame
- * parsers). Not a contract for other modules: zsub.h is.
+ * interning, monitors; zsub_replay.c: the replay client; zsub_auth.c: admission;
+ * zsub_frame.c: pure frame parsers). Not a contract for other modules: zsub.h is.
  *
  * Threads: as noted per field; after kvr_zsub_start() only the receive thread touches
  * sockets and everything marked "receive thread".
@@ -36,6 +36,15 @@ struct topic_rec {
     uint64_t hash;
 };
 
+/* A publisher connection on a bind socket, from the monitor's ACCEPTED event until its
+ * DISCONNECTED: a dup of the connection's fd (so its state can be read after libzmq closed
+ * its own fd) and the peer's address. */
+struct pconn {
+    int fd;     /* libzmq's fd number (the key) */
+    int dupfd;  /* ours */
+    char peer[64];
+};
+
 struct source {
     uint32_t id;
     bool bind;
@@ -57,6 +66,9 @@ struct source {
     struct topic_rec **topics;
     size_t ntopics, captopics;
     struct topic_rec *last_topic;
+    struct pconn *conns; /* bind: connections seen by the monitor (receive thread) */
+    size_t nconns, capconns;
+    unsigned refusals;   /* bind: failed handshakes whose DISCONNECTED is still to come */
 };
 
 struct replay {
@@ -80,7 +92,7 @@ struct cmd {
     struct cmd *next;
 };
 
-enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER };
+enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER, PS_ZAP };
 struct pslot {
     int kind;
     void *ptr;
@@ -129,12 +141,22 @@ struct kvr_zsub {
     bool dirty;
 
     struct kvr_ratelimit rl_frames, rl_replay; /* peer-caused warnings */
+    struct kvr_ratelimit rl_admit, rl_conn;    /* refusals; dropped connections */
+
+    /* admission (zsub_auth.c): set at create, read by the receive thread */
+    struct kvr_cidr *allow;
+    size_t nallow;
+    struct kvr_zsub_curve curve; /* copy; curve_on says whether it is used */
+    bool curve_on;
+    void *zap;                   /* REP at inproc://zeromq.zap.01, or NULL */
 
     /* stats (relaxed atomics; written by the receive thread) */
     _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
     _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
     _Atomic uint64_t replay_bad_replies, replays_pending, replays_active;
     _Atomic uint64_t connects, disconnects, disconnect_purges;
+    _Atomic uint64_t rejected[KVR_ZSUB_REJ_COUNT];
+    _Atomic uint64_t publisher_connects, publisher_disconnects, connections_dropped;
 };
 
 /* ---- shared between zsub's files -------------------------------------------------------- */
@@ -156,6 +178,22 @@ int kvr_zsub_payload_take(struct kvr_queue_payload *p, zmq_msg_t *m);
 /* Reserves a slot of queue[shard] (waiting while full, counted) with the fields cleared;
  * NULL once the queue is closed. The caller commits it. */
 struct kvr_queue_msg *kvr_zsub_reserve_item(struct kvr_zsub *z, uint32_t shard);
+
+/* zsub_auth.c */
+/* At create: copies the allowlist and keys, binds the ZAP handler when needed. */
+int kvr_zsub_auth_init(struct kvr_zsub *z, struct kvr_err *err);
+void kvr_zsub_auth_deinit(struct kvr_zsub *z); /* closes the ZAP socket, frees copies */
+/* Admission options of a new bind socket (ZAP domain, CURVE server). */
+int kvr_zsub_auth_bind_opts(struct kvr_zsub *z, void *sock, struct kvr_err *err);
+/* Receive thread: answers pending ZAP requests. */
+void kvr_zsub_read_zap(struct kvr_zsub *z);
+/* Receive thread: false (counted, logged) when pod_must_match_peer is on and the message's
+ * topic pod is not the address it came from. first = the topic frame. */
+bool kvr_zsub_pod_admitted(struct kvr_zsub *z, struct source *s, zmq_msg_t *first);
+/* Receive thread: monitor events of a bind socket. */
+void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t ev,
+                                 uint32_t value);
+void kvr_zsub_conns_close(struct source *s);
 
 /* zsub_replay.c (receive thread, except kvr_zsub_replay) */
 void kvr_zsub_replay_free(struct replay *r);

@@ -276,6 +276,9 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
             goto drop;
         }
+        /* Admission before anything is queued: a spoofed topic never reaches a stream. */
+        if (!kvr_zsub_pod_admitted(z, s, &f[0]))
+            goto drop;
         t = intern_topic(z, s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), &bad);
         if (t == NULL) {
             count_bad(z, s, bad, n);
@@ -326,7 +329,12 @@ void kvr_zsub_read_monitor(struct kvr_zsub *z, struct source *s)
         zmq_msg_init(&b);
         if (zmq_msg_more(&a))
             zmq_msg_recv(&b, s->mon, 0);
-        if (zmq_msg_size(&a) >= 6) {
+        if (zmq_msg_size(&a) >= 6 && s->bind) {
+            uint32_t value;
+            memcpy(&ev, zmq_msg_data(&a), sizeof(ev));
+            memcpy(&value, (const char *)zmq_msg_data(&a) + 2, sizeof(value));
+            kvr_zsub_bind_monitor_event(z, s, ev, value);
+        } else if (zmq_msg_size(&a) >= 6) {
             memcpy(&ev, zmq_msg_data(&a), sizeof(ev));
             if (ev == ZMQ_EVENT_CONNECTED) {
                 atomic_store(&s->connected, true);

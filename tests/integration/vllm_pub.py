@@ -127,6 +127,8 @@ class Rank:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, engine.hwm)
         self.pub.setsockopt(zmq.RCVHWM, engine.hwm)
+        for opt, val in engine.pub_options.items():  # e.g. CURVE client keys
+            self.pub.setsockopt(opt, val)
         if engine.mode == "bind":
             self.pub.bind(pub_endpoint)
         else:
@@ -338,7 +340,7 @@ class Engine:
     def __init__(self, pod="pod-0", model="test/model", topic=None, dp_size=1, mode="connect",
                  endpoints=None, replay=False, replay_format="v0.25", encoding="map",
                  hash_mode="int", block_size=16, num_blocks=4096, lora_name=None, medium="GPU",
-                 buffer_steps=10000, hwm=100000, hash_seed="0", ctx=None):
+                 buffer_steps=10000, hwm=100000, hash_seed="0", ctx=None, pub_options=None):
         assert mode in ("bind", "connect")
         assert replay_format in ("v0.24", "v0.25")
         assert encoding in ("map", "array")
@@ -352,6 +354,7 @@ class Engine:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.lora_name, self.medium = lora_name, medium
         self.buffer_steps, self.hwm = buffer_steps, hwm
+        self.pub_options = dict(pub_options or {})  # {zmq option: value} set before connect
         self.none_hash = hashlib.sha256(hash_seed.encode()).digest()
         self.ctx = ctx or zmq.Context.instance()
         self.ranks = []

@@ -147,7 +147,8 @@ static const struct bad_case bad_cases[] = {
                                      "port 0..65535 (e.g. 127.0.0.1:8080)"},
     /* on/off */
     {EV "[http]\npublic_introspection = maybe\n", "t.conf:4: invalid value 'maybe' for [http] "
-                                                  "public_introspection: expected off or on"},
+                                                  "public_introspection: expected on or off (also "
+                                                  "true/false, yes/no, 1/0)"},
     {EV "[http]\nmax_output_bytes = 1KiB\n", "t.conf:4: [http] max_output_bytes = 1KiB is out "
                                              "of range (64KiB..1GiB)"},
     /* strings */
@@ -350,6 +351,89 @@ static void test_values_units(void **state)
     kvr_conf_free(&c);
 }
 
+/* [events] admission: allow (repeatable ranges), pod_must_match_peer, the CURVE key files. */
+static void test_admission_directives(void **state)
+{
+    static const struct {
+        const char *text, *error;
+    } bad[] = {
+        {EV "allow = 10.1.0.0/8\n", "t.conf:3: invalid value '10.1.0.0/8' for [events] allow: "
+                                    "expected an IPv4 or IPv6 address or range with its host bits "
+                                    "clear (e.g. 10.0.0.0/8, 127.0.0.1, ::1/128, fd00::/8)"},
+        {EV "allow = localhost\n", "t.conf:3: invalid value 'localhost' for [events] allow: "
+                                   "expected an IPv4 or IPv6 address or range with its host bits "
+                                   "clear (e.g. 10.0.0.0/8, 127.0.0.1, ::1/128, fd00::/8)"},
+        {EV "allow = 10.0.0.0/33\n", "t.conf:3: invalid value '10.0.0.0/33' for [events] allow: "
+                                     "expected an IPv4 or IPv6 address or range with its host "
+                                     "bits clear (e.g. 10.0.0.0/8, 127.0.0.1, ::1/128, fd00::/8)"},
+        {EV "pod_must_match_peer = maybe\n", "t.conf:3: invalid value 'maybe' for [events] "
+                                             "pod_must_match_peer: expected on or off (also "
+                                             "true/false, yes/no, 1/0)"},
+        {EV "pod_must_match_peer = on\npod_must_match_peer = off\n",
+         "t.conf:4: duplicate key 'pod_must_match_peer' in section [events] (first set on line 3)"},
+        {EV "curve_secret_key_file = /k/s\n", "t.conf:3: [events] curve_secret_key_file and "
+                                              "curve_public_key_file go together: set both "
+                                              "(CURVE on bind sockets) or neither"},
+        {EV "curve_public_key_file = /k/p\n", "t.conf:3: [events] curve_secret_key_file and "
+                                              "curve_public_key_file go together: set both "
+                                              "(CURVE on bind sockets) or neither"},
+        {EV "curve_authorized_keys_file = /k/a\n", "t.conf:3: [events] "
+                                                   "curve_authorized_keys_file needs "
+                                                   "curve_secret_key_file and "
+                                                   "curve_public_key_file"},
+    };
+    struct kvr_conf c, d;
+    struct kvr_err changed, ignored;
+    uint8_t a[16];
+    int failures = 0;
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct kvr_err err = {{0}};
+        int rc = kvr_conf_load_string("t.conf", bad[i].text, &c, &err);
+        if (rc != -EINVAL || strcmp(err.msg, bad[i].error) != 0) {
+            print_error("case %zu: rc=%d\n  want: %s\n  got:  %s\n", i, rc, bad[i].error,
+                        err.msg);
+            failures++;
+        }
+        kvr_conf_free(&c);
+    }
+    assert_int_equal(failures, 0);
+
+    /* Defaults: no allowlist (everyone, as before), no pod check, no CURVE. */
+    load_ok(EV, &c);
+    assert_int_equal(c.nallow, 0);
+    assert_false(c.pod_must_match_peer);
+    assert_null(c.curve_secret_key_file);
+    assert_null(c.curve_authorized_keys_file);
+    assert_int_equal(c.nbind, 1);
+    assert_int_equal(c.bind_line[0], 2);
+    kvr_conf_free(&c);
+
+    load_ok(EV "allow = 127.0.0.0/8\nallow = ::1/128\nallow = 10.0.0.0/8\n"
+               "pod_must_match_peer = yes\ncurve_secret_key_file = /k/s\n"
+               "curve_public_key_file = /k/p\ncurve_authorized_keys_file = /k/a\n",
+            &c);
+    assert_int_equal(c.nallow, 3);
+    assert_int_equal(kvr_cidr_addr("127.1.2.3", 9, a), 0);
+    assert_true(kvr_cidr_match(&c.allow[0], a));
+    assert_false(kvr_cidr_match(&c.allow[2], a));
+    assert_true(c.pod_must_match_peer);
+    assert_string_equal(c.curve_secret_key_file, "/k/s");
+    assert_string_equal(c.curve_public_key_file, "/k/p");
+    assert_string_equal(c.curve_authorized_keys_file, "/k/a");
+    assert_int_equal(c.curve_secret_key_line, 7);
+    assert_int_equal(c.curve_authorized_keys_line, 9);
+    /* Not reloadable: a change is reported as needing a restart. */
+    load_ok(EV "allow = 127.0.0.0/8\n", &d);
+    assert_int_equal(kvr_conf_apply_reload(&c, &d, &changed, &ignored), 0);
+    assert_non_null(strstr(ignored.msg, "events.allow"));
+    assert_non_null(strstr(ignored.msg, "events.pod_must_match_peer"));
+    assert_non_null(strstr(ignored.msg, "events.curve_secret_key_file"));
+    kvr_conf_free(&c);
+    kvr_conf_free(&d);
+}
+
 static void test_shipped_config(void **state)
 {
     struct kvr_conf c, d;
@@ -365,7 +449,11 @@ static void test_shipped_config(void **state)
     assert_string_equal(c.listen, "0.0.0.0:8080");
     assert_string_equal(c.admin_listen, "127.0.0.1:8081");
     /* Everything else is at its default: nothing to apply from the defaults. */
-    load_ok(EV "[http]\nadmin_listen = 127.0.0.1:8081\n", &d);
+    assert_int_equal(c.nallow, 6);
+    load_ok(EV "allow = 127.0.0.0/8\nallow = ::1/128\nallow = 10.0.0.0/8\n"
+               "allow = 172.16.0.0/12\nallow = 192.168.0.0/16\nallow = fc00::/7\n"
+               "[http]\nadmin_listen = 127.0.0.1:8081\n",
+            &d);
     struct kvr_err changed, ignored;
     assert_int_equal(kvr_conf_apply_reload(&c, &d, &changed, &ignored), 0);
     assert_string_equal(ignored.msg, "");
@@ -527,6 +615,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_admission_directives),
         cmocka_unit_test(test_values_units_comments),
         cmocka_unit_test(test_values_units),
         cmocka_unit_test(test_shipped_config),

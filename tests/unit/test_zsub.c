@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <zmq.h>
@@ -974,6 +975,150 @@ static void test_ipv6_bind(void **state)
     kvr_index_destroy(ix);
 }
 
+/* ---- admission (zsub_auth.c) ----------------------------------------------------------- */
+
+static double wait_metric_at_least(struct fx *f, const char *name, const char *labels,
+                                   double want)
+{
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    double v = -1;
+    while (kvr_now_ms() < deadline) {
+        v = metric(f, name, labels);
+        if (v >= want)
+            return v;
+        sleep_ms(2);
+    }
+    fail_msg("metric %s{%s} = %g, want >= %g", name, labels ? labels : "", v, want);
+    return v;
+}
+
+static struct kvr_cidr g_allow[2];
+
+static void admission_conf(struct kvr_conf *c)
+{
+    assert_int_equal(kvr_cidr_parse("127.0.0.2/32", &g_allow[0]), 0);
+    assert_int_equal(kvr_cidr_parse("::1/128", &g_allow[1]), 0);
+    c->allow = g_allow;
+    c->nallow = 2;
+    c->pod_must_match_peer = true;
+}
+
+/* A PUB from 127.0.0.1 is refused by the ZAP handler (allow = 127.0.0.2, ::1); one from
+ * 127.0.0.2 gets in, but only for its own pod: a topic claiming another pod is dropped before
+ * any queue (no stream is created for it). */
+static void test_admission_allowlist_and_pod(void **state)
+{
+    struct fx *f = fx_new_conf(true, -1, admission_conf);
+    struct tev none[1] = {{0}};
+    struct kvr_stream_info si;
+    char src_ep[300];
+    void *pub2;
+    int zero = 0;
+    uint64_t seq = 0;
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    (void)state;
+
+    pub2 = zmq_socket(f->zctx, ZMQ_PUB);
+    zmq_setsockopt(pub2, ZMQ_LINGER, &zero, sizeof(zero));
+    snprintf(src_ep, sizeof(src_ep), "tcp://127.0.0.2:0;%s", f->ep + strlen("tcp://"));
+    assert_int_equal(zmq_connect(pub2, src_ep), 0);
+    while (kvr_now_ms() < deadline && !get_stream(f, "127.0.0.2", 0, &si)) {
+        publish(pub2, "kv@127.0.0.2@" MODEL, seq++, none, 0, 0);
+        sleep_ms(5);
+    }
+    assert_true(get_stream(f, "127.0.0.2", 0, &si));
+    wait_metric_at_least(f, "events_rejected_total", "reason=\"address\"", 1);
+    for (int i = 0; i < 5; i++)
+        publish(f->pub, "kv@127.0.0.1@" MODEL, (uint64_t)i, none, 0, 0);
+    publish(pub2, "kv@127.0.0.9@" MODEL, 1000000000, none, 0, 0);
+    publish(pub2, "kv@10.0.0.1@" MODEL, 1000000000, none, 0, 0);
+    publish(pub2, "kv@pod-name@" MODEL, 1000000000, none, 0, 0);
+    publish(pub2, "kv@127.0.0.2@" MODEL, seq, none, 0, 0);
+    wait_seq(f, "127.0.0.2", 0, seq, KVR_STREAM_SYNCED);
+    wait_metric(f, "events_rejected_total", "reason=\"pod_mismatch\"", 3);
+    assert_false(get_stream(f, "127.0.0.1", 0, &si));
+    assert_false(get_stream(f, "127.0.0.9", 0, &si));
+    assert_false(get_stream(f, "pod-name", 0, &si));
+    assert_int_equal(metric(f, "events_rejected_total", "reason=\"curve_key\""), 0);
+    zmq_close(pub2);
+    fx_free(f);
+}
+
+/* What zmq_bind resolves, for -t; the key files as startup reads them. */
+static void test_check_bind_and_keys(void **state)
+{
+    struct kvr_err err = {{0}};
+    struct kvr_zsub_curve k;
+    char pub[41], sec[41], opub[41], osec[41];
+    char dir[] = "/tmp/kvr-test-zsub-XXXXXX", ps[300], pp[300], po[300], pa[300];
+    FILE *fp;
+    (void)state;
+
+    assert_int_equal(kvr_zsub_check_bind("tcp://*:5557", &err), 0);
+    assert_int_equal(kvr_zsub_check_bind("tcp://127.0.0.1:0", &err), 0);
+    assert_int_equal(kvr_zsub_check_bind("tcp://lo:5557", &err), 0);
+    assert_int_equal(kvr_zsub_check_bind("tcp://[::1]:5557", &err), 0);
+    assert_int_equal(kvr_zsub_check_bind("inproc://x", &err), 0);
+    assert_int_equal(kvr_zsub_check_bind("ipc:///tmp/kvr.sock", &err), 0);
+    assert_int_equal(kvr_zsub_check_bind("tcp://localhost:5557", &err), -ENODEV);
+    assert_non_null(strstr(err.msg, "'localhost' is none of these"));
+    assert_int_equal(kvr_zsub_check_bind("tcp://example.com:5557", &err), -ENODEV);
+    assert_int_equal(kvr_zsub_check_bind("ipc:///nonexistent-kvr-dir/s", &err), -ENOENT);
+    assert_int_equal(kvr_zsub_check_connect("tcp://127.0.0.1:5557", &err), 0);
+    assert_int_equal(kvr_zsub_check_connect("tcp://localhost:5557", &err), 0);
+    assert_int_equal(kvr_zsub_check_connect("tcp://127.0.0.2:0;127.0.0.1:5557", &err), 0);
+    assert_int_equal(kvr_zsub_check_connect("tcp://no-such-host.invalid:1", &err), -ENOENT);
+
+    if (!zmq_has("curve")) {
+        assert_int_equal(kvr_zsub_curve_load("/x", "/y", NULL, &k, &err), -ENOTSUP);
+        return;
+    }
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    assert_int_equal(zmq_curve_keypair(opub, osec), 0);
+    snprintf(ps, sizeof(ps), "%s/s", dir);
+    snprintf(pp, sizeof(pp), "%s/p", dir);
+    snprintf(po, sizeof(po), "%s/o", dir);
+    snprintf(pa, sizeof(pa), "%s/a", dir);
+    fp = fopen(ps, "w");
+    fprintf(fp, "# secret\n  %s  \n", sec);
+    fclose(fp);
+    fp = fopen(pp, "w");
+    fprintf(fp, "%s", pub);
+    fclose(fp);
+    fp = fopen(po, "w");
+    fprintf(fp, "%s\n", opub);
+    fclose(fp);
+    fp = fopen(pa, "w");
+    fprintf(fp, "# clients\n%s\n\n%s\n", pub, opub);
+    fclose(fp);
+    assert_int_equal(kvr_zsub_curve_load(ps, pp, pa, &k, &err), 0);
+    assert_string_equal(k.secret, sec);
+    assert_string_equal(k.public_key, pub);
+    assert_int_equal(k.nauthorized, 2);
+    kvr_zsub_curve_free(&k);
+    assert_int_equal(kvr_zsub_curve_load(ps, po, NULL, &k, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "not the public key of"));
+    assert_int_equal(kvr_zsub_curve_load(ps, "/nonexistent-kvr", NULL, &k, &err), -ENOENT);
+    assert_non_null(strstr(err.msg, "curve_public_key_file /nonexistent-kvr: cannot open"));
+    fp = fopen(po, "w");
+    fprintf(fp, "%s\nnot-a-key\n", opub);
+    fclose(fp);
+    assert_int_equal(kvr_zsub_curve_load(ps, pp, po, &k, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, ":2: expected a Z85 public key"));
+    assert_int_equal(kvr_zsub_curve_load(pa, pp, NULL, &k, &err), -EINVAL); /* two keys */
+    fp = fopen(pa, "w");
+    fprintf(fp, "# nobody\n");
+    fclose(fp);
+    assert_int_equal(kvr_zsub_curve_load(ps, pp, pa, &k, &err), -EINVAL);
+    assert_non_null(strstr(err.msg, "no keys"));
+    unlink(ps);
+    unlink(pp);
+    unlink(po);
+    unlink(pa);
+    rmdir(dir);
+}
+
 static void test_bind_error(void **state)
 {
     struct kvr_conf c;
@@ -1014,6 +1159,8 @@ int main(void)
         cmocka_unit_test(test_random_garbage),
         cmocka_unit_test(test_ipv6_bind),
         cmocka_unit_test(test_bind_error),
+        cmocka_unit_test(test_admission_allowlist_and_pod),
+        cmocka_unit_test(test_check_bind_and_keys),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
     if (getenv("KVR_TEST_FILTER") != NULL)
