@@ -56,7 +56,7 @@ def wait_pod_quick(d, pod, seq, timeout=0.2):
 
 
 def pod_names(d):
-    status, body = d.json("GET", "/v1/pods")
+    status, body = d.json("GET", "/v1/pods", admin=True)
     assert status == 200, body
     return {p["pod"] for p in body["pods"]}
 
