@@ -8,7 +8,8 @@
  * "FILE:LINE: message" in err->msg.
  *
  * Ownership: kvr_conf_load() fills a struct the caller owns; kvr_conf_free() releases the
- * strings and lists in it. No threads, no sockets: pure parsing.
+ * strings and lists in it. No threads, no sockets: pure parsing. Uses cidr (pure parsing
+ * of [events] allow ranges), which ARCHITECTURE.md's conf row does not list.
  */
 #ifndef KVR_CONF_H
 #define KVR_CONF_H
