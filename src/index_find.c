@@ -78,6 +78,8 @@ struct kvr_index_reader {
     uint32_t *tm;       /* per s0 index: positions matched by that holder */
     struct slowst *sw;
     struct kvr_index_hit *hits;
+    char *names; /* the hits' pod names (find copies them inside its critical section) */
+    size_t cnames;
 };
 
 int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
@@ -131,7 +133,7 @@ void kvr_index_reader_destroy(struct kvr_index_reader *r)
         return;
     struct ebr_slot *s = r->slot;
     void *p[] = {r->ch, r->chq, r->nd, r->ndq, r->lh, r->podq, r->s0, r->buf,
-                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r};
+                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r->names, r};
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         sl_free(s, p[i]);
     slot_release(s);
@@ -622,6 +624,45 @@ static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     }
 }
 
+/* Inside the critical section: names each hit from its worker's record (copied into the
+ * reader: the record may be freed once the find ends) and drops hits of workers forgotten
+ * during the find (their record unpublished: index_intern.c, FORGETTING). A worker id seen
+ * in a holder set is never reused before this find ends, so a record found here is that
+ * holder's. Returns the hits kept, SIZE_MAX when the name buffer could not grow. */
+static size_t name_hits(struct kvr_index_reader *r, struct kvr_index_hit *hits, size_t nh)
+{
+    const struct kvr_index *ix = r->ix;
+    size_t k = 0, off = 0;
+    for (size_t i = 0; i < nh; i++) {
+        const struct worker *wk = worker_get(ix, hits[i].wid);
+        if (wk == NULL)
+            continue;
+        size_t len = wk->podlen + 1;
+        if (off + len > r->cnames) {
+            size_t nc = r->cnames ? r->cnames : 4096;
+            while (nc < off + len)
+                nc *= 2;
+            char *nb = sl_alloc(r->slot, nc);
+            if (nb == NULL)
+                return SIZE_MAX;
+            if (off)
+                memcpy(nb, r->names, off);
+            sl_free(r->slot, r->names);
+            r->names = nb;
+            r->cnames = nc;
+        }
+        memcpy(r->names + off, wk->pod, len);
+        hits[k] = hits[i];
+        hits[k].pod = (const char *)(uintptr_t)off; /* an offset until the buffer is final */
+        hits[k].dp_rank = wk->rank;
+        off += len;
+        k++;
+    }
+    for (size_t i = 0; i < k; i++)
+        hits[i].pod = r->names + (uintptr_t)hits[i].pod;
+    return k;
+}
+
 int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, size_t n,
                    const uint32_t *pod_ids, size_t npods, const double weights[KVR_TIER_MAX],
                    const struct kvr_index_hit **hits, size_t *nhits)
@@ -796,8 +837,9 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
         }
         i = j;
     }
+    nh = name_hits(r, hits_out, nh);
 out:
     ebr_exit(r->slot);
     *nhits = nh;
-    return 0;
+    return nh == SIZE_MAX ? -ENOMEM : 0;
 }

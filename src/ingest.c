@@ -248,14 +248,8 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     if (rc != 0)
         return -ENOENT;
     w = &ing->w[kvr_queue_shard(pod, strlen(pod), ing->nwriters)];
-    if (!atomic_load(&ing->writers_running)) {
-        /* No writer thread: this thread is the only writer. */
-        struct kvr_index_wres res = {0};
-        rc = kvr_index_purge_pod(ing->ix, c.pod_id, &res);
-        if (removed != NULL)
-            *removed = res.cleared;
-        return rc;
-    }
+    if (!atomic_load(&ing->writers_running)) /* no writer thread: this is the only one */
+        return kvr_ingest_forget_pod(w, pod, removed);
     it = kvr_queue_reserve(w->q, NULL);
     if (it == NULL)
         return -ESHUTDOWN;

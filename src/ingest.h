@@ -67,8 +67,11 @@ bool kvr_ingest_ready(const struct kvr_ingest *ing);
 
 /* ---- pods / streams ------------------------------------------------------------------ */
 
-/* Purges every block of the pod (all ranks, models, tiers) on its writer thread and waits.
- * *removed = (holder, block) pairs dropped. -ENOENT when the pod was never seen. */
+/* Forgets the pod on its writer thread and waits: purges every block (all ranks, models,
+ * tiers), frees its worker and pod ids in the index (for other pods to reuse) and drops its
+ * streams from kvr_ingest_streams(); a later batch from the pod starts it afresh, as a new
+ * pod. *removed = (holder, block) pairs dropped. -ENOENT when the pod is not indexed (never
+ * seen, or forgotten and silent since). */
 int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *removed);
 
 /* One (topic, dp_rank) stream, joined with its worker's block counts. */

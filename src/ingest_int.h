@@ -48,11 +48,15 @@ struct pend {
 
 struct ing_topic;
 
+#define NO_WID UINT32_MAX
+
 struct ing_stream {
     struct kvr_stream sm;           /* writer only */
     struct ing_topic *it;
     uint32_t dp_rank;
-    uint32_t wid;
+    uint32_t wid;                   /* writer; changed under reg_mu (readers read it there);
+                                     * NO_WID while its pod is forgotten (DELETE): the next
+                                     * batch interns the worker again */
     uint32_t source;                /* writer: source of the last live batch */
     bool can_replay;
     /* writer only: bit g set = KV-cache group g seen in BlockStored as full attention
@@ -103,6 +107,7 @@ struct writer_stats {
     _Atomic uint64_t stored, removed, dup_blocks, orphaned, adopted, orphans_dropped;
     _Atomic uint64_t unknown_removes, cleared, purged, restart_purged;
     _Atomic uint64_t buffered, replay_aborts;
+    _Atomic uint64_t pods_forgotten, workers_refused;
 };
 
 struct writer {
@@ -168,6 +173,10 @@ void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uin
 /* ingest_writer.c: a writer thread (arg: its struct writer); drop_pending releases the
  * live batches a stream buffered during a replay. */
 void *kvr_ingest_writer_main(void *arg);
+/* On the pod's writer thread (or the only thread): forgets the pod in the index (its blocks,
+ * worker and pod ids: kvr_index_pod_forget) and detaches its streams (unlisted, sequence
+ * state reset; a later batch of the pod starts it afresh). -ENOENT for a pod not indexed. */
+int kvr_ingest_forget_pod(struct writer *w, const char *pod, uint64_t *removed);
 void kvr_ingest_drop_pending(struct ing_stream *s);
 
 /* ingest_metrics.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */

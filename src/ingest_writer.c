@@ -63,6 +63,25 @@ static struct ing_topic *topic_of(struct writer *w, const struct kvr_queue_topic
     return it;
 }
 
+/* The stream's worker id, interned (again, after its pod was forgotten). */
+static int stream_intern(struct writer *w, const struct kvr_queue_topic *t, uint32_t dp_rank,
+                         uint32_t *wid)
+{
+    int rc = kvr_index_worker_intern(w->ing->ix, t->pod, dp_rank, wid);
+    if (rc == -ENOSPC) {
+        KVR_CNT_OWN_INC(w->st.workers_refused);
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
+                        "events: worker %s/%u refused: max_workers (%u) workers are indexed; "
+                        "its events are dropped until pods are deleted (DELETE /v1/pods/{pod}) "
+                        "or forgotten ([events] forget_after)",
+                        t->pod, dp_rank, w->ing->conf->max_workers);
+    } else if (rc != 0) {
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s",
+                        t->pod, dp_rank, strerror(-rc));
+    }
+    return rc;
+}
+
 static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_topic *t,
                                     uint32_t dp_rank, int *bad)
 {
@@ -81,13 +100,25 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
         *bad = BAD_WORKER;
         return NULL;
     }
-    if (dp_rank < it->nranks && it->ranks[dp_rank] != NULL)
-        return it->ranks[dp_rank];
-    rc = kvr_index_worker_intern(ing->ix, t->pod, dp_rank, &wid);
+    if (dp_rank < it->nranks && it->ranks[dp_rank] != NULL) {
+        s = it->ranks[dp_rank];
+        if (s->wid != NO_WID)
+            return s;
+        /* its pod was forgotten: a new worker id, listed again from its next batch */
+        if (stream_intern(w, t, dp_rank, &wid) != 0) {
+            *bad = BAD_WORKER;
+            return NULL;
+        }
+        pthread_mutex_lock(&ing->reg_mu);
+        s->wid = wid;
+        pthread_mutex_unlock(&ing->reg_mu);
+        kvr_log_info("events: stream pod=%s model=%s dp_rank=%u is back (worker %u)", t->pod,
+                     t->model, dp_rank, wid);
+        return s;
+    }
+    rc = stream_intern(w, t, dp_rank, &wid);
     if (rc != 0) {
         *bad = BAD_WORKER;
-        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s", t->pod,
-                        dp_rank, strerror(-rc));
         return NULL;
     }
     if (dp_rank >= it->nranks) {
@@ -370,24 +401,51 @@ static void handle_purge(struct writer *w, struct kvr_queue_msg *item)
     }
 }
 
-static void handle_cmd(struct writer *w, struct ing_cmd *c)
+static void detach_stream(struct kvr_ingest *ing, struct ing_stream *s)
+{
+    reset_stream(s);
+    pthread_mutex_lock(&ing->reg_mu);
+    s->wid = NO_WID;
+    atomic_store_explicit(&s->p_has_last, false, memory_order_release); /* unlisted */
+    pthread_mutex_unlock(&ing->reg_mu);
+}
+
+int kvr_ingest_forget_pod(struct writer *w, const char *pod, uint64_t *removed)
 {
     struct kvr_ingest *ing = w->ing;
     struct kvr_index_wres res = {0};
+    uint32_t pid;
+    int rc;
 
-    if (c->type == CMD_PURGE_POD) {
-        c->rc = kvr_index_purge_pod(ing->ix, c->pod_id, &res);
-        c->removed = res.cleared;
-        KVR_CNT_OWN_ADD(w->st.purged, res.cleared);
-        for (size_t i = 0; i < w->ntopics; i++) {
-            struct ing_topic *it = w->topics[i];
-            if (strcmp(it->t->pod, c->pod) != 0)
-                continue;
-            for (uint32_t r = 0; r < it->nranks; r++)
-                if (it->ranks[r] != NULL)
-                    reset_stream(it->ranks[r]);
-        }
+    /* looked up here, on the only thread that interns or forgets this pod: an id looked up
+     * elsewhere may be stale (forgotten, then reused by another pod) */
+    if (kvr_index_pod_lookup(ing->ix, pod, &pid) != 0)
+        return -ENOENT;
+    rc = kvr_index_pod_forget(ing->ix, pid, &res);
+    if (removed != NULL)
+        *removed = res.cleared;
+    KVR_CNT_OWN_ADD(w->st.purged, res.cleared);
+    if (rc != 0)
+        return rc;
+    KVR_CNT_OWN_INC(w->st.pods_forgotten);
+    for (size_t i = 0; i < w->ntopics; i++) {
+        struct ing_topic *it = w->topics[i];
+        if (strcmp(it->t->pod, pod) != 0)
+            continue;
+        for (uint32_t r = 0; r < it->nranks; r++)
+            if (it->ranks[r] != NULL)
+                detach_stream(ing, it->ranks[r]);
     }
+    kvr_log_info("events: pod %s forgotten (%" PRIu64 " blocks purged)", pod, res.cleared);
+    return 0;
+}
+
+static void handle_cmd(struct writer *w, struct ing_cmd *c)
+{
+    struct kvr_ingest *ing = w->ing;
+
+    if (c->type == CMD_PURGE_POD)
+        c->rc = kvr_ingest_forget_pod(w, c->pod, &c->removed);
     pthread_mutex_lock(&ing->done_mu);
     c->done = true;
     pthread_cond_broadcast(&ing->done_cv);

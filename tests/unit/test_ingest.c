@@ -442,7 +442,12 @@ static void test_restart_and_gap(void **state)
     uint64_t removed = 0;
     assert_int_equal(kvr_ingest_purge_pod(f->ing, "pod-r", &removed), 0);
     assert_int_equal(removed, 4);
-    assert_int_equal(worker_tier_blocks(f, "pod-r", 0, KVR_TIER_GPU), 0);
+    /* the pod is forgotten: not indexed, not listed, its worker id free */
+    uint32_t wid;
+    assert_int_equal(kvr_index_worker_lookup(f->ix, "pod-r", 0, &wid), -ENOENT);
+    assert_false(get_stream(f, "pod-r", 0, &si));
+    assert_int_equal(metric(f, "events_pods_forgotten_total", NULL), 1);
+    assert_int_equal(kvr_ingest_purge_pod(f->ing, "pod-r", &removed), -ENOENT);
     assert_int_equal(kvr_ingest_purge_pod(f->ing, "never-seen", &removed), -ENOENT);
     /* after the purge the next batch is a new baseline (not a restart) */
     publish(f->pub, "kv@pod-r@" MODEL, 3, &st, 1, 0);
