@@ -114,6 +114,7 @@ static const struct directive directives[] = {
     {"events", "max_events_per_batch", T_U32, "65536", 1, 16777216, 0, OFF(max_events_per_batch)},
     {"events", "max_tokens_per_event", T_U32, "1048576", 1, 67108864, 0,
      OFF(max_tokens_per_event)},
+    {"events", "forget_after", T_DURATION, "10m", 0, 7 * 24 * MS_H, 0, OFF(forget_after_ms)},
 
     {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
     {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},

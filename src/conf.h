@@ -58,6 +58,8 @@ struct kvr_conf {
     uint32_t max_concurrent_replays; /* default 4 */
     uint32_t max_events_per_batch;   /* decoder limit; default 65536 */
     uint32_t max_tokens_per_event;   /* decoder limit; default 1048576 */
+    int64_t forget_after_ms;         /* pods idle (no events) this long with no blocks are
+                                      * forgotten; default 10m; 0 = never */
 
     /* [index] */
     uint32_t jump_stride;    /* default 32, 1..4096 */

@@ -195,7 +195,8 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         while ((n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, 0)) > 0) {
             for (size_t k = 0; k < n; k++) {
                 struct kvr_queue_msg *it = kvr_queue_item(w->q, k);
-                if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY)
+                if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY ||
+                    it->kind == KVR_QUEUE_FORGET)
                     kvr_queue_payload_release(&it->payload);
             }
             kvr_queue_release(w->q, n);
@@ -211,6 +212,9 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
             free(w->topics[k]);
         }
         free(w->topics);
+        for (size_t k = 0; k < w->ndying; k++) /* forgotten; replays never ended */
+            kvr_ingest_topic_free(w->dying[k]);
+        free(w->dying);
         free(w->content);
         free(w->blocks);
         free(w->rm);

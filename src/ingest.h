@@ -51,6 +51,12 @@ struct kvr_ingest_intake {
     int (*replay)(void *arg, const struct kvr_queue_replay_req *r);
     /* True while replay requests can be answered (the producer runs). */
     bool (*running)(void *arg);
+    /* The writer is done with topic t (its pod was deleted or forgotten), at most once per
+     * topic, from the writer thread; must not block on I/O. 0: one KVR_QUEUE_FORGET item for
+     * t will follow in t's queue (after everything else for it), whose payload the writer
+     * releases once it no longer refers to t. Non-zero (or NULL): t stays the producer's;
+     * the writer keeps its state for t. */
+    int (*forget)(void *arg, const struct kvr_queue_topic *t);
     void *arg;
 };
 /* Before start, from the creating thread. */

@@ -199,13 +199,12 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
     for (size_t i = 0; i < z->nghosts; i++)
         source_free(z->ghosts[i]);
     zmq_ctx_term(z->ctx);
-    for (size_t i = 0; i < z->ntopics; i++) {
-        struct topic_rec *t = z->tlist[i];
-        free((char *)t->pub.pod);
-        free((char *)t->pub.model);
-        free((char *)t->override);
-        free(t->raw);
-        free(t);
+    for (size_t i = 0; i < z->ntopics; i++)
+        kvr_zsub_topic_free(z->tlist[i]);
+    while (z->fgt_head != NULL) {
+        struct forget_req *r = z->fgt_head;
+        z->fgt_head = r->next;
+        free(r);
     }
     free(z->tlist);
     free(z->tab);
@@ -574,6 +573,7 @@ static void handle_control(struct kvr_zsub *z)
     uint64_t v;
     struct cmd *cmds;
     struct replay *reqs;
+    struct forget_req *fgt;
     ssize_t rd = read(z->efd, &v, sizeof(v));
     (void)rd;
 
@@ -582,7 +582,10 @@ static void handle_control(struct kvr_zsub *z)
     z->cmds = NULL;
     reqs = z->req_head;
     z->req_head = z->req_tail = NULL;
+    fgt = z->fgt_head;
+    z->fgt_head = NULL;
     pthread_mutex_unlock(&z->cmu);
+    kvr_zsub_forget_run(z, fgt); /* topics the consumer released (zsub_recv.c) */
 
     /* Commands were pushed LIFO; run them in posting order. */
     {

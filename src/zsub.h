@@ -102,6 +102,14 @@ void kvr_zsub_endpoints(struct kvr_zsub *z,
  * is answered with a failed REPLAY_END. */
 int kvr_zsub_replay(struct kvr_zsub *z, const struct kvr_queue_replay_req *r);
 
+/* The consumer is done with topic t (its pod was deleted or forgotten; any thread, never
+ * blocks on I/O; at most once per topic). The receive thread takes it out of the topic table
+ * (max_topics counts live topics) and queues one KVR_QUEUE_FORGET item for it into
+ * queue[t->shard], after everything queued for it; that item's payload owns the record. A
+ * later message on the same topic starts a new record. -ESHUTDOWN when not running (the
+ * record stays zsub's), -ENOMEM. */
+int kvr_zsub_forget_topic(struct kvr_zsub *z, const struct kvr_queue_topic *t);
+
 enum kvr_zsub_bad {
     KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */
     KVR_ZSUB_BAD_SEQ,        /* seq frame not 8 bytes */
