@@ -78,11 +78,12 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     ix->pods = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pods));
     ix->wslow = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wslow));
     ix->wpod = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wpod));
+    ix->wgen = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wgen));
     ix->wfree = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wfree));
     ix->pfree = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pfree));
     ix->pw = g_calloc(ix, ((size_t)o.jump_stride + 1) * sizeof(*ix->pw));
     if (ix->sh == NULL || ix->tabw == NULL || ix->workers == NULL || ix->pods == NULL ||
-        ix->wslow == NULL || ix->wpod == NULL || ix->wfree == NULL || ix->pfree == NULL ||
+        ix->wslow == NULL || ix->wpod == NULL || ix->wgen == NULL || ix->wfree == NULL || ix->pfree == NULL ||
         ix->pw == NULL) {
         kvr_index_destroy(ix);
         return -ENOMEM;
@@ -172,6 +173,7 @@ void kvr_index_destroy(struct kvr_index *ix)
     free(ix->pods);
     free(ix->wslow);
     free(ix->wpod);
+    free(ix->wgen);
     free(ix->wfree);
     free(ix->pfree);
     free(ix->pw);

@@ -158,9 +158,9 @@ struct kvr_index_hit {
  * been forgotten and reused since).
  * pod_ids (npods > 0) restricts the answer to workers of those pods. weights[t] is the weight
  * of tier t for score. Hits are in ascending wid order, borrowed from the reader until its
- * next call. n > opts.max_query_blocks → -E2BIG. The names are copied into the reader's own
- * buffer, which grows (rarely: to the longest answer's names) instead of being sized for
- * max_workers names up front; -ENOMEM if that growth fails. */
+ * next call. n > opts.max_query_blocks → -E2BIG. The names are the reader's own copies,
+ * made once per worker (and again after its id was forgotten and reused): -ENOMEM if such a
+ * copy cannot be allocated. */
 int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, size_t n,
                    const uint32_t *pod_ids, size_t npods, const double weights[KVR_TIER_MAX],
                    const struct kvr_index_hit **hits, size_t *nhits);

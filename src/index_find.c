@@ -78,8 +78,10 @@ struct kvr_index_reader {
     uint32_t *tm;       /* per s0 index: positions matched by that holder */
     struct slowst *sw;
     struct kvr_index_hit *hits;
-    char *names; /* the hits' pod names (find copies them inside its critical section) */
-    size_t cnames;
+    /* the hits' names: per worker id, the generation (ix->wgen) whose pod name and rank are
+     * cached here (copies: the records may be freed once a find ends) */
+    uint32_t *cgen, *crank;
+    char **cname;
 };
 
 int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
@@ -118,8 +120,12 @@ int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
     r->tm = sl_alloc(s, h * sizeof(uint32_t));
     r->sw = sl_alloc(s, (size_t)r->maxw * sizeof(*r->sw));
     r->hits = sl_alloc(s, (size_t)r->maxw * sizeof(*r->hits));
+    r->cgen = sl_calloc(s, (size_t)r->maxw * sizeof(*r->cgen));
+    r->crank = sl_calloc(s, (size_t)r->maxw * sizeof(*r->crank));
+    r->cname = sl_calloc(s, (size_t)r->maxw * sizeof(*r->cname));
     if (!r->ch || !r->chq || !r->nd || !r->ndq || !r->lh || !r->podq || !r->s0 || !r->buf ||
-        !r->alive || !r->ah || !r->drop || !r->tmp || !r->tm || !r->sw || !r->hits) {
+        !r->alive || !r->ah || !r->drop || !r->tmp || !r->tm || !r->sw || !r->hits ||
+        !r->cgen || !r->crank || !r->cname) {
         kvr_index_reader_destroy(r);
         return -ENOMEM;
     }
@@ -132,8 +138,11 @@ void kvr_index_reader_destroy(struct kvr_index_reader *r)
     if (r == NULL)
         return;
     struct ebr_slot *s = r->slot;
+    for (uint32_t w = 0; r->cname != NULL && w < r->maxw; w++)
+        sl_free(s, r->cname[w]);
     void *p[] = {r->ch, r->chq, r->nd, r->ndq, r->lh, r->podq, r->s0, r->buf,
-                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r->names, r};
+                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r->cgen,
+                 r->crank, r->cname, r};
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         sl_free(s, p[i]);
     slot_release(s);
@@ -624,42 +633,41 @@ static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     }
 }
 
-/* Inside the critical section: names each hit from its worker's record (copied into the
- * reader: the record may be freed once the find ends) and drops hits of workers forgotten
- * during the find (their record unpublished: index_intern.c, FORGETTING). A worker id seen
- * in a holder set is never reused before this find ends, so a record found here is that
- * holder's. Returns the hits kept, SIZE_MAX when the name buffer could not grow. */
+/* Inside the critical section: names each hit from its worker's record and drops hits of
+ * workers forgotten during the find (index_intern.c, FORGETTING). A worker id seen in a
+ * holder set is not published again before this find ends, so its generation is the
+ * holder's or odd (forgotten meanwhile: dropped). The name and rank are copied into the
+ * reader once per generation (the record may be freed once a find ends; an earlier copy is
+ * replaced only here, when the answer that lent it out is no longer valid); a hit then costs
+ * two loads from dense per-id arrays. Returns the hits kept, SIZE_MAX when a copy could not
+ * be allocated. */
 static size_t name_hits(struct kvr_index_reader *r, struct kvr_index_hit *hits, size_t nh)
 {
     const struct kvr_index *ix = r->ix;
-    size_t k = 0, off = 0;
+    size_t k = 0;
     for (size_t i = 0; i < nh; i++) {
-        const struct worker *wk = worker_get(ix, hits[i].wid);
-        if (wk == NULL)
+        uint32_t wid = hits[i].wid, g = LDA(ix->wgen[wid]);
+        if (g & 1u)
             continue;
-        size_t len = wk->podlen + 1;
-        if (off + len > r->cnames) {
-            size_t nc = r->cnames ? r->cnames : 4096;
-            while (nc < off + len)
-                nc *= 2;
-            char *nb = sl_alloc(r->slot, nc);
-            if (nb == NULL)
+        if (r->cgen[wid] != g) {
+            const struct worker *wk = worker_get(ix, wid);
+            if (wk == NULL)
+                continue;
+            char *nm = sl_alloc(r->slot, wk->podlen + 1u);
+            if (nm == NULL)
                 return SIZE_MAX;
-            if (off)
-                memcpy(nb, r->names, off);
-            sl_free(r->slot, r->names);
-            r->names = nb;
-            r->cnames = nc;
+            memcpy(nm, wk->pod, wk->podlen + 1u);
+            sl_free(r->slot, r->cname[wid]);
+            r->cname[wid] = nm;
+            r->crank[wid] = wk->rank;
+            r->cgen[wid] = g;
         }
-        memcpy(r->names + off, wk->pod, len);
-        hits[k] = hits[i];
-        hits[k].pod = (const char *)(uintptr_t)off; /* an offset until the buffer is final */
-        hits[k].dp_rank = wk->rank;
-        off += len;
+        if (k != i)
+            hits[k] = hits[i];
+        hits[k].pod = r->cname[wid];
+        hits[k].dp_rank = r->crank[wid];
         k++;
     }
-    for (size_t i = 0; i < k; i++)
-        hits[i].pod = r->names + (uintptr_t)hits[i].pod;
     return k;
 }
 

@@ -351,6 +351,9 @@ struct kvr_index {
     uint32_t *wslow;  /* max_workers; atomic: holders of the worker with holes > 0 */
     uint32_t *wpod;   /* max_workers; pod id of each worker (written before the worker is
                        * published) */
+    uint32_t *wgen;   /* max_workers; atomic: a worker id's generation, even while published
+                       * (advanced before each publication), odd once forgotten; readers
+                       * cache each worker's name by it (index_find.c, name_hits) */
     uint64_t *pw;     /* KVR_HASH_CHAIN_MUL^i for i <= jump_stride */
 };
 

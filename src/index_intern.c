@@ -24,7 +24,10 @@
  *    before it is published, after that grace; so a reader sees a wid in a holder set only
  *    while ix->workers[wid] is that holder's record or NULL (forgotten meanwhile: find drops
  *    the hit), and find names each hit from the record inside its critical section, copying
- *    the name into the reader (struct kvr_index_hit.pod), never by a later lookup.
+ *    the name into the reader (struct kvr_index_hit.pod), never by a later lookup. A reader
+ *    keeps those copies per worker id with the id's generation (ix->wgen: even while
+ *    published, odd once forgotten, advanced before each publication), so a worker's name is
+ *    copied once per generation, not per hit.
  * 4. Interning takes a free id first, then a never-used one; when neither is left but
  *    forgotten ids are still in their grace period, it advances the epoch itself and yields
  *    until they are ripe (readers' and writers' critical sections are one bounded call), so a
@@ -459,6 +462,7 @@ int kvr_index_worker_intern(struct kvr_index *ix, const char *pod, uint32_t dp_r
     pd->wids[pd->nw++] = id;
     ix->wpod[id] = pid;
     ST(ix->wslow[id], 0u);
+    STR(ix->wgen[id], (ix->wgen[id] | 1u) + 1u); /* a new even generation */
     STR(ix->workers[id], wk);
     if (id == ix->nworkers)
         STR(ix->nworkers, id + 1);
@@ -520,6 +524,7 @@ int kvr_index_pod_forget(struct kvr_index *ix, uint32_t pod_id, struct kvr_index
             continue;
         itab_del(ix, ix->w_tab, key, len, str_hash(key, len));
         STR(ix->workers[wids[i]], NULL);
+        STR(ix->wgen[wids[i]], ix->wgen[wids[i]] | 1u); /* odd: forgotten */
         STR(ix->nlive, ix->nlive - 1);
         __atomic_fetch_add(&ix->forgotten, 1, __ATOMIC_RELAXED);
         dfr_push(ix, wk, DFR_WORKER, wids[i]);
