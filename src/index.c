@@ -19,6 +19,10 @@
  * - No parked orphan's parent is known to its worker (index_write.c, ORPHANS).
  * - A node found under its shard's lock is alive; nothing a reader may still see is freed
  *   (epochs: index_ebr.c).
+ * - A worker id in a holder set is that holder's published worker, or one forgotten since the
+ *   reader's epoch began; ids, names and interning records of forgotten pods are freed and
+ *   reused only after a grace period (index_intern.c, FORGETTING), so max_workers bounds
+ *   the workers interned at one time, not ever.
  * - Memory follows contents: shard tables, maps and holder arrays shrink, emptied slab chunks
  *   are unmapped (but one spare), a writer call's cached nodes go back to the slab when it
  *   ends, and an idle index holds nothing for past contents.
@@ -31,7 +35,7 @@
  *   index_hset.c    the node lock, holder sets
  *   index_shard.c   the main table's shards; entries created and deleted
  *   index_maps.c    per-holder maps: the reverse map, counting maps
- *   index_intern.c  namespaces, workers, pods, tiers
+ *   index_intern.c  namespaces, workers, pods, tiers; forgetting pods, reusing their ids
  *   index_write.c   store, remove, clear, purge; holes; orphans
  *   index_find.c    readers and find: chain math, exact jump search
  *

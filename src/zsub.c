@@ -887,5 +887,6 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
     kvr_metrics_counter(out, "events_disconnect_purges_total",
                         "Endpoints purged after staying disconnected", NULL,
                         zs.disconnect_purges);
-    kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
+    kvr_metrics_gauge(out, "events_topics", "Topics interned now (deleted and forgotten pods' are freed)",
+                      NULL, (double)zs.topics);
 }
