@@ -123,6 +123,7 @@ static const struct directive directives[] = {
     {"events", "curve_public_key_file", T_STRING, NULL, 1, 4095, 0, OFF(curve_public_key_file)},
     {"events", "curve_authorized_keys_file", T_STRING, NULL, 1, 4095, 0,
      OFF(curve_authorized_keys_file)},
+    {"events", "forget_after", T_DURATION, "10m", 0, 7 * 24 * MS_H, 0, OFF(forget_after_ms)},
 
     {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
     {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},

@@ -70,6 +70,8 @@ struct kvr_conf {
     char *curve_authorized_keys_file; /* client public keys (Z85, one a line); NULL = any */
     int *bind_line;                  /* line of each bind[i] (for -t's resolution check) */
     int curve_secret_key_line, curve_public_key_line, curve_authorized_keys_line;
+    int64_t forget_after_ms;         /* pods idle (no events) this long with no blocks are
+                                      * forgotten; default 10m; 0 = never */
 
     /* [index] */
     uint32_t jump_stride;    /* default 32, 1..4096 */

@@ -235,6 +235,11 @@ static int intake_replay(void *arg, const struct kvr_queue_replay_req *r)
     return kvr_zsub_replay(arg, r);
 }
 
+static int intake_forget(void *arg, const struct kvr_queue_topic *t)
+{
+    return kvr_zsub_forget_topic(arg, t);
+}
+
 static bool intake_running(void *arg)
 {
     return kvr_zsub_running(arg);
@@ -293,7 +298,8 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
         if (rc != 0)
             goto fail;
     }
-    in = (struct kvr_ingest_intake){.replay = intake_replay, .running = intake_running, .arg = z};
+    in = (struct kvr_ingest_intake){.replay = intake_replay, .running = intake_running,
+                                    .forget = intake_forget, .arg = z};
     kvr_ingest_set_intake(ing, &in);
     *out = z;
     return 0;

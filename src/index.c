@@ -19,6 +19,10 @@
  * - No parked orphan's parent is known to its worker (index_write.c, ORPHANS).
  * - A node found under its shard's lock is alive; nothing a reader may still see is freed
  *   (epochs: index_ebr.c).
+ * - A worker id in a holder set is that holder's published worker, or one forgotten since the
+ *   reader's epoch began; ids, names and interning records of forgotten pods are freed and
+ *   reused only after a grace period (index_intern.c, FORGETTING), so max_workers bounds
+ *   the workers interned at one time, not ever.
  * - Memory follows contents: shard tables, maps and holder arrays shrink, emptied slab chunks
  *   are unmapped (but one spare), a writer call's cached nodes go back to the slab when it
  *   ends, and an idle index holds nothing for past contents.
@@ -31,7 +35,7 @@
  *   index_hset.c    the node lock, holder sets
  *   index_shard.c   the main table's shards; entries created and deleted
  *   index_maps.c    per-holder maps: the reverse map, counting maps
- *   index_intern.c  namespaces, workers, pods, tiers
+ *   index_intern.c  namespaces, workers, pods, tiers; forgetting pods, reusing their ids
  *   index_write.c   store, remove, clear, purge; holes; orphans
  *   index_find.c    readers and find: chain math, exact jump search
  *
@@ -78,9 +82,13 @@ int kvr_index_create(const struct kvr_index_opts *opts, struct kvr_index **out)
     ix->pods = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pods));
     ix->wslow = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wslow));
     ix->wpod = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wpod));
+    ix->wgen = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wgen));
+    ix->wfree = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->wfree));
+    ix->pfree = g_calloc(ix, (size_t)o.max_workers * sizeof(*ix->pfree));
     ix->pw = g_calloc(ix, ((size_t)o.jump_stride + 1) * sizeof(*ix->pw));
     if (ix->sh == NULL || ix->tabw == NULL || ix->workers == NULL || ix->pods == NULL ||
-        ix->wslow == NULL || ix->wpod == NULL || ix->pw == NULL) {
+        ix->wslow == NULL || ix->wpod == NULL || ix->wgen == NULL || ix->wfree == NULL || ix->pfree == NULL ||
+        ix->pw == NULL) {
         kvr_index_destroy(ix);
         return -ENOMEM;
     }
@@ -135,6 +143,8 @@ void kvr_index_destroy(struct kvr_index *ix)
         (void)munmap(ix->slab.spare, NCHUNK);
     for (uint32_t w = 0; ix->workers != NULL && w < ix->nworkers; w++) {
         struct worker *wk = ix->workers[w];
+        if (wk == NULL) /* forgotten: its record is deferred (below) */
+            continue;
         for (int t = 0; t < KVR_TIER_MAX; t++) {
             struct holder *hd = wk->h[t];
             if (hd == NULL)
@@ -149,7 +159,11 @@ void kvr_index_destroy(struct kvr_index *ix)
         free(wk->awaited.s);
         free(wk);
     }
+    if (ix->wfree != NULL && ix->pfree != NULL)
+        kvr_ix_dfr_free_all(ix);
     for (uint32_t p = 0; ix->pods != NULL && p < ix->npods; p++) {
+        if (ix->pods[p] == NULL)
+            continue;
         free(ix->pods[p]->name);
         free(ix->pods[p]->wids);
         free(ix->pods[p]);
@@ -163,6 +177,9 @@ void kvr_index_destroy(struct kvr_index *ix)
     free(ix->pods);
     free(ix->wslow);
     free(ix->wpod);
+    free(ix->wgen);
+    free(ix->wfree);
+    free(ix->pfree);
     free(ix->pw);
     pthread_mutex_destroy(&ix->imu);
     free(ix);
@@ -183,7 +200,7 @@ void kvr_index_stats(struct kvr_index *ix, struct kvr_index_stats *st)
     st->entries = entries > 0 ? (uint64_t)entries : 0;
     st->holders = pairs > 0 ? (uint64_t)pairs : 0;
     st->bytes = bytes > 0 ? (uint64_t)bytes : 0;
-    st->workers = LDA(ix->nworkers);
+    st->workers = LDA(ix->nlive);
     st->namespaces = LDA(ix->nns);
     st->orphans = orph > 0 ? (uint64_t)orph : 0;
 }
@@ -191,12 +208,17 @@ void kvr_index_stats(struct kvr_index *ix, struct kvr_index_stats *st)
 void kvr_index_worker_blocks(struct kvr_index *ix, uint32_t wid, uint64_t blocks[KVR_TIER_MAX])
 {
     memset(blocks, 0, KVR_TIER_MAX * sizeof(uint64_t));
-    struct worker *w = worker_get(ix, wid);
-    if (w == NULL)
+    if (wid >= LDA(ix->nworkers))
         return;
-    for (int t = 0; t < KVR_TIER_MAX; t++) {
+    /* inside an epoch: a worker forgotten meanwhile is freed only after it */
+    struct ebr_slot *s = kvr_ix_slot_claim(ix, 0);
+    ebr_enter(ix, s);
+    struct worker *w = worker_get(ix, wid);
+    for (int t = 0; w != NULL && t < KVR_TIER_MAX; t++) {
         struct holder *h = LDA(w->h[t]);
         if (h != NULL)
             blocks[t] = LD(h->blocks);
     }
+    ebr_exit(s);
+    slot_release(s);
 }

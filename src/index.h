@@ -59,18 +59,24 @@ int kvr_index_ns_lookup(struct kvr_index *ix, const char *model, const char *lor
 void kvr_index_ns_set_block_size(struct kvr_index *ix, uint32_t ns, uint32_t block_size);
 uint32_t kvr_index_ns_block_size(struct kvr_index *ix, uint32_t ns);
 
-/* Worker = (pod, dp_rank). -ENOSPC past max_workers. */
+/* Worker = (pod, dp_rank). -ENOSPC when max_workers workers are interned (forgotten ones do
+ * not count: their ids are reused, after a grace period the call waits out if it must). */
 int kvr_index_worker_intern(struct kvr_index *ix, const char *pod, uint32_t dp_rank,
                             uint32_t *wid);
 int kvr_index_worker_lookup(struct kvr_index *ix, const char *pod, uint32_t dp_rank,
                             uint32_t *wid);
 /* Pods are interned with their workers; pod ids are dense too (for find's pod filter). */
 int kvr_index_pod_lookup(struct kvr_index *ix, const char *pod, uint32_t *pod_id);
-/* Borrowed, stable for the index's lifetime. */
+/* Borrowed; stable until the worker's pod is forgotten (kvr_index_pod_forget), so only the
+ * pod's writer thread (or a caller that knows the pod is not forgotten meanwhile) may keep
+ * it. Readers name hits from kvr_index_hit.pod instead. NULL for a free id. */
 const char *kvr_index_worker_pod(const struct kvr_index *ix, uint32_t wid);
 uint32_t kvr_index_worker_rank(const struct kvr_index *ix, uint32_t wid);
 uint32_t kvr_index_worker_pod_id(const struct kvr_index *ix, uint32_t wid);
+/* Upper bound of worker ids in use (ids are < it; some may be free). */
 uint32_t kvr_index_worker_count(const struct kvr_index *ix);
+/* Workers interned now. */
+uint32_t kvr_index_worker_live(const struct kvr_index *ix);
 /* Workers of a pod (any thread): fills up to cap ids, returns the total count. */
 size_t kvr_index_pod_workers(struct kvr_index *ix, uint32_t pod_id, uint32_t *wids, size_t cap);
 
@@ -119,6 +125,18 @@ int kvr_index_clear(struct kvr_index *ix, uint32_t wid, int tier, struct kvr_ind
  * pod belong to one writer). */
 int kvr_index_purge_pod(struct kvr_index *ix, uint32_t pod_id, struct kvr_index_wres *res);
 
+/* Forget: clears every worker of the pod (as purge, counted in res->cleared) and frees their
+ * worker ids, the pod id and the interning keys: lookups of the pod and its workers answer
+ * -ENOENT, kvr_index_stats' workers drops, and a later intern of the same (pod, rank) gets a
+ * fresh id. The ids are reused by later interns only after a grace period (no reader still in
+ * a find that began before the forget), so a concurrent find reports the forgotten workers'
+ * blocks under their own name or not at all, never under another pod's. Same thread rule as
+ * purge (the pod's writer thread); afterwards the caller must drop every wid and pod id of
+ * the pod it kept. -ENOENT when pod_id is not an interned pod. Design: index_intern.c. */
+int kvr_index_pod_forget(struct kvr_index *ix, uint32_t pod_id, struct kvr_index_wres *res);
+/* Workers forgotten and workers refused (-ENOSPC: max_workers interned) so far. */
+void kvr_index_forget_stats(struct kvr_index *ix, uint64_t *forgotten, uint64_t *refused);
+
 /* ---- reads (any reader thread with its own reader) ------------------------------------ */
 
 /* A reader holds the per-thread scratch of find (no allocation per query) and the thread's
@@ -128,15 +146,21 @@ void kvr_index_reader_destroy(struct kvr_index_reader *r);
 
 struct kvr_index_hit {
     uint32_t wid;
+    uint32_t dp_rank;
+    const char *pod; /* the worker's pod, read inside the find (a copy owned by the reader) */
     uint32_t matched;                    /* exact longest prefix held, any tier */
     uint32_t tier_matched[KVR_TIER_MAX]; /* longest prefix held in that tier alone */
     double score; /* sum over blocks [0, matched) of the best weight among tiers holding it */
 };
 
-/* Scores content hashes q[0..n) of namespace ns: for every worker with matched >= 1, one hit.
+/* Scores content hashes q[0..n) of namespace ns: for every worker with matched >= 1, one hit
+ * (named by pod and dp_rank: use these, not a lookup of wid after the call, which may have
+ * been forgotten and reused since).
  * pod_ids (npods > 0) restricts the answer to workers of those pods. weights[t] is the weight
  * of tier t for score. Hits are in ascending wid order, borrowed from the reader until its
- * next call. n > opts.max_query_blocks → -E2BIG. */
+ * next call. n > opts.max_query_blocks → -E2BIG. The names are the reader's own copies,
+ * made once per worker (and again after its id was forgotten and reused): -ENOMEM if such a
+ * copy cannot be allocated. */
 int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, size_t n,
                    const uint32_t *pod_ids, size_t npods, const double weights[KVR_TIER_MAX],
                    const struct kvr_index_hit **hits, size_t *nhits);

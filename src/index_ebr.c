@@ -96,18 +96,11 @@ void kvr_ix_ebr_reserve_slot(struct ebr_slot *s, size_t more)
     s->capret = nc;
 }
 
-/* Called by a writer after ebr_exit(): tries to advance the epoch (twice when nobody is in
- * a critical section) and frees what is old enough. */
-void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
+/* Tries to advance the global epoch (twice when nobody is in a critical section of an older
+ * one) and returns it. Atomics only: callable under the interning mutex (forgetting waits
+ * for grace periods with it), never from inside an epoch of the caller's own. */
+uint64_t kvr_ix_ebr_advance(struct kvr_index *ix)
 {
-    if (s->nret == 0) {
-        if (s->ret != NULL) { /* reserved but unused */
-            sl_free(s, s->ret);
-            s->ret = NULL;
-            s->capret = 0;
-        }
-        return;
-    }
     uint64_t e = __atomic_load_n(&ix->epoch, __ATOMIC_SEQ_CST);
     for (int round = 0; round < 2; round++) {
         uint32_t nu = __atomic_load_n(&ix->nslots, __ATOMIC_SEQ_CST);
@@ -125,6 +118,22 @@ void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
                                         __ATOMIC_SEQ_CST))
             e = e + 1;
     }
+    return e;
+}
+
+/* Called by a writer after ebr_exit(): tries to advance the epoch (twice when nobody is in
+ * a critical section) and frees what is old enough. */
+void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
+{
+    if (s->nret == 0) {
+        if (s->ret != NULL) { /* reserved but unused */
+            sl_free(s, s->ret);
+            s->ret = NULL;
+            s->capret = 0;
+        }
+        return;
+    }
+    uint64_t e = kvr_ix_ebr_advance(ix);
     /* the list is in retirement order, so its epochs never decrease: what is old enough
      * is a prefix (a writer racing a busy reader, whose epoch holds the global one back,
      * no longer rescans a long list on every call) */

@@ -78,6 +78,10 @@ struct kvr_index_reader {
     uint32_t *tm;       /* per s0 index: positions matched by that holder */
     struct slowst *sw;
     struct kvr_index_hit *hits;
+    /* the hits' names: per worker id, the generation (ix->wgen) whose pod name and rank are
+     * cached here (copies: the records may be freed once a find ends) */
+    uint32_t *cgen, *crank;
+    char **cname;
 };
 
 int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
@@ -116,8 +120,12 @@ int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
     r->tm = sl_alloc(s, h * sizeof(uint32_t));
     r->sw = sl_alloc(s, (size_t)r->maxw * sizeof(*r->sw));
     r->hits = sl_alloc(s, (size_t)r->maxw * sizeof(*r->hits));
+    r->cgen = sl_calloc(s, (size_t)r->maxw * sizeof(*r->cgen));
+    r->crank = sl_calloc(s, (size_t)r->maxw * sizeof(*r->crank));
+    r->cname = sl_calloc(s, (size_t)r->maxw * sizeof(*r->cname));
     if (!r->ch || !r->chq || !r->nd || !r->ndq || !r->lh || !r->podq || !r->s0 || !r->buf ||
-        !r->alive || !r->ah || !r->drop || !r->tmp || !r->tm || !r->sw || !r->hits) {
+        !r->alive || !r->ah || !r->drop || !r->tmp || !r->tm || !r->sw || !r->hits ||
+        !r->cgen || !r->crank || !r->cname) {
         kvr_index_reader_destroy(r);
         return -ENOMEM;
     }
@@ -130,8 +138,11 @@ void kvr_index_reader_destroy(struct kvr_index_reader *r)
     if (r == NULL)
         return;
     struct ebr_slot *s = r->slot;
+    for (uint32_t w = 0; r->cname != NULL && w < r->maxw; w++)
+        sl_free(s, r->cname[w]);
     void *p[] = {r->ch, r->chq, r->nd, r->ndq, r->lh, r->podq, r->s0, r->buf,
-                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r};
+                 r->alive, r->ah, r->drop, r->tmp, r->tm, r->sw, r->hits, r->cgen,
+                 r->crank, r->cname, r};
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         sl_free(s, p[i]);
     slot_release(s);
@@ -622,6 +633,44 @@ static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     }
 }
 
+/* Inside the critical section: names each hit from its worker's record and drops hits of
+ * workers forgotten during the find (index_intern.c, FORGETTING). A worker id seen in a
+ * holder set is not published again before this find ends, so its generation is the
+ * holder's or odd (forgotten meanwhile: dropped). The name and rank are copied into the
+ * reader once per generation (the record may be freed once a find ends; an earlier copy is
+ * replaced only here, when the answer that lent it out is no longer valid); a hit then costs
+ * two loads from dense per-id arrays. Returns the hits kept, SIZE_MAX when a copy could not
+ * be allocated. */
+static size_t name_hits(struct kvr_index_reader *r, struct kvr_index_hit *hits, size_t nh)
+{
+    const struct kvr_index *ix = r->ix;
+    size_t k = 0;
+    for (size_t i = 0; i < nh; i++) {
+        uint32_t wid = hits[i].wid, g = LDA(ix->wgen[wid]);
+        if (g & 1u)
+            continue;
+        if (r->cgen[wid] != g) {
+            const struct worker *wk = worker_get(ix, wid);
+            if (wk == NULL)
+                continue;
+            char *nm = sl_alloc(r->slot, wk->podlen + 1u);
+            if (nm == NULL)
+                return SIZE_MAX;
+            memcpy(nm, wk->pod, wk->podlen + 1u);
+            sl_free(r->slot, r->cname[wid]);
+            r->cname[wid] = nm;
+            r->crank[wid] = wk->rank;
+            r->cgen[wid] = g;
+        }
+        if (k != i)
+            hits[k] = hits[i];
+        hits[k].pod = r->cname[wid];
+        hits[k].dp_rank = r->crank[wid];
+        k++;
+    }
+    return k;
+}
+
 int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, size_t n,
                    const uint32_t *pod_ids, size_t npods, const double weights[KVR_TIER_MAX],
                    const struct kvr_index_hit **hits, size_t *nhits)
@@ -796,8 +845,9 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
         }
         i = j;
     }
+    nh = name_hits(r, hits_out, nh);
 out:
     ebr_exit(r->slot);
     *nhits = nh;
-    return 0;
+    return nh == SIZE_MAX ? -ENOMEM : 0;
 }

@@ -47,8 +47,12 @@
  *   allocate: a holder array (kvr_ix_hs_add/kvr_ix_hs_del, the set doubling or halving).
  *   Takes no other lock. Slab and node are never held together: the order above is the total order both
  *   nestings (shard -> slab, shard -> node) fit.
- * - the interning mutex (ix->imu, a pthread mutex): interning inserts and a pod's worker list.
- *   May allocate. Never held with, nor taken under, the locks above.
+ * - the interning mutex (ix->imu, a pthread mutex): interning inserts and removals, a pod's
+ *   worker list, the deferred frees and free id lists of forgotten workers and pods. May
+ *   allocate, free, advance the epoch (kvr_ix_ebr_advance: atomics only) and, waiting for a
+ *   grace period when ids are needed, yield. Never held with, nor taken under, the locks
+ *   above, and never taken by a thread inside an epoch (ebr_enter..ebr_exit), so waiting
+ *   for the epoch under it cannot wait for itself.
  * - Under any of them: no kvr_log_* (KVR_ASSERT excepted: the process ends there), no other
  *   I/O, no sleeping or waiting except spinning on these same locks, and no kvr_ix_ebr_retire (it
  *   may grow its list and log): what a locked step replaces (a table, a holder array) is
@@ -268,6 +272,7 @@ struct parked {
 struct worker {
     uint32_t pod_id, rank;          /* immutable */
     const char *pod;                /* immutable, owned by the pod */
+    uint32_t podlen;                /* immutable: strlen(pod) */
     struct holder *h[KVR_TIER_MAX]; /* atomic pointers; created by the writer */
     /* writer only */
     struct parked *orph;
@@ -293,9 +298,24 @@ struct irec {
 };
 
 struct itab {
-    uint32_t mask, n;
-    struct itab *old; /* replaced tables, kept until destroy (lookups are lock-free) */
-    struct irec *slot[]; /* atomic pointers */
+    uint32_t mask, n; /* n: live records and tombstones */
+    uint32_t ntomb;
+    struct itab *old; /* ns_tab: replaced tables, kept until destroy (its lookups take no
+                       * epoch); the worker and pod tables defer theirs (struct dfr) */
+    struct irec *slot[]; /* atomic pointers; IREC_TOMB marks a removed key */
+};
+
+/* A removed interning key: lookups probe past it, inserts do not reuse it (a lock-free
+ * lookup may be comparing the removed record; it is freed after a grace period). */
+#define IREC_TOMB ((struct irec *)(uintptr_t)1)
+
+/* What forgetting leaves for later (index_intern.c, FORGETTING): freed, and ids made
+ * reusable, once the global epoch is two past `epoch`. Under ix->imu, in epoch order. */
+enum { DFR_FREE = 0, DFR_WORKER = 1, DFR_POD = 2 };
+struct dfr {
+    void *p;
+    uint64_t epoch;
+    uint32_t kind, id;
 };
 
 struct kvr_index {
@@ -314,15 +334,26 @@ struct kvr_index {
     struct itab *ns_tab, *w_tab, *pod_tab; /* atomic pointers */
     struct nsrec *ns_chunk[NS_CHUNKS];     /* atomic pointers */
     uint32_t nns;                          /* atomic */
-    struct worker **workers;               /* max_workers; atomic pointers */
-    uint32_t nworkers;                     /* atomic */
-    struct pod **pods;                     /* max_workers; atomic pointers */
-    uint32_t npods;                        /* atomic */
+    struct worker **workers;               /* max_workers; atomic pointers (NULL: free) */
+    uint32_t nworkers;                     /* atomic: high-water mark of worker ids */
+    struct pod **pods;                     /* max_workers; atomic pointers (NULL: free) */
+    uint32_t npods;                        /* atomic: high-water mark of pod ids */
+    uint32_t nlive, nlivepods;             /* atomic: workers and pods interned now */
+    /* forgetting (under imu): deferred frees, then ids free for reuse */
+    struct dfr *dfr;
+    size_t ndfr, capdfr;
+    uint32_t *wfree, nwfree; /* max_workers */
+    uint32_t *pfree, npfree; /* max_workers */
+    uint64_t forgotten;      /* atomic: workers forgotten */
+    uint64_t refused;        /* atomic: workers refused, max_workers live (-ENOSPC) */
     char tier_names[KVR_TIER_MAX][KVR_NAME_MAX + 1];
     uint32_t ntiers; /* atomic */
     uint32_t *wslow;  /* max_workers; atomic: holders of the worker with holes > 0 */
     uint32_t *wpod;   /* max_workers; pod id of each worker (written before the worker is
                        * published) */
+    uint32_t *wgen;   /* max_workers; atomic: a worker id's generation, even while published
+                       * (advanced before each publication), odd once forgotten; readers
+                       * cache each worker's name by it (index_find.c, name_hits) */
     uint64_t *pw;     /* KVR_HASH_CHAIN_MUL^i for i <= jump_stride */
 };
 
@@ -400,6 +431,7 @@ struct ebr_slot *kvr_ix_slot_claim(struct kvr_index *ix, int reader);
 void kvr_ix_ebr_retire(struct kvr_index *ix, struct ebr_slot *s, void *p);
 void kvr_ix_ebr_reserve_slot(struct ebr_slot *s, size_t more);
 void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s);
+uint64_t kvr_ix_ebr_advance(struct kvr_index *ix);
 
 static inline void slot_release(struct ebr_slot *s)
 {
@@ -731,6 +763,8 @@ static inline int entry_adj(struct node *x, uint32_t holder, int delta)
 /* ---- interning (index_intern.c) -------------------------------------------------------- */
 
 void kvr_ix_itab_free(struct kvr_index *ix, struct itab *t, int recs);
+void kvr_ix_worker_free(struct kvr_index *ix, struct worker *wk);
+void kvr_ix_dfr_free_all(struct kvr_index *ix);
 
 static inline struct worker *worker_get(const struct kvr_index *ix, uint32_t wid)
 {

@@ -195,7 +195,8 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         while ((n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, 0)) > 0) {
             for (size_t k = 0; k < n; k++) {
                 struct kvr_queue_msg *it = kvr_queue_item(w->q, k);
-                if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY)
+                if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY ||
+                    it->kind == KVR_QUEUE_FORGET)
                     kvr_queue_payload_release(&it->payload);
             }
             kvr_queue_release(w->q, n);
@@ -211,6 +212,9 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
             free(w->topics[k]);
         }
         free(w->topics);
+        for (size_t k = 0; k < w->ndying; k++) /* forgotten; replays never ended */
+            kvr_ingest_topic_free(w->dying[k]);
+        free(w->dying);
         free(w->content);
         free(w->blocks);
         free(w->rm);
@@ -248,14 +252,8 @@ int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *remo
     if (rc != 0)
         return -ENOENT;
     w = &ing->w[kvr_queue_shard(pod, strlen(pod), ing->nwriters)];
-    if (!atomic_load(&ing->writers_running)) {
-        /* No writer thread: this thread is the only writer. */
-        struct kvr_index_wres res = {0};
-        rc = kvr_index_purge_pod(ing->ix, c.pod_id, &res);
-        if (removed != NULL)
-            *removed = res.cleared;
-        return rc;
-    }
+    if (!atomic_load(&ing->writers_running)) /* no writer thread: this is the only one */
+        return kvr_ingest_forget_pod(w, pod, removed);
     it = kvr_queue_reserve(w->q, NULL);
     if (it == NULL)
         return -ESHUTDOWN;

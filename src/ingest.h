@@ -51,6 +51,12 @@ struct kvr_ingest_intake {
     int (*replay)(void *arg, const struct kvr_queue_replay_req *r);
     /* True while replay requests can be answered (the producer runs). */
     bool (*running)(void *arg);
+    /* The writer is done with topic t (its pod was deleted or forgotten), at most once per
+     * topic, from the writer thread; must not block on I/O. 0: one KVR_QUEUE_FORGET item for
+     * t will follow in t's queue (after everything else for it), whose payload the writer
+     * releases once it no longer refers to t. Non-zero (or NULL): t stays the producer's;
+     * the writer keeps its state for t. */
+    int (*forget)(void *arg, const struct kvr_queue_topic *t);
     void *arg;
 };
 /* Before start, from the creating thread. */
@@ -67,8 +73,11 @@ bool kvr_ingest_ready(const struct kvr_ingest *ing);
 
 /* ---- pods / streams ------------------------------------------------------------------ */
 
-/* Purges every block of the pod (all ranks, models, tiers) on its writer thread and waits.
- * *removed = (holder, block) pairs dropped. -ENOENT when the pod was never seen. */
+/* Forgets the pod on its writer thread and waits: purges every block (all ranks, models,
+ * tiers), frees its worker and pod ids in the index (for other pods to reuse) and drops its
+ * streams from kvr_ingest_streams(); a later batch from the pod starts it afresh, as a new
+ * pod. *removed = (holder, block) pairs dropped. -ENOENT when the pod is not indexed (never
+ * seen, or forgotten and silent since). */
 int kvr_ingest_purge_pod(struct kvr_ingest *ing, const char *pod, uint64_t *removed);
 
 /* One (topic, dp_rank) stream, joined with its worker's block counts. */

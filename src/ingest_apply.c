@@ -285,6 +285,8 @@ void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uin
 {
     struct kvr_index_wres res = {0};
 
+    if (s->wid == NO_WID) /* forgotten: nothing held (and the id may be another's now) */
+        return;
     kvr_index_clear(w->ing->ix, s->wid, -1, &res);
     KVR_CNT_OWN_ADD(*counter, res.cleared);
 }

@@ -48,12 +48,17 @@ struct pend {
 
 struct ing_topic;
 
+#define NO_WID UINT32_MAX
+
 struct ing_stream {
     struct kvr_stream sm;           /* writer only */
     struct ing_topic *it;
     uint32_t dp_rank;
-    uint32_t wid;
+    uint32_t wid;                   /* writer; changed under reg_mu (readers read it there);
+                                     * NO_WID while its pod is forgotten (DELETE): the next
+                                     * batch interns the worker again */
     uint32_t source;                /* writer: source of the last live batch */
+    uint32_t replays_out;           /* writer: replay requests not ended yet (REPLAY_END) */
     bool can_replay;
     /* writer only: bit g set = KV-cache group g seen in BlockStored as full attention
      * (indexed) / as another kind (filtered by the decoder); groups >= 64 are never learned */
@@ -80,6 +85,10 @@ struct lora_slot {
 
 struct ing_topic {                  /* writer of topic->shard only */
     const struct kvr_queue_topic *t;
+    int64_t last_ms;                /* kvr_now_ms() of its last live batch (or creation) */
+    bool releasing;                 /* released to the producer (intake.forget) */
+    bool dying;                     /* its FORGET came: freed once its replays ended */
+    struct kvr_queue_payload rec;   /* dying: the FORGET payload (owns the record) */
     struct ing_stream **ranks;
     uint32_t nranks;
     bool base_ok;
@@ -103,6 +112,7 @@ struct writer_stats {
     _Atomic uint64_t stored, removed, dup_blocks, orphaned, adopted, orphans_dropped;
     _Atomic uint64_t unknown_removes, cleared, purged, restart_purged;
     _Atomic uint64_t buffered, replay_aborts;
+    _Atomic uint64_t pods_forgotten, workers_refused;
 };
 
 struct writer {
@@ -122,6 +132,9 @@ struct writer {
     size_t capblocks;
     struct tier_slot tiers[TIER_CACHE];
     unsigned ntiers;
+    struct ing_topic **dying;       /* topics forgotten whose replays have not ended */
+    size_t ndying, capdying;
+    int64_t next_sweep;             /* kvr_now_ms() of the next idle sweep (forget_after) */
     struct writer_stats st;
 };
 
@@ -168,6 +181,12 @@ void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uin
 /* ingest_writer.c: a writer thread (arg: its struct writer); drop_pending releases the
  * live batches a stream buffered during a replay. */
 void *kvr_ingest_writer_main(void *arg);
+/* On the pod's writer thread (or the only thread): forgets the pod in the index (its blocks,
+ * worker and pod ids: kvr_index_pod_forget) and detaches its streams (unlisted, sequence
+ * state reset; a later batch of the pod starts it afresh). -ENOENT for a pod not indexed. */
+int kvr_ingest_forget_pod(struct writer *w, const char *pod, uint64_t *removed);
+/* Frees a topic's state (streams, ranks, the FORGET payload; destroy). */
+void kvr_ingest_topic_free(struct ing_topic *it);
 void kvr_ingest_drop_pending(struct ing_stream *s);
 
 /* ingest_metrics.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */

@@ -153,6 +153,13 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_counter(out, "events_blocks_purged_total",
                         "Blocks purged by admin request or endpoint disconnect", NULL,
                         SUMW(purged));
+    kvr_metrics_counter(out, "events_pods_forgotten_total",
+                        "Pods forgotten (DELETE /v1/pods/{pod}): blocks purged, worker ids freed",
+                        NULL, SUMW(pods_forgotten));
+    kvr_metrics_counter(out, "events_workers_refused_total",
+                        "New workers refused because max_workers workers are indexed (their "
+                        "batches are dropped)",
+                        NULL, SUMW(workers_refused));
     kvr_metrics_counter(out, "events_buffered_batches_total",
                         "Live batches held back while their stream was replaying", NULL,
                         SUMW(buffered));

@@ -10,6 +10,22 @@
  *
  * Threads: everything here runs on the writer thread that owns the item's shard, except
  * that stream_of() registers new streams under ing->reg_mu for the readers.
+ *
+ * PODS THAT COME AND GO (docs/ingest.md)
+ * A pod is forgotten by DELETE /v1/pods/{pod} (kvr_ingest_forget_pod, a command on this
+ * thread) or, with [events] forget_after > 0, by the idle sweep of this thread: every topic of
+ * the pod without a live batch for forget_after and every worker of it holding no blocks
+ * (cleared, or purged after its endpoint disconnected). Forgetting:
+ * 1. the index forgets the pod (kvr_index_pod_forget: blocks purged, worker and pod ids freed
+ *    for reuse after a grace period);
+ * 2. its streams are detached (sequence state reset, unlisted, wid = NO_WID: a batch that
+ *    still comes interns the worker again, as a new pod);
+ * 3. each of its topics is released to the producer (intake.forget, once per topic), which
+ *    drops it from its topic table (max_topics counts live topics) and sends one FORGET item
+ *    behind everything queued for it; on that item the topic's streams are unregistered and
+ *    freed with the topic's state and record, or, while a replay asked for one of its streams
+ *    has not ended (REPLAY items carry the stream), as soon as the last REPLAY_END comes.
+ * So topics, streams and worker slots follow the pods alive now, not every pod ever seen.
  */
 #include "ingest_int.h"
 
@@ -58,9 +74,29 @@ static struct ing_topic *topic_of(struct writer *w, const struct kvr_queue_topic
         w->captopics = nc;
     }
     it->t = t;
+    it->last_ms = kvr_now_ms();
     w->topics[w->ntopics++] = it;
     mt->owner = it;
     return it;
+}
+
+/* The stream's worker id, interned (again, after its pod was forgotten). */
+static int stream_intern(struct writer *w, const struct kvr_queue_topic *t, uint32_t dp_rank,
+                         uint32_t *wid)
+{
+    int rc = kvr_index_worker_intern(w->ing->ix, t->pod, dp_rank, wid);
+    if (rc == -ENOSPC) {
+        KVR_CNT_OWN_INC(w->st.workers_refused);
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN,
+                        "events: worker %s/%u refused: max_workers (%u) workers are indexed; "
+                        "its events are dropped until pods are deleted (DELETE /v1/pods/{pod}) "
+                        "or forgotten ([events] forget_after)",
+                        t->pod, dp_rank, w->ing->conf->max_workers);
+    } else if (rc != 0) {
+        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s",
+                        t->pod, dp_rank, strerror(-rc));
+    }
+    return rc;
 }
 
 static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_topic *t,
@@ -81,13 +117,27 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
         *bad = BAD_WORKER;
         return NULL;
     }
-    if (dp_rank < it->nranks && it->ranks[dp_rank] != NULL)
-        return it->ranks[dp_rank];
-    rc = kvr_index_worker_intern(ing->ix, t->pod, dp_rank, &wid);
+    if (dp_rank < it->nranks && it->ranks[dp_rank] != NULL) {
+        s = it->ranks[dp_rank];
+        if (s->wid != NO_WID)
+            return s;
+        /* its pod was forgotten: a new worker id, listed again from its next batch */
+        if (stream_intern(w, t, dp_rank, &wid) != 0) {
+            *bad = BAD_WORKER;
+            return NULL;
+        }
+        pthread_mutex_lock(&ing->reg_mu);
+        s->wid = wid;
+        pthread_mutex_unlock(&ing->reg_mu);
+        if (ing->intake.forget == NULL) /* nothing was handed back: forgettable again */
+            it->releasing = false;
+        kvr_log_info("events: stream pod=%s model=%s dp_rank=%u is back (worker %u)", t->pod,
+                     t->model, dp_rank, wid);
+        return s;
+    }
+    rc = stream_intern(w, t, dp_rank, &wid);
     if (rc != 0) {
         *bad = BAD_WORKER;
-        kvr_log_limited(&w->ing->rl_bad, KVR_LOG_WARN, "events: cannot add worker %s/%u: %s", t->pod,
-                        dp_rank, strerror(-rc));
         return NULL;
     }
     if (dp_rank >= it->nranks) {
@@ -131,6 +181,19 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
     return s;
 }
 
+static bool grow_topics(struct ing_topic ***arr, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return true;
+    size_t nc = *cap ? *cap * 2 : 16;
+    struct ing_topic **p = realloc(*arr, nc * sizeof(*p));
+    if (p == NULL)
+        return false;
+    *arr = p;
+    *cap = nc;
+    return true;
+}
+
 static void observe_lag(struct writer *w, double ts)
 {
     double lag = kvr_wall_s() - ts;
@@ -172,6 +235,8 @@ static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen
                  s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
     if (in->replay == NULL || in->replay(in->arg, &req) != 0)
         abort_replay(w, s, "replay unavailable");
+    else
+        s->replays_out++; /* one REPLAY_END will come */
 }
 
 /* Applies a buffered live batch that kvr_stream_on_buffered() said to apply (decoded again:
@@ -265,6 +330,8 @@ static void handle_live(struct writer *w, struct kvr_queue_msg *item)
         return;
     }
     s = stream_of(w, item->topic, b.has_dp_rank ? b.dp_rank : 0, &bad);
+    if (item->topic->owner != NULL) /* created by stream_of unless out of memory */
+        ((struct ing_topic *)item->topic->owner)->last_ms = kvr_now_ms();
     if (s == NULL) {
         KVR_CNT_OWN_INC(w->st.bad[bad]);
         return;
@@ -370,24 +437,202 @@ static void handle_purge(struct writer *w, struct kvr_queue_msg *item)
     }
 }
 
-static void handle_cmd(struct writer *w, struct ing_cmd *c)
+static void detach_stream(struct kvr_ingest *ing, struct ing_stream *s)
+{
+    reset_stream(s);
+    pthread_mutex_lock(&ing->reg_mu);
+    s->wid = NO_WID;
+    atomic_store_explicit(&s->p_has_last, false, memory_order_release); /* unlisted */
+    pthread_mutex_unlock(&ing->reg_mu);
+}
+
+/* Hands the topic back to the producer (once): its FORGET item frees our state for it. */
+static void release_topic(struct writer *w, struct ing_topic *it)
+{
+    const struct kvr_ingest_intake *in = &w->ing->intake;
+
+    if (it->releasing)
+        return;
+    /* without a producer that takes topics back (unit tests), the state stays, but is not
+     * released again at every sweep */
+    if (in->forget == NULL || in->forget(in->arg, it->t) == 0)
+        it->releasing = true;
+}
+
+static int forget_pod(struct writer *w, const char *pod, uint64_t *removed, bool log)
 {
     struct kvr_ingest *ing = w->ing;
     struct kvr_index_wres res = {0};
+    uint32_t pid;
+    int rc = -ENOENT;
 
-    if (c->type == CMD_PURGE_POD) {
-        c->rc = kvr_index_purge_pod(ing->ix, c->pod_id, &res);
-        c->removed = res.cleared;
+    if (removed != NULL)
+        *removed = 0;
+    /* looked up here, on the only thread that interns or forgets this pod: an id looked up
+     * elsewhere may be stale (forgotten, then reused by another pod) */
+    if (kvr_index_pod_lookup(ing->ix, pod, &pid) == 0) {
+        rc = kvr_index_pod_forget(ing->ix, pid, &res);
+        if (removed != NULL)
+            *removed = res.cleared;
         KVR_CNT_OWN_ADD(w->st.purged, res.cleared);
-        for (size_t i = 0; i < w->ntopics; i++) {
-            struct ing_topic *it = w->topics[i];
-            if (strcmp(it->t->pod, c->pod) != 0)
-                continue;
-            for (uint32_t r = 0; r < it->nranks; r++)
-                if (it->ranks[r] != NULL)
-                    reset_stream(it->ranks[r]);
+        if (rc != 0 && rc != -ENOENT)
+            return rc;
+        if (rc == 0)
+            KVR_CNT_OWN_INC(w->st.pods_forgotten);
+    }
+    for (size_t i = 0; i < w->ntopics; i++) {
+        struct ing_topic *it = w->topics[i];
+        if (strcmp(it->t->pod, pod) != 0)
+            continue;
+        for (uint32_t r = 0; r < it->nranks; r++)
+            if (it->ranks[r] != NULL)
+                detach_stream(ing, it->ranks[r]);
+        release_topic(w, it);
+    }
+    if (rc == 0 && log)
+        kvr_log_info("events: pod %s forgotten (%" PRIu64 " blocks purged)", pod, res.cleared);
+    return rc;
+}
+
+int kvr_ingest_forget_pod(struct writer *w, const char *pod, uint64_t *removed)
+{
+    return forget_pod(w, pod, removed, true);
+}
+
+void kvr_ingest_topic_free(struct ing_topic *it)
+{
+    for (uint32_t r = 0; r < it->nranks; r++) {
+        struct ing_stream *s = it->ranks[r];
+        if (s == NULL)
+            continue;
+        kvr_ingest_drop_pending(s);
+        free(s->pend);
+        free(s);
+    }
+    free(it->ranks);
+    kvr_queue_payload_release(&it->rec);
+    free(it);
+}
+
+/* A dying topic's state goes once no replay of its streams can still answer. */
+static bool topic_try_free(struct writer *w, struct ing_topic *it)
+{
+    for (uint32_t r = 0; r < it->nranks; r++)
+        if (it->ranks[r] != NULL && it->ranks[r]->replays_out > 0)
+            return false;
+    for (size_t i = 0; i < w->ndying; i++)
+        if (w->dying[i] == it) {
+            w->dying[i] = w->dying[--w->ndying];
+            break;
+        }
+    kvr_ingest_topic_free(it);
+    return true;
+}
+
+static void handle_forget(struct writer *w, struct kvr_queue_msg *item)
+{
+    struct kvr_ingest *ing = w->ing;
+    struct kvr_queue_topic *mt = (struct kvr_queue_topic *)item->topic;
+    struct ing_topic *it = mt->owner;
+
+    if (it == NULL) { /* never reached this writer's state */
+        kvr_queue_payload_release(&item->payload);
+        return;
+    }
+    for (size_t i = 0; i < w->ntopics; i++)
+        if (w->topics[i] == it) {
+            w->topics[i] = w->topics[--w->ntopics];
+            break;
+        }
+    pthread_mutex_lock(&ing->reg_mu);
+    for (uint32_t r = 0; r < it->nranks; r++) {
+        struct ing_stream *s = it->ranks[r];
+        if (s == NULL)
+            continue;
+        for (size_t k = 0; k < ing->nstreams; k++)
+            if (ing->streams[k] == s) {
+                ing->streams[k] = ing->streams[--ing->nstreams];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&ing->reg_mu);
+    for (uint32_t r = 0; r < it->nranks; r++)
+        if (it->ranks[r] != NULL) {
+            kvr_ingest_drop_pending(it->ranks[r]);
+            kvr_stream_reset(&it->ranks[r]->sm); /* later replay items are stale */
+        }
+    it->rec = item->payload;
+    item->payload = (struct kvr_queue_payload){0};
+    it->dying = true;
+    if (topic_try_free(w, it))
+        return;
+    if (grow_topics(&w->dying, &w->capdying, w->ndying + 1))
+        w->dying[w->ndying++] = it;
+    /* else: out of memory; its last REPLAY_END frees it all the same (it->dying) */
+}
+
+static int pod_cmp(const void *a, const void *b)
+{
+    const struct ing_topic *x = *(struct ing_topic *const *)a, *y = *(struct ing_topic *const *)b;
+    return strcmp(x->t->pod, y->t->pod);
+}
+
+/* [events] forget_after: forgets the pods whose topics are all idle that long and whose
+ * workers hold no blocks. */
+static void sweep_idle(struct writer *w)
+{
+    struct kvr_ingest *ing = w->ing;
+    int64_t fa = ing->conf->forget_after_ms, now = kvr_now_ms();
+    bool any = false;
+    size_t nforgot = 0;
+
+    for (size_t i = 0; i < w->ntopics && !any; i++)
+        any = !w->topics[i]->releasing && now - w->topics[i]->last_ms >= fa;
+    if (!any)
+        return;
+    size_t n = 0;
+    struct ing_topic **v = malloc(w->ntopics * sizeof(*v));
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < w->ntopics; i++)
+        if (!w->topics[i]->releasing)
+            v[n++] = w->topics[i];
+    qsort(v, n, sizeof(*v), pod_cmp);
+    for (size_t i = 0, j; i < n; i = j) {
+        bool idle = true;
+        for (j = i; j < n && strcmp(v[j]->t->pod, v[i]->t->pod) == 0; j++) {
+            struct ing_topic *it = v[j];
+            if (now - it->last_ms < fa)
+                idle = false;
+            for (uint32_t r = 0; idle && r < it->nranks; r++) {
+                struct ing_stream *s = it->ranks[r];
+                uint64_t tb[KVR_TIER_MAX];
+                if (s == NULL || s->wid == NO_WID)
+                    continue;
+                kvr_index_worker_blocks(ing->ix, s->wid, tb);
+                for (int t = 0; t < KVR_TIER_MAX; t++)
+                    idle = idle && tb[t] == 0;
+            }
+        }
+        if (idle) {
+            char pod[KVR_NAME_MAX + 1];
+            snprintf(pod, sizeof(pod), "%s", v[i]->t->pod); /* v[i] may be released */
+            if (forget_pod(w, pod, NULL, false) == 0)
+                nforgot++;
         }
     }
+    free(v);
+    if (nforgot > 0)
+        kvr_log_info("events: forgot %zu pod(s) idle for forget_after (%" PRId64 " ms) "
+                     "without blocks", nforgot, fa);
+}
+
+static void handle_cmd(struct writer *w, struct ing_cmd *c)
+{
+    struct kvr_ingest *ing = w->ing;
+
+    if (c->type == CMD_PURGE_POD)
+        c->rc = kvr_ingest_forget_pod(w, c->pod, &c->removed);
     pthread_mutex_lock(&ing->done_mu);
     c->done = true;
     pthread_cond_broadcast(&ing->done_cv);
@@ -405,13 +650,20 @@ static void handle_item(struct writer *w, struct kvr_queue_msg *item)
         break;
     case KVR_QUEUE_REPLAY_END: {
         struct ing_stream *s = item->ctx;
+        if (s->replays_out > 0)
+            s->replays_out--;
         if (kvr_stream_on_replay_end(&s->sm, item->gen, item->ok))
             drain(w, s);
         else
             KVR_CNT_OWN_INC(w->st.stale_items);
         publish(s);
+        if (s->it->dying)
+            (void)topic_try_free(w, s->it);
         break;
     }
+    case KVR_QUEUE_FORGET:
+        handle_forget(w, item);
+        break;
     case KVR_QUEUE_PURGE:
         handle_purge(w, item);
         break;
@@ -429,16 +681,23 @@ void *kvr_ingest_writer_main(void *arg)
 {
     struct writer *w = arg;
 
+    int64_t fa = w->ing->conf->forget_after_ms;
+    /* with forget_after, wake up for the idle sweep: 4 times per forget_after, 10ms..1s */
+    int64_t tick = fa <= 0 ? -1 : fa / 4 < 10 ? 10 : fa / 4 > 1000 ? 1000 : fa / 4;
+
+    w->next_sweep = kvr_now_ms() + tick;
     for (;;) {
-        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, -1);
-        if (n == 0) {
-            if (kvr_queue_closed(w->q))
-                break;
-            continue;
-        }
+        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, tick);
+        if (n == 0 && kvr_queue_closed(w->q))
+            break;
         for (size_t i = 0; i < n; i++)
             handle_item(w, kvr_queue_item(w->q, i));
-        kvr_queue_release(w->q, n);
+        if (n > 0)
+            kvr_queue_release(w->q, n);
+        if (tick > 0 && kvr_now_ms() >= w->next_sweep) {
+            sweep_idle(w);
+            w->next_sweep = kvr_now_ms() + tick;
+        }
     }
     /* Shutdown: replays will not answer any more; apply what was buffered. */
     for (size_t i = 0; i < w->ntopics; i++) {

@@ -44,12 +44,14 @@ static inline void kvr_queue_payload_release(struct kvr_queue_payload *p)
 }
 
 /* One distinct topic (per pod override): interned by the producer, immutable after, valid
- * until the producer is destroyed (so the consumer is destroyed first, or stops using it). */
+ * until the producer is destroyed (so the consumer is destroyed first, or stops using it),
+ * or, once the consumer released it and the producer sent its FORGET item, until the
+ * consumer releases that item's payload (which frees the record). */
 struct kvr_queue_topic {
     const char *pod;   /* NUL-terminated */
     const char *model;
     uint32_t shard;    /* kvr_queue_shard(pod) */
-    uint32_t id;       /* dense, 0.. */
+    uint32_t id;       /* unique among live topics */
     void *owner;       /* for the consumer of `shard` only (ingest's per-topic state) */
 };
 
@@ -59,12 +61,15 @@ enum kvr_queue_kind {
     KVR_QUEUE_REPLAY_END = 3, /* replay ctx/gen finished: ok */
     KVR_QUEUE_PURGE = 4,      /* source went away long enough: purge what topic got from it */
     KVR_QUEUE_CMD = 5,        /* consumer-defined command in ctx (never from the producer) */
+    KVR_QUEUE_FORGET = 6,     /* topic left the producer's table (the consumer released it):
+                               * nothing more comes for it; payload owns the record: release
+                               * it once the consumer no longer refers to the topic */
 };
 
 /* A slot of a writer queue (kvr_queue_create(depth, sizeof(struct kvr_queue_msg), ...)). */
 struct kvr_queue_msg {
-    struct kvr_queue_payload payload;   /* LIVE, REPLAY: owned by the item */
-    const struct kvr_queue_topic *topic; /* LIVE, REPLAY, PURGE */
+    struct kvr_queue_payload payload;   /* LIVE, REPLAY, FORGET: owned by the item */
+    const struct kvr_queue_topic *topic; /* LIVE, REPLAY, PURGE, FORGET */
     void *ctx;                          /* REPLAY, REPLAY_END, CMD */
     uint64_t seq;                       /* LIVE, REPLAY */
     uint64_t recv_ns;                   /* LIVE, REPLAY: kvr_now_ns() at receipt */

@@ -268,8 +268,8 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
         struct kvr_score_entry *e = &c->entries[res->nentries];
         if (h->matched == 0)
             continue;
-        e->pod = kvr_index_worker_pod(ix, h->wid);
-        e->dp_rank = kvr_index_worker_rank(ix, h->wid);
+        e->pod = h->pod; /* named inside the find: the wid may be forgotten since */
+        e->dp_rank = h->dp_rank;
         e->matched_blocks = h->matched;
         e->matched_tokens = h->matched * bs;
         memcpy(e->tiers, h->tier_matched, sizeof(e->tiers));

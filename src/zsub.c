@@ -213,13 +213,12 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
         source_free(z->ghosts[i]);
     kvr_zsub_auth_deinit(z);
     zmq_ctx_term(z->ctx);
-    for (size_t i = 0; i < z->ntopics; i++) {
-        struct topic_rec *t = z->tlist[i];
-        free((char *)t->pub.pod);
-        free((char *)t->pub.model);
-        free((char *)t->override);
-        free(t->raw);
-        free(t);
+    for (size_t i = 0; i < z->ntopics; i++)
+        kvr_zsub_topic_free(z->tlist[i]);
+    while (z->fgt_head != NULL) {
+        struct forget_req *r = z->fgt_head;
+        z->fgt_head = r->next;
+        free(r);
     }
     free(z->tlist);
     free(z->tab);
@@ -607,6 +606,7 @@ static void handle_control(struct kvr_zsub *z)
     uint64_t v;
     struct cmd *cmds;
     struct replay *reqs;
+    struct forget_req *fgt;
     ssize_t rd = read(z->efd, &v, sizeof(v));
     (void)rd;
 
@@ -615,7 +615,10 @@ static void handle_control(struct kvr_zsub *z)
     z->cmds = NULL;
     reqs = z->req_head;
     z->req_head = z->req_tail = NULL;
+    fgt = z->fgt_head;
+    z->fgt_head = NULL;
     pthread_mutex_unlock(&z->cmu);
+    kvr_zsub_forget_run(z, fgt); /* topics the consumer released (zsub_recv.c) */
 
     /* Commands were pushed LIFO; run them in posting order. */
     {
@@ -931,7 +934,9 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
     kvr_metrics_counter(out, "events_disconnect_purges_total",
                         "Endpoints purged after staying disconnected", NULL,
                         zs.disconnect_purges);
-    kvr_metrics_gauge(out, "events_topics", "Distinct topics seen", NULL, (double)zs.topics);
+    kvr_metrics_gauge(out, "events_topics",
+                      "Topics interned now (deleted and forgotten pods' are freed)", NULL,
+                      (double)zs.topics);
     for (int r = 0; r < KVR_ZSUB_REJ_COUNT; r++) {
         snprintf(lab, sizeof(lab), "reason=\"%s\"",
                  kvr_zsub_reject_name((enum kvr_zsub_reject)r));

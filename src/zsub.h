@@ -132,6 +132,13 @@ enum kvr_zsub_reject {
     KVR_ZSUB_REJ_COUNT
 };
 const char *kvr_zsub_reject_name(enum kvr_zsub_reject r);
+/* The consumer is done with topic t (its pod was deleted or forgotten; any thread, never
+ * blocks on I/O; at most once per topic). The receive thread takes it out of the topic table
+ * (max_topics counts live topics) and queues one KVR_QUEUE_FORGET item for it into
+ * queue[t->shard], after everything queued for it; that item's payload owns the record. A
+ * later message on the same topic starts a new record. -ESHUTDOWN when not running (the
+ * record stays zsub's), -ENOMEM. */
+int kvr_zsub_forget_topic(struct kvr_zsub *z, const struct kvr_queue_topic *t);
 
 enum kvr_zsub_bad {
     KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */

@@ -34,6 +34,14 @@ struct topic_rec {
     unsigned char *raw;   /* key part: topic bytes */
     size_t rawlen;
     uint64_t hash;
+    size_t tidx;          /* its index in z->tlist */
+    bool gone;            /* being forgotten (kvr_zsub_forget_run) */
+};
+
+/* A topic the consumer is done with (kvr_zsub_forget_topic), posted under cmu. */
+struct forget_req {
+    struct topic_rec *t;
+    struct forget_req *next;
 };
 
 /* A publisher connection on a bind socket, from the monitor's ACCEPTED event until its
@@ -116,9 +124,12 @@ struct kvr_zsub {
     /* topics (receive thread) */
     struct topic_rec **tab;
     size_t tabcap, ntopics;
-    struct topic_rec **tlist; /* by id, for destroy */
+    struct topic_rec **tlist; /* the live topics (tab's records, plus any whose FORGET item
+                               * could not be queued), for destroy */
     size_t captlist;
-    _Atomic uint64_t ntopics_pub;
+    uint32_t next_topic_id;
+    _Atomic uint64_t ntopics_pub, topics_forgotten;
+    struct forget_req *fgt_head; /* cmu: topics released by the consumer */
 
     /* control (cmu) */
     pthread_mutex_t cmu;
@@ -194,6 +205,12 @@ bool kvr_zsub_pod_admitted(struct kvr_zsub *z, struct source *s, zmq_msg_t *firs
 void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t ev,
                                  uint32_t value);
 void kvr_zsub_conns_close(struct source *s);
+/* Receive thread (handle_control): forgets the released topics of list (and frees it):
+ * out of the table and the sources' lists, then one FORGET item each, which hands the
+ * record to the consumer. */
+void kvr_zsub_forget_run(struct kvr_zsub *z, struct forget_req *list);
+/* Frees a topic record (FORGET payload release; destroy). */
+void kvr_zsub_topic_free(void *rec);
 
 /* zsub_replay.c (receive thread, except kvr_zsub_replay) */
 void kvr_zsub_replay_free(struct replay *r);

@@ -15,8 +15,10 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- payloads --------------------------------------------------------------------- */
 
@@ -92,6 +94,21 @@ static bool topic_key_eq(const struct topic_rec *t, const char *override, const 
     if ((t->override == NULL) != (override == NULL))
         return false;
     return override == NULL || strcmp(t->override, override) == 0;
+}
+
+/* The table again from z->tlist (after topics left it): same capacity, no tombstones. */
+static void tab_rebuild(struct kvr_zsub *z)
+{
+    memset(z->tab, 0, z->tabcap * sizeof(*z->tab));
+    for (size_t i = 0; i < z->ntopics; i++) {
+        struct topic_rec *t = z->tlist[i];
+        if (t->gone)
+            continue;
+        size_t j = t->hash & (z->tabcap - 1);
+        while (z->tab[j] != NULL)
+            j = (j + 1) & (z->tabcap - 1);
+        z->tab[j] = t;
+    }
 }
 
 static bool tab_insert(struct kvr_zsub *z, struct topic_rec *t)
@@ -206,7 +223,8 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
         return NULL;
     }
     t->pub.shard = kvr_queue_shard(t->pub.pod, plen, z->o.nshards);
-    t->pub.id = (uint32_t)z->ntopics;
+    t->pub.id = z->next_topic_id++;
+    t->tidx = z->ntopics;
     z->tlist[z->ntopics++] = t;
     KVR_CNT_SET(z->ntopics_pub, z->ntopics);
     kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
@@ -224,6 +242,116 @@ found:
             s->topics[s->ntopics++] = t;
     }
     return t;
+}
+
+/* ---- forgetting topics -------------------------------------------------------------- *
+ * Topics are bounded by max_topics live ones, not ever seen: the consumer (ingest's writer
+ * that owns the topic) releases a topic when its pod is deleted or forgotten
+ * (kvr_zsub_forget_topic, any thread); the receive thread then takes it out of the table,
+ * the sources' lists (no later disconnect PURGE names it) and tlist, and queues one FORGET
+ * item for it into its shard's queue, behind every item already queued for it. The item
+ * hands the record over: the consumer frees it (the payload release) once nothing of its own
+ * refers to it any more (replays it asked for have ended). A later message with the same
+ * topic interns a new record. Each topic is released at most once by its consumer. */
+
+void kvr_zsub_topic_free(void *rec)
+{
+    struct topic_rec *t = rec;
+    if (t == NULL)
+        return;
+    free((char *)t->pub.pod);
+    free((char *)t->pub.model);
+    free((char *)t->override);
+    free(t->raw);
+    free(t);
+}
+
+int kvr_zsub_forget_topic(struct kvr_zsub *z, const struct kvr_queue_topic *t)
+{
+    struct forget_req *r = malloc(sizeof(*r));
+    uint64_t one = 1;
+    ssize_t w;
+
+    if (r == NULL)
+        return -ENOMEM;
+    r->t = (struct topic_rec *)(void *)((char *)(uintptr_t)t - offsetof(struct topic_rec, pub));
+    pthread_mutex_lock(&z->cmu);
+    if (!z->accepting) {
+        pthread_mutex_unlock(&z->cmu);
+        free(r);
+        return -ESHUTDOWN;
+    }
+    r->next = z->fgt_head;
+    z->fgt_head = r;
+    pthread_mutex_unlock(&z->cmu);
+    w = write(z->efd, &one, sizeof(one));
+    (void)w;
+    return 0;
+}
+
+static void drop_gone(struct topic_rec **list, size_t *n, struct topic_rec **last)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++)
+        if (!list[i]->gone)
+            list[k++] = list[i];
+    *n = k;
+    if (*last != NULL && (*last)->gone)
+        *last = NULL;
+}
+
+void kvr_zsub_forget_run(struct kvr_zsub *z, struct forget_req *list)
+{
+    size_t n = 0;
+
+    for (struct forget_req *r = list; r != NULL; r = r->next)
+        if (!r->t->gone) {
+            r->t->gone = true;
+            n++;
+        } else {
+            r->t = NULL; /* posted twice: handled once */
+        }
+    if (n == 0)
+        goto out;
+    pthread_mutex_lock(&z->lmu);
+    for (size_t i = 0; i < z->nsrcs; i++)
+        drop_gone(z->srcs[i]->topics, &z->srcs[i]->ntopics, &z->srcs[i]->last_topic);
+    pthread_mutex_unlock(&z->lmu);
+    for (size_t i = 0; i < z->nghosts; i++)
+        drop_gone(z->ghosts[i]->topics, &z->ghosts[i]->ntopics, &z->ghosts[i]->last_topic);
+    for (struct forget_req *r = list; r != NULL; r = r->next) {
+        struct topic_rec *t = r->t;
+        if (t == NULL)
+            continue;
+        struct topic_rec *last = z->tlist[--z->ntopics];
+        z->tlist[t->tidx] = last;
+        last->tidx = t->tidx;
+    }
+    tab_rebuild(z);
+    for (struct forget_req *r = list; r != NULL; r = r->next) {
+        struct topic_rec *t = r->t;
+        if (t == NULL)
+            continue;
+        struct kvr_queue_msg *it = kvr_zsub_reserve_item(z, t->pub.shard);
+        if (it == NULL) { /* closing: keep it for destroy (out of the table) */
+            t->tidx = z->ntopics;
+            z->tlist[z->ntopics++] = t;
+            continue;
+        }
+        kvr_log_debug("events: topic pod=%s model=%s forgotten", t->pub.pod, t->pub.model);
+        it->kind = KVR_QUEUE_FORGET;
+        it->topic = &t->pub;
+        it->payload = (struct kvr_queue_payload){.release = kvr_zsub_topic_free, .ctx = t};
+        KVR_CNT_INC(z->topics_forgotten);
+        kvr_queue_commit(z->o.queues[t->pub.shard]); /* t is the consumer's from here on */
+    }
+    KVR_CNT_SET(z->ntopics_pub, z->ntopics);
+out:
+    while (list != NULL) {
+        struct forget_req *r = list;
+        list = r->next;
+        free(r);
+    }
 }
 
 static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)

@@ -671,6 +671,105 @@ static void test_churn_frees(void **state)
     rm_fx(&f);
 }
 
+/* Forgetting a pod frees its blocks, ids and names; a full index takes a new pod in its
+ * place (reusing the ids), and no answer names the forgotten pod again. */
+static void test_forget_reuse(void **state)
+{
+    (void)state;
+    struct fx f;
+    mk(&f, 4, 0);
+    uint64_t q[8];
+    for (int i = 0; i < 8; i++)
+        q[i] = C(0, i);
+    const struct kvr_index_hit *h;
+    size_t nh;
+    st(&f, f.w0, KVR_TIER_GPU, f.ns, 0, 0, 8);
+    st(&f, f.w1, KVR_TIER_GPU, f.ns, 0, 0, 5);
+    st(&f, f.w2, KVR_TIER_GPU, f.ns, 0, 0, 3);
+    assert_int_equal(kvr_index_find(f.r, f.ns, q, 8, NULL, 0, NULL, &h, &nh), 0);
+    assert_int_equal(nh, 3);
+    assert_string_equal(h[0].pod, "pod-a");
+    assert_int_equal(h[0].dp_rank, 0);
+    assert_string_equal(h[1].pod, "pod-a");
+    assert_int_equal(h[1].dp_rank, 1);
+    assert_string_equal(h[2].pod, "pod-b");
+
+    /* fill the index (max_workers = 64) */
+    uint32_t id;
+    char pod[32];
+    for (int i = 3; i < 64; i++) {
+        snprintf(pod, sizeof(pod), "fill-%d", i);
+        assert_int_equal(kvr_index_worker_intern(f.ix, pod, 0, &id), 0);
+    }
+    assert_int_equal(kvr_index_worker_intern(f.ix, "new", 0, &id), -ENOSPC);
+    uint64_t forgotten, refused;
+    kvr_index_forget_stats(f.ix, &forgotten, &refused);
+    assert_int_equal(forgotten, 0);
+    assert_int_equal(refused, 1);
+
+    struct kvr_index_wres res = {0};
+    assert_int_equal(kvr_index_pod_forget(f.ix, f.pod_a, &res), 0);
+    assert_int_equal(res.cleared, 8 + 5);
+    assert_int_equal(kvr_index_pod_forget(f.ix, f.pod_a, NULL), -ENOENT);
+    assert_int_equal(kvr_index_pod_lookup(f.ix, "pod-a", &id), -ENOENT);
+    assert_int_equal(kvr_index_worker_lookup(f.ix, "pod-a", 1, &id), -ENOENT);
+    assert_null(kvr_index_worker_pod(f.ix, f.w0));
+    uint64_t b[KVR_TIER_MAX];
+    kvr_index_worker_blocks(f.ix, f.w0, b);
+    assert_int_equal(b[KVR_TIER_GPU], 0);
+    struct kvr_index_stats sts;
+    kvr_index_stats(f.ix, &sts);
+    assert_int_equal(sts.workers, 62);
+    assert_int_equal(kvr_index_pod_workers(f.ix, f.pod_a, &id, 1), 0);
+    assert_int_equal(kvr_index_find(f.r, f.ns, q, 8, NULL, 0, NULL, &h, &nh), 0);
+    assert_int_equal(nh, 1);
+    assert_string_equal(h[0].pod, "pod-b");
+
+    /* full again, but two ids are free: the new pod gets them */
+    uint32_t n0, n1;
+    assert_int_equal(kvr_index_worker_intern(f.ix, "new", 0, &n0), 0);
+    assert_int_equal(kvr_index_worker_intern(f.ix, "new", 1, &n1), 0);
+    assert_true((n0 == f.w0 || n0 == f.w1) && (n1 == f.w0 || n1 == f.w1) && n0 != n1);
+    assert_int_equal(kvr_index_worker_intern(f.ix, "newer", 0, &id), -ENOSPC);
+    assert_int_equal(kvr_index_worker_count(f.ix), 64);
+    uint32_t pnew;
+    assert_int_equal(kvr_index_pod_lookup(f.ix, "new", &pnew), 0);
+    assert_int_equal(pnew, f.pod_a); /* the pod id too */
+    kvr_index_worker_blocks(f.ix, n0, b);
+    assert_int_equal(b[KVR_TIER_GPU], 0); /* nothing inherited */
+    assert_int_equal(kvr_index_find(f.r, f.ns, q, 8, NULL, 0, NULL, &h, &nh), 0);
+    assert_int_equal(nh, 1);
+    st(&f, n1, KVR_TIER_GPU, f.ns, 0, 0, 2);
+    assert_int_equal(kvr_index_find(f.r, f.ns, q, 8, &pnew, 1, NULL, &h, &nh), 0);
+    assert_int_equal(nh, 1);
+    assert_string_equal(h[0].pod, "new");
+    assert_int_equal(h[0].dp_rank, 1);
+    assert_int_equal(h[0].matched, 2);
+    /* the old name comes back as a new pod when there is room */
+    res = (struct kvr_index_wres){0};
+    assert_int_equal(kvr_index_pod_forget(f.ix, pnew, &res), 0);
+    assert_int_equal(res.cleared, 2);
+    assert_int_equal(kvr_index_worker_intern(f.ix, "pod-a", 0, &id), 0);
+    kvr_index_forget_stats(f.ix, &forgotten, &refused);
+    assert_int_equal(forgotten, 4);
+    assert_int_equal(refused, 2);
+    /* churn many pods through the few free ids: memory stays bounded */
+    kvr_index_stats(f.ix, &sts);
+    uint64_t bytes0 = sts.bytes;
+    for (int i = 0; i < 5000; i++) {
+        uint32_t pid;
+        snprintf(pod, sizeof(pod), "churn-%d", i);
+        assert_int_equal(kvr_index_worker_intern(f.ix, pod, 0, &id), 0);
+        st(&f, id, KVR_TIER_GPU, f.ns, 1, 0, 4);
+        assert_int_equal(kvr_index_pod_lookup(f.ix, pod, &pid), 0);
+        assert_int_equal(kvr_index_pod_forget(f.ix, pid, NULL), 0);
+    }
+    kvr_index_stats(f.ix, &sts);
+    assert_true(sts.bytes < bytes0 + 64 * 1024);
+    assert_int_equal(sts.workers, 63);
+    rm_fx(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -688,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_alias_engine_hashes),
         cmocka_unit_test(test_limits_and_args),
         cmocka_unit_test(test_churn_frees),
+        cmocka_unit_test(test_forget_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,11 +5,14 @@
  * worker, walk positions from 0 while some tier holds the query's chain there. The orphan
  * policy (per-worker FIFO of orphan_capacity blocks, adoption sweeps) is modelled as
  * documented in index.c and index_int.h. Every operation's counters, every find answer (exact, scores use
- * dyadic weights so sums are exact) and periodically the statistics are compared.
+ * dyadic weights so sums are exact, hits named by pod and rank) and periodically the
+ * statistics are compared. Pods are also forgotten (kvr_index_pod_forget) and come back under
+ * a new name: with max_workers = workers + 8, their worker and pod ids are reused.
  *
  * KVR_SEED=<n> reproduces a run; KVR_DIFF_OPS=<n> changes the operation count (default
  * 1,200,000 split over five sub-runs with jump strides 1, 2, 7, 32 and 64).
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -402,6 +405,7 @@ struct scen {
     uint32_t ns[NNS];
     uint32_t *wid; /* model worker -> index wid */
     uint32_t *pod; /* model worker -> index pod id */
+    uint32_t *gen; /* model pod -> times forgotten (its index name is pod-<n>-g<gen>) */
     uint8_t tiers[4];
     struct doc docs[NNS][NDOC];
     uint64_t alpha[NNS][10];
@@ -459,6 +463,21 @@ static void check_res(const struct kvr_index_wres *a, const struct kvr_index_wre
 
 static const double wchoices[] = {0, 0.25, 0.5, 0.75, 1, 1.25, 2, -0.5};
 
+/* model workers sorted by their index wid (hits come in ascending wid; forgotten ids are
+ * reused, so the order is not the model's) */
+static const uint32_t *cmp_wid_map;
+static int cmp_by_wid(const void *a, const void *b)
+{
+    uint32_t x = cmp_wid_map[*(const uint32_t *)a], y = cmp_wid_map[*(const uint32_t *)b];
+    return x < y ? -1 : x > y;
+}
+
+static void pod_name(const struct scen *sc, uint32_t mw, char *buf, size_t cap)
+{
+    uint32_t p = mw / sc->m.ranks;
+    snprintf(buf, cap, "pod-%u-g%u", p, sc->gen[p]);
+}
+
 static uint64_t run_find(struct scen *sc, uint64_t seed, uint64_t op)
 {
     struct model *m = &sc->m;
@@ -507,6 +526,13 @@ static uint64_t run_find(struct scen *sc, uint64_t seed, uint64_t op)
         for (uint32_t i = 0; i < hv->n; i++)
             cand[ncand++] = hv->h[i] / 8;
         qsort(cand, ncand, sizeof(uint32_t), cmp_u32);
+        uint32_t u = 0; /* unique, then by wid */
+        for (uint32_t i = 0; i < ncand; i++)
+            if (u == 0 || cand[u - 1] != cand[i])
+                cand[u++] = cand[i];
+        ncand = u;
+        cmp_wid_map = sc->wid;
+        qsort(cand, ncand, sizeof(uint32_t), cmp_by_wid);
     }
     for (uint32_t ci = 0; ci < ncand; ci++) {
         uint32_t mw = cand[ci];
@@ -547,7 +573,18 @@ static uint64_t run_find(struct scen *sc, uint64_t seed, uint64_t op)
         }
         if (!matched)
             continue;
-        /* model workers map 1:1 and in order onto index wids */
+        /* model workers map 1:1 onto index wids; hits are named by their pod and rank */
+        char pname[48];
+        pod_name(sc, mw, pname, sizeof(pname));
+        if (k < nh && (hits[k].pod == NULL || strcmp(hits[k].pod, pname) != 0 ||
+                       hits[k].dp_rank != mw % m->ranks)) {
+            fprintf(stderr, "DIFF seed=%llu op=%llu find: hit %zu (wid %u) named %s/%u, "
+                            "expected %s/%u\n",
+                    (unsigned long long)seed, (unsigned long long)op, k, hits[k].wid,
+                    hits[k].pod ? hits[k].pod : "(null)", hits[k].dp_rank, pname,
+                    mw % m->ranks);
+            fail();
+        }
         if (k >= nh || hits[k].wid != sc->wid[mw] || hits[k].matched != matched ||
             memcmp(hits[k].tier_matched, tm, sizeof(tm)) != 0 || hits[k].score != score) {
             fprintf(stderr, "DIFF seed=%llu op=%llu find (len %u): worker %u expected matched=%u "
@@ -578,6 +615,12 @@ static void check_stats(struct scen *sc, uint64_t seed, uint64_t op)
     struct model *m = &sc->m;
     struct kvr_index_stats st;
     kvr_index_stats(sc->ix, &st);
+    if (st.workers != m->nworkers) {
+        fprintf(stderr, "DIFF seed=%llu op=%llu stats: workers %llu/%u\n",
+                (unsigned long long)seed, (unsigned long long)op,
+                (unsigned long long)st.workers, m->nworkers);
+        fail();
+    }
     if (st.entries != m->ent.n || st.holders != m->pres.n || st.orphans != m->nparked) {
         fprintf(stderr, "DIFF seed=%llu op=%llu stats: entries %llu/%zu holders %llu/%zu "
                         "orphans %llu/%llu\n",
@@ -627,9 +670,10 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
     m->cpark = calloc(nworkers, sizeof(*m->cpark));
     sc->wid = calloc(nworkers, sizeof(uint32_t));
     sc->pod = calloc(nworkers, sizeof(uint32_t));
+    sc->gen = calloc(nworkers, sizeof(uint32_t));
     for (uint32_t w = 0; w < nworkers; w++) {
-        char pod[32];
-        snprintf(pod, sizeof(pod), "pod-%u", w / ranks);
+        char pod[48];
+        pod_name(sc, w, pod, sizeof(pod));
         assert_int_equal(kvr_index_worker_intern(sc->ix, pod, w % ranks, &sc->wid[w]), 0);
         assert_int_equal(sc->wid[w], w);
         assert_int_equal(kvr_index_pod_lookup(sc->ix, pod, &sc->pod[w]), 0);
@@ -641,7 +685,7 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
     for (uint64_t op = 0; op < nops; op++) {
         uint32_t w = chance(0.5) ? rn(hot) : rn(nworkers);
         uint32_t mt = chance(0.6) ? 0 : (chance(0.5) ? 1 : 3); /* tier */
-        uint32_t kind = rn(905);
+        uint32_t kind = rn(907);
         if (rn(1000) < find_permille)
             kind = 999; /* find */
         struct kvr_index_wres a = {0}, b = {0};
@@ -707,6 +751,25 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
             for (uint32_t x = first; x < first + ranks && x < nworkers; x++)
                 m_clear(m, x, -1, &b);
             check_res(&a, &b, seed, op, "purge");
+        } else if (kind < 907) { /* forget the pod; it comes back under a new name (ids reused) */
+            uint32_t first = w - w % ranks, p = w / ranks;
+            char old[48], nw[48];
+            pod_name(sc, first, old, sizeof(old));
+            assert_int_equal(kvr_index_pod_forget(sc->ix, sc->pod[w], &a), 0);
+            assert_int_equal(kvr_index_pod_forget(sc->ix, sc->pod[w], NULL), -ENOENT);
+            for (uint32_t x = first; x < first + ranks && x < nworkers; x++)
+                m_clear(m, x, -1, &b);
+            check_res(&a, &b, seed, op, "forget");
+            assert_int_equal(kvr_index_pod_lookup(sc->ix, old, NULL), -ENOENT);
+            assert_int_equal(kvr_index_worker_lookup(sc->ix, old, 0, NULL), -ENOENT);
+            sc->gen[p]++;
+            pod_name(sc, first, nw, sizeof(nw));
+            for (uint32_t x = first; x < first + ranks && x < nworkers; x++) {
+                assert_int_equal(kvr_index_worker_intern(sc->ix, nw, x % ranks, &sc->wid[x]), 0);
+                assert_int_equal(kvr_index_pod_lookup(sc->ix, nw, &sc->pod[x]), 0);
+                assert_true(sc->wid[x] < nworkers + 8);
+            }
+            assert_int_equal(kvr_index_worker_live(sc->ix), nworkers);
         } else if (kind == 999) {
             *nhits += run_find(sc, seed, op);
             (*nfinds)++;
@@ -750,6 +813,7 @@ static void subrun(uint64_t seed, uint32_t stride, uint32_t nworkers, uint32_t r
     free(m->p0v);
     free(sc->wid);
     free(sc->pod);
+    free(sc->gen);
     free(sc);
 }
 

@@ -11,6 +11,15 @@
  * hit 1 <= matched <= n, tier_matched[t] <= matched, and matched <= what that worker could
  * ever have stored. Another thread keeps interning new pods, namespaces and tiers.
  * KVR_STRESS_MS sets the duration (default 1500 ms); KVR_SEED the seed.
+ *
+ * test_forget_reuse: pods come and go while readers query. Each writer keeps a few pods of
+ * its own alive, each storing the document its name says (pod "d<doc>-w<writer>-<n>"), and
+ * forgets them (kvr_index_pod_forget) in turn; max_workers is exactly the workers alive at
+ * once, so every new worker reuses a forgotten id (waiting out its grace period). Readers
+ * check every hit is named after a pod that stored the queried document (documents share no
+ * block: a recycled id reported under its new name would name the wrong document), with a
+ * valid rank and matched <= the stored length; another thread reads per-worker blocks and
+ * statistics and looks pods up all the while.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -284,8 +293,176 @@ static void test_stress(void **state)
     kvr_index_destroy(g_ix);
 }
 
+/* ---- forget and reuse ---------------------------------------------------------------- */
+
+#define FR_WRITERS 2
+#define FR_ALIVE 4 /* pods alive per writer */
+#define FR_RANKS 2
+#define FR_DOCS 6
+#define FR_LEN 64
+
+static uint64_t fr_content[FR_DOCS][FR_LEN], fr_eh[FR_DOCS][FR_LEN];
+static uint64_t fr_forgets[FR_WRITERS], fr_finds, fr_hits;
+
+static void fr_pod_name(char *buf, size_t cap, uint32_t doc, int me, uint64_t n)
+{
+    snprintf(buf, cap, "d%u-w%d-%llu", doc, me, (unsigned long long)n);
+}
+
+static void *fr_writer(void *arg)
+{
+    int me = (int)(intptr_t)arg;
+    uint64_t s = g_seed ^ (uint64_t)(me + 7) * 0x9e3779b97f4a7c15ull, n = 0;
+    uint32_t pid[FR_ALIVE], wid[FR_ALIVE][FR_RANKS];
+    int alive[FR_ALIVE] = {0};
+    while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+        s = mixh(s + 1);
+        int k = (int)(s % FR_ALIVE);
+        if (alive[k]) { /* forget it */
+            struct kvr_index_wres r = {0};
+            CHECK(kvr_index_pod_forget(g_ix, pid[k], &r) == 0);
+            alive[k] = 0;
+            fr_forgets[me]++;
+            continue;
+        }
+        uint32_t doc = (uint32_t)((s >> 8) % FR_DOCS);
+        char pod[64];
+        fr_pod_name(pod, sizeof(pod), doc, me, n++);
+        for (uint32_t rk = 0; rk < FR_RANKS; rk++) {
+            /* never refused: the forgotten ids come back after their grace period */
+            CHECK(kvr_index_worker_intern(g_ix, pod, rk, &wid[k][rk]) == 0);
+            int len = 1 + (int)((s >> (16 + 8 * rk)) % FR_LEN);
+            struct kvr_index_block b[FR_LEN];
+            for (int i = 0; i < len; i++) {
+                b[i].engine_hash = fr_eh[doc][i];
+                b[i].content_hash = fr_content[doc][i];
+            }
+            struct kvr_index_wres r = {0};
+            CHECK(kvr_index_store(g_ix, wid[k][rk], (uint8_t)(rk % 2), g_ns, NULL, b,
+                                  (size_t)len, &r) == 0);
+        }
+        CHECK(kvr_index_pod_lookup(g_ix, pod, &pid[k]) == 0);
+        alive[k] = 1;
+    }
+    for (int k = 0; k < FR_ALIVE; k++)
+        if (alive[k]) {
+            struct kvr_index_wres r = {0};
+            CHECK(kvr_index_pod_forget(g_ix, pid[k], &r) == 0);
+        }
+    return NULL;
+}
+
+static void *fr_reader(void *arg)
+{
+    int me = (int)(intptr_t)arg;
+    struct kvr_index_reader *r;
+    CHECK(kvr_index_reader_create(g_ix, &r) == 0);
+    uint64_t s = g_seed ^ (uint64_t)(me + 201) * 0x9e3779b97f4a7c15ull, finds = 0, nh = 0;
+    while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+        s = mixh(s + 1);
+        uint32_t doc = (uint32_t)(s % FR_DOCS);
+        int len = 1 + (int)((s >> 8) % FR_LEN);
+        const struct kvr_index_hit *hits;
+        size_t nhits;
+        CHECK(kvr_index_find(r, g_ns, fr_content[doc], (size_t)len, NULL, 0, NULL, &hits,
+                             &nhits) == 0);
+        for (size_t i = 0; i < nhits; i++) {
+            unsigned d = 99;
+            CHECK(hits[i].pod != NULL && sscanf(hits[i].pod, "d%u-", &d) == 1);
+            CHECK(d == doc); /* never another pod's blocks under this name */
+            CHECK(hits[i].dp_rank < FR_RANKS);
+            CHECK(hits[i].matched >= 1 && hits[i].matched <= (uint32_t)len);
+            CHECK(i == 0 || hits[i - 1].wid < hits[i].wid);
+        }
+        finds++;
+        nh += nhits;
+    }
+    __atomic_fetch_add(&fr_finds, finds, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&fr_hits, nh, __ATOMIC_RELAXED);
+    kvr_index_reader_destroy(r);
+    return NULL;
+}
+
+static void *fr_watcher(void *arg)
+{
+    (void)arg;
+    uint64_t s = g_seed;
+    while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+        s = mixh(s + 1);
+        uint32_t nw = kvr_index_worker_count(g_ix);
+        for (uint32_t w = 0; w < nw; w++) {
+            uint64_t b[KVR_TIER_MAX];
+            kvr_index_worker_blocks(g_ix, w, b);
+            for (int t = 0; t < KVR_TIER_MAX; t++)
+                CHECK(b[t] <= FR_LEN);
+        }
+        struct kvr_index_stats st;
+        kvr_index_stats(g_ix, &st);
+        CHECK(st.workers <= FR_WRITERS * FR_ALIVE * FR_RANKS);
+        char pod[64];
+        uint32_t p;
+        fr_pod_name(pod, sizeof(pod), (uint32_t)(s % FR_DOCS), (int)((s >> 8) % FR_WRITERS),
+                    (s >> 16) % 64);
+        (void)kvr_index_pod_lookup(g_ix, pod, &p);
+        (void)kvr_index_worker_lookup(g_ix, pod, 0, &p);
+    }
+    return NULL;
+}
+
+static void test_forget_reuse(void **state)
+{
+    (void)state;
+    const char *env = getenv("KVR_SEED");
+    g_seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+    const char *ms_env = getenv("KVR_STRESS_MS");
+    long ms = ms_env ? atol(ms_env) : 1500;
+    for (int d = 0; d < FR_DOCS; d++)
+        for (int i = 0; i < FR_LEN; i++) {
+            fr_content[d][i] = mixh((uint64_t)d * 100000 + (uint64_t)i + 11);
+            fr_eh[d][i] = mixh((i ? fr_eh[d][i - 1] : 77) ^ fr_content[d][i]);
+        }
+    struct kvr_index_opts o = {.jump_stride = 4,
+                               .max_workers = FR_WRITERS * FR_ALIVE * FR_RANKS};
+    assert_int_equal(kvr_index_create(&o, &g_ix), 0);
+    assert_int_equal(kvr_index_ns_intern(g_ix, "m", NULL, &g_ns, NULL), 0);
+    __atomic_store_n(&g_stop, 0, __ATOMIC_RELAXED);
+    pthread_t wt[FR_WRITERS], rt[NREADERS], at;
+    for (int i = 0; i < FR_WRITERS; i++)
+        assert_int_equal(pthread_create(&wt[i], NULL, fr_writer, (void *)(intptr_t)i), 0);
+    for (int i = 0; i < NREADERS; i++)
+        assert_int_equal(pthread_create(&rt[i], NULL, fr_reader, (void *)(intptr_t)i), 0);
+    assert_int_equal(pthread_create(&at, NULL, fr_watcher, NULL), 0);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+    __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < FR_WRITERS; i++)
+        pthread_join(wt[i], NULL);
+    for (int i = 0; i < NREADERS; i++)
+        pthread_join(rt[i], NULL);
+    pthread_join(at, NULL);
+    uint64_t forgets = 0;
+    for (int i = 0; i < FR_WRITERS; i++)
+        forgets += fr_forgets[i];
+    printf("test_forget_reuse: %llu pods forgotten, %llu finds, %llu hits checked\n",
+           (unsigned long long)forgets, (unsigned long long)fr_finds,
+           (unsigned long long)fr_hits);
+    CHECK(forgets > FR_ALIVE * FR_WRITERS && fr_finds > 0);
+    /* all forgotten: nothing left, every id free again */
+    struct kvr_index_stats st;
+    kvr_index_stats(g_ix, &st);
+    assert_int_equal(st.workers, 0);
+    assert_int_equal(st.entries, 0);
+    assert_int_equal(st.holders, 0);
+    uint64_t fg, refused;
+    kvr_index_forget_stats(g_ix, &fg, &refused);
+    assert_int_equal(refused, 0);
+    assert_true(fg >= forgets * FR_RANKS);
+    kvr_index_destroy(g_ix);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_stress)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_stress),
+                                       cmocka_unit_test(test_forget_reuse)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,13 +97,36 @@ static void publish(void *pub, const char *topic, uint64_t seq, const struct tev
     msgpack_sbuffer_destroy(&sb);
 }
 
+static int64_t g_forget_after_ms; /* [events] forget_after of the next fixture */
+
 /* A fake intake: records replay requests (from writer threads); answers nothing itself. */
 struct fake_intake {
     pthread_mutex_t mu;
     struct kvr_queue_replay_req reqs[16];
     int nreqs;
     int rc; /* what replay() returns */
+    const struct kvr_queue_topic *forgot[16]; /* topics released (forget()) */
+    int nforgot;
 };
+
+static int fake_forget(void *arg, const struct kvr_queue_topic *t)
+{
+    struct fake_intake *fi = arg;
+
+    pthread_mutex_lock(&fi->mu);
+    assert_true(fi->nforgot < 16);
+    fi->forgot[fi->nforgot++] = t;
+    pthread_mutex_unlock(&fi->mu);
+    return 0;
+}
+
+static int forgot_count(struct fake_intake *fi)
+{
+    pthread_mutex_lock(&fi->mu);
+    int n = fi->nforgot;
+    pthread_mutex_unlock(&fi->mu);
+    return n;
+}
 
 static int fake_replay(void *arg, const struct kvr_queue_replay_req *r)
 {
@@ -155,6 +178,7 @@ static struct fx *fx_new_intake(const struct kvr_ingest_intake *intake)
     struct kvr_err err = {{0}};
 
     conf_defaults(&f->conf);
+    f->conf.forget_after_ms = g_forget_after_ms;
     io.orphan_capacity = 1024;
     assert_int_equal(kvr_index_create(&io, &f->ix), 0);
     assert_int_equal(kvr_index_reader_create(f->ix, &f->rd), 0);
@@ -442,7 +466,12 @@ static void test_restart_and_gap(void **state)
     uint64_t removed = 0;
     assert_int_equal(kvr_ingest_purge_pod(f->ing, "pod-r", &removed), 0);
     assert_int_equal(removed, 4);
-    assert_int_equal(worker_tier_blocks(f, "pod-r", 0, KVR_TIER_GPU), 0);
+    /* the pod is forgotten: not indexed, not listed, its worker id free */
+    uint32_t wid;
+    assert_int_equal(kvr_index_worker_lookup(f->ix, "pod-r", 0, &wid), -ENOENT);
+    assert_false(get_stream(f, "pod-r", 0, &si));
+    assert_int_equal(metric(f, "events_pods_forgotten_total", NULL), 1);
+    assert_int_equal(kvr_ingest_purge_pod(f->ing, "pod-r", &removed), -ENOENT);
     assert_int_equal(kvr_ingest_purge_pod(f->ing, "never-seen", &removed), -ENOENT);
     /* after the purge the next batch is a new baseline (not a restart) */
     publish(f->pub, "kv@pod-r@" MODEL, 3, &st, 1, 0);
@@ -637,6 +666,120 @@ static void test_destroy_releases_unconsumed(void **state)
     kvr_index_destroy(ix);
 }
 
+/* DELETE of a pod whose stream waits for a replay: the topic is released; its FORGET item
+ * frees the topic's state only once that replay ended (its items carry the stream). */
+static void test_forget_waits_for_replay(void **state)
+{
+    struct fake_intake fi = {.rc = 0};
+    struct kvr_ingest_intake in = {.replay = fake_replay, .running = fake_running,
+                                   .forget = fake_forget, .arg = &fi};
+    struct fx *f;
+    struct feeder *fd;
+    uint32_t tok[8];
+    uint64_t h[2] = {8100, 8101};
+    uint64_t removed = 0;
+    struct kvr_stream_info si;
+    (void)state;
+
+    pthread_mutex_init(&fi.mu, NULL);
+    f = fx_new_intake(&in);
+    fd = f->pub;
+    fd->can_replay = true;
+    tokens_seq(tok, 8, 900);
+    struct tev e = {.type = EV_STORED, .hashes = h, .n = 2, .tokens = tok, .ntok = 8, .bs = 4,
+                    .lora_id = -1};
+    publish(fd, "kv@pod-f@" MODEL, 0, &e, 1, 0);
+    wait_seq(f, "pod-f", 0, 0, KVR_STREAM_SYNCED);
+    publish(fd, "kv@pod-f@" MODEL, 3, NULL, 0, 0); /* gap: a replay is asked for */
+    struct kvr_queue_replay_req r = wait_request(&fi, 1);
+    assert_int_equal(kvr_ingest_purge_pod(f->ing, "pod-f", &removed), 0);
+    assert_int_equal(removed, 2);
+    assert_int_equal(forgot_count(&fi), 1);
+    assert_ptr_equal(fi.forgot[0], r.topic);
+    assert_false(get_stream(f, "pod-f", 0, &si));
+    uint32_t wid;
+    assert_int_equal(kvr_index_worker_lookup(f->ix, "pod-f", 0, &wid), -ENOENT);
+
+    /* the producer's FORGET: the state stays while the replay is out */
+    long before = atomic_load(&g_payloads);
+    struct kvr_queue_msg m = {.kind = KVR_QUEUE_FORGET, .topic = r.topic,
+                              .payload = payload_of("rec", 3)};
+    feed(fd, &m);
+    /* a late replay batch for the stream is stale, not a crash */
+    msgpack_sbuffer sb;
+    pack_batch(&sb, &e, 1, 0);
+    struct kvr_queue_msg rp = {.kind = KVR_QUEUE_REPLAY, .topic = r.topic, .ctx = r.ctx,
+                               .gen = r.gen, .seq = 1, .payload = payload_of(sb.data, sb.size)};
+    msgpack_sbuffer_destroy(&sb);
+    feed(fd, &rp);
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    while (atomic_load(&g_payloads) > before + 1 && kvr_now_ms() < deadline) /* the replay's */
+        sleep_ms(2);
+    sleep_ms(20);
+    assert_int_equal(atomic_load(&g_payloads), before + 1); /* the record's still held */
+    struct kvr_queue_msg end = {.kind = KVR_QUEUE_REPLAY_END, .topic = r.topic, .ctx = r.ctx,
+                                .gen = r.gen, .ok = true};
+    feed(fd, &end);
+    deadline = kvr_now_ms() + WAIT_MS;
+    while (atomic_load(&g_payloads) > before && kvr_now_ms() < deadline)
+        sleep_ms(2);
+    assert_int_equal(atomic_load(&g_payloads), before); /* the record, released */
+    for (size_t i = 0; i < fd->ntopics; i++) /* the producer would intern a new record */
+        if (&fd->topics[i] == r.topic)
+            fd->topics[i].owner = NULL;
+    /* the pod comes back as a new one */
+    publish(fd, "kv@pod-f@" MODEL, 0, &e, 1, 0);
+    si = wait_seq(f, "pod-f", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 2);
+    assert_int_equal(metric(f, "events_pods_forgotten_total", NULL), 1);
+    fx_free(f);
+    pthread_mutex_destroy(&fi.mu);
+}
+
+/* forget_after: a pod idle that long without blocks is forgotten, one with blocks kept. */
+static void test_forget_after_idle(void **state)
+{
+    struct fake_intake fi = {.rc = 0};
+    struct kvr_ingest_intake in = {.replay = fake_replay, .running = fake_running,
+                                   .forget = fake_forget, .arg = &fi};
+    uint32_t tok[8];
+    uint64_t h[2] = {8200, 8201};
+    struct kvr_stream_info si;
+    uint32_t wid;
+    (void)state;
+
+    pthread_mutex_init(&fi.mu, NULL);
+    g_forget_after_ms = 40;
+    struct fx *f = fx_new_intake(&in);
+    g_forget_after_ms = 0;
+    struct feeder *fd = f->pub;
+    tokens_seq(tok, 8, 950);
+    struct tev st = {.type = EV_STORED, .hashes = h, .n = 2, .tokens = tok, .ntok = 8, .bs = 4,
+                     .lora_id = -1};
+    struct tev clr = {.type = EV_CLEARED};
+    publish(fd, "kv@idle-empty@" MODEL, 0, &st, 1, 0);
+    publish(fd, "kv@idle-empty@" MODEL, 1, &clr, 1, 0);
+    publish(fd, "kv@idle-full@" MODEL, 0, &st, 1, 0);
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    while (forgot_count(&fi) < 1 && kvr_now_ms() < deadline)
+        sleep_ms(5);
+    assert_int_equal(forgot_count(&fi), 1);
+    assert_string_equal(fi.forgot[0]->pod, "idle-empty");
+    assert_int_equal(kvr_index_worker_lookup(f->ix, "idle-empty", 0, &wid), -ENOENT);
+    assert_false(get_stream(f, "idle-empty", 0, &si));
+    sleep_ms(200); /* several more sweeps: the pod with blocks stays */
+    assert_int_equal(forgot_count(&fi), 1);
+    assert_int_equal(kvr_index_worker_lookup(f->ix, "idle-full", 0, &wid), 0);
+    assert_true(get_stream(f, "idle-full", 0, &si));
+    assert_int_equal(si.blocks, 2);
+    assert_int_equal(metric(f, "events_pods_forgotten_total", NULL), 1);
+    struct kvr_queue_msg m = {.kind = KVR_QUEUE_FORGET, .topic = fi.forgot[0],
+                              .payload = payload_of("rec", 3)};
+    feed(fd, &m);
+    fx_free(f); /* every payload, the record included, released once */
+    pthread_mutex_destroy(&fi.mu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -648,6 +791,8 @@ int main(void)
         cmocka_unit_test(test_replay_via_intake),
         cmocka_unit_test(test_purge_item),
         cmocka_unit_test(test_destroy_releases_unconsumed),
+        cmocka_unit_test(test_forget_waits_for_replay),
+        cmocka_unit_test(test_forget_after_idle),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
     if (getenv("KVR_TEST_FILTER") != NULL)
