@@ -16,7 +16,7 @@ SEQ0 = struct.pack(">Q", 0)
 
 
 def metric(d, name, labels=None):
-    status, _, body = d.request("GET", "/metrics")
+    status, _, body = d.request("GET", "/metrics", admin=True)
     assert status == 200
     key = "kvrouter_%s%s " % (name, "{%s}" % labels if labels else "")
     for line in body.decode().splitlines():
@@ -37,7 +37,7 @@ def wait_metric(d, name, pred, what, timeout=WAIT):
 
 
 def pods_listed(d):
-    status, body = d.json("GET", "/v1/pods")
+    status, body = d.json("GET", "/v1/pods", admin=True)
     assert status == 200, body
     return {s["pod"] for s in body["pods"]}
 
