@@ -10,19 +10,10 @@ import msgpack
 
 from test_http import (BS, MODEL, Pub, block_removed, block_stored, need_ingest, score, stream,
                        sync, toks, wait_seq, zctx)  # noqa: F401 (zctx: a fixture)
+from test_ingest import metric
 
 WAIT = 10.0
 SEQ0 = struct.pack(">Q", 0)
-
-
-def metric(d, name, labels=None):
-    status, _, body = d.request("GET", "/metrics", admin=True)
-    assert status == 200
-    key = "kvrouter_%s%s " % (name, "{%s}" % labels if labels else "")
-    for line in body.decode().splitlines():
-        if line.startswith(key):
-            return float(line[len(key):])
-    return None
 
 
 def wait_metric(d, name, pred, what, timeout=WAIT):
