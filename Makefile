@@ -180,9 +180,21 @@ fuzz:
 	done
 
 # ---- install -------------------------------------------------------------------------
+# The configuration is an operator's file: installed only when absent. When one exists it
+# is left as it is and the shipped file goes beside it as kvrouterd.conf.dist (to diff).
+# INSTALL_BIN: the binary to install (tests install a given variant's with `make -o all`).
+INSTALL_BIN ?= $(BIN)
+CONF_DEST = $(DESTDIR)$(SYSCONFDIR)/kvrouterd/kvrouterd.conf
 install: all
-	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kvrouterd
-	install -D -m 0644 conf/kvrouterd.conf $(DESTDIR)$(SYSCONFDIR)/kvrouterd/kvrouterd.conf
+	install -D -m 0755 $(INSTALL_BIN) $(DESTDIR)$(PREFIX)/bin/kvrouterd
+	@if [ -e "$(CONF_DEST)" ] || [ -L "$(CONF_DEST)" ]; then \
+	  install -D -m 0644 conf/kvrouterd.conf "$(CONF_DEST).dist"; \
+	  echo "kvrouterd: $(CONF_DEST) exists and was kept;" \
+	       "the shipped configuration is installed as $(CONF_DEST).dist"; \
+	else \
+	  echo "install -D -m 0644 conf/kvrouterd.conf $(CONF_DEST)"; \
+	  install -D -m 0644 conf/kvrouterd.conf "$(CONF_DEST)"; \
+	fi
 	sed 's|@BINDIR@|$(PREFIX)/bin|g; s|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/kvrouterd.service \
 	  > kvrouterd.service.tmp
 	install -D -m 0644 kvrouterd.service.tmp $(DESTDIR)$(UNITDIR)/kvrouterd.service
