@@ -144,6 +144,7 @@ static size_t text_escape(char *dst, size_t cap, const char *s)
     return n;
 }
 
+__attribute__((format(printf, 3, 0)))
 static void vlog(enum kvr_log_level level, const char *suffix, const char *fmt, va_list ap)
 {
     char msg[LINE_MAX_BYTES];
