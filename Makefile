@@ -3,10 +3,12 @@
 #   make            build the daemon (build/kvrouterd)
 #   make test       install missing Debian packages, build with -Werror, run unit,
 #                   integration and fuzz-corpus-replay tests
-#   make run        deps + build + run in the foreground on conf/kvrouterd.conf
+#   make run        deps (+ the quick start's python3-zmq/-msgpack) + build + run in the
+#                   foreground on conf/kvrouterd.conf (feed it: scripts/publish-demo.py)
 #   make bench      build and run the benchmarks (bench/run.sh)
 #   make fuzz       clang libFuzzer builds, time-boxed runs (FUZZ_SECONDS, default 60 each)
-#   make install    PREFIX=/usr/local DESTDIR=
+#   make install    PREFIX=/usr/local DESTDIR= (keeps an existing /etc/kvrouterd/kvrouterd.conf)
+#   make docker-test build the Dockerfile with buildah and run it with podman (as root)
 #   make SANITIZE=address,undefined ... / make SANITIZE=thread ...
 #
 # Every src/*.c is a module compiled into build/<variant>/libkvr.a; tests/unit/test_*.c,
@@ -27,13 +29,20 @@ VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 # Debian packages: build/runtime libraries, test tools. Kept in sync with the Dockerfile.
+# The daemon links exactly the libraries of DEB_BUILD (+ libc/libm); the Dockerfile's runtime
+# stage installs their runtime packages. cJSON is only the comparison baseline of
+# bench_jtok (the daemon parses bodies with its own jtok): a benchmark dependency.
 DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
-             libcjson-dev libhttp-parser-dev libinih-dev
+             libhttp-parser-dev libinih-dev
 DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack
-DEB_BENCH := wrk nginx-light
+DEB_BENCH := wrk nginx-light libcjson-dev
+# What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
+# vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.
+DEB_RUN   := python3 python3-zmq python3-msgpack
 DEB_FUZZ  := clang libclang-rt-14-dev
 DEPS      ?= $(DEB_BUILD)
-PKGS      := libzmq msgpack libxxhash libuv libcjson inih
+PKGS      := libzmq msgpack libxxhash libuv inih
+BENCH_PKGS := libcjson
 
 comma := ,
 ifeq ($(SANITIZE),)
@@ -72,7 +81,7 @@ FUZZ_REPLAY := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 BENCH_SRCS := $(sort $(wildcard bench/bench_*.c))
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config
+.PHONY: all deps deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
 .DEFAULT_GOAL := all
 
 # build/kvrouterd always points at the binary of the variant built last (tests use it).
@@ -106,7 +115,8 @@ $(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB)
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Ibench -MMD -MP -o $@ $< $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags $(BENCH_PKGS) 2>/dev/null) -Ibench -MMD -MP \
+	  -o $@ $< $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL) $(shell pkg-config --libs $(BENCH_PKGS) 2>/dev/null)
 
 -include $(OBJS:.o=.d) $(BUILD)/daemon/main.d
 
@@ -156,13 +166,14 @@ check-config: all
 
 # ---- run -----------------------------------------------------------------------------
 run:
-	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_RUN)"
 	@$(MAKE) --no-print-directory all
 	exec $(BIN) -c conf/kvrouterd.conf
 
 # ---- benchmarks ----------------------------------------------------------------------
-bench: all $(BENCH_BINS)
-	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_BENCH)"
+bench:
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)"
+	@$(MAKE) --no-print-directory all $(BENCH_BINS)
 	BUILD=$(BUILD) PYTHON=$(PYTHON) sh bench/run.sh
 
 # ---- fuzzing (clang + libFuzzer) -----------------------------------------------------
@@ -178,6 +189,13 @@ fuzz:
 	  echo "== $$n for $(FUZZ_SECONDS)s"; \
 	  $(FUZZ_BUILD)/$$n -max_total_time=$(FUZZ_SECONDS) $(FUZZ_BUILD)/corpus-$$n tests/fuzz/corpus/$${n#fuzz_}; \
 	done
+
+# ---- container -----------------------------------------------------------------------
+# Builds the Dockerfile with buildah and runs the image with podman + runc (no Docker engine
+# needed): scripts/docker-test.sh. Installs debootstrap/buildah/podman/runc; caches the base
+# rootfs and the image storage under build/docker/.
+docker-test:
+	bash scripts/docker-test.sh
 
 # ---- install -------------------------------------------------------------------------
 # The configuration is an operator's file: installed only when absent. When one exists it

@@ -17,9 +17,11 @@ pytestmark = pytest.mark.skipif(MAKE is None, reason="make not installed")
 def make_install(destdir):
     # -o all: install the binary under test (INSTALL_BIN) without rebuilding or relinking
     # build/kvrouterd, whatever variant the suite runs.
+    # a make of its own, not a sub-make of the `make test` that may be running this suite
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     r = subprocess.run([MAKE, "--no-print-directory", "-C", REPO, "-o", "all", "install",
                         "DESTDIR=%s" % destdir, "PREFIX=/usr", "INSTALL_BIN=%s" % kvr_bin()],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout + r.stderr
 
