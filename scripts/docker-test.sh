@@ -14,9 +14,9 @@
 #
 # Needs root and Debian's debootstrap, buildah, podman, runc (installed via scripts/deps.sh).
 # Image storage lives in build/docker/ too (podman/buildah --root), not in /var/lib/containers.
-# Env: DOCKERFILE (Dockerfile), DEBIAN_RELEASE (bookworm), DEBIAN_MIRROR (the host's apt mirror), STORAGE_DRIVER
-# (overlay; vfs works everywhere, slower), KEEP=1 keeps the container and image, REUSE=1
-# tests a kept image without rebuilding it.
+# Env: DOCKERFILE (Dockerfile), DEBIAN_RELEASE (bookworm), DEBIAN_MIRROR (default: the
+# host's apt mirror), STORAGE_DRIVER (overlay; vfs works everywhere, slower), KEEP=1 keeps
+# the container and image, REUSE=1 tests a kept image without rebuilding it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -42,7 +42,7 @@ if [[ -z ${DEBIAN_MIRROR:-} ]]; then
         /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
     [[ -n $DEBIAN_MIRROR ]] || DEBIAN_MIRROR=$(awk '$1 == "deb" && $2 ~ /debian\/?$/ {print $2; exit}' \
         /etc/apt/sources.list 2>/dev/null)
-    DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+    [[ -n $DEBIAN_MIRROR ]] || die "no Debian mirror found in /etc/apt/sources*; set DEBIAN_MIRROR"
 fi
 
 mkdir -p "$CACHE"
