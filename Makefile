@@ -3,10 +3,12 @@
 #   make            build the daemon (build/kvrouterd)
 #   make test       install missing Debian packages, build with -Werror, run unit,
 #                   integration and fuzz-corpus-replay tests
-#   make run        deps + build + run in the foreground on conf/kvrouterd.conf
+#   make run        deps (+ the quick start's python3-zmq/-msgpack) + build + run in the
+#                   foreground on conf/kvrouterd.conf (feed it: scripts/publish-demo.py)
 #   make bench      build and run the benchmarks (bench/run.sh)
 #   make fuzz       clang libFuzzer builds, time-boxed runs (FUZZ_SECONDS, default 60 each)
-#   make install    PREFIX=/usr/local DESTDIR=
+#   make install    PREFIX=/usr/local DESTDIR= (keeps an existing /etc/kvrouterd/kvrouterd.conf)
+#   make docker-test build the Dockerfile with buildah and run it with podman (as root)
 #   make SANITIZE=address,undefined ... / make SANITIZE=thread ...
 #
 # Every src/*.c is a module compiled into build/<variant>/libkvr.a; tests/unit/test_*.c,
@@ -27,13 +29,20 @@ VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 # Debian packages: build/runtime libraries, test tools. Kept in sync with the Dockerfile.
+# The daemon links exactly the libraries of DEB_BUILD (+ libc/libm); the Dockerfile's runtime
+# stage installs their runtime packages. cJSON is only the comparison baseline of
+# bench_jtok (the daemon parses bodies with its own jtok): a benchmark dependency.
 DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
-             libcjson-dev libhttp-parser-dev libinih-dev
+             libhttp-parser-dev libinih-dev
 DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack
-DEB_BENCH := wrk nginx-light
+DEB_BENCH := wrk nginx-light libcjson-dev
+# What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
+# vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.
+DEB_RUN   := python3 python3-zmq python3-msgpack
 DEB_FUZZ  := clang libclang-rt-14-dev
 DEPS      ?= $(DEB_BUILD)
-PKGS      := libzmq msgpack libxxhash libuv libcjson inih
+PKGS      := libzmq msgpack libxxhash libuv inih
+BENCH_PKGS := libcjson
 
 comma := ,
 ifeq ($(SANITIZE),)
@@ -42,6 +51,10 @@ ifeq ($(SANITIZE),)
 else
   VARIANT := san-$(subst $(comma),-,$(SANITIZE))
   SANFLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+# A clang build lives beside the gcc one (build/<variant>-clang), so both can be kept.
+ifneq ($(findstring clang,$(notdir $(CC))),)
+  VARIANT := $(VARIANT)-clang
 endif
 BUILD := build/$(VARIANT)
 
@@ -68,7 +81,7 @@ FUZZ_REPLAY := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 BENCH_SRCS := $(sort $(wildcard bench/bench_*.c))
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-test test unit integration fuzz-replay fuzz run bench install clean check-config
+.PHONY: all deps deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
 .DEFAULT_GOAL := all
 
 # build/kvrouterd always points at the binary of the variant built last (tests use it).
@@ -102,7 +115,8 @@ $(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB)
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Ibench -MMD -MP -o $@ $< $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(shell pkg-config --cflags $(BENCH_PKGS) 2>/dev/null) -Ibench -MMD -MP \
+	  -o $@ $< $(LIB) $(LDFLAGS_ALL) $(LIBS_ALL) $(shell pkg-config --libs $(BENCH_PKGS) 2>/dev/null)
 
 -include $(OBJS:.o=.d) $(BUILD)/daemon/main.d
 
@@ -111,12 +125,17 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 deps:
 	@DEPS="$(DEPS)" sh scripts/deps.sh
 
+# clang and its sanitizer runtimes (make fuzz, and make test's clang replay uses them when present)
+deps-fuzz:
+	@DEPS="$(DEB_FUZZ)" sh scripts/deps.sh
+
 # ---- tests ---------------------------------------------------------------------------
 test:
 	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST)"
 	@$(MAKE) --no-print-directory WERROR=1 all $(UNIT_BINS) $(FUZZ_REPLAY)
 	@$(MAKE) --no-print-directory WERROR=1 unit
 	@$(MAKE) --no-print-directory WERROR=1 fuzz-replay
+	@$(MAKE) --no-print-directory fuzz-replay-clang
 	@$(MAKE) --no-print-directory WERROR=1 integration
 
 # `make unit UNIT="test_a test_b"` runs only those.
@@ -129,6 +148,16 @@ fuzz-replay: $(FUZZ_REPLAY)
 	@set -e; for t in $(FUZZ_REPLAY); do n=$$(basename $$t); \
 	  echo "== $$n: replaying tests/fuzz/corpus/$${n#fuzz_}"; $$t tests/fuzz/corpus/$${n#fuzz_}; done
 
+# The corpora once more under clang's ASan+UBSan, which sees what gcc's UBSan does not
+# (pointer arithmetic on NULL, pointer wrap); any report halts (-fno-sanitize-recover=all via
+# SANFLAGS). -O1 keeps the build short; skipped with a note when clang is not installed.
+# Not -Werror: the gcc build is the one held to it (clang warns differently).
+CLANG ?= clang
+fuzz-replay-clang:
+	@if command -v $(CLANG) >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory -j2 CC=$(CLANG) SANITIZE=address,undefined OPT=-O1 fuzz-replay; \
+	else echo "== fuzz-replay-clang: $(CLANG) not installed, skipped"; fi
+
 integration: all
 	KVR_BIN=$(abspath $(BIN)) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 
@@ -137,18 +166,20 @@ check-config: all
 
 # ---- run -----------------------------------------------------------------------------
 run:
-	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_RUN)"
 	@$(MAKE) --no-print-directory all
 	exec $(BIN) -c conf/kvrouterd.conf
 
 # ---- benchmarks ----------------------------------------------------------------------
-bench: all $(BENCH_BINS)
-	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_BENCH)"
+bench:
+	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)"
+	@$(MAKE) --no-print-directory all $(BENCH_BINS)
 	BUILD=$(BUILD) PYTHON=$(PYTHON) sh bench/run.sh
 
 # ---- fuzzing (clang + libFuzzer) -----------------------------------------------------
 FUZZ_BUILD := build/fuzz
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Isrc $(PKG_CFLAGS)
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined \
+               -fno-sanitize-recover=all -Isrc $(PKG_CFLAGS)
 fuzz:
 	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_FUZZ)"
 	@mkdir -p $(FUZZ_BUILD)
@@ -159,10 +190,29 @@ fuzz:
 	  $(FUZZ_BUILD)/$$n -max_total_time=$(FUZZ_SECONDS) $(FUZZ_BUILD)/corpus-$$n tests/fuzz/corpus/$${n#fuzz_}; \
 	done
 
+# ---- container -----------------------------------------------------------------------
+# Builds the Dockerfile with buildah and runs the image with podman + runc (no Docker engine
+# needed): scripts/docker-test.sh. Installs debootstrap/buildah/podman/runc; caches the base
+# rootfs and the image storage under build/docker/.
+docker-test:
+	bash scripts/docker-test.sh
+
 # ---- install -------------------------------------------------------------------------
+# The configuration is an operator's file: installed only when absent. When one exists it
+# is left as it is and the shipped file goes beside it as kvrouterd.conf.dist (to diff).
+# INSTALL_BIN: the binary to install (tests install a given variant's with `make -o all`).
+INSTALL_BIN ?= $(BIN)
+CONF_DEST = $(DESTDIR)$(SYSCONFDIR)/kvrouterd/kvrouterd.conf
 install: all
-	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/kvrouterd
-	install -D -m 0644 conf/kvrouterd.conf $(DESTDIR)$(SYSCONFDIR)/kvrouterd/kvrouterd.conf
+	install -D -m 0755 $(INSTALL_BIN) $(DESTDIR)$(PREFIX)/bin/kvrouterd
+	@if [ -e "$(CONF_DEST)" ] || [ -L "$(CONF_DEST)" ]; then \
+	  install -D -m 0644 conf/kvrouterd.conf "$(CONF_DEST).dist"; \
+	  echo "kvrouterd: $(CONF_DEST) exists and was kept;" \
+	       "the shipped configuration is installed as $(CONF_DEST).dist"; \
+	else \
+	  echo "install -D -m 0644 conf/kvrouterd.conf $(CONF_DEST)"; \
+	  install -D -m 0644 conf/kvrouterd.conf "$(CONF_DEST)"; \
+	fi
 	sed 's|@BINDIR@|$(PREFIX)/bin|g; s|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/kvrouterd.service \
 	  > kvrouterd.service.tmp
 	install -D -m 0644 kvrouterd.service.tmp $(DESTDIR)$(UNITDIR)/kvrouterd.service

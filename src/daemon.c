@@ -127,8 +127,12 @@ int kvr_daemon_reload(struct kvr_daemon_loop *l)
     if (l->on_reload != NULL)
         l->on_reload(l->arg, l->live);
     /* The result line must be visible under the more verbose of the old and new levels, so
-     * it is written before the switch when the level goes down, after it otherwise. */
+     * it is written before the switch when the level goes down, after it otherwise. It is
+     * the reload's last line: whoever waits for it (an operator, a test taking a log mark)
+     * has every line the reload writes. */
     if (l->live->log_level < (int)old_level) {
+        if (ignored.msg[0] != '\0')
+            kvr_log_warn("reload: changes to %s need a restart and were not applied", ignored.msg);
         if (n > 0)
             kvr_log_info("reload ok: changed %s", changed.msg);
         else
@@ -138,15 +142,15 @@ int kvr_daemon_reload(struct kvr_daemon_loop *l)
     kvr_log_configure((enum kvr_log_level)l->live->log_level,
                       (enum kvr_log_format)l->live->log_format);
     if (!logged) {
+        if (ignored.msg[0] != '\0')
+            kvr_log_warn("reload: changes to %s need a restart and were not applied", ignored.msg);
+        kvr_log_debug("reload: log level is now %s",
+                      kvr_log_level_name((enum kvr_log_level)l->live->log_level));
         if (n > 0)
             kvr_log_info("reload ok: changed %s", changed.msg);
         else
             kvr_log_info("reload ok: no changes");
     }
-    if (ignored.msg[0] != '\0')
-        kvr_log_warn("reload: changes to %s need a restart and were not applied", ignored.msg);
-    kvr_log_debug("reload: log level is now %s",
-                  kvr_log_level_name((enum kvr_log_level)l->live->log_level));
     return 0;
 }
 

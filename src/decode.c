@@ -631,7 +631,10 @@ static const char *orig_ptr(const struct evctx *cx, const struct kvr_decoder *d,
             break;
         shift += cx->c[k].end - cx->c[k].start - CARVE_MARK;
     }
-    return (const char *)(d->buf + cx->off + q + shift);
+    /* A carve shorter than its marker (an empty array) makes shift "negative": the sum is
+     * taken in size_t, where wrapping is defined, and only its result (inside the batch) is
+     * added to the pointer; d->buf + off + q + shift would wrap the pointer on the way. */
+    return (const char *)(d->buf + (cx->off + q + shift));
 }
 
 /* The array's hashes: decoded by prescan, or (reference path) converted into the scratch
@@ -770,7 +773,9 @@ int kvr_decode_next(struct kvr_decoder *d, struct kvr_event *ev, enum kvr_skip_r
     } else {
         /* The zone was sized for the batch's largest event; msgpack-c would expand it (one
          * malloc) if that accounting were ever short, never fail. */
-        struct evctx cx = {d->carves + s->c0, s[1].c0 - s->c0, NULL, off};
+        /* d->carves is NULL until a batch has carves: no offset is added to it then */
+        uint32_t nc = s[1].c0 - s->c0;
+        struct evctx cx = {nc > 0 ? d->carves + s->c0 : NULL, nc, NULL, off};
         const char *src = (const char *)d->buf;
         size_t from = off, to = end;
         msgpack_unpack_return ur;

@@ -3,6 +3,8 @@
  * Each line is formatted into a stack buffer and written with a single write(2), so lines
  * from several threads never interleave. Level and format are atomics: SIGHUP reload changes
  * them while other threads log. Messages longer than the buffer are truncated with "...".
+ * Messages are escaped in both formats (JSON string escapes; in text, control bytes and the
+ * backslash as C-style escapes), so no message can span or forge lines.
  */
 #include "log.h"
 
@@ -101,6 +103,48 @@ static size_t json_escape(char *dst, size_t cap, const char *s)
     return n;
 }
 
+/* Appends s to dst for a text line: control bytes (C0, DEL) become \n, \r, \t, \e or \xHH
+ * and a backslash becomes \\, so a peer-supplied string (a topic, a pod name) can neither
+ * end the line and forge the next one nor send terminal escape sequences, and the escaped
+ * text is unambiguous. Bytes >= 0x80 (UTF-8) pass unchanged. Stops before an escape that
+ * would not fit in cap. */
+static size_t text_escape(char *dst, size_t cap, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char e = 0;
+        if (c >= 0x20 && c != 0x7f && c != '\\') {
+            if (n + 1 > cap)
+                break;
+            dst[n++] = (char)c;
+            continue;
+        }
+        switch (c) {
+        case '\n': e = 'n'; break;
+        case '\r': e = 'r'; break;
+        case '\t': e = 't'; break;
+        case 0x1b: e = 'e'; break;
+        case '\\': e = '\\'; break;
+        default: break;
+        }
+        if (n + (e ? 2 : 4) > cap)
+            break;
+        dst[n++] = '\\';
+        if (e) {
+            dst[n++] = e;
+        } else {
+            dst[n++] = 'x';
+            dst[n++] = hex[c >> 4];
+            dst[n++] = hex[c & 15];
+        }
+    }
+    return n;
+}
+
+__attribute__((format(printf, 3, 0)))
 static void vlog(enum kvr_log_level level, const char *suffix, const char *fmt, va_list ap)
 {
     char msg[LINE_MAX_BYTES];
@@ -130,8 +174,10 @@ static void vlog(enum kvr_log_level level, const char *suffix, const char *fmt, 
         memcpy(line + n, "\"}\n", 3);
         n += 3;
     } else {
-        m = snprintf(line, sizeof(line), "%s %-5s %s\n", ts, kvr_log_level_name(level), msg);
-        n = m >= (int)sizeof(line) ? sizeof(line) - 1 : (size_t)m;
+        /* every message is escaped: its arguments may hold peer-supplied bytes */
+        n = (size_t)snprintf(line, sizeof(line), "%s %-5s ", ts, kvr_log_level_name(level));
+        n += text_escape(line + n, sizeof(line) - n - 1, msg);
+        line[n++] = '\n';
     }
     /* One write per line; a short write to stderr is not worth retrying. */
     ssize_t w = write(atomic_load_explicit(&g_fd, memory_order_relaxed), line, n);

@@ -136,6 +136,32 @@ def test_reload_changes_log_level(daemon_factory):
     assert " debug " not in d.stderr_text()[mark:]
 
 
+def _lines_after(d, m):
+    return d.stderr_text()[m.end():].splitlines()[1:]
+
+
+@pytest.mark.parametrize("new_level", ["debug", "info"])
+def test_reload_result_is_the_last_line(daemon_factory, new_level):
+    """"reload ok" is the last line a reload writes (the warning about restart-only
+    directives and the debug line come before it), so whoever waits for it and then takes a
+    log mark sees no line of that reload after the mark (test_reload_changes_log_level was
+    flaky because the debug line came after "reload ok")."""
+    d = daemon_factory({"log": {"level": "debug"}})
+    with open(d.conf_path, "w") as f:
+        f.write(render_config(merge_config({"log": {"level": new_level},
+                                            "events": {"writer_threads": "3"}})))
+    mark = d.log_mark()
+    m = d.reload()
+    assert m.group(0).startswith("reload ok:"), m.group(0)
+    before = d.stderr_text()[mark:m.start()]
+    assert "need a restart" in before
+    if new_level == "debug":
+        assert "reload: log level is now debug" in before
+    d.stop()
+    after = _lines_after(d, m)
+    assert after and "received SIGTERM" in after[0], after
+
+
 def test_reload_format_weights_and_restart_only(daemon_factory):
     d = daemon_factory({"log": {"level": "info"}})
     with open(d.conf_path, "w") as f:
