@@ -521,6 +521,21 @@ bool kvr_zsub_pod_admitted(struct kvr_zsub *z, struct source *s, zmq_msg_t *firs
 
 /* ---- bind socket monitor (receive thread) ------------------------------------------------ */
 
+/* Our copy of a descriptor libzmq accepted, and its close. Out of line and named so the
+ * ThreadSanitizer build can ignore exactly these (zsub.c's suppressions): libzmq is not
+ * instrumented, so TSan never sees it create or close the fd numbers we copy and reports
+ * the copy as a race with whichever instrumented module (libuv) last used the number.
+ * Copying or closing a copy never touches the other module's descriptor. */
+__attribute__((noinline)) int kvr_zsub_fd_copy(int fd)
+{
+    return fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
+__attribute__((noinline)) void kvr_zsub_fd_copy_close(int fd)
+{
+    close(fd);
+}
+
 static struct pconn *conn_find(struct source *s, int fd)
 {
     for (size_t i = 0; i < s->nconns; i++)
@@ -532,7 +547,7 @@ static struct pconn *conn_find(struct source *s, int fd)
 static void conn_drop(struct source *s, struct pconn *c)
 {
     if (c->dupfd >= 0)
-        close(c->dupfd);
+        kvr_zsub_fd_copy_close(c->dupfd);
     *c = s->conns[--s->nconns];
 }
 
@@ -624,10 +639,10 @@ void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t 
          * us from holding another module's socket. Another connection of this same socket
          * may be misattributed (only this counter and log line, and we close our copy at
          * the next DISCONNECTED of that fd number). */
-        c->dupfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        c->dupfd = kvr_zsub_fd_copy(fd);
         if (c->dupfd < 0 || !conn_of(s, c->dupfd, c->peer, sizeof(c->peer))) {
             if (c->dupfd >= 0)
-                close(c->dupfd);
+                kvr_zsub_fd_copy_close(c->dupfd);
             return;
         }
         s->nconns++;

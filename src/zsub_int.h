@@ -205,6 +205,8 @@ bool kvr_zsub_pod_admitted(struct kvr_zsub *z, struct source *s, zmq_msg_t *firs
 void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t ev,
                                  uint32_t value);
 void kvr_zsub_conns_close(struct source *s);
+int kvr_zsub_fd_copy(int fd);          /* a CLOEXEC copy of fd, or -1 */
+void kvr_zsub_fd_copy_close(int fd);
 /* Receive thread (handle_control): forgets the released topics of list (and frees it):
  * out of the table and the sources' lists, then one FORGET item each, which hands the
  * record to the consumer. */
