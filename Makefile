@@ -155,7 +155,7 @@ fuzz-replay: $(FUZZ_REPLAY)
 CLANG ?= clang
 fuzz-replay-clang:
 	@if command -v $(CLANG) >/dev/null 2>&1; then \
-	  $(MAKE) --no-print-directory -j2 CC=$(CLANG) SANITIZE=address,undefined OPT=-O1 fuzz-replay; \
+	  $(MAKE) --no-print-directory -j2 CC=$(CLANG) SANITIZE=address,undefined OPT=-O1 WERROR=1 fuzz-replay; \
 	else echo "== fuzz-replay-clang: $(CLANG) not installed, skipped"; fi
 
 integration: all

@@ -461,7 +461,7 @@ static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
 {
     struct node *x = s->nfresh;
     if (x != NULL) {
-        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        memcpy(&s->nfresh, (void *)x, sizeof(s->nfresh));
         return x;
     }
     if (s->rb != s->re)
@@ -476,7 +476,7 @@ static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
 
 static inline void node_cache_put(struct ebr_slot *s, void *p)
 {
-    memcpy(p, &s->nnext, sizeof(s->nnext));
+    memcpy(p, (void *)&s->nnext, sizeof(s->nnext));
     s->nnext = p;
 }
 

@@ -106,7 +106,7 @@ static struct node *slab_take_locked(struct slab *sb, struct ebr_slot *s)
     struct node *x;
     if (c->free != NULL) {
         x = c->free;
-        memcpy(&c->free, x, sizeof(c->free));
+        memcpy(&c->free, (void *)x, sizeof(c->free));
     } else {
         x = (struct node *)((char *)c + NCHUNK_HDR) + c->bump++;
     }
@@ -132,7 +132,7 @@ static void slab_put_locked(struct slab *sb, struct ebr_slot *s, struct node *x)
             chunk_unmap(s, c);
         return;
     }
-    memcpy(x, &c->free, sizeof(c->free));
+    memcpy((void *)x, &c->free, sizeof(c->free));
     c->free = x;
 }
 
@@ -163,13 +163,13 @@ struct node *kvr_ix_node_refill(struct kvr_index *ix, struct ebr_slot *s)
         struct node *y = slab_take_locked(sb, s);
         if (y == NULL)
             break;
-        memcpy(y, &s->nfresh, sizeof(s->nfresh));
+        memcpy((void *)y, &s->nfresh, sizeof(s->nfresh));
         s->nfresh = y;
     }
     slab_unlock(sb);
     struct node *x = s->nfresh;
     if (x != NULL)
-        memcpy(&s->nfresh, x, sizeof(s->nfresh));
+        memcpy(&s->nfresh, (void *)x, sizeof(s->nfresh));
     return x;
 }
 
@@ -199,7 +199,7 @@ void kvr_ix_node_cache_roll(struct kvr_index *ix, struct ebr_slot *s)
         struct node *x = pass ? s->nnext : s->nfresh;
         while (x != NULL) {
             struct node *nx;
-            memcpy(&nx, x, sizeof(nx));
+            memcpy(&nx, (void *)x, sizeof(nx));
             slab_put_locked(sb, s, x);
             x = nx;
         }

@@ -218,15 +218,6 @@ static inline uint64_t be64(uint64_t x)
 #endif
 }
 
-static inline uint64_t le64(uint64_t x)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return __builtin_bswap64(x);
-#else
-    return x;
-#endif
-}
-
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
