@@ -28,6 +28,8 @@ const char *kvr_stream_state_name(enum kvr_stream_state s)
         return "replaying";
     case KVR_STREAM_UNSYNCED:
         return "unsynced";
+    case KVR_STREAM_RESTORED:
+        return "restored";
     }
     return "?";
 }
@@ -48,9 +50,22 @@ static int start_replay(struct kvr_stream *s, uint64_t from)
     return KVR_STREAM_REPLAY;
 }
 
+void kvr_stream_restore(struct kvr_stream *s, uint64_t last, bool unsynced)
+{
+    kvr_stream_init(s);
+    s->based = true;
+    s->has_last = true;
+    s->last = last;
+    s->live_last = last;
+    s->unsynced = unsynced;
+    s->restored = true;
+}
+
 int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay)
 {
     uint64_t expected;
+
+    s->restored = false;
 
     if (!s->based) {
         /* Baseline: whatever came before this batch is unknown and not asked for. */
@@ -189,6 +204,7 @@ void kvr_stream_reset(struct kvr_stream *s)
     }
     s->replay_hole = false;
     s->unsynced = false;
+    s->restored = false;
 }
 
 enum kvr_stream_state kvr_stream_state(const struct kvr_stream *s)
@@ -197,5 +213,7 @@ enum kvr_stream_state kvr_stream_state(const struct kvr_stream *s)
         return KVR_STREAM_REPLAYING;
     if (s->unsynced)
         return KVR_STREAM_UNSYNCED;
+    if (s->restored)
+        return KVR_STREAM_RESTORED;
     return KVR_STREAM_SYNCED;
 }

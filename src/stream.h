@@ -35,6 +35,7 @@ enum kvr_stream_state {
     KVR_STREAM_SYNCED = 0,    /* contiguous since the baseline */
     KVR_STREAM_REPLAYING = 1, /* a gap is being recovered through replay */
     KVR_STREAM_UNSYNCED = 2,  /* a gap could not be recovered; index may miss blocks */
+    KVR_STREAM_RESTORED = 3,  /* loaded from a snapshot; no live batch since */
 };
 const char *kvr_stream_state_name(enum kvr_stream_state s); /* "synced", ... */
 
@@ -62,6 +63,7 @@ struct kvr_stream {
     uint32_t replay_gen; /* bumped on every replay start/abort: older replay items are stale */
 
     bool unsynced;      /* sticky until resync */
+    bool restored;      /* from a snapshot, until the first live batch */
 
     /* counters (monotonic) */
     uint64_t gaps;      /* gaps detected (live or inside a replay) */
@@ -74,6 +76,11 @@ struct kvr_stream {
 };
 
 void kvr_stream_init(struct kvr_stream *s);
+/* A stream loaded from a snapshot: based, `last` applied (and the highest live seq seen),
+ * unsynced as it was saved. Its first live batch then follows the usual rules: last + 1 is
+ * applied, a gap starts a replay from last + 1 (or leaves it unsynced), a seq <= last is an
+ * engine restart (purge). State KVR_STREAM_RESTORED until that batch. */
+void kvr_stream_restore(struct kvr_stream *s, uint64_t last, bool unsynced);
 
 /* A live batch. can_replay: its source has a replay endpoint and replays may be started. */
 int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay);

@@ -22,6 +22,38 @@ static int live(struct kvr_stream *s, uint64_t seq, bool can_replay)
     return v;
 }
 
+/* A stream loaded from a snapshot: its first live batch continues, starts a replay for the
+ * batches missed while the daemon was down, or is an engine restart (purge). */
+static void test_restored(void **state)
+{
+    struct kvr_stream s;
+    (void)state;
+    kvr_stream_restore(&s, 100, false);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_RESTORED);
+    assert_int_equal(kvr_stream_expected(&s), 101);
+    assert_int_equal(live(&s, 101, true), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+
+    kvr_stream_restore(&s, 100, false);
+    assert_int_equal(kvr_stream_on_live(&s, 150, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 101);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
+
+    kvr_stream_restore(&s, 100, false);
+    assert_int_equal(live(&s, 150, false), KVR_STREAM_APPLY); /* no replay: unsynced */
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+
+    kvr_stream_restore(&s, 100, false);
+    assert_int_equal(live(&s, 0, true), KVR_STREAM_APPLY | KVR_STREAM_F_PURGE);
+    assert_int_equal(s.restarts, 1);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+
+    kvr_stream_restore(&s, 100, true); /* saved unsynced stays unsynced */
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    assert_int_equal(live(&s, 101, true), KVR_STREAM_APPLY);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+}
+
 static void test_baseline_and_normal(void **state)
 {
     struct kvr_stream s;
@@ -532,6 +564,7 @@ static void test_state_names(void **state)
     (void)state;
     assert_string_equal(kvr_stream_state_name(KVR_STREAM_SYNCED), "synced");
     assert_string_equal(kvr_stream_state_name(KVR_STREAM_REPLAYING), "replaying");
+    assert_string_equal(kvr_stream_state_name(KVR_STREAM_RESTORED), "restored");
     assert_string_equal(kvr_stream_state_name(KVR_STREAM_UNSYNCED), "unsynced");
     assert_string_equal(kvr_stream_state_name((enum kvr_stream_state)7), "?");
 }
@@ -541,6 +574,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_names),
         cmocka_unit_test(test_baseline_and_normal),
+        cmocka_unit_test(test_restored),
         cmocka_unit_test(test_baseline_at_zero),
         cmocka_unit_test(test_gap_without_replay_unsynced),
         cmocka_unit_test(test_gap_replay_ok),
