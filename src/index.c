@@ -222,3 +222,19 @@ void kvr_index_worker_blocks(struct kvr_index *ix, uint32_t wid, uint64_t blocks
     ebr_exit(s);
     slot_release(s);
 }
+
+uint32_t kvr_index_worker_orphans(const struct kvr_index *cix, uint32_t wid)
+{
+    struct kvr_index *ix = (struct kvr_index *)cix; /* an epoch slot is claimed, nothing changed */
+    uint32_t n = 0;
+    if (wid >= LDA(ix->nworkers))
+        return 0;
+    struct ebr_slot *s = kvr_ix_slot_claim(ix, 0);
+    ebr_enter(ix, s);
+    struct worker *w = worker_get(ix, wid);
+    if (w != NULL)
+        n = LD(w->porph);
+    ebr_exit(s);
+    slot_release(s);
+    return n;
+}

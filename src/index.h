@@ -177,6 +177,10 @@ struct kvr_index_stats {
 };
 void kvr_index_stats(struct kvr_index *ix, struct kvr_index_stats *st);
 
+/* Blocks the worker holds parked as orphans (their parent unknown): while > 0 the index is
+ * incomplete for it. 0 for a free id. */
+uint32_t kvr_index_worker_orphans(const struct kvr_index *ix, uint32_t wid);
+
 /* Blocks a worker holds per tier (distinct engine hashes, duplicates counted once). */
 void kvr_index_worker_blocks(struct kvr_index *ix, uint32_t wid, uint64_t blocks[KVR_TIER_MAX]);
 

@@ -277,6 +277,7 @@ struct worker {
     /* writer only */
     struct parked *orph;
     uint32_t norph, corph;
+    uint32_t porph;                 /* atomic: norph, published for readers */
     struct cmap awaited; /* parent engine hash -> parked blocks awaiting it */
 };
 

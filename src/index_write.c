@@ -489,6 +489,7 @@ static void orph_remove_at(struct wctx *c, uint32_t i, uint32_t k)
         (void)kvr_ix_cmap_add(c->s, &w->awaited, w->orph[j].parent, -1);
     memmove(&w->orph[i], &w->orph[i + k], (w->norph - i - k) * sizeof(*w->orph));
     w->norph -= k;
+    ST(w->porph, w->norph);
     ADD(c->s->orphans, -(int64_t)k);
     if (w->norph == 0) {
         sl_free(c->s, w->orph);
@@ -537,6 +538,7 @@ static int orph_park(struct wctx *c, uint32_t tier, uint32_t ns, uint64_t parent
         if (kvr_ix_cmap_add(c->s, &w->awaited, pk->parent, 1) < 0)
             return -ENOMEM;
         w->norph++;
+        ST(w->porph, w->norph);
         ADD(c->s->orphans, 1);
         c->res->orphaned++;
     }

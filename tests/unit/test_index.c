@@ -209,6 +209,7 @@ static void test_orphans(void **state)
     struct kvr_index_stats stt;
     kvr_index_stats(f.ix, &stt);
     assert_int_equal(stt.orphans, 50);
+    assert_int_equal(kvr_index_worker_orphans(f.ix, f.w0), 50);
     assert_int_equal(stt.entries, 0);
     /* a query starting with block 10's content does not match (SGLang would) */
     uint64_t qq[50];
@@ -222,6 +223,7 @@ static void test_orphans(void **state)
     r = st(&f, f.w0, 0, f.ns, 0, 0, 10);
     assert_int_equal(r.stored, 60);
     assert_int_equal(r.orphans_adopted, 50);
+    assert_int_equal(kvr_index_worker_orphans(f.ix, f.w0), 0);
     assert_int_equal(matched(&f, f.ns, 0, 60, f.w0), 60);
     kvr_index_stats(f.ix, &stt);
     assert_int_equal(stt.orphans, 0);
