@@ -254,6 +254,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.jump_stride, 32);
     assert_int_equal(c.max_workers, 16384);
     assert_int_equal(c.orphan_capacity, 65536);
+    assert_int_equal(c.max_memory, 0);
     assert_string_equal(c.listen, "0.0.0.0:8080");
     assert_null(c.admin_listen);
     assert_null(c.admin_token);
