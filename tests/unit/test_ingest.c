@@ -794,7 +794,7 @@ static double skipped_over_budget(struct fx *f)
 static void test_budget_refuses_stores(void **state)
 {
     struct fx *f = fx_new();
-    uint32_t tok[16], tok2[8], tok3[16];
+    uint32_t tok[24], tok2[8], tok3[16];
     uint64_t h[4] = {801, 802, 803, 804}, h2[2] = {805, 806}, h3[4] = {901, 902, 903, 904};
     struct kvr_stream_info si;
     (void)state;
