@@ -9,7 +9,7 @@
  *
  * THE MEMORY CAP ([index] max_memory, README "Memory cap")
  * Before a BlockStored reaches the index, the writer compares the index's bytes
- * (kvr_index_bytes: a sum over the few epoch slots in use, ~10 ns) plus an estimate of the
+ * (kvr_index_bytes: a sum over the few epoch slots in use, ~3 ns) plus an estimate of the
  * store (BUDGET_PAIR_BYTES a block) with the cap; over it, the event is skipped with reason
  * over_budget and its blocks counted. Everything else applies: removals and clears free
  * memory, and an orphan parked is a store like any other (refused). The check is per event
@@ -34,9 +34,10 @@
 
 #include "hash.h"
 
-/* Bytes a (holder, block) pair costs the index, with its reverse-map record: 63.3 measured
- * (bench/index.sh, README); a store of n blocks is refused when bytes + n × this pass the
- * cap. Only an estimate: duplicates cost nothing, new entries more. */
+/* Bytes a (holder, block) pair costs the index, with its reverse-map record: 63.3 in
+ * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (README "Memory
+ * cap"); a store of n blocks is refused when bytes + n × this would pass the cap. Only an
+ * estimate of the next step: what the index really allocates is what is compared. */
 #define BUDGET_PAIR_BYTES 64u
 
 void kvr_ingest_budget_init(struct kvr_ingest *ing)
@@ -207,8 +208,7 @@ static bool refuse_store(struct writer *w, struct ing_stream *s, size_t n)
         return false;
     KVR_CNT_OWN_INC(w->st.skipped[SKIP_OVER_BUDGET]);
     KVR_CNT_OWN_ADD(w->st.budget_blocks, n);
-    if (!s->over_budget)
-        set_over_budget(s, true);
+    set_over_budget(s, true);
     kvr_log_limited(&ing->rl_budget, KVR_LOG_WARN,
                     "index: %" PRIu64 " bytes, at [index] max_memory (%" PRIu64 "): new blocks "
                     "are not indexed (%s/%u and others; see events_skipped_total{reason="

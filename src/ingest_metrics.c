@@ -240,8 +240,9 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_gauge(out, "events_unsynced_streams", "Streams that may miss blocks", NULL,
                       (double)st_count[2]);
     kvr_metrics_gauge(out, "events_stream_orphans",
-                      "Blocks parked as orphans (parent unknown), summed over the streams", NULL,
-                      (double)orphans);
+                      "Blocks parked as orphans (parent unknown), summed over the streams "
+                      "(a worker fed by two topics counts once per topic)",
+                      NULL, (double)orphans);
 
     /* Prometheus wants the samples of one family together: one loop per family. */
     for (uint32_t i = 0; i < ing->nwriters; i++) {
