@@ -51,7 +51,8 @@ static void usage(FILE *f)
             "      --version      print the version and exit\n"
             "  -h, --help         print this help and exit\n"
             "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score] and [http] admin_token.\n");
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [http] admin_token\n"
+            "and [index] max_memory.\n");
 }
 
 /* kvrouterd -t: advice that does not fail the check. */
@@ -68,6 +69,8 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
 
     if (a->score != NULL)
         kvr_score_set_weights(a->score, live);
+    if (a->ingest != NULL)
+        kvr_ingest_set_max_memory(a->ingest, live->max_memory > 0 ? (uint64_t)live->max_memory : 0);
     if (a->http != NULL && kvr_http_set_admin_token(a->http, live->admin_token) != 0)
         kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");
 }

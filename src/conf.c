@@ -128,6 +128,7 @@ static const struct directive directives[] = {
     {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
     {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},
     {"index", "orphan_capacity", T_U32, "65536", 0, 16777216, 0, OFF(orphan_capacity)},
+    {"index", "max_memory", T_SIZE, "0", 0, 1024 * GiB, F_RELOADABLE, OFF(max_memory)},
 
     {"http", "listen", T_HOSTPORT, "0.0.0.0:8080", 0, 0, 0, OFF(listen)},
     {"http", "admin_listen", T_HOSTPORT, NULL, 0, 0, 0, OFF(admin_listen)},

@@ -77,6 +77,8 @@ struct kvr_conf {
     uint32_t jump_stride;    /* default 32, 1..4096 */
     uint32_t max_workers;    /* default 16384 */
     uint32_t orphan_capacity; /* blocks held while waiting for an unknown parent; default 65536 */
+    int64_t max_memory;      /* index bytes past which new blocks are not indexed; default 0
+                              * (unlimited); reloadable (main hands it to ingest) */
 
     /* [http] */
     char *listen;            /* HOST:PORT; default 0.0.0.0:8080; port 0 = pick and report */

@@ -538,6 +538,8 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     put_u64(b, s->restarts);
     put(b, ",\"state\":");
     put_json_str(b, kvr_stream_state_name(s->state));
+    put(b, ",\"orphans\":");
+    put_u64(b, s->orphans);
     put(b, ",\"last_event_age_ms\":");
     put_i64(b, s->last_event_age_ms);
     put(b, "}");

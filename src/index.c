@@ -205,6 +205,16 @@ void kvr_index_stats(struct kvr_index *ix, struct kvr_index_stats *st)
     st->orphans = orph > 0 ? (uint64_t)orph : 0;
 }
 
+uint64_t kvr_index_bytes(const struct kvr_index *ix)
+{
+    /* slots above the high-water mark were never claimed: their bytes are 0 */
+    uint32_t n = __atomic_load_n(&ix->nslots, __ATOMIC_RELAXED);
+    int64_t bytes = __atomic_load_n(&ix->gbytes, __ATOMIC_RELAXED);
+    for (uint32_t i = 0; i < n && i < EBR_SLOTS; i++)
+        bytes += LD(ix->slots[i].bytes);
+    return bytes > 0 ? (uint64_t)bytes : 0;
+}
+
 void kvr_index_worker_blocks(struct kvr_index *ix, uint32_t wid, uint64_t blocks[KVR_TIER_MAX])
 {
     memset(blocks, 0, KVR_TIER_MAX * sizeof(uint64_t));

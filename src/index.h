@@ -176,6 +176,9 @@ struct kvr_index_stats {
     uint64_t orphans;  /* blocks parked waiting for a parent */
 };
 void kvr_index_stats(struct kvr_index *ix, struct kvr_index_stats *st);
+/* kvr_index_stats' bytes alone, cheap enough to ask before every store (sums only the epoch
+ * slots ever used, not all of them): the memory cap's ([index] max_memory) figure. */
+uint64_t kvr_index_bytes(const struct kvr_index *ix);
 
 /* Blocks the worker holds parked as orphans (their parent unknown): while > 0 the index is
  * incomplete for it. 0 for a free id. */

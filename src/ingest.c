@@ -78,6 +78,7 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     pthread_mutex_init(&ing->life_mu, NULL);
     kvr_ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     kvr_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
+    kvr_ingest_budget_init(ing);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 

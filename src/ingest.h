@@ -92,14 +92,27 @@ struct kvr_stream_info {
     uint64_t gaps;
     uint64_t replays;
     uint64_t restarts;
-    enum kvr_stream_state state;
+    enum kvr_stream_state state; /* shown state, first that applies: replaying, unsynced,
+                                  * over_budget, incomplete, restored, synced */
     int64_t last_event_age_ms; /* since the last batch was applied */
+    uint32_t orphans;     /* blocks of its worker parked as orphans (parent unknown): while
+                           * > 0 the index is incomplete for it (state incomplete) */
 };
 /* A stream is listed once its first batch has been applied; last_seq is published after the
  * batch's index updates (release/acquire), so a caller that sees last_seq >= N and then
  * queries the index sees every batch up to N. */
 void kvr_ingest_streams(struct kvr_ingest *ing,
                         void (*cb)(const struct kvr_stream_info *s, void *arg), void *arg);
+
+/* ---- the memory cap ([index] max_memory) --------------------------------------------- */
+
+/* A BlockStored is refused (not indexed, skip reason over_budget) when the index's bytes
+ * (kvr_index_bytes) plus an estimate of the store would pass the cap; removals and clears
+ * always apply. A stream that had a store refused reads over_budget until its worker is
+ * emptied (AllBlocksCleared, engine restart, purge, pod forgotten), like unsynced. Any
+ * thread (SIGHUP reload); 0 = no cap. Takes effect at the writers' next store. */
+void kvr_ingest_set_max_memory(struct kvr_ingest *ing, uint64_t bytes);
+uint64_t kvr_ingest_max_memory(const struct kvr_ingest *ing);
 
 /* Number of streams currently unsynced (gauge). */
 uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing);

@@ -6,6 +6,23 @@
  * (documented per function below and in docs/ingest.md) and no business with queues,
  * sequence numbers or replays, which stay in ingest.c. Runs only on the writer thread that
  * owns the stream (w); touches w's caches and counters and the stream's group masks.
+ *
+ * THE MEMORY CAP ([index] max_memory, README "Memory cap")
+ * Before a BlockStored reaches the index, the writer compares the index's bytes
+ * (kvr_index_bytes: a sum over the few epoch slots in use, ~3 ns) plus an estimate of the
+ * store (BUDGET_PAIR_BYTES a block) with the cap; over it, the event is skipped with reason
+ * over_budget and its blocks counted. Everything else applies: removals and clears free
+ * memory, and an orphan parked is a store like any other (refused). The check is per event
+ * and per writer, not a reservation: writers check concurrently and the index grows in steps
+ * (a 2 MiB node chunk, a holder's reverse map doubling), so the index can pass the cap by
+ * about one such step per writer; bench/budget.sh measures it.
+ * A stream that had a store refused misses blocks its engine holds (and, after them, their
+ * children, which come back parked as orphans): it reads over_budget. Being back under the
+ * cap does not bring the refused blocks back, so the state stays until the worker is emptied
+ * and the index misses nothing again, the rules that resync an unsynced stream:
+ * AllBlocksCleared (here), an engine restart or a purge (kvr_ingest_clear_worker), or a new
+ * baseline after the pod was forgotten (a batch applied without a previous one). A replay
+ * cannot help: the refused batches were applied, so no gap is seen to replay.
  */
 #include "ingest_int.h"
 
@@ -16,6 +33,38 @@
 #include <string.h>
 
 #include "hash.h"
+
+/* Bytes a (holder, block) pair costs the index, with its reverse-map record: 63.3 in
+ * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (README "Memory
+ * cap"); a store of n blocks is refused when bytes + n × this would pass the cap. Only an
+ * estimate of the next step: what the index really allocates is what is compared. */
+#define BUDGET_PAIR_BYTES 64u
+
+void kvr_ingest_budget_init(struct kvr_ingest *ing)
+{
+    atomic_init(&ing->max_memory,
+                ing->conf->max_memory > 0 ? (uint64_t)ing->conf->max_memory : 0);
+    /* one warning per interval: the message carries the running count */
+    kvr_ratelimit_init(&ing->rl_budget, ing->conf->log_ratelimit_ms, 1);
+}
+
+void kvr_ingest_set_max_memory(struct kvr_ingest *ing, uint64_t bytes)
+{
+    atomic_store_explicit(&ing->max_memory, bytes, memory_order_relaxed);
+}
+
+uint64_t kvr_ingest_max_memory(const struct kvr_ingest *ing)
+{
+    return atomic_load_explicit(&ing->max_memory, memory_order_relaxed);
+}
+
+static void set_over_budget(struct ing_stream *s, bool v)
+{
+    if (s->over_budget == v)
+        return;
+    s->over_budget = v;
+    atomic_store_explicit(&s->p_over_budget, v, memory_order_relaxed);
+}
 
 static void add_wres(struct writer *w, const struct kvr_index_wres *r)
 {
@@ -146,6 +195,28 @@ static void skip(struct writer *w, struct ing_stream *s, int reason)
                         s->it->t->pod, s->dp_rank, kvr_ingest_skip_name(reason));
 }
 
+/* True (and counted, warned, the stream marked) when a store of n blocks must be refused. */
+static bool refuse_store(struct writer *w, struct ing_stream *s, size_t n)
+{
+    struct kvr_ingest *ing = w->ing;
+    uint64_t cap = atomic_load_explicit(&ing->max_memory, memory_order_relaxed), bytes;
+
+    if (cap == 0)
+        return false;
+    bytes = kvr_index_bytes(ing->ix);
+    if (bytes < cap && (uint64_t)n <= (cap - bytes) / BUDGET_PAIR_BYTES)
+        return false;
+    KVR_CNT_OWN_INC(w->st.skipped[SKIP_OVER_BUDGET]);
+    KVR_CNT_OWN_ADD(w->st.budget_blocks, n);
+    set_over_budget(s, true);
+    kvr_log_limited(&ing->rl_budget, KVR_LOG_WARN,
+                    "index: %" PRIu64 " bytes, at [index] max_memory (%" PRIu64 "): new blocks "
+                    "are not indexed (%s/%u and others; see events_skipped_total{reason="
+                    "\"over_budget\"}); their streams read over_budget until they resync",
+                    bytes, cap, s->it->t->pod, s->dp_rank);
+    return true;
+}
+
 static void apply_stored(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
 {
     struct kvr_index *ix = w->ing->ix;
@@ -187,6 +258,8 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
         skip(w, s, SKIP_TIER);
         return;
     }
+    if (refuse_store(w, s, n))
+        return;
     if (!ensure_scratch(w, n)) {
         skip(w, s, SKIP_INDEX);
         return;
@@ -285,6 +358,7 @@ void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uin
 {
     struct kvr_index_wres res = {0};
 
+    set_over_budget(s, false); /* emptied: the index misses nothing of it any more */
     if (s->wid == NO_WID) /* forgotten: nothing held (and the id may be another's now) */
         return;
     kvr_index_clear(w->ing->ix, s->wid, -1, &res);
@@ -298,6 +372,10 @@ void kvr_ingest_apply_batch(struct writer *w, struct ing_stream *s)
     enum kvr_skip_reason reason;
     int r;
 
+    /* A batch without a previous one (a new baseline): the worker was emptied before it
+     * (purged, forgotten) or never held anything. */
+    if (!s->sm.has_last)
+        set_over_budget(s, false);
     while ((r = kvr_decode_next(w->dec, &ev, &reason)) != 0) {
         if (r == 2) {
             if (reason == KVR_SKIP_GROUP && ev.type == KVR_EV_STORED)

@@ -38,6 +38,7 @@ enum {
     SKIP_NAMESPACE,
     SKIP_TIER,
     SKIP_INDEX,
+    SKIP_OVER_BUDGET, /* a store refused: the index is at [index] max_memory */
     SKIP_COUNT
 };
 enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
@@ -65,6 +66,10 @@ struct ing_stream {
     uint64_t groups_full, groups_other;
     struct pend *pend;              /* writer: live batches buffered during a replay */
     size_t npend, cappend;
+    /* writer: a store of this stream was refused by the memory cap since its worker was last
+     * emptied (cleared, purged, forgotten): the index misses some of its blocks. Published in
+     * p_over_budget; cleared like unsynced (ingest_apply.c, THE MEMORY CAP). */
+    bool over_budget;
 
     /* published for readers (relaxed) */
     _Atomic uint64_t p_last_seq, p_gaps, p_replays, p_restarts, p_replays_ok, p_replays_failed;
@@ -73,6 +78,7 @@ struct ing_stream {
     _Atomic bool p_has_last;
     _Atomic int p_state;
     _Atomic int64_t p_last_ms;      /* kvr_now_ms() of the last applied batch; 0 = never */
+    _Atomic bool p_over_budget;     /* over_budget, for readers (relaxed) */
 };
 
 struct lora_slot {
@@ -113,6 +119,7 @@ struct writer_stats {
     _Atomic uint64_t unknown_removes, cleared, purged, restart_purged;
     _Atomic uint64_t buffered, replay_aborts;
     _Atomic uint64_t pods_forgotten, workers_refused;
+    _Atomic uint64_t budget_blocks; /* blocks of stores refused by the memory cap */
 };
 
 struct writer {
@@ -166,6 +173,8 @@ struct kvr_ingest {
 
     struct kvr_ratelimit rl_bad;    /* peer-caused warnings ([log] ratelimit_*) */
     struct kvr_ratelimit rl_gap;
+    struct kvr_ratelimit rl_budget; /* the memory cap's one warning (burst 1 per interval) */
+    _Atomic uint64_t max_memory;    /* [index] max_memory (0 = none); set on reload */
 
     pthread_mutex_t life_mu;        /* start/stop */
     bool started, stopped;
@@ -177,6 +186,8 @@ struct kvr_ingest {
 void kvr_ingest_apply_batch(struct writer *w, struct ing_stream *s);
 /* Drops every tier of s's worker; the blocks dropped are added to *counter (one of w->st). */
 void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uint64_t *counter);
+/* The memory cap's state of a new ingest (max_memory from conf, its warning's limiter). */
+void kvr_ingest_budget_init(struct kvr_ingest *ing);
 
 /* ingest_writer.c: a writer thread (arg: its struct writer); drop_pending releases the
  * live batches a stream buffered during a replay. */
@@ -191,5 +202,9 @@ void kvr_ingest_drop_pending(struct ing_stream *s);
 
 /* ingest_metrics.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */
 const char *kvr_ingest_skip_name(int r);
+/* The state a reader shows for s (under reg_mu, for s->wid): the state machine's, then
+ * over_budget, then incomplete when its worker holds orphans (*orphans, may be NULL). */
+enum kvr_stream_state kvr_ingest_shown_state(struct kvr_ingest *ing, struct ing_stream *s,
+                                             uint32_t *orphans);
 
 #endif

@@ -13,7 +13,16 @@
 #include <string.h>
 
 static const char *const own_skip_names[] = {"no_block_size", "block_size_mismatch", "namespace",
-                                             "tier", "index_error"};
+                                             "tier", "index_error", "over_budget"};
+_Static_assert(sizeof(own_skip_names) / sizeof(own_skip_names[0]) ==
+                   SKIP_COUNT - KVR_SKIP_REASON_COUNT,
+               "a name for every skip reason of ours");
+
+/* The states a reader shows, in the order of the per-state gauge. */
+static const enum kvr_stream_state shown_states[] = {
+    KVR_STREAM_SYNCED,      KVR_STREAM_REPLAYING,  KVR_STREAM_UNSYNCED,
+    KVR_STREAM_OVER_BUDGET, KVR_STREAM_INCOMPLETE, KVR_STREAM_RESTORED};
+#define NSHOWN (sizeof(shown_states) / sizeof(shown_states[0]))
 
 static const char *const bad_batch_names[BAD_COUNT] = {"decode", "worker", "dp_rank",
                                                        "replay_rank"};
@@ -25,6 +34,29 @@ const char *kvr_ingest_skip_name(int r)
 }
 
 /* ---- reading ----------------------------------------------------------------------------- */
+
+/* The state machine says whether batches were lost (replaying, unsynced); the writer whether
+ * stores were refused (over_budget); the index whether blocks wait for their parent
+ * (incomplete). The first that applies is shown: a stream is `synced` (or `restored`) only
+ * when the index holds everything its engine announced. */
+enum kvr_stream_state kvr_ingest_shown_state(struct kvr_ingest *ing, struct ing_stream *s,
+                                             uint32_t *orphans)
+{
+    enum kvr_stream_state st = (enum kvr_stream_state)KVR_CNT_GET(s->p_state);
+    uint32_t o = s->wid != NO_WID ? kvr_index_worker_orphans(ing->ix, s->wid) : 0;
+
+    if (orphans != NULL)
+        *orphans = o;
+    if (st == KVR_STREAM_REPLAYING || st == KVR_STREAM_UNSYNCED)
+        return st;
+    if (s->wid == NO_WID) /* forgotten: holds nothing */
+        return st;
+    if (atomic_load_explicit(&s->p_over_budget, memory_order_relaxed))
+        return KVR_STREAM_OVER_BUDGET;
+    if (o > 0)
+        return KVR_STREAM_INCOMPLETE;
+    return st;
+}
 
 void kvr_ingest_streams(struct kvr_ingest *ing,
                         void (*cb)(const struct kvr_stream_info *s, void *arg), void *arg)
@@ -55,7 +87,7 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
         si.gaps = KVR_CNT_GET(s->p_gaps);
         si.replays = KVR_CNT_GET(s->p_replays);
         si.restarts = KVR_CNT_GET(s->p_restarts);
-        si.state = (enum kvr_stream_state)KVR_CNT_GET(s->p_state);
+        si.state = kvr_ingest_shown_state(ing, s, &si.orphans);
         si.last_event_age_ms = last > 0 ? now - last : -1;
         cb(&si, arg);
     }
@@ -90,7 +122,8 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
 {
     char lab[128];
     uint64_t gaps = 0, replays = 0, restarts = 0, rok = 0, rfail = 0, nstreams = 0;
-    uint64_t st_count[3] = {0, 0, 0};
+    uint64_t st_count[NSHOWN] = {0}, orphans = 0;
+    uint64_t cap = kvr_ingest_max_memory(ing);
     uint64_t waits = 0;
 
     kvr_metrics_counter(out, "events_batches_total", "Live batches applied to the index", NULL,
@@ -125,6 +158,12 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                                    : NULL,
                             lab, SUMW_AT(skipped, r));
     }
+    kvr_metrics_counter(out, "events_blocks_over_budget_total",
+                        "Blocks not indexed because the index was at [index] max_memory", NULL,
+                        SUMW(budget_blocks));
+    kvr_metrics_gauge(out, "index_max_memory_bytes",
+                      "[index] max_memory: index bytes past which stores are refused (0: none)",
+                      NULL, (double)cap);
     kvr_metrics_counter(out, "events_filtered_groups_total",
                         "Events of non-full-attention KV-cache groups filtered out", NULL,
                         SUMW_AT(skipped, KVR_SKIP_GROUP));
@@ -170,14 +209,17 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     pthread_mutex_lock(&ing->reg_mu);
     for (size_t i = 0; i < ing->nstreams; i++) {
         struct ing_stream *s = ing->streams[i];
-        int st = KVR_CNT_GET(s->p_state);
+        uint32_t o;
+        enum kvr_stream_state st = kvr_ingest_shown_state(ing, s, &o);
         gaps += KVR_CNT_GET(s->p_gaps);
         replays += KVR_CNT_GET(s->p_replays);
         restarts += KVR_CNT_GET(s->p_restarts);
         rok += KVR_CNT_GET(s->p_replays_ok);
         rfail += KVR_CNT_GET(s->p_replays_failed);
-        if (st >= 0 && st < 3)
-            st_count[st]++;
+        for (size_t k = 0; k < NSHOWN; k++)
+            if (shown_states[k] == st)
+                st_count[k]++;
+        orphans += o;
         nstreams++;
     }
     pthread_mutex_unlock(&ing->reg_mu);
@@ -189,12 +231,18 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_counter(out, "events_replays_total", "Replays finished, by result",
                         "result=\"ok\"", rok);
     kvr_metrics_counter(out, "events_replays_total", NULL, "result=\"failed\"", rfail);
-    kvr_metrics_gauge(out, "events_streams", "Event streams (topic, dp_rank), by state",
-                      "state=\"synced\"", (double)st_count[0]);
-    kvr_metrics_gauge(out, "events_streams", NULL, "state=\"replaying\"", (double)st_count[1]);
-    kvr_metrics_gauge(out, "events_streams", NULL, "state=\"unsynced\"", (double)st_count[2]);
+    for (size_t k = 0; k < NSHOWN; k++) {
+        snprintf(lab, sizeof(lab), "state=\"%s\"", kvr_stream_state_name(shown_states[k]));
+        kvr_metrics_gauge(out, "events_streams",
+                          k == 0 ? "Event streams (topic, dp_rank), by state (as /v1/pods)" : NULL,
+                          lab, (double)st_count[k]);
+    }
     kvr_metrics_gauge(out, "events_unsynced_streams", "Streams that may miss blocks", NULL,
                       (double)st_count[2]);
+    kvr_metrics_gauge(out, "events_stream_orphans",
+                      "Blocks parked as orphans (parent unknown), summed over the streams "
+                      "(a worker fed by two topics counts once per topic)",
+                      NULL, (double)orphans);
 
     /* Prometheus wants the samples of one family together: one loop per family. */
     for (uint32_t i = 0; i < ing->nwriters; i++) {

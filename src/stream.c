@@ -30,6 +30,10 @@ const char *kvr_stream_state_name(enum kvr_stream_state s)
         return "unsynced";
     case KVR_STREAM_RESTORED:
         return "restored";
+    case KVR_STREAM_OVER_BUDGET:
+        return "over_budget";
+    case KVR_STREAM_INCOMPLETE:
+        return "incomplete";
     }
     return "?";
 }

@@ -36,6 +36,9 @@ enum kvr_stream_state {
     KVR_STREAM_REPLAYING = 1, /* a gap is being recovered through replay */
     KVR_STREAM_UNSYNCED = 2,  /* a gap could not be recovered; index may miss blocks */
     KVR_STREAM_RESTORED = 3,  /* loaded from a snapshot; no live batch since */
+    /* Not produced by kvr_stream_state(): ingest reports them from what the index holds. */
+    KVR_STREAM_OVER_BUDGET = 4, /* stores refused by [index] max_memory; resync as unsynced */
+    KVR_STREAM_INCOMPLETE = 5,  /* blocks parked as orphans (parent unknown) for its worker */
 };
 const char *kvr_stream_state_name(enum kvr_stream_state s); /* "synced", ... */
 

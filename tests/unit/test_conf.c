@@ -50,6 +50,11 @@ static const struct bad_case bad_cases[] = {
      "t.conf:3: [events] max_message_size = 1023 is out of range (1KiB..1GiB)"},
     {"[http]\nmax_header_bytes = 99999999999999999999GiB\n" EV,
      "t.conf:2: [http] max_header_bytes = 99999999999999999999GiB is out of range (1KiB..1MiB)"},
+    {EV "[index]\nmax_memory = 2048GiB\n",
+     "t.conf:4: [index] max_memory = 2048GiB is out of range (0B..1024GiB)"},
+    {EV "[index]\nmax_memory = -1\n",
+     "t.conf:4: invalid value '-1' for [index] max_memory: expected a size (e.g. 512B, 64KiB, "
+     "16MiB, 1GiB; bare number = bytes)"},
     /* durations */
     {EV "replay_timeout = 11m\n", "t.conf:3: [events] replay_timeout = 11m is out of range "
                                   "(1ms..10m)"},
@@ -254,6 +259,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.jump_stride, 32);
     assert_int_equal(c.max_workers, 16384);
     assert_int_equal(c.orphan_capacity, 65536);
+    assert_int_equal(c.max_memory, 0);
     assert_string_equal(c.listen, "0.0.0.0:8080");
     assert_null(c.admin_listen);
     assert_null(c.admin_token);
@@ -532,6 +538,17 @@ static void test_reload_apply(void **state)
     assert_true(fresh.access_log);
     assert_int_equal(kvr_conf_apply_reload(&live, &fresh, &changed, NULL), 1);
     assert_null(live.admin_token);
+    kvr_conf_free(&live);
+    kvr_conf_free(&fresh);
+
+    /* [index] max_memory: a size, reloadable; orphan_capacity beside it is not */
+    load_ok(EV "[index]\nmax_memory = 512MiB\n", &live);
+    assert_int_equal(live.max_memory, 512 << 20);
+    load_ok(EV "[index]\nmax_memory = 0\norphan_capacity = 5\n", &fresh);
+    assert_int_equal(kvr_conf_apply_reload(&live, &fresh, &changed, &ignored), 1);
+    assert_string_equal(changed.msg, "index.max_memory");
+    assert_string_equal(ignored.msg, "index.orphan_capacity");
+    assert_int_equal(live.max_memory, 0);
     kvr_conf_free(&live);
     kvr_conf_free(&fresh);
 }

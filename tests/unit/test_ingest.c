@@ -780,6 +780,297 @@ static void test_forget_after_idle(void **state)
     pthread_mutex_destroy(&fi.mu);
 }
 
+/* ---- the memory cap and the shown states --------------------------------------------- */
+
+static double skipped_over_budget(struct fx *f)
+{
+    return metric(f, "events_skipped_total", "reason=\"over_budget\"");
+}
+
+/* [index] max_memory: past the cap a store is refused (counted with its reason, its blocks
+ * counted), removals still apply, the stream reads over_budget until its worker is emptied
+ * (AllBlocksCleared, engine restart, purge), also once the cap is lifted; other streams keep
+ * their state until they lose a store themselves. */
+static void test_budget_refuses_stores(void **state)
+{
+    struct fx *f = fx_new();
+    uint32_t tok[24], tok2[8], tok3[16];
+    uint64_t h[4] = {801, 802, 803, 804}, h2[2] = {805, 806}, h3[4] = {901, 902, 903, 904};
+    struct kvr_stream_info si;
+    (void)state;
+
+    warm_up(f);
+    assert_int_equal(metric(f, "index_max_memory_bytes", NULL), 0);
+    tokens_seq(tok, 16, 40000);
+    tokens_seq(tok2, 8, 40016);
+    tokens_seq(tok3, 16, 50000);
+    struct tev st = {.type = EV_STORED, .hashes = h, .n = 4, .tokens = tok, .ntok = 16, .bs = 4,
+                     .lora_id = -1};
+    struct tev st2 = {.type = EV_STORED, .hashes = h2, .n = 2, .has_parent = true,
+                      .parent = 804, .tokens = tok2, .ntok = 8, .bs = 4, .lora_id = -1};
+    struct tev st3 = {.type = EV_STORED, .hashes = h3, .n = 4, .tokens = tok3, .ntok = 16,
+                      .bs = 4, .lora_id = -1};
+    uint64_t rh[1] = {804};
+    struct tev rm = {.type = EV_REMOVED, .hashes = rh, .n = 1};
+    struct tev clr = {.type = EV_CLEARED};
+    struct tev none[1] = {{0}};
+
+    publish(f->pub, "kv@pod-b@" MODEL, 0, &st, 1, 0);
+    publish(f->pub, "kv@pod-c@" MODEL, 0, &st3, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 4);
+    wait_seq(f, "pod-c", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(skipped_over_budget(f), 0);
+
+    /* cap below what the index holds: the next store is refused */
+    kvr_ingest_set_max_memory(f->ing, 1);
+    assert_int_equal(kvr_ingest_max_memory(f->ing), 1);
+    assert_int_equal(metric(f, "index_max_memory_bytes", NULL), 1);
+    publish(f->pub, "kv@pod-b@" MODEL, 1, &st2, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 1, KVR_STREAM_OVER_BUDGET);
+    assert_int_equal(si.blocks, 4);
+    assert_int_equal(si.orphans, 0);
+    assert_int_equal(skipped_over_budget(f), 1);
+    assert_int_equal(metric(f, "events_blocks_over_budget_total", NULL), 2);
+    tokens_seq(tok, 24, 40000);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 24, 4, "pod-b", 0), 4);
+    /* pod-c lost nothing: still synced */
+    si = wait_seq(f, "pod-c", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(metric(f, "events_streams", "state=\"over_budget\""), 1);
+    assert_true(metric(f, "events_streams", "state=\"synced\"") >= 2); /* pod-c, warmup */
+    assert_int_equal(metric(f, "events_unsynced_streams", NULL), 0);
+
+    /* removals apply over the cap */
+    publish(f->pub, "kv@pod-b@" MODEL, 2, &rm, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 2, KVR_STREAM_OVER_BUDGET);
+    assert_int_equal(si.blocks, 3);
+
+    /* the cap lifted: stores apply again, but the blocks refused are still missing */
+    kvr_ingest_set_max_memory(f->ing, 0);
+    uint64_t h4[1] = {807};
+    uint32_t tok4[4];
+    tokens_seq(tok4, 4, 60000);
+    struct tev st4 = {.type = EV_STORED, .hashes = h4, .n = 1, .tokens = tok4, .ntok = 4,
+                      .bs = 4, .lora_id = -1};
+    publish(f->pub, "kv@pod-b@" MODEL, 3, &st4, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 3, KVR_STREAM_OVER_BUDGET);
+    assert_int_equal(si.blocks, 4);
+    assert_int_equal(skipped_over_budget(f), 1);
+
+    /* AllBlocksCleared resyncs */
+    publish(f->pub, "kv@pod-b@" MODEL, 4, &clr, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 4, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 0);
+    assert_int_equal(metric(f, "events_streams", "state=\"over_budget\""), 0);
+
+    /* over budget again, then an engine restart (seq back to 0) resyncs */
+    kvr_ingest_set_max_memory(f->ing, 1);
+    publish(f->pub, "kv@pod-b@" MODEL, 5, &st, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 5, KVR_STREAM_OVER_BUDGET);
+    assert_int_equal(si.blocks, 0);
+    assert_int_equal(skipped_over_budget(f), 2);
+    publish(f->pub, "kv@pod-b@" MODEL, 0, none, 0, 0);
+    si = wait_seq(f, "pod-b", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(si.restarts, 1);
+
+    /* over budget again, then the pod is purged (forgotten): its next batch starts afresh */
+    publish(f->pub, "kv@pod-b@" MODEL, 1, &st, 1, 0);
+    wait_seq(f, "pod-b", 0, 1, KVR_STREAM_OVER_BUDGET);
+    uint64_t removed = 0;
+    assert_int_equal(kvr_ingest_purge_pod(f->ing, "pod-b", &removed), 0);
+    kvr_ingest_set_max_memory(f->ing, 0);
+    publish(f->pub, "kv@pod-b@" MODEL, 2, &st, 1, 0);
+    si = wait_seq(f, "pod-b", 0, 2, KVR_STREAM_SYNCED);
+    assert_int_equal(si.blocks, 4);
+    {
+        struct kvr_buf b;
+        kvr_buf_init(&b);
+        kvr_ingest_metrics(f->ing, &b);
+        assert_families_grouped(b.data);
+        kvr_buf_free(&b);
+    }
+    fx_free(f);
+}
+
+/* A cap a little above what the index holds: stores are accepted until the index is near it,
+ * then refused; the index stays within the cap plus one growth step. */
+static void test_budget_cap_reached(void **state)
+{
+    struct fx *f = fx_new();
+    enum { N = 64 };
+    uint32_t tok[N * 4];
+    uint64_t h[N];
+    uint64_t cap = 0, seq = 0;
+    struct kvr_stream_info si;
+    (void)state;
+
+    warm_up(f);
+    for (uint32_t round = 0; round < 4096; round++) {
+        if (round == 1) { /* the first store mapped the first 2 MiB node chunk */
+            cap = kvr_index_bytes(f->ix) + 256 * 1024;
+            kvr_ingest_set_max_memory(f->ing, cap);
+        }
+        for (uint32_t i = 0; i < N; i++)
+            h[i] = 1000000 + (uint64_t)round * N + i;
+        tokens_seq(tok, N * 4, 100000 + round * N * 4);
+        struct tev st = {.type = EV_STORED, .hashes = h, .n = N, .tokens = tok, .ntok = N * 4,
+                         .bs = 4, .lora_id = -1};
+        publish(f->pub, "kv@pod-m@" MODEL, seq, &st, 1, 0);
+        si = wait_seq(f, "pod-m", 0, seq, -1);
+        seq++;
+        if (si.state == KVR_STREAM_OVER_BUDGET)
+            break;
+    }
+    assert_int_equal(si.state, KVR_STREAM_OVER_BUDGET);
+    assert_true(si.blocks >= 8 * N);           /* stores were accepted under the cap */
+    assert_int_equal(si.blocks % N, 0);        /* whole stores, never part of one */
+    assert_int_equal(skipped_over_budget(f), 1);
+    /* one growth step: a 2 MiB node chunk, a reverse map doubling */
+    assert_true(kvr_index_bytes(f->ix) <= cap + (2u << 20) + 64 * 1024);
+    print_message("cap %llu, index %llu bytes, %llu blocks indexed\n",
+                  (unsigned long long)cap, (unsigned long long)kvr_index_bytes(f->ix),
+                  (unsigned long long)si.blocks);
+    fx_free(f);
+}
+
+/* Blocks parked as orphans make the stream incomplete (shown with their count); adopted once
+ * their parent arrives, it is synced again. */
+static void test_orphans_incomplete(void **state)
+{
+    struct fx *f = fx_new();
+    uint32_t tok[8], ptok[4];
+    uint64_t h[2] = {702, 703}, ph[1] = {701};
+    struct kvr_stream_info si;
+    (void)state;
+
+    warm_up(f);
+    tokens_seq(ptok, 4, 70000);
+    tokens_seq(tok, 8, 70004);
+    struct tev child = {.type = EV_STORED, .hashes = h, .n = 2, .has_parent = true,
+                        .parent = 701, .tokens = tok, .ntok = 8, .bs = 4, .lora_id = -1};
+    struct tev parent = {.type = EV_STORED, .hashes = ph, .n = 1, .tokens = ptok, .ntok = 4,
+                         .bs = 4, .lora_id = -1};
+    publish(f->pub, "kv@pod-o@" MODEL, 0, &child, 1, 0);
+    si = wait_seq(f, "pod-o", 0, 0, KVR_STREAM_INCOMPLETE);
+    assert_int_equal(si.orphans, 2);
+    assert_int_equal(si.blocks, 0);
+    assert_int_equal(metric(f, "events_streams", "state=\"incomplete\""), 1);
+    assert_int_equal(metric(f, "events_stream_orphans", NULL), 2);
+    publish(f->pub, "kv@pod-o@" MODEL, 1, &parent, 1, 0);
+    si = wait_seq(f, "pod-o", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(si.orphans, 0);
+    assert_int_equal(si.blocks, 3);
+    assert_int_equal(metric(f, "events_streams", "state=\"incomplete\""), 0);
+    assert_int_equal(metric(f, "events_stream_orphans", NULL), 0);
+    /* a gap (no replay) outranks incomplete: unsynced is shown */
+    publish(f->pub, "kv@pod-o@" MODEL, 2, &child, 1, 0); /* duplicates: no orphans */
+    struct tev orphan2 = child;
+    uint64_t h5[2] = {712, 713};
+    orphan2.hashes = h5;
+    orphan2.parent = 711;
+    publish(f->pub, "kv@pod-o@" MODEL, 4, &orphan2, 1, 0);
+    si = wait_seq(f, "pod-o", 0, 4, KVR_STREAM_UNSYNCED);
+    assert_int_equal(si.orphans, 2);
+    /* AllBlocksCleared drops the parked blocks too */
+    struct tev clr = {.type = EV_CLEARED};
+    publish(f->pub, "kv@pod-o@" MODEL, 5, &clr, 1, 0);
+    si = wait_seq(f, "pod-o", 0, 5, KVR_STREAM_SYNCED);
+    assert_int_equal(si.orphans, 0);
+    assert_string_equal(kvr_stream_state_name(KVR_STREAM_INCOMPLETE), "incomplete");
+    assert_string_equal(kvr_stream_state_name(KVR_STREAM_OVER_BUDGET), "over_budget");
+    fx_free(f);
+}
+
+/* Randomized against a naive model of one worker: stores (roots, or children of any block
+ * published before: held, removed, refused or parked), removals, clears, and the cap toggled
+ * between "everything refused" and none. The model keeps the set of blocks held, the set
+ * parked (parent unknown to the worker), whether a store was refused since the last clear;
+ * after every batch the stream's blocks, orphans, state and the over_budget count must match.
+ * KVR_SEED=n replays a run. */
+static void test_budget_model(void **state)
+{
+    enum { OPS = 400, MAXB = 4096, MAXN = 4 };
+    const char *env = getenv("KVR_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)clock();
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    static uint8_t where[MAXB + 1]; /* 0 never/removed/refused, 1 held, 2 parked */
+    uint64_t npub = 0, refused = 0;
+    bool capped = false, over = false;
+    struct fx *f = fx_new();
+    (void)state;
+
+    printf("test_budget_model: KVR_SEED=%llu\n", (unsigned long long)seed);
+    fflush(stdout);
+    memset(where, 0, sizeof(where));
+    warm_up(f);
+#define RND(n) ((rng = rng * 6364136223846793005ull + 1442695040888963407ull), \
+                (uint32_t)((rng >> 33) % (n)))
+    for (uint64_t op = 0; op < OPS && npub + MAXN < MAXB; op++) {
+        uint32_t r = RND(100);
+        uint64_t hs[MAXN];
+        uint32_t tok[MAXN * 4];
+        struct tev ev = {.lora_id = -1};
+        if (r < 10) {
+            capped = !capped;
+            kvr_ingest_set_max_memory(f->ing, capped ? 1 : 0);
+            ev.type = 0; /* an empty batch */
+        } else if (r < 65) {
+            uint32_t n = 1 + RND(MAXN);
+            ev.type = EV_STORED;
+            ev.n = n;
+            ev.hashes = hs;
+            ev.tokens = tok;
+            ev.ntok = n * 4;
+            ev.bs = 4;
+            if (npub > 0 && RND(4) != 0) {
+                ev.has_parent = true;
+                ev.parent = 1 + RND((uint32_t)npub);
+            }
+            for (uint32_t i = 0; i < n; i++) {
+                hs[i] = ++npub;
+                tokens_seq(tok + i * 4, 4, (uint32_t)(hs[i] * 4));
+            }
+            if (capped) {
+                refused++;
+                over = true;
+            } else {
+                uint8_t to = !ev.has_parent || where[ev.parent] == 1 ? 1 : 2;
+                for (uint32_t i = 0; i < n; i++)
+                    where[hs[i]] = to;
+            }
+        } else if (r < 95 && npub > 0) {
+            uint64_t x = 1 + RND((uint32_t)npub);
+            hs[0] = x;
+            ev.type = EV_REMOVED;
+            ev.hashes = hs;
+            ev.n = 1;
+            where[x] = 0;
+        } else {
+            ev.type = EV_CLEARED;
+            memset(where, 0, sizeof(where));
+            over = false;
+        }
+        publish(f->pub, "kv@pod-z@" MODEL, op, &ev, ev.type ? 1 : 0, 0);
+        struct kvr_stream_info si = wait_seq(f, "pod-z", 0, op, -1);
+        uint64_t held = 0, parked = 0;
+        for (uint64_t k = 1; k <= npub; k++) {
+            held += where[k] == 1;
+            parked += where[k] == 2;
+        }
+        int want = over ? KVR_STREAM_OVER_BUDGET : parked ? KVR_STREAM_INCOMPLETE
+                                                          : KVR_STREAM_SYNCED;
+        if (si.blocks != held || si.orphans != parked || (int)si.state != want ||
+            skipped_over_budget(f) != (double)refused)
+            fail_msg("seed %llu op %llu: blocks %llu/%llu orphans %u/%llu state %d/%d "
+                     "refused %g/%llu", (unsigned long long)seed, (unsigned long long)op,
+                     (unsigned long long)si.blocks, (unsigned long long)held, si.orphans,
+                     (unsigned long long)parked, (int)si.state, want, skipped_over_budget(f),
+                     (unsigned long long)refused);
+    }
+#undef RND
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -793,6 +1084,10 @@ int main(void)
         cmocka_unit_test(test_destroy_releases_unconsumed),
         cmocka_unit_test(test_forget_waits_for_replay),
         cmocka_unit_test(test_forget_after_idle),
+        cmocka_unit_test(test_budget_refuses_stores),
+        cmocka_unit_test(test_budget_cap_reached),
+        cmocka_unit_test(test_orphans_incomplete),
+        cmocka_unit_test(test_budget_model),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
     if (getenv("KVR_TEST_FILTER") != NULL)
