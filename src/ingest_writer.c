@@ -229,10 +229,15 @@ static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen
 {
     const struct kvr_ingest_intake *in = &w->ing->intake;
     struct kvr_queue_replay_req req = {.source = s->source, .shard = w->idx,
-                                       .gen = s->sm.replay_gen, .start = s->sm.replay_from,
-                                       .topic = s->it->t, .ctx = s};
-    kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
-                 s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
+                                       .gen = s->sm.replay_gen, .dp_rank = s->dp_rank,
+                                       .start = s->sm.replay_from, .topic = s->it->t, .ctx = s};
+    if (!s->sm.has_last && s->sm.replay_from == 0 && s->sm.restarts == 0)
+        kvr_log_info("events: %s/%u: first seen at seq %" PRIu64 ", replaying its history "
+                     "from 0",
+                     s->it->t->pod, s->dp_rank, seen);
+    else
+        kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
+                     s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
     if (in->replay == NULL || in->replay(in->arg, &req) != 0)
         abort_replay(w, s, "replay unavailable");
     else

@@ -43,7 +43,10 @@ static int start_replay(struct kvr_stream *s, uint64_t from)
 {
     s->replaying = true;
     s->replay_hole = false;
+    s->replay_any = false;
+    s->replay_mid_hole = false;
     s->replay_whole = false;
+    s->replay_tail = false;
     s->replay_from = from;
     s->replay_gen++;
     s->replays++;
@@ -68,10 +71,18 @@ int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay)
     s->restored = false;
 
     if (!s->based) {
-        /* Baseline: whatever came before this batch is unknown and not asked for. */
+        /* First contact (a stream never seen, or reset): with a replay endpoint, a stream
+         * that did not start at seq 0 asks for the engine's history from 0 (vLLM's ring keeps
+         * the last buffer_steps batches: a young engine's whole life); the live batch is
+         * buffered. A ring that lost seq 0 shows as a hole in that replay (unsynced). Without
+         * a replay endpoint this batch is the baseline: what came before is unknown. */
         s->based = true;
         s->has_last = false;
         s->live_last = seq;
+        if (seq > 0 && can_replay) {
+            s->first_contacts++;
+            return start_replay(s, 0);
+        }
         return KVR_STREAM_APPLY;
     }
     if (seq <= s->live_last) {
@@ -128,8 +139,11 @@ int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq)
          * that part is lost. Apply what follows; the stream stays unsynced. */
         s->gaps++;
         s->replay_hole = true;
+        if (s->replay_any)
+            s->replay_mid_hole = true;
         s->unsynced = true;
     }
+    s->replay_any = true;
     return KVR_STREAM_APPLY;
 }
 
@@ -141,6 +155,7 @@ bool kvr_stream_on_replay_end(struct kvr_stream *s, uint32_t gen, bool ok)
     }
     s->replaying = false;
     s->replay_whole = ok && !s->replay_hole;
+    s->replay_tail = ok && !s->replay_mid_hole;
     if (s->replay_whole)
         s->replays_ok++;
     else
@@ -166,16 +181,18 @@ int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq, bool can_replay)
         return KVR_STREAM_DROP;
     }
     if (seq > expected) {
-        if (s->replay_whole) {
-            /* The replay covered the gap it was for, so these batches were lost on the live
-             * socket after the engine served it: a new gap. */
+        if (s->replay_tail) {
+            /* The replay reached the end of the engine's ring, so these batches were lost on
+             * the live socket after the engine served it: a new gap. (A hole at the start of
+             * the replay, the ring's lost past, is no reason to doubt its end.) */
             s->gaps++;
             s->replay_whole = false;
+            s->replay_tail = false;
             if (can_replay)
                 return start_replay(s, expected);
         }
-        /* Otherwise the replay did not cover this part of its gap (failed, timed out, a
-         * hole in the engine's ring), which was counted when detected. */
+        /* Otherwise the replay did not cover this part of its gap (failed, timed out, the
+         * ROUTER dropped batches), which was counted when detected. */
         s->unsynced = true;
     }
     return KVR_STREAM_APPLY;

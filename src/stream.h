@@ -5,7 +5,10 @@
  * replay, purge the worker); the unit tests drive it directly.
  *
  * Model (see stream.c for the rationale):
- * - The first live batch sets the baseline and is applied.
+ * - First contact (no baseline: a stream never seen, or reset; not a restored one): seq 0,
+ *   or any seq without a replay endpoint, sets the baseline and is applied; a later seq with
+ *   a replay endpoint starts a replay from 0 (the engine's whole history, as far as its ring
+ *   still holds it: a ring without seq 0 is a hole, the stream unsynced) and is buffered.
  * - seq == last + 1: applied. seq > last + 1: a gap. With a replay endpoint, a replay from
  *   last + 1 starts and live batches are buffered until it ends; without one, the gap is
  *   counted, the stream becomes unsynced and the batch is applied.
@@ -16,8 +19,9 @@
  *   dropped (never applied twice), a replayed seq beyond the next expected one is a hole in
  *   the engine's ring buffer (applied, stream unsynced). At the end, the buffered live
  *   batches are handed back in arrival order and pass through the same dedup check; after a
- *   whole replay, a buffered batch beyond the next expected seq is a new gap (batches lost
- *   on the live socket after the engine served the replay) and starts another replay.
+ *   replay that reached the end of the engine's ring (end marker, no hole after its first
+ *   batch), a buffered batch beyond the next expected seq is a new gap (batches lost on the
+ *   live socket after the engine served the replay) and starts another replay.
  * - Resync: an unsynced stream becomes synced again when AllBlocksCleared is applied (the
  *   worker's blocks are all dropped, so the index no longer misses anything), or on a
  *   re-baseline (restart at seq 0, purge).
@@ -58,7 +62,12 @@ struct kvr_stream {
 
     bool replaying;
     bool replay_hole;   /* the running replay skipped seqs */
+    bool replay_any;    /* the running replay delivered a batch to apply */
+    bool replay_mid_hole; /* it skipped seqs after such a batch (the ROUTER dropped some) */
     bool replay_whole;  /* the last replay ended with its end marker and no hole */
+    bool replay_tail;   /* it ended with its end marker and no hole after its first batch:
+                         * what it served reaches the end of the engine's ring (a hole at
+                         * its start is the ring's past, not a loss on the way) */
     uint64_t replay_from;
     uint32_t replay_gen; /* bumped on every replay start/abort: older replay items are stale */
 
@@ -71,6 +80,7 @@ struct kvr_stream {
     uint64_t replays_ok;
     uint64_t replays_failed;
     uint64_t restarts;
+    uint64_t first_contacts; /* replays from 0 started at first contact */
     uint64_t duplicates; /* batches dropped as already applied */
     uint64_t stale;      /* replay items of an aborted or finished replay */
 };
@@ -82,7 +92,8 @@ void kvr_stream_init(struct kvr_stream *s);
  * engine restart (purge). State KVR_STREAM_RESTORED until that batch. */
 void kvr_stream_restore(struct kvr_stream *s, uint64_t last, bool unsynced);
 
-/* A live batch. can_replay: its source has a replay endpoint and replays may be started. */
+/* A live batch. can_replay: its source has a replay endpoint and replays may be started
+ * (at first contact too: a replay from 0, see above). */
 int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay);
 /* A batch returned by replay `gen`: KVR_STREAM_APPLY or KVR_STREAM_DROP. */
 int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq);
