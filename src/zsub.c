@@ -121,6 +121,12 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
 
     if (o->nshards == 0 || o->queues == NULL || o->max_concurrent_replays == 0)
         return kvr_err_set(err, -EINVAL, "zsub: bad options");
+    if (o->bind_replay != NULL) {
+        struct kvr_err e;
+        int rc = kvr_zsub_template_check(o->bind_replay, &e);
+        if (rc != 0)
+            return kvr_err_set(err, rc, "[events] bind_replay %s: %s", o->bind_replay, e.msg);
+    }
     z = calloc(1, sizeof(*z));
     if (z == NULL)
         return kvr_err_set(err, -ENOMEM, "zsub: out of memory");
@@ -131,13 +137,15 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     z->o.queues = z->queues;
     z->subscribe = strdup(o->subscribe != NULL ? o->subscribe : "kv@");
     z->o.subscribe = z->subscribe;
+    z->bind_replay = xstrdup_opt(o->bind_replay);
+    z->o.bind_replay = z->bind_replay;
     if (z->o.max_topics == 0)
         z->o.max_topics = 65536;
     z->active = calloc(o->max_concurrent_replays, sizeof(*z->active));
     z->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     z->ctx = zmq_ctx_new();
     if (z->subscribe == NULL || z->active == NULL || z->efd < 0 || z->ctx == NULL ||
-        z->queues == NULL) {
+        z->queues == NULL || (o->bind_replay != NULL && z->bind_replay == NULL)) {
         int rc = z->efd < 0 ? -errno : -ENOMEM;
         if (z->ctx != NULL)
             zmq_ctx_term(z->ctx);
@@ -146,6 +154,7 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
         free(z->active);
         free(z->queues);
         free(z->subscribe);
+        free(z->bind_replay);
         free(z);
         return kvr_err_set(err, rc, "zsub: cannot create context: %s", strerror(-rc));
     }
@@ -238,6 +247,7 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
     pthread_mutex_destroy(&z->cmu);
     pthread_mutex_destroy(&z->lmu);
     free(z->subscribe);
+    free(z->bind_replay);
     free(z->queues);
     free(z);
 }
@@ -309,7 +319,10 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
     s->id = z->next_id++;
     s->endpoint = strdup(endpoint);
     s->sock = sub_socket(z, false, endpoint);
-    if (s->endpoint == NULL || s->sock == NULL) {
+    s->replay = xstrdup_opt(z->bind_replay);
+    s->replay_tmpl = s->replay != NULL;
+    s->replay_pod = kvr_zsub_template_uses_pod(s->replay);
+    if (s->endpoint == NULL || s->sock == NULL || (z->bind_replay != NULL && s->replay == NULL)) {
         rc = kvr_err_set(err, -ENOMEM, "events bind %s: cannot create socket", endpoint);
         goto fail;
     }
@@ -345,7 +358,8 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
         rc = kvr_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
-    kvr_log_info("events: SUB bound on %s", s->bound);
+    kvr_log_info("events: SUB bound on %s%s%s", s->bound, s->replay ? " replay=" : "",
+                 s->replay ? s->replay : "");
     return 0;
 fail:
     source_free(s);
@@ -378,6 +392,11 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
         return kvr_err_set(err, -EINVAL, "bad endpoint '%s'", endpoint ? endpoint : "");
     if (replay != NULL && !endpoint_syntax_ok(replay))
         return kvr_err_set(err, -EINVAL, "bad replay endpoint '%s'", replay);
+    if (replay != NULL && strchr(replay, '{') != NULL) {
+        struct kvr_err e;
+        if ((rc = kvr_zsub_template_check(replay, &e)) != 0)
+            return kvr_err_set(err, rc, "bad replay template '%s': %s", replay, e.msg);
+    }
     if (pod != NULL) {
         const char *at = strchr(pod, '@');
         size_t plen = at ? (size_t)(at - pod) : strlen(pod);
@@ -397,6 +416,8 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
     s->from_config = from_config;
     s->endpoint = strdup(endpoint);
     s->replay = xstrdup_opt(replay);
+    s->replay_tmpl = replay != NULL && strchr(replay, '{') != NULL;
+    s->replay_pod = s->replay_tmpl && kvr_zsub_template_uses_pod(replay);
     s->pod_cfg = xstrdup_opt(pod);
     if (s->endpoint == NULL || (replay && !s->replay) || (pod && !s->pod_cfg)) {
         rc = kvr_err_set(err, -ENOMEM, "out of memory");
@@ -703,7 +724,7 @@ static int64_t timers(struct kvr_zsub *z)
         if (now >= r->deadline) {
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s timed out after %" PRIu64 " batches",
-                            r->src->replay, r->batches);
+                            r->addr, r->batches);
             kvr_zsub_end_replay(z, r, false);
             kvr_zsub_remove_active(z, i);
             continue;
@@ -879,6 +900,7 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
     st->replays_failed = KVR_CNT_GET(z->replays_failed);
     st->replay_batches = KVR_CNT_GET(z->replay_batches);
     st->replay_bad_replies = KVR_CNT_GET(z->replay_bad_replies);
+    st->replay_unaddressable = KVR_CNT_GET(z->replay_unaddressable);
     st->replays_pending = KVR_CNT_GET(z->replays_pending);
     st->replays_active = KVR_CNT_GET(z->replays_active);
     st->connects = KVR_CNT_GET(z->connects);
@@ -922,6 +944,10 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
                         "Batches received from replay endpoints", NULL, zs.replay_batches);
     kvr_metrics_counter(out, "events_replay_bad_replies_total",
                         "Malformed replay replies", NULL, zs.replay_bad_replies);
+    kvr_metrics_counter(out, "events_replay_unaddressable_topics_total",
+                        "Topics whose pod id is not a host name or address, so a {pod} replay "
+                        "template (bind_replay) cannot name their ROUTER: no replay for them",
+                        NULL, zs.replay_unaddressable);
     kvr_metrics_counter(out, "events_replay_requests_failed_total",
                         "Replay requests that ended without an end marker (timeout, error)",
                         NULL, zs.replays_failed);

@@ -36,6 +36,8 @@ struct topic_rec {
     uint64_t hash;
     size_t tidx;          /* its index in z->tlist */
     bool gone;            /* being forgotten (kvr_zsub_forget_run) */
+    bool pod_host;        /* the pod id can fill a {pod} replay template */
+    bool unaddressable;   /* counted in replay_unaddressable (it came on a {pod} source) */
 };
 
 /* A topic the consumer is done with (kvr_zsub_forget_topic), posted under cmu. */
@@ -59,7 +61,9 @@ struct source {
     bool from_config;
     char *endpoint;      /* as given */
     char *bound;         /* bind: ZMQ_LAST_ENDPOINT */
-    char *replay;        /* NULL = none */
+    char *replay;        /* NULL = none; a template when replay_tmpl */
+    bool replay_tmpl;    /* build the address per replay (kvr_zsub_template_build) */
+    bool replay_pod;     /* the template uses {pod}: topics whose pod is no host cannot */
     char *pod_cfg;       /* override as given (NULL = none) */
     char *pod;           /* override pod */
     char *model;         /* override model (NULL: from the topic) */
@@ -82,6 +86,7 @@ struct source {
 struct replay {
     struct kvr_queue_replay_req req;
     struct source *src;
+    char addr[KVR_ZSUB_ADDR_MAX]; /* the ROUTER dialed (the source's, or its template's) */
     void *dealer;
     int64_t deadline;
     uint64_t batches;
@@ -110,6 +115,7 @@ struct kvr_zsub {
     struct kvr_zsub_opts o;
     struct kvr_queue **queues; /* copy of o.queues */
     char *subscribe;
+    char *bind_replay;         /* copy of o.bind_replay (NULL = none) */
     void *ctx;
     int efd;
 
@@ -164,7 +170,7 @@ struct kvr_zsub {
     /* stats (relaxed atomics; written by the receive thread) */
     _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
     _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
-    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active;
+    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active, replay_unaddressable;
     _Atomic uint64_t connects, disconnects, disconnect_purges;
     _Atomic uint64_t rejected[KVR_ZSUB_REJ_COUNT];
     _Atomic uint64_t publisher_connects, publisher_disconnects, connections_dropped;

@@ -224,12 +224,24 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     }
     t->pub.shard = kvr_queue_shard(t->pub.pod, plen, z->o.nshards);
     t->pub.id = z->next_topic_id++;
+    t->pod_host = kvr_zsub_pod_is_host(t->pub.pod, plen);
     t->tidx = z->ntopics;
     z->tlist[z->ntopics++] = t;
     KVR_CNT_SET(z->ntopics_pub, z->ntopics);
     kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
                   t->pub.shard);
 found:
+    if (s->replay_pod && !t->pod_host && s->last_topic != t) {
+        /* Told once per topic and source switch; counted once per topic. */
+        if (!t->unaddressable) {
+            t->unaddressable = true;
+            KVR_CNT_INC(z->replay_unaddressable);
+        }
+        kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
+                        "events: pod id '%.64s' is not a host name or address: its streams "
+                        "get no replay through %s",
+                        t->pub.pod, s->replay);
+    }
     s->last_topic = t;
     /* Remember which topics a connect source delivered (for its disconnect purge). */
     if (!s->bind) {
@@ -428,7 +440,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         it->seq = seq;
         it->recv_ns = kvr_now_ns();
         it->source = s->id;
-        it->can_replay = s->replay != NULL;
+        /* A {pod} template cannot name the ROUTER of a pod id that is no host. */
+        it->can_replay = s->replay != NULL && (!s->replay_pod || t->pod_host);
         it->payload = pl;
         KVR_CNT_INC(z->messages);
         KVR_CNT_ADD(z->bytes, pl.len);
