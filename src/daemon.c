@@ -324,6 +324,8 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
         if (rc != 0)
             goto fail;
     }
+    if (c->forward != NULL && (rc = kvr_zsub_forward(z, c->forward, err)) != 0)
+        goto fail;
     in = (struct kvr_ingest_intake){.replay = intake_replay, .running = intake_running,
                                     .forget = intake_forget, .arg = z};
     kvr_ingest_set_intake(ing, &in);
@@ -350,6 +352,9 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
             return kvr_err_set(err, rc, "%s:%d: [events] bind %s: %s", c->path,
                                c->bind_line != NULL ? c->bind_line[i] : 0, c->bind[i], e.msg);
     }
+    if (c->forward != NULL && (rc = kvr_zsub_check_bind(c->forward, &e)) != 0)
+        return kvr_err_set(err, rc, "%s:%d: [events] forward %s: %s", c->path, c->forward_line,
+                           c->forward, e.msg);
     if (c->curve_secret_key_file != NULL) {
         struct kvr_zsub_curve k;
         rc = kvr_zsub_curve_load(c->curve_secret_key_file, c->curve_public_key_file,

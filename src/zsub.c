@@ -226,6 +226,9 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
         source_free(z->srcs[i]);
     for (size_t i = 0; i < z->nghosts; i++)
         source_free(z->ghosts[i]);
+    if (z->fwd != NULL)
+        zmq_close(z->fwd);
+    free(z->fwd_bound);
     kvr_zsub_auth_deinit(z);
     zmq_ctx_term(z->ctx);
     for (size_t i = 0; i < z->ntopics; i++)
@@ -364,6 +367,58 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
 fail:
     source_free(s);
     return rc;
+}
+
+/* ---- forward: an XPUB re-publishing what the SUBs accept -------------------------------- */
+
+int kvr_zsub_forward(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    char last[512];
+    size_t len = sizeof(last);
+    int one = 1, rc;
+    void *s;
+
+    if (z->started || z->fwd != NULL)
+        return kvr_err_set(err, -EBUSY, "events forward %s: only once, before start", endpoint);
+    s = zmq_socket(z->ctx, ZMQ_XPUB);
+    if (s == NULL)
+        return kvr_err_set(err, -ENOMEM, "events forward %s: cannot create socket: %s",
+                           endpoint, zmq_strerror(errno));
+    kvr_zsub_set_int(s, ZMQ_LINGER, 0);
+    kvr_zsub_set_ipv6_for(s, endpoint);
+    /* As deep as our own SUBs' queues; full → EAGAIN (counted) instead of a silent drop. */
+    kvr_zsub_set_int(s, ZMQ_SNDHWM, z->o.rcvhwm);
+    zmq_setsockopt(s, ZMQ_XPUB_NODROP, &one, sizeof(one));
+    /* [events] allow applies to replicas too (the ZAP handler); not CURVE: kvrouterd's own
+     * SUBs, the replicas, connect without it. */
+    if ((rc = kvr_zsub_auth_zap_opt(z, s, err)) != 0) {
+        char m[sizeof(err->msg)];
+        snprintf(m, sizeof(m), "%s", err != NULL ? err->msg : "");
+        kvr_err_set(err, rc, "events forward %s: %s", endpoint, m);
+        zmq_close(s);
+        return rc;
+    }
+    if (zmq_bind(s, endpoint) != 0) {
+        rc = -errno;
+        kvr_err_set(err, rc, "events forward %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return rc;
+    }
+    z->fwd_bound = strdup(zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, last, &len) == 0 ? last
+                                                                                : endpoint);
+    if (z->fwd_bound == NULL) {
+        zmq_close(s);
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    }
+    z->fwd = s;
+    z->dirty = true;
+    kvr_log_info("events: forwarding live messages on %s", z->fwd_bound);
+    return 0;
+}
+
+const char *kvr_zsub_forward_bound(const struct kvr_zsub *z)
+{
+    return z->fwd_bound;
 }
 
 static struct source *find_connect(struct kvr_zsub *z, const char *endpoint)
@@ -685,7 +740,7 @@ static void handle_control(struct kvr_zsub *z)
 
 static void rebuild_items(struct kvr_zsub *z)
 {
-    size_t need = 2 + 2 * z->nsrcs + z->nactive;
+    size_t need = 3 + 2 * z->nsrcs + z->nactive;
 
     if (!kvr_zsub_grow((void **)&z->items, &z->capitems, need, sizeof(*z->items)) ||
         (z->slots = realloc(z->slots, z->capitems * sizeof(*z->slots))) == NULL) {
@@ -703,6 +758,8 @@ static void rebuild_items(struct kvr_zsub *z)
     ADD_ITEM(NULL, z->efd, PS_EVENT, NULL);
     if (z->zap != NULL)
         ADD_ITEM(z->zap, 0, PS_ZAP, NULL);
+    if (z->fwd != NULL)
+        ADD_ITEM(z->fwd, 0, PS_FWD, NULL);
     for (size_t i = 0; i < z->nsrcs; i++) {
         ADD_ITEM(z->srcs[i]->sock, 0, PS_SUB, z->srcs[i]);
         if (z->srcs[i]->mon != NULL)
@@ -795,6 +852,9 @@ static void *recv_main(void *arg)
             case PS_ZAP:
                 kvr_zsub_read_zap(z);
                 break;
+            case PS_FWD:
+                kvr_zsub_read_fwd(z);
+                break;
             case PS_DEALER: {
                 for (size_t a = 0; a < z->nactive; a++) {
                     if (z->active[a] == z->slots[i].ptr) {
@@ -830,6 +890,10 @@ static void *recv_main(void *arg)
     if (z->zap != NULL) {
         zmq_close(z->zap);
         z->zap = NULL;
+    }
+    if (z->fwd != NULL) {
+        zmq_close(z->fwd);
+        z->fwd = NULL;
     }
 
     /* Stop accepting; fail whoever is still waiting. */
@@ -912,6 +976,9 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
     st->publisher_connects = KVR_CNT_GET(z->publisher_connects);
     st->publisher_disconnects = KVR_CNT_GET(z->publisher_disconnects);
     st->connections_dropped = KVR_CNT_GET(z->connections_dropped);
+    st->forwarded = KVR_CNT_GET(z->forwarded);
+    st->forward_dropped = KVR_CNT_GET(z->forward_dropped);
+    st->forward_subscriptions = KVR_CNT_GET(z->forward_subscriptions);
     pthread_mutex_lock(&z->lmu);
     for (size_t i = 0; i < z->nsrcs; i++) {
         if (z->srcs[i]->bind)
@@ -988,4 +1055,16 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
                         "Publisher connections ZeroMQ dropped: a message over max_message_size "
                         "or another protocol error (the message is lost)",
                         NULL, zs.connections_dropped);
+    if (z->fwd_bound == NULL)
+        return;
+    kvr_metrics_counter(out, "events_forwarded_total",
+                        "Live messages re-published on the forward socket ([events] forward)",
+                        NULL, zs.forwarded);
+    kvr_metrics_counter(out, "events_forward_dropped_total",
+                        "Live messages not forwarded: a subscriber's queue (rcvhwm) was full "
+                        "(dropped for every replica)",
+                        NULL, zs.forward_dropped);
+    kvr_metrics_counter(out, "events_forward_subscriptions_total",
+                        "Subscriptions received on the forward socket (a replica connecting)",
+                        NULL, zs.forward_subscriptions);
 }

@@ -104,6 +104,17 @@ int kvr_zsub_endpoint_add(struct kvr_zsub *z, const char *endpoint, const char *
                           const char *pod, struct kvr_err *err);
 int kvr_zsub_endpoint_del(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
 
+/* Before start, from the creating thread, at most once: binds an XPUB on endpoint that
+ * re-publishes every live message a SUB accepts (3 valid frames, admitted, its topic
+ * interned), the same frames (zmq_msg_copy: the bytes are shared, not copied), for replicas
+ * to subscribe to ([events] forward). [events] allow applies to subscribers (through the ZAP
+ * handler; CURVE does not). Sends never block: with ZMQ_XPUB_NODROP and SNDHWM = rcvhwm, a
+ * message that does not fit some subscriber's queue is dropped for all of them and counted.
+ * -EBUSY after start or when already set, -EINVAL/-EADDRINUSE... from the bind. */
+int kvr_zsub_forward(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
+/* The forward socket's bound endpoint (ZMQ_LAST_ENDPOINT), or NULL. */
+const char *kvr_zsub_forward_bound(const struct kvr_zsub *z);
+
 int kvr_zsub_start(struct kvr_zsub *z, struct kvr_err *err);
 /* Stops the receive thread; when it returns no item will be pushed any more. Replays in
  * flight are abandoned (no REPLAY_END): consumers flush their buffers themselves.
@@ -181,6 +192,9 @@ struct kvr_zsub_stats {
     uint64_t connections_dropped;   /* bind sockets: dropped by ZeroMQ while the publisher
                                      * was still connected (a message over max_message_size,
                                      * or another ZMTP protocol error) */
+    uint64_t forwarded;             /* forward: messages re-published */
+    uint64_t forward_dropped;       /* forward: not sent (a subscriber's queue was full) */
+    uint64_t forward_subscriptions; /* forward: subscriptions received from replicas */
 };
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st);
 /* Appends zsub's events_* counters and gauges (messages, bad frames, replay client,

@@ -1204,6 +1204,116 @@ static double wait_metric_at_least(struct fx *f, const char *name, const char *l
     return v;
 }
 
+/* [events] forward: an XPUB re-publishing accepted live messages frame for frame; bad ones
+ * are not forwarded; a replica whose queue is full costs drops (counted), never a stall. */
+static void forward_conf(struct kvr_conf *c)
+{
+    c->forward = "tcp://127.0.0.1:*";
+    c->rcvhwm = 100;
+}
+
+/* The next forwarded message whose topic is not the warm-up's (3 frames into m). */
+static int recv_forwarded(void *sub, zmq_msg_t m[3])
+{
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    while (kvr_now_ms() < deadline) {
+        zmq_pollitem_t it = {.socket = sub, .events = ZMQ_POLLIN};
+        int n = 0;
+        if (zmq_poll(&it, 1, 50) <= 0)
+            continue;
+        for (int more = 1; more; n++) {
+            zmq_msg_t x, *d = n < 3 ? &m[n] : &x;
+            zmq_msg_init(d);
+            assert_true(zmq_msg_recv(d, sub, 0) >= 0);
+            more = zmq_msg_more(d);
+            if (d == &x)
+                zmq_msg_close(d);
+        }
+        if (n == 3 && zmq_msg_size(&m[0]) >= 9 && memcmp(zmq_msg_data(&m[0]), "kv@warmup", 9) == 0) {
+            for (int i = 0; i < 3; i++)
+                zmq_msg_close(&m[i]);
+            continue;
+        }
+        return n;
+    }
+    fail_msg("nothing forwarded");
+    return 0;
+}
+
+static void test_forward(void **state)
+{
+    struct fx *f = fx_new_conf(true, -1, forward_conf);
+    const char *fep = kvr_zsub_forward_bound(f->zsub);
+    void *sub = zmq_socket(f->zctx, ZMQ_SUB);
+    int zero = 0, one = 1;
+    unsigned char s8[8], big[2048];
+    zmq_msg_t m[3];
+    struct tev none[1] = {{0}};
+    msgpack_sbuffer sb;
+    (void)state;
+
+    assert_non_null(fep);
+    assert_non_null(strstr(fep, "tcp://127.0.0.1:"));
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "kv@", 3);
+    assert_int_equal(zmq_connect(sub, fep), 0);
+    wait_metric_at_least(f, "events_forward_subscriptions_total", NULL, 1);
+    warm_up(f);
+
+    /* a bad message (2 frames) is not forwarded; the good one after it is, unchanged */
+    be64(s8, 41);
+    send_frames(f->pub, "kv@pod-fw@" MODEL, strlen("kv@pod-fw@" MODEL), s8, 8, "x", 1, 2);
+    pack_batch(&sb, none, 0, 3);
+    be64(s8, 42);
+    send_frames(f->pub, "kv@pod-fw@" MODEL, strlen("kv@pod-fw@" MODEL), s8, 8, sb.data, sb.size,
+                3);
+    assert_int_equal(recv_forwarded(sub, m), 3);
+    assert_str(zmq_msg_data(&m[0]), zmq_msg_size(&m[0]), "kv@pod-fw@" MODEL);
+    assert_int_equal(zmq_msg_size(&m[1]), 8);
+    assert_memory_equal(zmq_msg_data(&m[1]), s8, 8);
+    assert_int_equal(zmq_msg_size(&m[2]), sb.size);
+    assert_memory_equal(zmq_msg_data(&m[2]), sb.data, sb.size);
+    for (int i = 0; i < 3; i++)
+        zmq_msg_close(&m[i]);
+    msgpack_sbuffer_destroy(&sb);
+    wait_seq(f, "pod-fw", 3, 42, KVR_STREAM_SYNCED); /* and it was ingested here too */
+    assert_true(metric(f, "events_bad_frames_total", "reason=\"frames\"") >= 1);
+    assert_int_equal(metric(f, "events_forwarded_total", NULL),
+                     metric(f, "events_messages_total", NULL));
+    assert_int_equal(metric(f, "events_forward_dropped_total", NULL), 0);
+    zmq_close(sub);
+
+    /* a replica that stops reading: its queue (rcvhwm 100, plus socket buffers) fills, the
+     * rest is dropped and counted; ingestion goes on */
+    sub = zmq_socket(f->zctx, ZMQ_SUB);
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(sub, ZMQ_RCVHWM, &one, sizeof(one));
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    assert_int_equal(zmq_connect(sub, fep), 0);
+    wait_metric_at_least(f, "events_forward_subscriptions_total", NULL, 2);
+    memset(big, 0xc1, sizeof(big)); /* not msgpack: counted as undecodable by the writers */
+    for (uint64_t q = 0; q < 8000; q++) {
+        be64(s8, 100 + q);
+        send_frames(f->pub, "kv@pod-fl@" MODEL, strlen("kv@pod-fl@" MODEL), s8, 8, big,
+                    sizeof(big), 3);
+    }
+    wait_metric_at_least(f, "events_forward_dropped_total", NULL, 1);
+    {
+        double prev = -1, cur = metric(f, "events_messages_total", NULL);
+        int64_t deadline = kvr_now_ms() + WAIT_MS;
+        while (cur != prev && kvr_now_ms() < deadline) { /* until the flood is read */
+            sleep_ms(100);
+            prev = cur;
+            cur = metric(f, "events_messages_total", NULL);
+        }
+        assert_int_equal(metric(f, "events_forwarded_total", NULL) +
+                             metric(f, "events_forward_dropped_total", NULL),
+                         cur);
+    }
+    zmq_close(sub);
+    fx_free(f);
+}
+
 static struct kvr_cidr g_allow[2];
 
 static void admission_conf(struct kvr_conf *c)
@@ -1367,6 +1477,7 @@ int main(void)
         cmocka_unit_test(test_replay_v24),
         cmocka_unit_test(test_replay_v25),
         cmocka_unit_test(test_bind_replay),
+        cmocka_unit_test(test_forward),
         cmocka_unit_test(test_replay_timeout),
         cmocka_unit_test(test_replay_disabled),
         cmocka_unit_test(test_disconnect_purge_and_override),
