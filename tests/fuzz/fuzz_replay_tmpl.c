@@ -52,6 +52,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check(isalnum((unsigned char)pod[i]) || pod[i] == '.' || pod[i] == '-' ||
                   pod[i] == ':');
     }
+    /* the builder takes the pod as a C string (a topic record's): up to its first NUL */
+    if (memchr(pod, '\0', pl) != NULL) {
+        check(!host);
+        pl = strlen(pod);
+        host = kvr_zsub_pod_is_host(pod, pl);
+    }
     rc = kvr_zsub_template_check(tmpl, &err);
     memset(out, 'x', sizeof(out));
     if (kvr_zsub_template_build(tmpl, pod, rank, out, sizeof(out), &err) == 0) {
