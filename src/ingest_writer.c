@@ -231,7 +231,13 @@ static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen
     struct kvr_queue_replay_req req = {.source = s->source, .shard = w->idx,
                                        .gen = s->sm.replay_gen, .dp_rank = s->dp_rank,
                                        .start = s->sm.replay_from, .topic = s->it->t, .ctx = s};
-    if (!s->sm.has_last && s->sm.replay_from == 0 && s->sm.restarts == 0)
+    if (s->sm.hole_retries > 0)
+        kvr_log_limited(&w->ing->rl_gap, KVR_LOG_INFO,
+                        "events: %s/%u: the replay skipped to seq %" PRIu64 " (dropped by the "
+                        "engine's ROUTER); replaying again from %" PRIu64 " (attempt %u)",
+                        s->it->t->pod, s->dp_rank, seen, s->sm.replay_from,
+                        s->sm.hole_retries + 1);
+    else if (!s->sm.has_last && s->sm.replay_from == 0 && s->sm.restarts == 0)
         kvr_log_info("events: %s/%u: first seen at seq %" PRIu64 ", replaying its history "
                      "from 0",
                      s->it->t->pod, s->dp_rank, seen);
@@ -393,8 +399,15 @@ static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
 {
     struct ing_stream *s = item->ctx;
     struct kvr_batch b;
+    int v = kvr_stream_on_replay(&s->sm, item->gen, item->seq);
 
-    if (kvr_stream_on_replay(&s->sm, item->gen, item->seq) != KVR_STREAM_APPLY) {
+    if (v == KVR_STREAM_REPLAY) {
+        /* A hole the ROUTER left mid-replay: ask again from the expected seq. */
+        request_replay(w, s, item->seq);
+        publish(s);
+        return;
+    }
+    if (v != KVR_STREAM_APPLY) {
         if (s->sm.replaying && item->gen == s->sm.replay_gen)
             KVR_CNT_OWN_INC(w->st.dup_batches);
         else

@@ -41,6 +41,8 @@ void kvr_stream_init(struct kvr_stream *s)
 
 static int start_replay(struct kvr_stream *s, uint64_t from)
 {
+    if (!s->replaying)
+        s->hole_retries = 0; /* a new gap; a restart for a hole keeps counting */
     s->replaying = true;
     s->replay_hole = false;
     s->replay_any = false;
@@ -134,9 +136,17 @@ int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq)
         s->duplicates++;
         return KVR_STREAM_DROP;
     }
+    if (seq > expected && s->replay_any && s->hole_retries < KVR_STREAM_HOLE_RETRIES) {
+        /* After the replay's first batch: the ROUTER dropped expected..seq-1 (its burst
+         * overran SNDHWM); the engine's ring still has them. Ask again from there. */
+        s->gaps++;
+        s->hole_retries++;
+        s->hole_replays++;
+        return start_replay(s, expected);
+    }
     if (seq > expected) {
-        /* The engine's ring no longer holds expected..seq-1 (or the ROUTER dropped them):
-         * that part is lost. Apply what follows; the stream stays unsynced. */
+        /* The engine's ring no longer holds expected..seq-1 (or the ROUTER keeps dropping
+         * them): that part is lost. Apply what follows; the stream stays unsynced. */
         s->gaps++;
         s->replay_hole = true;
         if (s->replay_any)

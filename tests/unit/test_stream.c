@@ -180,18 +180,50 @@ static void test_replay_not_contiguous(void **state)
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
     assert_int_equal(kvr_stream_on_replay(&s, gen, 106), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 106);
-    /* replay drops 107 (ROUTER HWM) */
-    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_APPLY);
-    kvr_stream_applied(&s, 108);
+    /* the ROUTER drops 107 (its burst overran SNDHWM): the ring still has it, ask again */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 107);
+    assert_int_equal(s.hole_replays, 1);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
+    /* the rest of the first replay is stale */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 109), KVR_STREAM_DROP);
+    assert_false(kvr_stream_on_replay_end(&s, gen, true));
+    gen = s.replay_gen;
+    for (uint64_t q = 107; q <= 110; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
     /* a duplicate inside the replay */
-    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 110), KVR_STREAM_DROP);
     assert_true(kvr_stream_on_replay_end(&s, gen, true));
-    assert_int_equal(s.replays_failed, 1);
-    assert_int_equal(s.replays_ok, 0);
+    assert_int_equal(s.replays_ok, 1);
     assert_int_equal(s.gaps, 3);
-    assert_int_equal(kvr_stream_on_buffered(&s, 110, true), KVR_STREAM_APPLY);
-    kvr_stream_applied(&s, 110);
+    assert_int_equal(kvr_stream_on_buffered(&s, 110, true), KVR_STREAM_DROP);
+    /* 101..104 were not in the ring: unsynced for good */
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+
+    /* a ROUTER that keeps dropping the same batch: after KVR_STREAM_HOLE_RETRIES new
+     * replays the hole is applied (unsynced) */
+    kvr_stream_init(&s);
+    live(&s, 0, false);
+    assert_int_equal(kvr_stream_on_live(&s, 10, true), KVR_STREAM_REPLAY);
+    for (int i = 0; i < KVR_STREAM_HOLE_RETRIES; i++) {
+        gen = s.replay_gen;
+        assert_int_equal(kvr_stream_on_replay(&s, gen, s.replay_from), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, s.last + 1);
+        assert_int_equal(kvr_stream_on_replay(&s, gen, s.last + 2), KVR_STREAM_REPLAY);
+    }
+    gen = s.replay_gen;
+    assert_int_equal(kvr_stream_on_replay(&s, gen, s.replay_from), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, s.replay_from);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, s.last + 2), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, s.last + 2);
+    assert_int_equal(s.hole_replays, KVR_STREAM_HOLE_RETRIES);
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    /* the next gap gets its own retries */
+    assert_int_equal(kvr_stream_on_live(&s, s.last + 5, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.hole_retries, 0);
 }
 
 static void test_replay_timeout(void **state)
@@ -654,12 +686,14 @@ static size_t model_first_contact(uint64_t join, uint64_t ring_lo, uint64_t n, b
 }
 
 /* Randomized against model_first_contact: late join, ring that may have lost seq 0, live
- * loss (also while a replay runs, after the engine served it), replay endpoint or not. */
+ * loss (also while a replay runs, after the engine served it), a ROUTER that drops batches
+ * inside a few replays (recovered by replaying again), replay endpoint or not. */
 static void test_random_first_contact_model(void **state)
 {
     unsigned seed = (unsigned)(getenv("KVR_SEED") ? atoi(getenv("KVR_SEED")) : 777);
     (void)state;
     srand(seed);
+    uint64_t hole_replays = 0;
     printf("test_random_first_contact_model: seed %u (KVR_SEED)\n", seed);
     for (int round = 0; round < 400; round++) {
         struct kvr_stream s;
@@ -671,6 +705,7 @@ static void test_random_first_contact_model(void **state)
         uint64_t ring_lo = rand() % 2 == 0 ? 0 : (uint64_t)rand() % (join + 1);
         bool can = rand() % 4 != 0, pending = false, served = false, synced;
         uint32_t gen = 0;
+        int drops_left = rand() % 4; /* serves whose ROUTER may drop (fewer than the retries) */
 
         for (uint64_t q = 0; q <= n; q++)
             lost[q] = q > join && q < n && rand() % 5 == 0;
@@ -690,13 +725,32 @@ static void test_random_first_contact_model(void **state)
                     buf[nbuf++] = q;
                 }
             }
-            /* the engine serves what its ring holds from `from` up to what it published */
+            /* the engine serves what its ring holds from `from` up to what it published; in
+             * a few serves its ROUTER drops batches after the first (a burst over SNDHWM) */
             if (pending && !served && (rand() % 3 == 0 || q > n)) {
-                for (uint64_t r = from > ring_lo ? from : ring_lo; r <= (q < n ? q : n); r++)
-                    if (kvr_stream_on_replay(&s, gen, r) == KVR_STREAM_APPLY) {
+                uint32_t g = gen;
+                bool restarted = false, first = true;
+                for (uint64_t r = from > ring_lo ? from : ring_lo; r <= (q < n ? q : n); r++) {
+                    int v;
+                    if (!first && drops_left > 0 && rand() % 6 == 0)
+                        continue;
+                    first = false;
+                    v = kvr_stream_on_replay(&s, g, r);
+                    if (v == KVR_STREAM_APPLY) {
                         kvr_stream_applied(&s, r);
                         got[ngot++] = r;
+                    } else if (v == KVR_STREAM_REPLAY) { /* the rest of g is stale */
+                        assert_false(restarted);
+                        restarted = true;
+                        gen = s.replay_gen, from = s.replay_from;
                     }
+                }
+                if (drops_left > 0)
+                    drops_left--;
+                if (restarted) {
+                    assert_false(kvr_stream_on_replay_end(&s, g, true)); /* stale */
+                    continue; /* the new replay is served later */
+                }
                 served = true;
                 continue;
             }
@@ -735,7 +789,11 @@ static void test_random_first_contact_model(void **state)
                      kvr_stream_state_name(kvr_stream_state(&s)), synced ? "synced" : "not");
         assert_int_equal(s.restarts, 0);
         assert_int_equal(s.first_contacts, can && join > 0 ? 1 : 0);
+        hole_replays += s.hole_replays;
     }
+    printf("test_random_first_contact_model: %llu replays restarted for ROUTER drops\n",
+           (unsigned long long)hole_replays);
+    assert_true(hole_replays > 0); /* the path was taken */
 }
 
 /* The names /v1/pods prints (moved here from ingest with the enum). */
