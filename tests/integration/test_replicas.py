@@ -9,7 +9,8 @@ and, for every prompt sent, the matched prefix; replicas against each other with
 (a) bind mode + bind_replay, kvrouterd started after the engine published: the first contact
     replays from seq 0 and the index is the engine's cache; kill -9, more traffic while it is
     down, restart (no snapshot): the same again.
-(b) bind mode, batches lost on the way: the gap is replayed through bind_replay.
+(b) bind mode, batches lost on the way: the gap is replayed through bind_replay; a batch the
+    engine's ROUTER drops inside the first-contact replay is asked for again.
 (c) a primary's forward socket feeding a replica (started late: it replays the history
     it missed from the engines through its connect replay= template): identical answers.
 (d) connect mode (replay=), kvrouterd started after the engine published: first contact
@@ -238,6 +239,35 @@ def test_bind_replay_gap(daemon_factory):
         assert eng.rank(0).replay_requests >= 1
         assert_index_is_cache(d, eng, t)
         assert metric(d, "events_replays_total", 'result="ok"') >= 1
+
+
+def test_first_contact_router_drop_replayed_again(daemon_factory):
+    """The engine's ROUTER drops a batch in the middle of the first-contact replay (vLLM sends
+    a replay as one burst, SNDHWM 1000): the batch is still in its ring, so kvrouterd asks
+    again from there and ends synced with the engine's whole cache."""
+    import threading
+    sub, rep = free_ports(1), free_ports(1)
+    with Engine(pod=POD, model=MODEL, mode="connect", endpoints=["tcp://127.0.0.1:%d" % sub],
+                replay=True, replay_bind="tcp://127.0.0.1:%d" % rep, block_size=BS,
+                num_blocks=48) as eng:
+        r = eng.rank(0)
+        t = Traffic(eng, 7)
+        t.step(20)
+        r.skip_replay = {5}  # the first replay loses batch 5 on the way
+        gate = threading.Event()
+        r.replay_end_gate = gate  # and its end marker waits until the test lets it go
+        d = daemon_factory(bind_config(sub, rep, 1))
+        need_http(d)
+        eng.wait_subscriber()
+        last = t.step(1)
+        assert r.replay_served.wait(WAIT), "no replay request reached the engine"
+        r.skip_replay = set()  # what the ROUTER dropped is still in the ring
+        r.replay_end_gate = None
+        gate.set()
+        p = wait_pod(d, POD, 0, seq=last[0], state="synced")
+        assert r.replay_requests >= 2 and p["replays"] >= 2, p
+        assert_index_is_cache(d, eng, t)
+        assert metric(d, "events_blocks_duplicate_total") == 0
 
 
 def test_bind_replay_refused_by_check(tmp_path):
