@@ -1,8 +1,9 @@
 """Replicas and first-contact benchmark driver (run by bench/replicas.sh).
 
 1. Forward: bench_publisher replays the trace at full speed into a primary (SUB bound on
-   127.0.0.1:*); once with no forward socket, once with [events] forward and one replica
-   connected to it. Reported per run: the primary's applied rate (batches/s, blocks/s, from
+   127.0.0.1:*); with no forward socket, with [events] forward and a subscriber that only
+   drains it (forward's own cost), and with forward and one replica daemon connected to it
+   (on a small machine the replica competes with the primary for the CPU). Reported per run: the primary's applied rate (batches/s, blocks/s, from
    the publisher's start to the last batch applied), the replica's (to its last batch), the
    forwarded and dropped counts; checks that both indexes hold what the engines cache.
 2. First contact: a vllm_pub engine (tests/integration/vllm_pub.py) publishes KVR_BENCH_RING
@@ -123,16 +124,54 @@ def wait_batches(d, n, timeout=600):
     return None
 
 
-def forward_run(with_forward):
+class Drain:
+    """A subscriber to the forward socket that only counts messages (the cost of forward
+    itself, without a second daemon competing for the CPU)."""
+
+    def __init__(self, endpoint):
+        import threading
+        import zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.connect(endpoint)
+        self.n = 0
+        self.stop = False
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def run(self):
+        import zmq
+        while not self.stop:
+            if self.sock.poll(50):
+                while True:
+                    try:
+                        self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self.n += 1
+
+    def close(self):
+        self.stop = True
+        self.th.join(5)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def forward_run(with_forward, drain_only=False):
     fport = free_port()
     ev = "bind = tcp://127.0.0.1:*"
     if with_forward:
         ev += "\nforward = tcp://127.0.0.1:%d" % fport
     primary = Daemon(ev)
-    replica = None
+    replica = drain = None
     try:
         if with_forward:
-            replica = Daemon("connect = tcp://127.0.0.1:%d" % fport)
+            if drain_only:
+                drain = Drain("tcp://127.0.0.1:%d" % fport)
+            else:
+                replica = Daemon("connect = tcp://127.0.0.1:%d" % fport)
             deadline = time.monotonic() + 10
             while primary.metrics().get("kvrouter_events_forward_subscriptions_total", 0) < 1:
                 if time.monotonic() > deadline:
@@ -160,14 +199,17 @@ def forward_run(with_forward):
             if held != res["cached_blocks"]:
                 fail("an index holds %d blocks, the engines cache %d" % (held,
                                                                          res["cached_blocks"]))
-        if replica:
-            out["replica_s"] = t_replica - res["publish_start_wall"]
+        if with_forward:
             out["forwarded"] = m.get("kvrouter_events_forwarded_total", 0)
             out["dropped"] = m.get("kvrouter_events_forward_dropped_total", 0)
+        if replica:
+            out["replica_s"] = t_replica - res["publish_start_wall"]
         return out
     finally:
         if replica:
             replica.stop()
+        if drain:
+            drain.close()
         primary.stop()
 
 
@@ -217,11 +259,14 @@ def main():
                                                                       os.path.basename(TRACE)))
     for i in range(RUNS):
         a = forward_run(False)
+        c = forward_run(True, drain_only=True)
         b = forward_run(True)
-        print("  run %d: primary alone %.0f batches/s (%.0f blocks/s); with forward + 1 "
-              "replica: primary %.0f batches/s, replica %.0f batches/s (last batch %.2f s "
-              "after the primary's), forwarded %d, dropped %d"
+        print("  run %d: primary alone %.0f batches/s (%.0f blocks/s); forward to a draining "
+              "SUB: %.0f batches/s (forwarded %d, dropped %d); forward + 1 replica daemon: "
+              "primary %.0f batches/s, replica %.0f batches/s (its last batch %.2f s after "
+              "the primary's), forwarded %d, dropped %d"
               % (i + 1, a["sent"] / a["primary_s"], a["blocks"] / a["primary_s"],
+                 c["sent"] / c["primary_s"], c["forwarded"], c["dropped"],
                  b["sent"] / b["primary_s"], b["sent"] / b["replica_s"],
                  b["replica_s"] - b["primary_s"], b["forwarded"], b["dropped"]))
     print("first contact (ring of %d batches, 512-token system prompt, bind_replay):" % RING)
