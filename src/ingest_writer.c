@@ -223,8 +223,9 @@ static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
 
 static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
 
-/* Asks the intake (zsub) for the replay the stream just started (kvr_stream_on_live/on_buffered said
- * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
+/* Asks the intake (zsub) for the replay the stream just started (kvr_stream_on_live,
+ * on_buffered or on_replay said KVR_STREAM_REPLAY); the stream's buffer holds the batch that
+ * revealed the gap (on_replay: the live batches buffered since the first replay started). */
 static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen)
 {
     const struct kvr_ingest_intake *in = &w->ing->intake;

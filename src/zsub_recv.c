@@ -231,12 +231,10 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
                   t->pub.shard);
 found:
-    if (s->replay_pod && !t->pod_host && s->last_topic != t) {
-        /* Told once per topic and source switch; counted once per topic. */
-        if (!t->unaddressable) {
-            t->unaddressable = true;
-            KVR_CNT_INC(z->replay_unaddressable);
-        }
+    if (s->replay_pod && !t->pod_host && !t->unaddressable) {
+        /* Counted and told once per topic (topics interleave on a bind socket). */
+        t->unaddressable = true;
+        KVR_CNT_INC(z->replay_unaddressable);
         kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                         "events: pod id '%.64s' is not a host name or address: its streams "
                         "get no replay through %s",

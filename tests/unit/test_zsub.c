@@ -1229,7 +1229,8 @@ static int recv_forwarded(void *sub, zmq_msg_t m[3])
             if (d == &x)
                 zmq_msg_close(d);
         }
-        if (n == 3 && zmq_msg_size(&m[0]) >= 9 && memcmp(zmq_msg_data(&m[0]), "kv@warmup", 9) == 0) {
+        if (n == 3 && zmq_msg_size(&m[0]) >= 9 &&
+            memcmp(zmq_msg_data(&m[0]), "kv@warmup", 9) == 0) {
             for (int i = 0; i < 3; i++)
                 zmq_msg_close(&m[i]);
             continue;
