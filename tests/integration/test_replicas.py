@@ -8,7 +8,8 @@ and, for every prompt sent, the matched prefix; replicas against each other with
 
 (a) bind mode + bind_replay, kvrouterd started after the engine published: the first contact
     replays from seq 0 and the index is the engine's cache; kill -9, more traffic while it is
-    down, restart (no snapshot): the same again.
+    down, restart (no snapshot): the same again. And kill -9 or SIGTERM while the engines
+    publish, in bind and in connect mode: once traffic pauses, synced and exact.
 (b) bind mode, batches lost on the way: the gap is replayed through bind_replay; a batch the
     engine's ROUTER drops inside the first-contact replay is asked for again.
 (c) a primary's forward socket feeding a replica (started late: it replays the history
@@ -216,6 +217,74 @@ def test_bind_replay_first_contact_and_kill9(daemon_factory):
             wait_pod(d2, POD, r.rank, seq=last[r.rank], state="synced")
             assert r.replay_requests >= 2
         assert_index_is_cache(d2, eng, t)
+        assert metric(d2, "events_blocks_duplicate_total") == 0
+
+
+class Background:
+    """Traffic.step(1) every few ms on a thread, until stop(): live traffic while a test kills
+    and restarts kvrouterd. Only this thread touches the engine until stop() returns."""
+
+    def __init__(self, traffic):
+        import threading
+        self.traffic = traffic
+        self.halt = threading.Event()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def run(self):
+        while not self.halt.is_set():
+            self.traffic.step(1)
+            time.sleep(0.004)
+
+    def stop(self):
+        self.halt.set()
+        self.th.join(10)
+        assert not self.th.is_alive()
+
+
+@pytest.mark.parametrize("mode", ["bind", "connect"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_restart_during_live_traffic(daemon_factory, mode, sig):
+    """kill -9 or SIGTERM while engines publish, a new process (no snapshot) started while
+    they still publish: once traffic pauses, every stream is synced and the index is the
+    engines' cache, in bind mode (bind_replay) and in connect mode (replay=)."""
+    dp = 2 if mode == "bind" else 1
+    sub, rep = free_ports(dp), free_ports(dp)
+    if mode == "bind":
+        eng = Engine(pod=POD, model=MODEL, mode="connect",
+                     endpoints=["tcp://127.0.0.1:%d" % sub], dp_size=dp, replay=True,
+                     replay_bind="tcp://127.0.0.1:%d" % rep, block_size=BS, num_blocks=48)
+        cfg, pod = bind_config(sub, rep, dp), POD
+    else:
+        eng = Engine(pod="pod-l", model=MODEL, mode="bind", replay=True, block_size=BS,
+                     num_blocks=48)
+        r0 = eng.rank(0)
+        cfg = {"events": {"bind": None, "connect": "%s replay=%s" % (r0.pub_endpoint,
+                                                                    r0.replay_endpoint)}}
+        pod = "pod-l"
+    with eng:
+        t = Traffic(eng, 8)
+        d = daemon_factory(cfg, check_exit=False)
+        need_http(d)
+        bg = Background(t)
+        try:
+            step_deadline = time.monotonic() + WAIT
+            while any(pod_entry(d, pod, r.rank) is None for r in eng.ranks):
+                assert time.monotonic() < step_deadline, d.stderr_text()[-3000:]
+                time.sleep(0.02)
+            time.sleep(0.2)
+            d.signal(sig)
+            assert d.proc.wait(timeout=10) == (0 if sig == signal.SIGTERM else -sig)
+            time.sleep(0.2)  # batches published while no kvrouterd runs
+            d2 = daemon_factory(cfg, check_exit=False)
+            time.sleep(0.3)  # and while it starts and catches up
+        finally:
+            bg.stop()
+        last = t.step(1)
+        for r in eng.ranks:
+            p = wait_pod(d2, pod, r.rank, seq=last[r.rank], state="synced")
+            assert p["restarts"] == 0, p
+        assert_index_is_cache(d2, eng, t, pod=pod)
         assert metric(d2, "events_blocks_duplicate_total") == 0
 
 
