@@ -124,6 +124,8 @@ static const struct directive directives[] = {
     {"events", "curve_authorized_keys_file", T_STRING, NULL, 1, 4095, 0,
      OFF(curve_authorized_keys_file)},
     {"events", "forget_after", T_DURATION, "10m", 0, 7 * 24 * MS_H, 0, OFF(forget_after_ms)},
+    {"events", "bind_replay", T_STRING, NULL, 1, 255, 0, OFF(bind_replay)},
+    {"events", "forward", T_STRING, NULL, 1, 255, 0, OFF(forward)},
 
     {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
     {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},
@@ -368,11 +370,24 @@ static int set_weight(struct kvr_conf *c, const struct directive *d, const char 
     return 0;
 }
 
+/* A replay= with placeholders: its syntax is zsub's (kvr_zsub_template_check, called by
+ * kvrouterd -t and at startup); here only what any endpoint needs. */
+static bool replay_template_shape(const char *t)
+{
+    if (strchr(t, '{') == NULL || strlen(t) >= 256 ||
+        (strncmp(t, "tcp://", 6) != 0 && strncmp(t, "ipc://", 6) != 0))
+        return false;
+    for (const char *p = t; *p; p++)
+        if (isspace((unsigned char)*p) || !isprint((unsigned char)*p))
+            return false;
+    return true;
+}
+
 /* Parses "ENDPOINT [replay=ENDPOINT] [pod=ID]" into a new connect entry. */
-static int add_connect(struct kvr_conf *c, const struct directive *d, const char *v,
+static int add_connect(struct kvr_conf *c, const struct directive *d, const char *v, int line,
                        struct setctx *sc)
 {
-    struct kvr_conf_connect cc = {0};
+    struct kvr_conf_connect cc = {.line = line};
     char *copy = strdup(v), *save = NULL, *tok;
     struct kvr_conf_connect *grown;
     int rc = 0;
@@ -391,9 +406,10 @@ static int add_connect(struct kvr_conf *c, const struct directive *d, const char
         goto oom;
     while ((tok = strtok_r(NULL, " \t", &save)) != NULL) {
         if (strncmp(tok, "replay=", 7) == 0 && cc.replay == NULL) {
-            if (kvr_conf_check_endpoint(tok + 7, false) != 0) {
+            if (kvr_conf_check_endpoint(tok + 7, false) != 0 && !replay_template_shape(tok + 7)) {
                 rc = set_msg(sc, -EINVAL, "invalid replay endpoint '%.200s' for [events] connect: "
-                                          "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME",
+                                          "expected tcp://HOST:PORT, ipc://PATH, inproc://NAME "
+                                          "or a template such as tcp://{pod}:{5558+rank}",
                              tok + 7);
                 goto out;
             }
@@ -573,7 +589,7 @@ static int set_value(struct kvr_conf *c, const struct directive *d, const char *
     case T_BOOL:
         return set_bool(FIELD(c, d, bool), d, v, sc);
     case T_CONNECT:
-        return add_connect(c, d, v, sc);
+        return add_connect(c, d, v, st != NULL ? st->lineno : 0, sc);
     case T_WEIGHT:
         return set_weight(c, d, key, v, st, sc);
     }
@@ -848,6 +864,30 @@ static void cross_check(struct pstate *st)
              "curve_public_key_file");
         return;
     }
+    c->bind_replay_line = seen_line(st, "events", "bind_replay");
+    c->forward_line = seen_line(st, "events", "forward");
+    if (c->bind_replay != NULL && c->nbind == 0) {
+        fail(st, c->bind_replay_line, -EINVAL, "[events] bind_replay names the replay address "
+                                               "of engines that connect to a bind socket, and "
+                                               "there is no [events] bind");
+        return;
+    }
+    if (c->forward != NULL) {
+        if (kvr_conf_check_endpoint(c->forward, true) != 0) {
+            fail(st, c->forward_line, -EINVAL, "invalid endpoint '%.200s' for [events] "
+                                               "forward: expected tcp://HOST:PORT, "
+                                               "tcp://*:PORT, ipc://PATH or inproc://NAME",
+                 c->forward);
+            return;
+        }
+        for (size_t i = 0; i < c->nbind; i++) {
+            if (strcmp(c->forward, c->bind[i]) == 0 && !ephemeral(c->forward)) {
+                fail(st, later(c->forward_line, c->bind_line ? c->bind_line[i] : 0), -EINVAL,
+                     "[events] forward %s is also an [events] bind endpoint", c->forward);
+                return;
+            }
+        }
+    }
     c->curve_secret_key_line = seen_line(st, "events", "curve_secret_key_file");
     c->curve_public_key_line = seen_line(st, "events", "curve_public_key_file");
     c->curve_authorized_keys_line = seen_line(st, "events", "curve_authorized_keys_file");
@@ -977,6 +1017,8 @@ void kvr_conf_free(struct kvr_conf *c)
     }
     free(c->connect);
     free(c->subscribe);
+    free(c->bind_replay);
+    free(c->forward);
     free(c->listen);
     free(c->admin_listen);
     free(c->admin_token);

@@ -25,8 +25,10 @@
 
 struct kvr_conf_connect {
     char *endpoint; /* tcp://host:port of an engine's PUB socket */
-    char *replay;   /* NULL or the engine's ROUTER endpoint (replay=) */
+    char *replay;   /* NULL or the engine's ROUTER endpoint (replay=), or a template of the
+                     * topic's pod and the DP rank (it has a '{': checked by daemon.c) */
     char *pod;      /* NULL or identity override (pod=) for engines with an empty topic */
+    int line;       /* where it was given (kvrouterd -t's template check) */
 };
 
 struct kvr_conf_tier_weight {
@@ -72,6 +74,12 @@ struct kvr_conf {
     int curve_secret_key_line, curve_public_key_line, curve_authorized_keys_line;
     int64_t forget_after_ms;         /* pods idle (no events) this long with no blocks are
                                       * forgotten; default 10m; 0 = never */
+    char *bind_replay;               /* replay address template for bind sockets, e.g.
+                                      * tcp://{pod}:{5558+rank}; NULL = none (checked by
+                                      * daemon.c through zsub: conf stays socket-free) */
+    int bind_replay_line;
+    char *forward;                   /* XPUB endpoint re-publishing live messages; NULL = off */
+    int forward_line;
 
     /* [index] */
     uint32_t jump_stride;    /* default 32, 1..4096 */

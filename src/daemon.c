@@ -249,6 +249,25 @@ static bool intake_running(void *arg)
     return kvr_zsub_running(arg);
 }
 
+/* The replay address templates ([events] bind_replay, connect replay=...{pod}...), at their
+ * line: zsub owns their syntax (conf stays socket-free and does not use zsub). */
+static int check_templates(const struct kvr_conf *c, struct kvr_err *err)
+{
+    struct kvr_err e;
+    int rc;
+
+    if (c->bind_replay != NULL && (rc = kvr_zsub_template_check(c->bind_replay, &e)) != 0)
+        return kvr_err_set(err, rc, "%s:%d: [events] bind_replay %s: %s", c->path,
+                           c->bind_replay_line, c->bind_replay, e.msg);
+    for (size_t i = 0; i < c->nconnect; i++) {
+        const char *t = c->connect[i].replay;
+        if (t != NULL && strchr(t, '{') != NULL && (rc = kvr_zsub_template_check(t, &e)) != 0)
+            return kvr_err_set(err, rc, "%s:%d: [events] connect %s replay=%s: %s", c->path,
+                               c->connect[i].line, c->connect[i].endpoint, t, e.msg);
+    }
+    return 0;
+}
+
 int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
                            struct kvr_zsub **out, struct kvr_err *err)
 {
@@ -279,6 +298,9 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
     zo.allow = c->allow;
     zo.nallow = c->nallow;
     zo.pod_must_match_peer = c->pod_must_match_peer;
+    zo.bind_replay = c->bind_replay;
+    if ((rc = check_templates(c, err)) != 0)
+        return rc;
     if (c->curve_secret_key_file != NULL) {
         rc = kvr_zsub_curve_load(c->curve_secret_key_file, c->curve_public_key_file,
                                  c->curve_authorized_keys_file, &curve, err);
@@ -302,6 +324,8 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
         if (rc != 0)
             goto fail;
     }
+    if (c->forward != NULL && (rc = kvr_zsub_forward(z, c->forward, err)) != 0)
+        goto fail;
     in = (struct kvr_ingest_intake){.replay = intake_replay, .running = intake_running,
                                     .forget = intake_forget, .arg = z};
     kvr_ingest_set_intake(ing, &in);
@@ -320,12 +344,17 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
     struct kvr_err e;
     int rc;
 
+    if ((rc = check_templates(c, err)) != 0)
+        return rc;
     for (size_t i = 0; i < c->nbind; i++) {
         rc = kvr_zsub_check_bind(c->bind[i], &e);
         if (rc != 0)
             return kvr_err_set(err, rc, "%s:%d: [events] bind %s: %s", c->path,
                                c->bind_line != NULL ? c->bind_line[i] : 0, c->bind[i], e.msg);
     }
+    if (c->forward != NULL && (rc = kvr_zsub_check_bind(c->forward, &e)) != 0)
+        return kvr_err_set(err, rc, "%s:%d: [events] forward %s: %s", c->path, c->forward_line,
+                           c->forward, e.msg);
     if (c->curve_secret_key_file != NULL) {
         struct kvr_zsub_curve k;
         rc = kvr_zsub_curve_load(c->curve_secret_key_file, c->curve_public_key_file,
@@ -346,7 +375,8 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
         const char *eps[2] = {c->connect[i].endpoint, c->connect[i].replay};
         for (size_t j = 0; j < 2; j++) {
             char m[KVR_ERR_MSG_MAX + 600];
-            if (eps[j] == NULL || kvr_zsub_check_connect(eps[j], &e) == 0)
+            if (eps[j] == NULL || strchr(eps[j], '{') != NULL || /* a template: checked */
+                kvr_zsub_check_connect(eps[j], &e) == 0)
                 continue;
             snprintf(m, sizeof(m), "%s: warning: [events] connect %s: %s (kvrouterd keeps "
                                    "retrying it)",

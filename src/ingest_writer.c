@@ -223,16 +223,28 @@ static bool stream_can_replay(struct writer *w, const struct ing_stream *s)
 
 static void abort_replay(struct writer *w, struct ing_stream *s, const char *why);
 
-/* Asks the intake (zsub) for the replay the stream just started (kvr_stream_on_live/on_buffered said
- * KVR_STREAM_REPLAY); the stream's buffer holds the batch that revealed the gap. */
+/* Asks the intake (zsub) for the replay the stream just started (kvr_stream_on_live,
+ * on_buffered or on_replay said KVR_STREAM_REPLAY); the stream's buffer holds the batch that
+ * revealed the gap (on_replay: the live batches buffered since the first replay started). */
 static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen)
 {
     const struct kvr_ingest_intake *in = &w->ing->intake;
     struct kvr_queue_replay_req req = {.source = s->source, .shard = w->idx,
-                                       .gen = s->sm.replay_gen, .start = s->sm.replay_from,
-                                       .topic = s->it->t, .ctx = s};
-    kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
-                 s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
+                                       .gen = s->sm.replay_gen, .dp_rank = s->dp_rank,
+                                       .start = s->sm.replay_from, .topic = s->it->t, .ctx = s};
+    if (s->sm.hole_retries > 0)
+        kvr_log_limited(&w->ing->rl_gap, KVR_LOG_INFO,
+                        "events: %s/%u: the replay skipped to seq %" PRIu64 " (dropped by the "
+                        "engine's ROUTER); replaying again from %" PRIu64 " (attempt %u)",
+                        s->it->t->pod, s->dp_rank, seen, s->sm.replay_from,
+                        s->sm.hole_retries + 1);
+    else if (!s->sm.has_last && s->sm.replay_from == 0 && s->sm.restarts == 0)
+        kvr_log_info("events: %s/%u: first seen at seq %" PRIu64 ", replaying its history "
+                     "from 0",
+                     s->it->t->pod, s->dp_rank, seen);
+    else
+        kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
+                     s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
     if (in->replay == NULL || in->replay(in->arg, &req) != 0)
         abort_replay(w, s, "replay unavailable");
     else
@@ -388,8 +400,15 @@ static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
 {
     struct ing_stream *s = item->ctx;
     struct kvr_batch b;
+    int v = kvr_stream_on_replay(&s->sm, item->gen, item->seq);
 
-    if (kvr_stream_on_replay(&s->sm, item->gen, item->seq) != KVR_STREAM_APPLY) {
+    if (v == KVR_STREAM_REPLAY) {
+        /* A hole the ROUTER left mid-replay: ask again from the expected seq. */
+        request_replay(w, s, item->seq);
+        publish(s);
+        return;
+    }
+    if (v != KVR_STREAM_APPLY) {
         if (s->sm.replaying && item->gen == s->sm.replay_gen)
             KVR_CNT_OWN_INC(w->st.dup_batches);
         else

@@ -81,11 +81,14 @@ struct kvr_queue_msg {
 };
 
 /* A replay request from the consumer: batches from `start` of `source`, answered by REPLAY
- * items then one REPLAY_END into queue[shard], all carrying ctx and gen. */
+ * items then one REPLAY_END into queue[shard], all carrying ctx and gen. dp_rank is the
+ * stream's DP rank (from its batches: the producer never decodes them): a source whose
+ * replay address is a template ([events] bind_replay) builds it from topic->pod and it. */
 struct kvr_queue_replay_req {
     uint32_t source;
     uint32_t shard;
     uint32_t gen;
+    uint32_t dp_rank;
     uint64_t start;
     const struct kvr_queue_topic *topic;
     void *ctx;

@@ -45,9 +45,14 @@ void kvr_stream_init(struct kvr_stream *s)
 
 static int start_replay(struct kvr_stream *s, uint64_t from)
 {
+    if (!s->replaying)
+        s->hole_retries = 0; /* a new gap; a restart for a hole keeps counting */
     s->replaying = true;
     s->replay_hole = false;
+    s->replay_any = false;
+    s->replay_mid_hole = false;
     s->replay_whole = false;
+    s->replay_tail = false;
     s->replay_from = from;
     s->replay_gen++;
     s->replays++;
@@ -72,10 +77,18 @@ int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay)
     s->restored = false;
 
     if (!s->based) {
-        /* Baseline: whatever came before this batch is unknown and not asked for. */
+        /* First contact (a stream never seen, or reset): with a replay endpoint, a stream
+         * that did not start at seq 0 asks for the engine's history from 0 (vLLM's ring keeps
+         * the last buffer_steps batches: a young engine's whole life); the live batch is
+         * buffered. A ring that lost seq 0 shows as a hole in that replay (unsynced). Without
+         * a replay endpoint this batch is the baseline: what came before is unknown. */
         s->based = true;
         s->has_last = false;
         s->live_last = seq;
+        if (seq > 0 && can_replay) {
+            s->first_contacts++;
+            return start_replay(s, 0);
+        }
         return KVR_STREAM_APPLY;
     }
     if (seq <= s->live_last) {
@@ -127,13 +140,24 @@ int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq)
         s->duplicates++;
         return KVR_STREAM_DROP;
     }
+    if (seq > expected && s->replay_any && s->hole_retries < KVR_STREAM_HOLE_RETRIES) {
+        /* After the replay's first batch: the ROUTER dropped expected..seq-1 (its burst
+         * overran SNDHWM); the engine's ring still has them. Ask again from there. */
+        s->gaps++;
+        s->hole_retries++;
+        s->hole_replays++;
+        return start_replay(s, expected);
+    }
     if (seq > expected) {
-        /* The engine's ring no longer holds expected..seq-1 (or the ROUTER dropped them):
-         * that part is lost. Apply what follows; the stream stays unsynced. */
+        /* The engine's ring no longer holds expected..seq-1 (or the ROUTER keeps dropping
+         * them): that part is lost. Apply what follows; the stream stays unsynced. */
         s->gaps++;
         s->replay_hole = true;
+        if (s->replay_any)
+            s->replay_mid_hole = true;
         s->unsynced = true;
     }
+    s->replay_any = true;
     return KVR_STREAM_APPLY;
 }
 
@@ -145,6 +169,7 @@ bool kvr_stream_on_replay_end(struct kvr_stream *s, uint32_t gen, bool ok)
     }
     s->replaying = false;
     s->replay_whole = ok && !s->replay_hole;
+    s->replay_tail = ok && !s->replay_mid_hole;
     if (s->replay_whole)
         s->replays_ok++;
     else
@@ -170,16 +195,18 @@ int kvr_stream_on_buffered(struct kvr_stream *s, uint64_t seq, bool can_replay)
         return KVR_STREAM_DROP;
     }
     if (seq > expected) {
-        if (s->replay_whole) {
-            /* The replay covered the gap it was for, so these batches were lost on the live
-             * socket after the engine served it: a new gap. */
+        if (s->replay_tail) {
+            /* The replay reached the end of the engine's ring, so these batches were lost on
+             * the live socket after the engine served it: a new gap. (A hole at the start of
+             * the replay, the ring's lost past, is no reason to doubt its end.) */
             s->gaps++;
             s->replay_whole = false;
+            s->replay_tail = false;
             if (can_replay)
                 return start_replay(s, expected);
         }
-        /* Otherwise the replay did not cover this part of its gap (failed, timed out, a
-         * hole in the engine's ring), which was counted when detected. */
+        /* Otherwise the replay did not cover this part of its gap (failed, timed out, the
+         * ROUTER dropped batches), which was counted when detected. */
         s->unsynced = true;
     }
     return KVR_STREAM_APPLY;

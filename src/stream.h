@@ -5,7 +5,10 @@
  * replay, purge the worker); the unit tests drive it directly.
  *
  * Model (see stream.c for the rationale):
- * - The first live batch sets the baseline and is applied.
+ * - First contact (no baseline: a stream never seen, or reset; not a restored one): seq 0,
+ *   or any seq without a replay endpoint, sets the baseline and is applied; a later seq with
+ *   a replay endpoint starts a replay from 0 (the engine's whole history, as far as its ring
+ *   still holds it: a ring without seq 0 is a hole, the stream unsynced) and is buffered.
  * - seq == last + 1: applied. seq > last + 1: a gap. With a replay endpoint, a replay from
  *   last + 1 starts and live batches are buffered until it ends; without one, the gap is
  *   counted, the stream becomes unsynced and the batch is applied.
@@ -13,11 +16,17 @@
  *   reset; seq 0 is applied as the new baseline, a later seq starts a replay from 0 when
  *   possible (else it is applied and the stream is unsynced: batches 0..seq-1 were missed).
  * - While replaying: replayed batches are applied in order, those already applied are
- *   dropped (never applied twice), a replayed seq beyond the next expected one is a hole in
- *   the engine's ring buffer (applied, stream unsynced). At the end, the buffered live
+ *   dropped (never applied twice). A replayed seq beyond the next expected one is a hole: at
+ *   the start of the replay it is the engine's ring that no longer reaches back (applied,
+ *   stream unsynced); after the replay's first batch it is batches the ROUTER dropped (vLLM
+ *   sends a whole replay in one burst with SNDHWM 1000: a 10,000-batch ring loses some even
+ *   on loopback), which are still in the ring, so a new replay from the expected seq starts
+ *   (KVR_STREAM_REPLAY; the rest of the old one is stale), at most KVR_STREAM_HOLE_RETRIES
+ *   times per gap, after which the hole is applied as above. At the end, the buffered live
  *   batches are handed back in arrival order and pass through the same dedup check; after a
- *   whole replay, a buffered batch beyond the next expected seq is a new gap (batches lost
- *   on the live socket after the engine served the replay) and starts another replay.
+ *   replay that reached the end of the engine's ring (end marker, no hole after its first
+ *   batch), a buffered batch beyond the next expected seq is a new gap (batches lost on the
+ *   live socket after the engine served the replay) and starts another replay.
  * - Resync: an unsynced stream becomes synced again when AllBlocksCleared is applied (the
  *   worker's blocks are all dropped, so the index no longer misses anything), or on a
  *   re-baseline (restart at seq 0, purge).
@@ -52,6 +61,8 @@ enum kvr_stream_action {
 };
 #define KVR_STREAM_ACTION_MASK 0x0f
 #define KVR_STREAM_F_PURGE 0x10
+/* Replays restarted for holes after a replay's first batch, per gap (see above). */
+#define KVR_STREAM_HOLE_RETRIES 16
 
 struct kvr_stream {
     bool based;         /* a baseline exists */
@@ -61,9 +72,15 @@ struct kvr_stream {
 
     bool replaying;
     bool replay_hole;   /* the running replay skipped seqs */
+    bool replay_any;    /* the running replay delivered a batch to apply */
+    bool replay_mid_hole; /* it skipped seqs after such a batch (the ROUTER dropped some) */
     bool replay_whole;  /* the last replay ended with its end marker and no hole */
+    bool replay_tail;   /* it ended with its end marker and no hole after its first batch:
+                         * what it served reaches the end of the engine's ring (a hole at
+                         * its start is the ring's past, not a loss on the way) */
     uint64_t replay_from;
     uint32_t replay_gen; /* bumped on every replay start/abort: older replay items are stale */
+    uint32_t hole_retries; /* replays restarted for a mid-replay hole in this gap */
 
     bool unsynced;      /* sticky until resync */
     bool restored;      /* from a snapshot, until the first live batch */
@@ -74,6 +91,8 @@ struct kvr_stream {
     uint64_t replays_ok;
     uint64_t replays_failed;
     uint64_t restarts;
+    uint64_t first_contacts; /* replays from 0 started at first contact */
+    uint64_t hole_replays;   /* replays restarted for a hole the ROUTER left */
     uint64_t duplicates; /* batches dropped as already applied */
     uint64_t stale;      /* replay items of an aborted or finished replay */
 };
@@ -85,9 +104,12 @@ void kvr_stream_init(struct kvr_stream *s);
  * engine restart (purge). State KVR_STREAM_RESTORED until that batch. */
 void kvr_stream_restore(struct kvr_stream *s, uint64_t last, bool unsynced);
 
-/* A live batch. can_replay: its source has a replay endpoint and replays may be started. */
+/* A live batch. can_replay: its source has a replay endpoint and replays may be started
+ * (at first contact too: a replay from 0, see above). */
 int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay);
-/* A batch returned by replay `gen`: KVR_STREAM_APPLY or KVR_STREAM_DROP. */
+/* A batch returned by replay `gen`: KVR_STREAM_APPLY, KVR_STREAM_DROP, or KVR_STREAM_REPLAY:
+ * a hole after the replay's first batch, a new replay (replay_from, replay_gen) has started
+ * from the expected seq; drop this batch, request it; the buffered live batches wait on. */
 int kvr_stream_on_replay(struct kvr_stream *s, uint32_t gen, uint64_t seq);
 /* Replay `gen` finished (ok: end marker received; false: timeout/error). Returns true when
  * it was the current replay: the caller then hands every buffered batch, in arrival order,

@@ -121,6 +121,12 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
 
     if (o->nshards == 0 || o->queues == NULL || o->max_concurrent_replays == 0)
         return kvr_err_set(err, -EINVAL, "zsub: bad options");
+    if (o->bind_replay != NULL) {
+        struct kvr_err e;
+        int rc = kvr_zsub_template_check(o->bind_replay, &e);
+        if (rc != 0)
+            return kvr_err_set(err, rc, "[events] bind_replay %s: %s", o->bind_replay, e.msg);
+    }
     z = calloc(1, sizeof(*z));
     if (z == NULL)
         return kvr_err_set(err, -ENOMEM, "zsub: out of memory");
@@ -131,13 +137,15 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
     z->o.queues = z->queues;
     z->subscribe = strdup(o->subscribe != NULL ? o->subscribe : "kv@");
     z->o.subscribe = z->subscribe;
+    z->bind_replay = xstrdup_opt(o->bind_replay);
+    z->o.bind_replay = z->bind_replay;
     if (z->o.max_topics == 0)
         z->o.max_topics = 65536;
     z->active = calloc(o->max_concurrent_replays, sizeof(*z->active));
     z->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     z->ctx = zmq_ctx_new();
     if (z->subscribe == NULL || z->active == NULL || z->efd < 0 || z->ctx == NULL ||
-        z->queues == NULL) {
+        z->queues == NULL || (o->bind_replay != NULL && z->bind_replay == NULL)) {
         int rc = z->efd < 0 ? -errno : -ENOMEM;
         if (z->ctx != NULL)
             zmq_ctx_term(z->ctx);
@@ -146,6 +154,7 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
         free(z->active);
         free(z->queues);
         free(z->subscribe);
+        free(z->bind_replay);
         free(z);
         return kvr_err_set(err, rc, "zsub: cannot create context: %s", strerror(-rc));
     }
@@ -217,6 +226,9 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
         source_free(z->srcs[i]);
     for (size_t i = 0; i < z->nghosts; i++)
         source_free(z->ghosts[i]);
+    if (z->fwd != NULL)
+        zmq_close(z->fwd);
+    free(z->fwd_bound);
     kvr_zsub_auth_deinit(z);
     zmq_ctx_term(z->ctx);
     for (size_t i = 0; i < z->ntopics; i++)
@@ -238,6 +250,7 @@ void kvr_zsub_destroy(struct kvr_zsub *z)
     pthread_mutex_destroy(&z->cmu);
     pthread_mutex_destroy(&z->lmu);
     free(z->subscribe);
+    free(z->bind_replay);
     free(z->queues);
     free(z);
 }
@@ -309,7 +322,10 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
     s->id = z->next_id++;
     s->endpoint = strdup(endpoint);
     s->sock = sub_socket(z, false, endpoint);
-    if (s->endpoint == NULL || s->sock == NULL) {
+    s->replay = xstrdup_opt(z->bind_replay);
+    s->replay_tmpl = s->replay != NULL;
+    s->replay_pod = kvr_zsub_template_uses_pod(s->replay);
+    if (s->endpoint == NULL || s->sock == NULL || (z->bind_replay != NULL && s->replay == NULL)) {
         rc = kvr_err_set(err, -ENOMEM, "events bind %s: cannot create socket", endpoint);
         goto fail;
     }
@@ -345,11 +361,64 @@ int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
         rc = kvr_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
-    kvr_log_info("events: SUB bound on %s", s->bound);
+    kvr_log_info("events: SUB bound on %s%s%s", s->bound, s->replay ? " replay=" : "",
+                 s->replay ? s->replay : "");
     return 0;
 fail:
     source_free(s);
     return rc;
+}
+
+/* ---- forward: an XPUB re-publishing what the SUBs accept -------------------------------- */
+
+int kvr_zsub_forward(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err)
+{
+    char last[512];
+    size_t len = sizeof(last);
+    int one = 1, rc;
+    void *s;
+
+    if (z->started || z->fwd != NULL)
+        return kvr_err_set(err, -EBUSY, "events forward %s: only once, before start", endpoint);
+    s = zmq_socket(z->ctx, ZMQ_XPUB);
+    if (s == NULL)
+        return kvr_err_set(err, -ENOMEM, "events forward %s: cannot create socket: %s",
+                           endpoint, zmq_strerror(errno));
+    kvr_zsub_set_int(s, ZMQ_LINGER, 0);
+    kvr_zsub_set_ipv6_for(s, endpoint);
+    /* As deep as our own SUBs' queues; full → EAGAIN (counted) instead of a silent drop. */
+    kvr_zsub_set_int(s, ZMQ_SNDHWM, z->o.rcvhwm);
+    zmq_setsockopt(s, ZMQ_XPUB_NODROP, &one, sizeof(one));
+    /* [events] allow applies to replicas too (the ZAP handler); not CURVE: kvrouterd's own
+     * SUBs, the replicas, connect without it. */
+    if ((rc = kvr_zsub_auth_zap_opt(z, s, err)) != 0) {
+        char m[sizeof(err->msg)];
+        snprintf(m, sizeof(m), "%s", err != NULL ? err->msg : "");
+        kvr_err_set(err, rc, "events forward %s: %s", endpoint, m);
+        zmq_close(s);
+        return rc;
+    }
+    if (zmq_bind(s, endpoint) != 0) {
+        rc = -errno;
+        kvr_err_set(err, rc, "events forward %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return rc;
+    }
+    z->fwd_bound = strdup(zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, last, &len) == 0 ? last
+                                                                                : endpoint);
+    if (z->fwd_bound == NULL) {
+        zmq_close(s);
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    }
+    z->fwd = s;
+    z->dirty = true;
+    kvr_log_info("events: forwarding live messages on %s", z->fwd_bound);
+    return 0;
+}
+
+const char *kvr_zsub_forward_bound(const struct kvr_zsub *z)
+{
+    return z->fwd_bound;
 }
 
 static struct source *find_connect(struct kvr_zsub *z, const char *endpoint)
@@ -378,6 +447,11 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
         return kvr_err_set(err, -EINVAL, "bad endpoint '%s'", endpoint ? endpoint : "");
     if (replay != NULL && !endpoint_syntax_ok(replay))
         return kvr_err_set(err, -EINVAL, "bad replay endpoint '%s'", replay);
+    if (replay != NULL && strchr(replay, '{') != NULL) {
+        struct kvr_err e;
+        if ((rc = kvr_zsub_template_check(replay, &e)) != 0)
+            return kvr_err_set(err, rc, "bad replay template '%s': %s", replay, e.msg);
+    }
     if (pod != NULL) {
         const char *at = strchr(pod, '@');
         size_t plen = at ? (size_t)(at - pod) : strlen(pod);
@@ -397,6 +471,8 @@ static int do_connect(struct kvr_zsub *z, const char *endpoint, const char *repl
     s->from_config = from_config;
     s->endpoint = strdup(endpoint);
     s->replay = xstrdup_opt(replay);
+    s->replay_tmpl = replay != NULL && strchr(replay, '{') != NULL;
+    s->replay_pod = s->replay_tmpl && kvr_zsub_template_uses_pod(replay);
     s->pod_cfg = xstrdup_opt(pod);
     if (s->endpoint == NULL || (replay && !s->replay) || (pod && !s->pod_cfg)) {
         rc = kvr_err_set(err, -ENOMEM, "out of memory");
@@ -664,7 +740,7 @@ static void handle_control(struct kvr_zsub *z)
 
 static void rebuild_items(struct kvr_zsub *z)
 {
-    size_t need = 2 + 2 * z->nsrcs + z->nactive;
+    size_t need = 3 + 2 * z->nsrcs + z->nactive;
 
     if (!kvr_zsub_grow((void **)&z->items, &z->capitems, need, sizeof(*z->items)) ||
         (z->slots = realloc(z->slots, z->capitems * sizeof(*z->slots))) == NULL) {
@@ -682,6 +758,8 @@ static void rebuild_items(struct kvr_zsub *z)
     ADD_ITEM(NULL, z->efd, PS_EVENT, NULL);
     if (z->zap != NULL)
         ADD_ITEM(z->zap, 0, PS_ZAP, NULL);
+    if (z->fwd != NULL)
+        ADD_ITEM(z->fwd, 0, PS_FWD, NULL);
     for (size_t i = 0; i < z->nsrcs; i++) {
         ADD_ITEM(z->srcs[i]->sock, 0, PS_SUB, z->srcs[i]);
         if (z->srcs[i]->mon != NULL)
@@ -703,7 +781,7 @@ static int64_t timers(struct kvr_zsub *z)
         if (now >= r->deadline) {
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s timed out after %" PRIu64 " batches",
-                            r->src->replay, r->batches);
+                            r->addr, r->batches);
             kvr_zsub_end_replay(z, r, false);
             kvr_zsub_remove_active(z, i);
             continue;
@@ -774,6 +852,9 @@ static void *recv_main(void *arg)
             case PS_ZAP:
                 kvr_zsub_read_zap(z);
                 break;
+            case PS_FWD:
+                kvr_zsub_read_fwd(z);
+                break;
             case PS_DEALER: {
                 for (size_t a = 0; a < z->nactive; a++) {
                     if (z->active[a] == z->slots[i].ptr) {
@@ -809,6 +890,10 @@ static void *recv_main(void *arg)
     if (z->zap != NULL) {
         zmq_close(z->zap);
         z->zap = NULL;
+    }
+    if (z->fwd != NULL) {
+        zmq_close(z->fwd);
+        z->fwd = NULL;
     }
 
     /* Stop accepting; fail whoever is still waiting. */
@@ -879,6 +964,7 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
     st->replays_failed = KVR_CNT_GET(z->replays_failed);
     st->replay_batches = KVR_CNT_GET(z->replay_batches);
     st->replay_bad_replies = KVR_CNT_GET(z->replay_bad_replies);
+    st->replay_unaddressable = KVR_CNT_GET(z->replay_unaddressable);
     st->replays_pending = KVR_CNT_GET(z->replays_pending);
     st->replays_active = KVR_CNT_GET(z->replays_active);
     st->connects = KVR_CNT_GET(z->connects);
@@ -890,6 +976,9 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
     st->publisher_connects = KVR_CNT_GET(z->publisher_connects);
     st->publisher_disconnects = KVR_CNT_GET(z->publisher_disconnects);
     st->connections_dropped = KVR_CNT_GET(z->connections_dropped);
+    st->forwarded = KVR_CNT_GET(z->forwarded);
+    st->forward_dropped = KVR_CNT_GET(z->forward_dropped);
+    st->forward_subscriptions = KVR_CNT_GET(z->forward_subscriptions);
     pthread_mutex_lock(&z->lmu);
     for (size_t i = 0; i < z->nsrcs; i++) {
         if (z->srcs[i]->bind)
@@ -922,6 +1011,10 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
                         "Batches received from replay endpoints", NULL, zs.replay_batches);
     kvr_metrics_counter(out, "events_replay_bad_replies_total",
                         "Malformed replay replies", NULL, zs.replay_bad_replies);
+    kvr_metrics_counter(out, "events_replay_unaddressable_topics_total",
+                        "Topics whose pod id is not a host name or address, so a {pod} replay "
+                        "template (bind_replay) cannot name their ROUTER: no replay for them",
+                        NULL, zs.replay_unaddressable);
     kvr_metrics_counter(out, "events_replay_requests_failed_total",
                         "Replay requests that ended without an end marker (timeout, error)",
                         NULL, zs.replays_failed);
@@ -962,4 +1055,16 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
                         "Publisher connections ZeroMQ dropped: a message over max_message_size "
                         "or another protocol error (the message is lost)",
                         NULL, zs.connections_dropped);
+    if (z->fwd_bound == NULL)
+        return;
+    kvr_metrics_counter(out, "events_forwarded_total",
+                        "Live messages re-published on the forward socket ([events] forward)",
+                        NULL, zs.forwarded);
+    kvr_metrics_counter(out, "events_forward_dropped_total",
+                        "Live messages not forwarded: a subscriber's queue (rcvhwm) was full "
+                        "(dropped for every replica)",
+                        NULL, zs.forward_dropped);
+    kvr_metrics_counter(out, "events_forward_subscriptions_total",
+                        "Subscriptions received on the forward socket (a replica connecting)",
+                        NULL, zs.forward_subscriptions);
 }

@@ -67,6 +67,10 @@ struct kvr_zsub_opts {
     size_t nallow;
     bool pod_must_match_peer;         /* topic pod must be the peer's IP address */
     const struct kvr_zsub_curve *curve; /* NULL = no CURVE */
+    /* Replay on bind sockets: the engines' ROUTER address as a template of the topic's pod
+     * and the stream's DP rank (kvr_zsub_template_*), e.g. "tcp://{pod}:{5558+rank}"; NULL =
+     * bind sockets have no replay. Checked at create (-EINVAL); copied. */
+    const char *bind_replay;
 };
 
 /* With an allowlist or authorized CURVE keys, create also binds the context's ZAP handler
@@ -79,10 +83,13 @@ int kvr_zsub_create(const struct kvr_zsub_opts *o, struct kvr_zsub **out, struct
 void kvr_zsub_destroy(struct kvr_zsub *z);
 
 /* Before start, from the creating thread: our SUB binds (engines connect). -EINVAL for a bad
- * endpoint, -EADDRINUSE etc. from the bind, with the endpoint in err. */
+ * endpoint, -EADDRINUSE etc. from the bind, with the endpoint in err. Its streams replay
+ * through o.bind_replay when that is set (else they have no replay). */
 int kvr_zsub_bind(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
 /* Any time, any thread (after start it is executed by the receive thread and waited for):
- * our SUB dials an engine PUB. replay: the engine's ROUTER or NULL; pod: identity override
+ * our SUB dials an engine PUB. replay: the engine's ROUTER or NULL, or a template of the
+ * topic's pod and the DP rank (kvr_zsub_template_*: for a primary's forward socket, whose
+ * messages come from many engines; -EINVAL when bad); pod: identity override
  * ("POD" or "POD@MODEL") or NULL. -EEXIST when present, -EINVAL for a bad endpoint. */
 int kvr_zsub_connect(struct kvr_zsub *z, const char *endpoint, const char *replay,
                      const char *pod, bool from_config, struct kvr_err *err);
@@ -96,6 +103,17 @@ int kvr_zsub_disconnect(struct kvr_zsub *z, const char *endpoint, struct kvr_err
 int kvr_zsub_endpoint_add(struct kvr_zsub *z, const char *endpoint, const char *replay,
                           const char *pod, struct kvr_err *err);
 int kvr_zsub_endpoint_del(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
+
+/* Before start, from the creating thread, at most once: binds an XPUB on endpoint that
+ * re-publishes every live message a SUB accepts (3 valid frames, admitted, its topic
+ * interned), the same frames (zmq_msg_copy: the bytes are shared, not copied), for replicas
+ * to subscribe to ([events] forward). [events] allow applies to subscribers (through the ZAP
+ * handler; CURVE does not). Sends never block: with ZMQ_XPUB_NODROP and SNDHWM = rcvhwm, a
+ * message that does not fit some subscriber's queue is dropped for all of them and counted.
+ * -EBUSY after start or when already set, -EINVAL/-EADDRINUSE... from the bind. */
+int kvr_zsub_forward(struct kvr_zsub *z, const char *endpoint, struct kvr_err *err);
+/* The forward socket's bound endpoint (ZMQ_LAST_ENDPOINT), or NULL. */
+const char *kvr_zsub_forward_bound(const struct kvr_zsub *z);
 
 int kvr_zsub_start(struct kvr_zsub *z, struct kvr_err *err);
 /* Stops the receive thread; when it returns no item will be pushed any more. Replays in
@@ -159,6 +177,7 @@ struct kvr_zsub_stats {
     uint64_t replays_failed;    /* timeout, bad reply, source removed, socket error */
     uint64_t replay_batches;    /* replayed batches handed to writers */
     uint64_t replay_bad_replies;
+    uint64_t replay_unaddressable; /* topics whose pod id cannot fill a {pod} template */
     uint64_t replays_pending;   /* gauge: waiting for a slot */
     uint64_t replays_active;    /* gauge */
     uint64_t connects;          /* monitor: connections established */
@@ -173,6 +192,9 @@ struct kvr_zsub_stats {
     uint64_t connections_dropped;   /* bind sockets: dropped by ZeroMQ while the publisher
                                      * was still connected (a message over max_message_size,
                                      * or another ZMTP protocol error) */
+    uint64_t forwarded;             /* forward: messages re-published */
+    uint64_t forward_dropped;       /* forward: not sent (a subscriber's queue was full) */
+    uint64_t forward_subscriptions; /* forward: subscriptions received from replicas */
 };
 void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st);
 /* Appends zsub's events_* counters and gauges (messages, bad frames, replay client,
@@ -199,6 +221,26 @@ int kvr_zsub_check_bind(const char *endpoint, struct kvr_err *err);
 /* A connect endpoint's host resolves (numeric or DNS): 0 or -ENOENT with the reason. zmq_connect
  * itself accepts an unresolvable name and keeps retrying, so this is advice, not an error. */
 int kvr_zsub_check_connect(const char *endpoint, struct kvr_err *err);
+
+/* ---- replay address templates (zsub_tmpl.c): pure, any thread ------------------------ */
+
+/* A replay address template is an endpoint with placeholders: {pod} (the topic's pod id,
+ * which must then be a host: kvr_zsub_pod_is_host; an IPv6 address is put in brackets),
+ * {rank} (the stream's DP rank) and {N+rank} (N + DP rank, a port: vLLM offsets its replay
+ * port by the rank). Used by [events] bind_replay and by a connect endpoint's replay=. A
+ * string without placeholders is a template that always builds itself. */
+#define KVR_ZSUB_ADDR_MAX 256
+/* 0, or -EINVAL with the reason in err: not tcp:// or ipc://, an unknown placeholder, a
+ * stray brace, or a result that is not tcp://HOST:PORT / ipc://PATH for a sample pod. */
+int kvr_zsub_template_check(const char *tmpl, struct kvr_err *err);
+/* The address for (pod, rank) into out: 0; -EINVAL (bad template, or a pod id that is not a
+ * host), -ERANGE (N + rank above 65535), -ENAMETOOLONG (cap), with the reason in err. */
+int kvr_zsub_template_build(const char *tmpl, const char *pod, uint32_t rank, char *out,
+                            size_t cap, struct kvr_err *err);
+bool kvr_zsub_template_uses_pod(const char *tmpl);
+/* An IPv4 or IPv6 address (no zone) or a DNS name of RFC 1123 labels (1..63 of
+ * [A-Za-z0-9-], not starting or ending with '-'), at most 253 bytes. */
+bool kvr_zsub_pod_is_host(const char *pod, size_t len);
 
 /* ---- frames (zsub_frame.c): pure functions of peer bytes, any thread ---------------- */
 

@@ -383,13 +383,21 @@ void kvr_zsub_auth_deinit(struct kvr_zsub *z)
     kvr_zsub_curve_free(&z->curve);
 }
 
-int kvr_zsub_auth_bind_opts(struct kvr_zsub *z, void *sock, struct kvr_err *err)
+int kvr_zsub_auth_zap_opt(struct kvr_zsub *z, void *sock, struct kvr_err *err)
 {
-    int one = 1;
-
     if (z->zap != NULL &&
         zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0)
         return kvr_err_set(err, -errno, "ZMQ_ZAP_DOMAIN: %s", zmq_strerror(errno));
+    return 0;
+}
+
+int kvr_zsub_auth_bind_opts(struct kvr_zsub *z, void *sock, struct kvr_err *err)
+{
+    int one = 1;
+    int rc = kvr_zsub_auth_zap_opt(z, sock, err);
+
+    if (rc != 0)
+        return rc;
     if (z->curve_on &&
         (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0 ||
          zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, z->curve.secret, 41) != 0 ||

@@ -36,6 +36,8 @@ struct topic_rec {
     uint64_t hash;
     size_t tidx;          /* its index in z->tlist */
     bool gone;            /* being forgotten (kvr_zsub_forget_run) */
+    bool pod_host;        /* the pod id can fill a {pod} replay template */
+    bool unaddressable;   /* counted in replay_unaddressable (it came on a {pod} source) */
 };
 
 /* A topic the consumer is done with (kvr_zsub_forget_topic), posted under cmu. */
@@ -59,7 +61,9 @@ struct source {
     bool from_config;
     char *endpoint;      /* as given */
     char *bound;         /* bind: ZMQ_LAST_ENDPOINT */
-    char *replay;        /* NULL = none */
+    char *replay;        /* NULL = none; a template when replay_tmpl */
+    bool replay_tmpl;    /* build the address per replay (kvr_zsub_template_build) */
+    bool replay_pod;     /* the template uses {pod}: topics whose pod is no host cannot */
     char *pod_cfg;       /* override as given (NULL = none) */
     char *pod;           /* override pod */
     char *model;         /* override model (NULL: from the topic) */
@@ -82,6 +86,7 @@ struct source {
 struct replay {
     struct kvr_queue_replay_req req;
     struct source *src;
+    char addr[KVR_ZSUB_ADDR_MAX]; /* the ROUTER dialed (the source's, or its template's) */
     void *dealer;
     int64_t deadline;
     uint64_t batches;
@@ -100,7 +105,7 @@ struct cmd {
     struct cmd *next;
 };
 
-enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER, PS_ZAP };
+enum { PS_EVENT = 1, PS_SUB, PS_MON, PS_DEALER, PS_ZAP, PS_FWD };
 struct pslot {
     int kind;
     void *ptr;
@@ -110,6 +115,7 @@ struct kvr_zsub {
     struct kvr_zsub_opts o;
     struct kvr_queue **queues; /* copy of o.queues */
     char *subscribe;
+    char *bind_replay;         /* copy of o.bind_replay (NULL = none) */
     void *ctx;
     int efd;
 
@@ -161,13 +167,18 @@ struct kvr_zsub {
     bool curve_on;
     void *zap;                   /* REP at inproc://zeromq.zap.01, or NULL */
 
+    /* forward (kvr_zsub_forward): XPUB, receive thread after start */
+    void *fwd;
+    char *fwd_bound;
+
     /* stats (relaxed atomics; written by the receive thread) */
     _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
     _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
-    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active;
+    _Atomic uint64_t replay_bad_replies, replays_pending, replays_active, replay_unaddressable;
     _Atomic uint64_t connects, disconnects, disconnect_purges;
     _Atomic uint64_t rejected[KVR_ZSUB_REJ_COUNT];
     _Atomic uint64_t publisher_connects, publisher_disconnects, connections_dropped;
+    _Atomic uint64_t forwarded, forward_dropped, forward_subscriptions;
 };
 
 /* ---- shared between zsub's files -------------------------------------------------------- */
@@ -182,6 +193,8 @@ char *kvr_zsub_xstrndup(const char *s, size_t n);
 /* zsub_recv.c (receive thread) */
 /* Reads up to RECV_BURST messages from a SUB and hands them off. */
 void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s);
+/* Forward socket: drains the subscriptions replicas send (counted). */
+void kvr_zsub_read_fwd(struct kvr_zsub *z);
 /* Connection monitor events of a connect source. */
 void kvr_zsub_read_monitor(struct kvr_zsub *z, struct source *s);
 /* Moves a received message behind a payload (see zsub_recv.c); -ENOMEM leaves m as it was. */
@@ -196,6 +209,8 @@ int kvr_zsub_auth_init(struct kvr_zsub *z, struct kvr_err *err);
 void kvr_zsub_auth_deinit(struct kvr_zsub *z); /* closes the ZAP socket, frees copies */
 /* Admission options of a new bind socket (ZAP domain, CURVE server). */
 int kvr_zsub_auth_bind_opts(struct kvr_zsub *z, void *sock, struct kvr_err *err);
+/* The ZAP domain only (when a handler runs): the forward socket's address allowlist. */
+int kvr_zsub_auth_zap_opt(struct kvr_zsub *z, void *sock, struct kvr_err *err);
 /* Receive thread: answers pending ZAP requests. */
 void kvr_zsub_read_zap(struct kvr_zsub *z);
 /* Receive thread: false (counted, logged) when pod_must_match_peer is on and the message's

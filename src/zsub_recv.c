@@ -224,12 +224,22 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     }
     t->pub.shard = kvr_queue_shard(t->pub.pod, plen, z->o.nshards);
     t->pub.id = z->next_topic_id++;
+    t->pod_host = kvr_zsub_pod_is_host(t->pub.pod, plen);
     t->tidx = z->ntopics;
     z->tlist[z->ntopics++] = t;
     KVR_CNT_SET(z->ntopics_pub, z->ntopics);
     kvr_log_debug("events: new topic pod=%s model=%s shard=%u", t->pub.pod, t->pub.model,
                   t->pub.shard);
 found:
+    if (s->replay_pod && !t->pod_host && !t->unaddressable) {
+        /* Counted and told once per topic (topics interleave on a bind socket). */
+        t->unaddressable = true;
+        KVR_CNT_INC(z->replay_unaddressable);
+        kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
+                        "events: pod id '%.64s' is not a host name or address: its streams "
+                        "get no replay through %s",
+                        t->pub.pod, s->replay);
+    }
     s->last_topic = t;
     /* Remember which topics a connect source delivered (for its disconnect purge). */
     if (!s->bind) {
@@ -354,6 +364,48 @@ out:
     }
 }
 
+/* ---- forward ------------------------------------------------------------------------ *
+ * An accepted live message goes out on the forward XPUB as it came: each frame a
+ * zmq_msg_copy (libzmq shares the bytes of a large message by reference count, so nothing
+ * is copied; a small one is copied inline), libzmq fans it out to the replicas. Never
+ * blocks: ZMQ_XPUB_NODROP makes a full subscriber queue an EAGAIN on the first frame, and
+ * the message is then dropped (for every subscriber) and counted. The HWM check is per whole
+ * message (a pipe counts complete messages), so once the first frame went the others go. */
+static void forward(struct kvr_zsub *z, zmq_msg_t f[3])
+{
+    for (int i = 0; i < 3; i++) {
+        zmq_msg_t c;
+        zmq_msg_init(&c);
+        if (zmq_msg_copy(&c, &f[i]) != 0 ||
+            zmq_msg_send(&c, z->fwd, ZMQ_DONTWAIT | (i < 2 ? ZMQ_SNDMORE : 0)) < 0) {
+            zmq_msg_close(&c);
+            KVR_CNT_INC(z->forward_dropped);
+            if (i > 0) /* cannot happen (see above); the replicas would see a cut message */
+                kvr_log_limited(&z->rl_frames, KVR_LOG_WARN,
+                                "events: forward: frame %d of a message not sent: %s", i,
+                                zmq_strerror(errno));
+            return;
+        }
+    }
+    KVR_CNT_INC(z->forwarded);
+}
+
+void kvr_zsub_read_fwd(struct kvr_zsub *z)
+{
+    for (int k = 0; k < RECV_BURST; k++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, z->fwd, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        /* XPUB delivers (un)subscriptions: 0x01 + prefix, 0x00 + prefix. */
+        if (zmq_msg_size(&m) >= 1 && ((const unsigned char *)zmq_msg_data(&m))[0] == 1)
+            KVR_CNT_INC(z->forward_subscriptions);
+        zmq_msg_close(&m);
+    }
+}
+
 static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r, size_t nframes)
 {
     KVR_CNT_INC(z->bad[r]);
@@ -412,6 +464,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, bad, n);
             goto drop;
         }
+        if (z->fwd != NULL)
+            forward(z, f);
         if (kvr_zsub_payload_take(&pl, &f[2]) != 0) {
             kvr_log_limited(&z->rl_frames, KVR_LOG_WARN,
                             "events: out of memory: dropped a message from %s",
@@ -428,7 +482,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         it->seq = seq;
         it->recv_ns = kvr_now_ns();
         it->source = s->id;
-        it->can_replay = s->replay != NULL;
+        /* A {pod} template cannot name the ROUTER of a pod id that is no host. */
+        it->can_replay = s->replay != NULL && (!s->replay_pod || t->pod_host);
         it->payload = pl;
         KVR_CNT_INC(z->messages);
         KVR_CNT_ADD(z->bytes, pl.len);

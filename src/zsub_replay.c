@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -127,7 +128,7 @@ bool kvr_zsub_read_dealer(struct kvr_zsub *z, size_t idx)
             KVR_CNT_INC(z->replay_bad_replies);
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
                             "events: replay from %s: malformed reply (%zu frames); giving up",
-                            r->src->replay, total);
+                            r->addr, total);
             for (size_t i = 0; i < n; i++)
                 zmq_msg_close(&f[i]);
             kvr_zsub_end_replay(z, r, false);
@@ -136,8 +137,8 @@ bool kvr_zsub_read_dealer(struct kvr_zsub *z, size_t idx)
         if (seq == KVR_ZSUB_SEQ_END || plen == 0) {
             for (size_t i = 0; i < n; i++)
                 zmq_msg_close(&f[i]);
-            kvr_log_debug("events: replay from %s of %s done: %" PRIu64 " batches from %" PRIu64,
-                          r->src->replay, r->req.topic->pod, r->batches, r->req.start);
+            kvr_log_debug("events: replay from %s of %s/%u done: %" PRIu64 " batches from %" PRIu64,
+                          r->addr, r->req.topic->pod, r->req.dp_rank, r->batches, r->req.start);
             kvr_zsub_end_replay(z, r, true);
             return true;
         }
@@ -157,7 +158,7 @@ bool kvr_zsub_read_dealer(struct kvr_zsub *z, size_t idx)
             zmq_msg_close(&f[i]);
         if (rc != 0) {
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
-                            "events: replay from %s: out of memory; giving up", r->src->replay);
+                            "events: replay from %s: out of memory; giving up", r->addr);
             kvr_zsub_end_replay(z, r, false);
             return true;
         }
@@ -208,6 +209,22 @@ void kvr_zsub_start_replays(struct kvr_zsub *z)
             kvr_zsub_replay_free(r);
             continue;
         }
+        if (r->src->replay_tmpl) {
+            struct kvr_err e;
+            if (r->req.topic == NULL ||
+                kvr_zsub_template_build(r->src->replay, r->req.topic->pod, r->req.dp_rank,
+                                        r->addr, sizeof(r->addr), &e) != 0) {
+                kvr_log_limited(&z->rl_replay, KVR_LOG_WARN,
+                                "events: no replay for %s/%u through %s: %s",
+                                r->req.topic ? r->req.topic->pod : "?", r->req.dp_rank,
+                                r->src->replay, r->req.topic ? e.msg : "no topic");
+                kvr_zsub_end_replay(z, r, false);
+                kvr_zsub_replay_free(r);
+                continue;
+            }
+        } else {
+            snprintf(r->addr, sizeof(r->addr), "%s", r->src->replay);
+        }
         d = zmq_socket(z->ctx, ZMQ_DEALER);
         if (d == NULL) {
             kvr_zsub_end_replay(z, r, false);
@@ -216,16 +233,16 @@ void kvr_zsub_start_replays(struct kvr_zsub *z)
         }
         r->dealer = d;
         kvr_zsub_set_int(d, ZMQ_LINGER, 0);
-        kvr_zsub_set_ipv6_for(d, r->src->replay);
+        kvr_zsub_set_ipv6_for(d, r->addr);
         kvr_zsub_set_int(d, ZMQ_RCVHWM, 0);
         if (z->o.max_message_size > 0)
             zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &z->o.max_message_size, sizeof(int64_t));
         for (int i = 0; i < 8; i++)
             be[i] = (unsigned char)(r->req.start >> (56 - 8 * i));
-        if (zmq_connect(d, r->src->replay) != 0 || zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 ||
+        if (zmq_connect(d, r->addr) != 0 || zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 ||
             zmq_send(d, be, 8, ZMQ_DONTWAIT) != 8) {
             kvr_log_limited(&z->rl_replay, KVR_LOG_WARN, "events: replay request to %s failed: %s",
-                            r->src->replay, zmq_strerror(errno));
+                            r->addr, zmq_strerror(errno));
             kvr_zsub_end_replay(z, r, false);
             kvr_zsub_replay_free(r);
             continue;
@@ -234,9 +251,9 @@ void kvr_zsub_start_replays(struct kvr_zsub *z)
         z->active[z->nactive++] = r;
         KVR_CNT_SET(z->replays_active, z->nactive);
         z->dirty = true;
-        kvr_log_debug("events: replaying %s dp stream of %s from seq %" PRIu64 " via %s",
-                      r->req.topic ? r->req.topic->pod : "?", r->src->endpoint, r->req.start,
-                      r->src->replay);
+        kvr_log_debug("events: replaying %s/%u of %s from seq %" PRIu64 " via %s",
+                      r->req.topic ? r->req.topic->pod : "?", r->req.dp_rank, r->src->endpoint,
+                      r->req.start, r->addr);
     }
 }
 

@@ -9,7 +9,8 @@ It follows ../shared/specs/vllm-kv-events.md (vLLM's ZmqEventPublisher and Block
   is really attached (wait_subscriber) instead of sleeping; on the wire it is a PUB;
 * an optional replay ROUTER per rank serving a ring buffer of the last `buffer_steps`
   batches, replying in the v0.24 (`[id, "", seq, payload]`) or v0.25 (`[id, "", topic, seq,
-  payload]`) format, then the end marker;
+  payload]`) format, then the end marker; bound on a free loopback port, or, with
+  `replay_bind="tcp://H:P"`, on vLLM's per-rank address tcp://H:(P+rank);
 * batch `[ts, events, dp_rank]`; events as v0.24+ tagged maps (`encoding="map"`) or v0.22
   tagged arrays (`encoding="array"`);
 * block hashes as uint64 (`hash_mode="int"`, vLLM's default: last 8 bytes of the digest) or
@@ -294,7 +295,8 @@ class Rank:
     def _serve_replay(self, ready):
         sock = self.engine.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.bind("tcp://127.0.0.1:*")
+        rb = self.engine.replay_bind
+        sock.bind(offset_endpoint_port(rb, self.rank) if rb else "tcp://127.0.0.1:*")
         self.replay_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         ready.set()
         v25 = self.engine.replay_format == "v0.25"
@@ -340,7 +342,8 @@ class Engine:
     def __init__(self, pod="pod-0", model="test/model", topic=None, dp_size=1, mode="connect",
                  endpoints=None, replay=False, replay_format="v0.25", encoding="map",
                  hash_mode="int", block_size=16, num_blocks=4096, lora_name=None, medium="GPU",
-                 buffer_steps=10000, hwm=100000, hash_seed="0", ctx=None, pub_options=None):
+                 buffer_steps=10000, hwm=100000, hash_seed="0", ctx=None, pub_options=None,
+                 replay_bind=None):
         assert mode in ("bind", "connect")
         assert replay_format in ("v0.24", "v0.25")
         assert encoding in ("map", "array")
@@ -350,6 +353,7 @@ class Engine:
         self.topic_bytes = self.topic.encode()
         self.mode = mode
         self.replay, self.replay_format = replay, replay_format
+        self.replay_bind = replay_bind  # "tcp://H:P": rank r's ROUTER binds H:(P+r), as vLLM
         self.encoding, self.hash_mode = encoding, hash_mode
         self.block_size, self.num_blocks = block_size, num_blocks
         self.lora_name, self.medium = lora_name, medium

@@ -128,10 +128,24 @@ static const struct bad_case bad_cases[] = {
                                                     "once)"},
     {"[events]\nconnect = tcp://h:1 replay=h:2\n", "t.conf:2: invalid replay endpoint 'h:2' "
                                                    "for [events] connect: expected "
-                                                   "tcp://HOST:PORT, ipc://PATH or "
-                                                   "inproc://NAME"},
+                                                   "tcp://HOST:PORT, ipc://PATH, "
+                                                   "inproc://NAME or a template such as "
+                                                   "tcp://{pod}:{5558+rank}"},
     {"[events]\nconnect = tcp://h:1 pod=\n", "t.conf:2: invalid pod id '' for [events] "
                                              "connect: expected 1..255 printable characters"},
+    {"[events]\nconnect = tcp://h:1 replay=http://{pod}:1\n",
+     "t.conf:2: invalid replay endpoint 'http://{pod}:1' for [events] connect: expected "
+     "tcp://HOST:PORT, ipc://PATH, inproc://NAME or a template such as "
+     "tcp://{pod}:{5558+rank}"},
+    /* bind_replay, forward */
+    {"[events]\nconnect = tcp://h:1\nbind_replay = tcp://{pod}:{5558+rank}\n",
+     "t.conf:3: [events] bind_replay names the replay address of engines that connect to a "
+     "bind socket, and there is no [events] bind"},
+    {EV "bind_replay =\n", "t.conf:3: empty value for [events] bind_replay"},
+    {EV "forward = tcp://*:5557\n",
+     "t.conf:3: [events] forward tcp://*:5557 is also an [events] bind endpoint"},
+    {EV "forward = 5559\n", "t.conf:3: invalid endpoint '5559' for [events] forward: expected "
+                           "tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME"},
     /* host:port */
     {EV "[http]\nlisten = localhost:8080\n", "t.conf:4: invalid value 'localhost:8080' for "
                                              "[http] listen: expected IP:PORT or [IPv6]:PORT "
@@ -440,6 +454,29 @@ static void test_admission_directives(void **state)
     kvr_conf_free(&d);
 }
 
+/* [events] bind_replay and forward are stored with their lines (kvrouterd -t checks the
+ * template through zsub: test_zsub, test_daemon); connect's replay= may be a template. */
+static void test_replay_directives(void **state)
+{
+    struct kvr_conf c;
+    (void)state;
+    load_ok(EV "bind_replay = tcp://{pod}:{5558+rank}\nforward = tcp://*:5559\n"
+               "connect = tcp://primary:5559 replay=tcp://{pod}:{5558+rank}\n",
+            &c);
+    assert_string_equal(c.bind_replay, "tcp://{pod}:{5558+rank}");
+    assert_int_equal(c.bind_replay_line, 3);
+    assert_string_equal(c.forward, "tcp://*:5559");
+    assert_int_equal(c.forward_line, 4);
+    assert_int_equal(c.nconnect, 1);
+    assert_string_equal(c.connect[0].replay, "tcp://{pod}:{5558+rank}");
+    assert_int_equal(c.connect[0].line, 5);
+    kvr_conf_free(&c);
+    load_ok(EV, &c);
+    assert_null(c.bind_replay);
+    assert_null(c.forward);
+    kvr_conf_free(&c);
+}
+
 static void test_shipped_config(void **state)
 {
     struct kvr_conf c, d;
@@ -635,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_admission_directives),
         cmocka_unit_test(test_values_units_comments),
         cmocka_unit_test(test_values_units),
+        cmocka_unit_test(test_replay_directives),
         cmocka_unit_test(test_shipped_config),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_file_with_nul),

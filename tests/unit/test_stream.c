@@ -59,7 +59,7 @@ static void test_baseline_and_normal(void **state)
     struct kvr_stream s;
     (void)state;
     kvr_stream_init(&s);
-    assert_int_equal(live(&s, 42, true), KVR_STREAM_APPLY);
+    assert_int_equal(live(&s, 42, false), KVR_STREAM_APPLY); /* no replay: the baseline */
     assert_true(s.based);
     assert_int_equal(s.last, 42);
     for (uint64_t q = 43; q < 100; q++)
@@ -111,7 +111,7 @@ static void test_gap_replay_ok(void **state)
     uint32_t gen;
     (void)state;
     kvr_stream_init(&s);
-    live(&s, 10, true);
+    live(&s, 10, false); /* baseline (first contact without a replay endpoint) */
     live(&s, 11, true);
     /* 12..14 lost; 15 arrives */
     assert_int_equal(kvr_stream_on_live(&s, 15, true), KVR_STREAM_REPLAY);
@@ -171,7 +171,7 @@ static void test_replay_not_contiguous(void **state)
     uint32_t gen;
     (void)state;
     kvr_stream_init(&s);
-    live(&s, 100, true);
+    live(&s, 100, false);
     assert_int_equal(kvr_stream_on_live(&s, 110, true), KVR_STREAM_REPLAY);
     gen = s.replay_gen;
     /* the engine's ring starts at 105: 101..104 are gone */
@@ -180,18 +180,50 @@ static void test_replay_not_contiguous(void **state)
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
     assert_int_equal(kvr_stream_on_replay(&s, gen, 106), KVR_STREAM_APPLY);
     kvr_stream_applied(&s, 106);
-    /* replay drops 107 (ROUTER HWM) */
-    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_APPLY);
-    kvr_stream_applied(&s, 108);
+    /* the ROUTER drops 107 (its burst overran SNDHWM): the ring still has it, ask again */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 107);
+    assert_int_equal(s.hole_replays, 1);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
+    /* the rest of the first replay is stale */
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 109), KVR_STREAM_DROP);
+    assert_false(kvr_stream_on_replay_end(&s, gen, true));
+    gen = s.replay_gen;
+    for (uint64_t q = 107; q <= 110; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
     /* a duplicate inside the replay */
-    assert_int_equal(kvr_stream_on_replay(&s, gen, 108), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, 110), KVR_STREAM_DROP);
     assert_true(kvr_stream_on_replay_end(&s, gen, true));
-    assert_int_equal(s.replays_failed, 1);
-    assert_int_equal(s.replays_ok, 0);
+    assert_int_equal(s.replays_ok, 1);
     assert_int_equal(s.gaps, 3);
-    assert_int_equal(kvr_stream_on_buffered(&s, 110, true), KVR_STREAM_APPLY);
-    kvr_stream_applied(&s, 110);
+    assert_int_equal(kvr_stream_on_buffered(&s, 110, true), KVR_STREAM_DROP);
+    /* 101..104 were not in the ring: unsynced for good */
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+
+    /* a ROUTER that keeps dropping the same batch: after KVR_STREAM_HOLE_RETRIES new
+     * replays the hole is applied (unsynced) */
+    kvr_stream_init(&s);
+    live(&s, 0, false);
+    assert_int_equal(kvr_stream_on_live(&s, 10, true), KVR_STREAM_REPLAY);
+    for (int i = 0; i < KVR_STREAM_HOLE_RETRIES; i++) {
+        gen = s.replay_gen;
+        assert_int_equal(kvr_stream_on_replay(&s, gen, s.replay_from), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, s.last + 1);
+        assert_int_equal(kvr_stream_on_replay(&s, gen, s.last + 2), KVR_STREAM_REPLAY);
+    }
+    gen = s.replay_gen;
+    assert_int_equal(kvr_stream_on_replay(&s, gen, s.replay_from), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, s.replay_from);
+    assert_int_equal(kvr_stream_on_replay(&s, gen, s.last + 2), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, s.last + 2);
+    assert_int_equal(s.hole_replays, KVR_STREAM_HOLE_RETRIES);
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    /* the next gap gets its own retries */
+    assert_int_equal(kvr_stream_on_live(&s, s.last + 5, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.hole_retries, 0);
 }
 
 static void test_replay_timeout(void **state)
@@ -558,6 +590,212 @@ static void test_random_loss_during_replay(void **state)
     }
 }
 
+/* First contact: a stream seen for the first time at seq > 0 with a replay endpoint asks for
+ * the engine's history from 0 and buffers the live batch; the overlap is dropped. */
+static void test_first_contact(void **state)
+{
+    struct kvr_stream s;
+    uint32_t gen;
+    (void)state;
+    kvr_stream_init(&s);
+    assert_int_equal(kvr_stream_on_live(&s, 42, true), KVR_STREAM_REPLAY); /* no purge */
+    assert_int_equal(s.replay_from, 0);
+    assert_int_equal(s.first_contacts, 1);
+    assert_int_equal(s.gaps, 0); /* not a gap: nothing was lost, it was never seen */
+    assert_int_equal(s.restarts, 0);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_REPLAYING);
+    gen = s.replay_gen;
+    assert_int_equal(kvr_stream_on_live(&s, 43, true), KVR_STREAM_BUFFER);
+    for (uint64_t q = 0; q <= 43; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(kvr_stream_on_buffered(&s, 42, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_on_buffered(&s, 43, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+    assert_int_equal(live(&s, 44, true), KVR_STREAM_APPLY);
+
+    /* seq 0 first: a baseline, nothing to ask for */
+    kvr_stream_init(&s);
+    assert_int_equal(live(&s, 0, true), KVR_STREAM_APPLY);
+    assert_int_equal(s.first_contacts, 0);
+
+    /* the engine's ring no longer holds seq 0: a hole, applied from what is there, unsynced */
+    kvr_stream_init(&s);
+    assert_int_equal(kvr_stream_on_live(&s, 500, true), KVR_STREAM_REPLAY);
+    gen = s.replay_gen;
+    for (uint64_t q = 400; q <= 500; q++) {
+        assert_int_equal(kvr_stream_on_replay(&s, gen, q), KVR_STREAM_APPLY);
+        kvr_stream_applied(&s, q);
+    }
+    assert_true(kvr_stream_on_replay_end(&s, gen, true));
+    assert_int_equal(s.replays_failed, 1);
+    assert_int_equal(kvr_stream_on_buffered(&s, 500, true), KVR_STREAM_DROP);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+    assert_int_equal(s.last, 500);
+
+    /* the replay fails (timeout, unreachable ROUTER): the live batch is applied, unsynced */
+    kvr_stream_init(&s);
+    assert_int_equal(kvr_stream_on_live(&s, 7, true), KVR_STREAM_REPLAY);
+    gen = s.replay_gen;
+    assert_true(kvr_stream_on_replay_end(&s, gen, false));
+    assert_int_equal(kvr_stream_on_buffered(&s, 7, true), KVR_STREAM_APPLY);
+    kvr_stream_applied(&s, 7);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
+
+    /* after a reset (purge from outside) the next batch is a first contact again */
+    kvr_stream_init(&s);
+    live(&s, 0, true);
+    live(&s, 1, true);
+    kvr_stream_reset(&s);
+    assert_int_equal(kvr_stream_on_live(&s, 9, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 0);
+    assert_int_equal(s.restarts, 0);
+
+    /* a restored stream is not a first contact: a gap replays from last + 1 */
+    kvr_stream_restore(&s, 30, false);
+    assert_int_equal(kvr_stream_on_live(&s, 40, true), KVR_STREAM_REPLAY);
+    assert_int_equal(s.replay_from, 31);
+    assert_int_equal(s.first_contacts, 0);
+}
+
+/* The naive reference for a stream the daemon first sees at seq `join`, from an engine whose
+ * replay ring holds seqs ring_lo.. (ring_lo <= join), with live loss after the join: which
+ * seqs end up applied (in order) and whether the stream may say synced. */
+static size_t model_first_contact(uint64_t join, uint64_t ring_lo, uint64_t n, bool can,
+                                  const bool *lost, uint64_t *want, bool *synced)
+{
+    size_t k = 0;
+    if (can) {
+        /* the replay from 0 recovers what the ring holds; later gaps come from the ring too */
+        uint64_t from = join == 0 ? 0 : ring_lo;
+        for (uint64_t q = from; q <= n; q++)
+            want[k++] = q;
+        *synced = join == 0 || ring_lo == 0;
+        return k;
+    }
+    *synced = true;
+    for (uint64_t q = join; q <= n; q++) {
+        if (lost[q])
+            *synced = false; /* a gap without replay */
+        else
+            want[k++] = q;
+    }
+    return k;
+}
+
+/* Randomized against model_first_contact: late join, ring that may have lost seq 0, live
+ * loss (also while a replay runs, after the engine served it), a ROUTER that drops batches
+ * inside a few replays (recovered by replaying again), replay endpoint or not. */
+static void test_random_first_contact_model(void **state)
+{
+    unsigned seed = (unsigned)(getenv("KVR_SEED") ? atoi(getenv("KVR_SEED")) : 777);
+    (void)state;
+    srand(seed);
+    uint64_t hole_replays = 0;
+    printf("test_random_first_contact_model: seed %u (KVR_SEED)\n", seed);
+    for (int round = 0; round < 400; round++) {
+        struct kvr_stream s;
+        uint64_t buf[512], got[600], want[600];
+        bool lost[600];
+        size_t nbuf = 0, ngot = 0, nwant;
+        uint64_t n = 20 + (uint64_t)(rand() % 300), from = 0;
+        uint64_t join = rand() % 3 == 0 ? 0 : (uint64_t)rand() % (n / 2);
+        uint64_t ring_lo = rand() % 2 == 0 ? 0 : (uint64_t)rand() % (join + 1);
+        bool can = rand() % 4 != 0, pending = false, served = false, synced;
+        uint32_t gen = 0;
+        int drops_left = rand() % 4; /* serves whose ROUTER may drop (fewer than the retries) */
+
+        for (uint64_t q = 0; q <= n; q++)
+            lost[q] = q > join && q < n && rand() % 5 == 0;
+        kvr_stream_init(&s);
+        for (uint64_t q = join; q <= n + 64; q++) {
+            if (q <= n && !lost[q]) {
+                int v = ACT(kvr_stream_on_live(&s, q, can));
+                if (v == KVR_STREAM_APPLY) {
+                    kvr_stream_applied(&s, q);
+                    got[ngot++] = q;
+                } else if (v == KVR_STREAM_REPLAY || v == KVR_STREAM_BUFFER) {
+                    if (v == KVR_STREAM_REPLAY) {
+                        pending = true, served = false;
+                        gen = s.replay_gen, from = s.replay_from;
+                    }
+                    assert_true(nbuf < 512);
+                    buf[nbuf++] = q;
+                }
+            }
+            /* the engine serves what its ring holds from `from` up to what it published; in
+             * a few serves its ROUTER drops batches after the first (a burst over SNDHWM) */
+            if (pending && !served && (rand() % 3 == 0 || q > n)) {
+                uint32_t g = gen;
+                bool restarted = false, first = true;
+                for (uint64_t r = from > ring_lo ? from : ring_lo; r <= (q < n ? q : n); r++) {
+                    int v;
+                    if (!first && drops_left > 0 && rand() % 6 == 0)
+                        continue;
+                    first = false;
+                    v = kvr_stream_on_replay(&s, g, r);
+                    if (v == KVR_STREAM_APPLY) {
+                        kvr_stream_applied(&s, r);
+                        got[ngot++] = r;
+                    } else if (v == KVR_STREAM_REPLAY) { /* the rest of g is stale */
+                        assert_false(restarted);
+                        restarted = true;
+                        gen = s.replay_gen, from = s.replay_from;
+                    }
+                }
+                if (drops_left > 0)
+                    drops_left--;
+                if (restarted) {
+                    assert_false(kvr_stream_on_replay_end(&s, g, true)); /* stale */
+                    continue; /* the new replay is served later */
+                }
+                served = true;
+                continue;
+            }
+            if (pending && served && (rand() % 2 == 0 || q > n)) {
+                size_t i;
+                assert_true(kvr_stream_on_replay_end(&s, gen, true));
+                pending = served = false;
+                for (i = 0; i < nbuf; i++) {
+                    int v = kvr_stream_on_buffered(&s, buf[i], can);
+                    if (v == KVR_STREAM_REPLAY) {
+                        memmove(buf, buf + i, (nbuf - i) * sizeof(buf[0]));
+                        nbuf -= i;
+                        pending = true;
+                        gen = s.replay_gen, from = s.replay_from;
+                        break;
+                    }
+                    if (v == KVR_STREAM_APPLY) {
+                        kvr_stream_applied(&s, buf[i]);
+                        got[ngot++] = buf[i];
+                    }
+                }
+                if (!pending)
+                    nbuf = 0;
+            }
+        }
+        nwant = model_first_contact(join, ring_lo, n, can, lost, want, &synced);
+        if (pending || ngot != nwant || memcmp(got, want, ngot * sizeof(got[0])) != 0)
+            fail_msg("seed %u round %d (join %llu ring_lo %llu n %llu replay %d): applied %zu "
+                     "seqs, the model %zu (pending %d)",
+                     seed, round, (unsigned long long)join, (unsigned long long)ring_lo,
+                     (unsigned long long)n, can, ngot, nwant, pending);
+        if ((kvr_stream_state(&s) == KVR_STREAM_SYNCED) != synced)
+            fail_msg("seed %u round %d (join %llu ring_lo %llu replay %d): state %s, the model "
+                     "says %s",
+                     seed, round, (unsigned long long)join, (unsigned long long)ring_lo, can,
+                     kvr_stream_state_name(kvr_stream_state(&s)), synced ? "synced" : "not");
+        assert_int_equal(s.restarts, 0);
+        assert_int_equal(s.first_contacts, can && join > 0 ? 1 : 0);
+        hole_replays += s.hole_replays;
+    }
+    printf("test_random_first_contact_model: %llu replays restarted for ROUTER drops\n",
+           (unsigned long long)hole_replays);
+    assert_true(hole_replays > 0); /* the path was taken */
+}
+
 /* The names /v1/pods prints (moved here from ingest with the enum). */
 static void test_state_names(void **state)
 {
@@ -589,6 +827,8 @@ int main(void)
         cmocka_unit_test(test_restart_during_replay),
         cmocka_unit_test(test_reset),
         cmocka_unit_test(test_random_exactly_once),
+        cmocka_unit_test(test_first_contact),
+        cmocka_unit_test(test_random_first_contact_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,8 @@
  * frames counted, replays through a ROUTER in both eras, timeouts, disconnect purges and pod
  * overrides, runtime endpoints, random garbage, IPv6 and bind errors. Every wait is bounded.
  */
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -300,6 +302,156 @@ static void test_replay_random(void **state)
 }
 
 
+/* ---- replay address templates (zsub_tmpl.c) ------------------------------------------- */
+
+static void build_ok(const char *tmpl, const char *pod, uint32_t rank, const char *want)
+{
+    char out[KVR_ZSUB_ADDR_MAX];
+    struct kvr_err err = {{0}};
+    int rc = kvr_zsub_template_build(tmpl, pod, rank, out, sizeof(out), &err);
+    if (rc != 0)
+        fail_msg("%s with pod '%s' rank %u: %d %s", tmpl, pod, rank, rc, err.msg);
+    assert_string_equal(out, want);
+}
+
+static void build_fails(const char *tmpl, const char *pod, uint32_t rank, int want)
+{
+    char out[KVR_ZSUB_ADDR_MAX];
+    struct kvr_err err = {{0}};
+    int rc = kvr_zsub_template_build(tmpl, pod, rank, out, sizeof(out), &err);
+    if (rc != want)
+        fail_msg("%s with pod '%s' rank %u: got %d, want %d (%s)", tmpl, pod, rank, rc, want,
+                 err.msg);
+    assert_true(err.msg[0] != '\0');
+}
+
+static void test_replay_template(void **state)
+{
+    struct kvr_err err;
+    static const char *const good[] = {
+        "tcp://{pod}:{5558+rank}", "tcp://{pod}:5558", "tcp://[{pod}]:{5558+rank}",
+        "ipc:///run/vllm/{pod}-{rank}.sock", "tcp://10.0.0.9:{5558+rank}", "tcp://10.0.0.9:5558",
+        "tcp://{pod}.engines.svc:{0+rank}1", "tcp://{pod}:{65535+rank}"};
+    static const char *const bad[] = {
+        "", "{pod}:5558", "http://{pod}:1", "inproc://{pod}", "tcp://{pod}:{5558+rank",
+        "tcp://{pod}:5558}", "tcp://{pod}:{x}", "tcp://{pod}:{+rank}", "tcp://{pod}:{rank+1}",
+        "tcp://{pod}:{65536+rank}", "tcp://{pod}:{123456+rank}", "tcp://{pod}", "tcp://{pod}:",
+        "tcp://{pod}:{rank}", /* port 0 at rank 0 */ "tcp://{pod}:0", "tcp://:{5558+rank}",
+        "tcp://{pod}:{5558+rank}x", "tcp://{pod} :5558", "tcp://{Pod}:1", "tcp://{pod}/x:1",
+        "tcp://*:{5558+rank}", "ipc://"};
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        if (kvr_zsub_template_check(good[i], &err) != 0)
+            fail_msg("'%s' refused: %s", good[i], err.msg);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(kvr_zsub_template_check(bad[i], &err), -EINVAL);
+    assert_true(kvr_zsub_template_uses_pod("tcp://{pod}:1"));
+    assert_false(kvr_zsub_template_uses_pod("tcp://h:{1+rank}"));
+    assert_false(kvr_zsub_template_uses_pod(NULL));
+
+    /* vLLM's offset: rank r binds replay_endpoint's port + r */
+    build_ok("tcp://{pod}:{5558+rank}", "10.0.0.7", 0, "tcp://10.0.0.7:5558");
+    build_ok("tcp://{pod}:{5558+rank}", "10.0.0.7", 3, "tcp://10.0.0.7:5561");
+    build_ok("tcp://{pod}:{5558+rank}", "fd00::1", 1, "tcp://[fd00::1]:5559");
+    build_ok("tcp://[{pod}]:{5558+rank}", "fd00::1", 0, "tcp://[fd00::1]:5558");
+    build_ok("tcp://{pod}:{5558+rank}", "vllm-0.vllm.ns.svc.cluster.local", 2,
+             "tcp://vllm-0.vllm.ns.svc.cluster.local:5560");
+    build_ok("ipc:///run/vllm/{pod}-{rank}.sock", "pod-a", 7, "ipc:///run/vllm/pod-a-7.sock");
+    build_ok("tcp://10.0.0.9:5558", "whatever is in the topic", 4, "tcp://10.0.0.9:5558");
+    build_ok("tcp://{pod}:{65534+rank}", "h", 1, "tcp://h:65535");
+    build_fails("tcp://{pod}:{65534+rank}", "h", 2, -ERANGE);
+    build_fails("tcp://{pod}:{5558+rank}", "h", UINT32_MAX, -ERANGE);
+
+    /* hostile pod ids: nothing that is not a host reaches an address */
+    static const char *const hostile[] = {
+        "", "10.0.0.7:5557", "evil.example:1", "a/b", "../../x", "a@b", "a b", "a\tb", "*",
+        "-a", "a-", "a..b", ".a", "a.", "fe80::1%eth0", "[fd00::1]", "a_b", "a%b", "a;b",
+        "a{pod}", "\xc3\xa9t\xc3\xa9", "tcp://h:1", "a\nb", "1.2.3.4/8", ":::::::::",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.b" /* 64 */};
+    for (size_t i = 0; i < sizeof(hostile) / sizeof(hostile[0]); i++) {
+        assert_false(kvr_zsub_pod_is_host(hostile[i], strlen(hostile[i])));
+        build_fails("tcp://{pod}:{5558+rank}", hostile[i], 0, -EINVAL);
+    }
+    {
+        char longname[300];
+        memset(longname, 'a', sizeof(longname));
+        for (size_t i = 63; i < 260; i += 64)
+            longname[i] = '.';
+        longname[254] = '\0'; /* 254 bytes: one over a DNS name */
+        assert_false(kvr_zsub_pod_is_host(longname, 254));
+        longname[253] = '\0';
+        assert_true(kvr_zsub_pod_is_host(longname, 253) == (longname[252] != '.'));
+        /* a host that fits no address buffer: refused, not truncated */
+        char out[32];
+        assert_int_equal(kvr_zsub_template_build("tcp://{pod}:1", "abcdefghijklmnopqrstuvwxyz",
+                                                 0, out, sizeof(out), &err),
+                         -ENAMETOOLONG);
+    }
+    /* a NUL inside the pod (len counts it) is refused */
+    assert_false(kvr_zsub_pod_is_host("ab\0c", 4));
+    assert_true(kvr_zsub_pod_is_host("10.0.0.7", 8));
+    assert_true(kvr_zsub_pod_is_host("::1", 3));
+    assert_true(kvr_zsub_pod_is_host("pod-0", 5));
+}
+
+/* Independent statement of "a host" for the randomized test: an address inet_pton takes, or
+ * dot-separated labels matching [A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?. */
+static bool ref_is_host(const char *p)
+{
+    unsigned char a[16];
+    size_t n = strlen(p), start = 0;
+    if (n == 0 || n > 253)
+        return false;
+    if (inet_pton(AF_INET, p, a) == 1 || inet_pton(AF_INET6, p, a) == 1)
+        return true;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && p[i] != '.')
+            continue;
+        size_t len = i - start;
+        if (len == 0 || len > 63 || !isalnum((unsigned char)p[start]) ||
+            !isalnum((unsigned char)p[i - 1]))
+            return false;
+        for (size_t k = start; k < i; k++)
+            if (!isalnum((unsigned char)p[k]) && p[k] != '-')
+                return false;
+        start = i + 1;
+    }
+    return true;
+}
+
+static void test_replay_template_random(void **state)
+{
+    static const char alphabet[] = "ab09-.:%/@ *[]{}_\x01\xff";
+    (void)state;
+    g_seed = seed_from_env();
+    printf("test_replay_template_random: seed %u (KVR_SEED)\n", g_seed);
+    srand(g_seed);
+    for (int iter = 0; iter < 200000; iter++) {
+        char pod[80], out[KVR_ZSUB_ADDR_MAX];
+        size_t n = (size_t)(rand() % 20);
+        struct kvr_err err;
+        uint32_t rank = (uint32_t)(rand() % 4);
+        for (size_t i = 0; i < n; i++)
+            pod[i] = alphabet[rand() % (int)(sizeof(alphabet) - 1)];
+        pod[n] = '\0';
+        bool want = ref_is_host(pod);
+        if (kvr_zsub_pod_is_host(pod, n) != want)
+            fail_msg("seed %u iter %d: pod '%s' host=%d, the reference says %d", g_seed, iter,
+                     pod, !want, want);
+        int rc = kvr_zsub_template_build("tcp://{pod}:{5558+rank}", pod, rank, out, sizeof(out),
+                                         &err);
+        if ((rc == 0) != want)
+            fail_msg("seed %u iter %d: pod '%s' built=%d", g_seed, iter, pod, rc == 0);
+        if (rc == 0) {
+            char expect[KVR_ZSUB_ADDR_MAX];
+            snprintf(expect, sizeof(expect), strchr(pod, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
+                     pod, 5558 + rank);
+            assert_string_equal(out, expect);
+        }
+    }
+}
+
 /* ---- zsub wired to ingest, with real sockets ------------------------------------------ */
 /* These cases moved here from test_ingest.c when zsub stopped being created by ingest: they
  * test zsub's job (frames on the wire, the replay client, connection monitoring and
@@ -512,6 +664,7 @@ struct router {
     _Atomic int requests;
     uint64_t skip_seq; /* not served (simulates a hole in the ring); UINT64_MAX = none */
     bool mute;         /* never answers (a hung engine) */
+    uint32_t rank;     /* the DP rank engine_publish writes into its batches */
     pthread_t th;
 };
 
@@ -613,7 +766,7 @@ static void engine_publish(void *pub, struct router *r, uint64_t seq, const stru
     pthread_mutex_lock(&r->mu);
     assert_true(r->nring < 64);
     r->ring[r->nring].seq = seq;
-    pack_batch(&r->ring[r->nring].sb, evs, n, 0);
+    pack_batch(&r->ring[r->nring].sb, evs, n, (int)r->rank);
     if (!drop) {
         be64(s8, seq);
         send_frames(pub, r->topic, strlen(r->topic), s8, 8, r->ring[r->nring].sb.data,
@@ -716,6 +869,65 @@ static void test_replay_v25(void **state)
 {
     (void)state;
     run_replay(true);
+}
+
+/* Bind mode with [events] bind_replay: the engine (pod id 127.0.0.1, DP rank 2) connects to
+ * our bound SUB, and its ROUTER listens on the template's port + 2. A stream first seen at
+ * seq 2 replays its history from 0; a later gap replays too; a pod id that is not a host gets
+ * no replay (counted), and its gap leaves it unsynced. */
+static char g_bind_replay[64];
+static void bind_replay_conf(struct kvr_conf *c)
+{
+    c->bind_replay = g_bind_replay;
+}
+
+static void test_bind_replay(void **state)
+{
+    void *rctx = zmq_ctx_new();
+    const char *topic = "kv@127.0.0.1@" MODEL;
+    struct router *r = router_new(rctx, topic, true);
+    int port = atoi(strrchr(r->ep, ':') + 1);
+    struct fx *f;
+    uint32_t tok[64];
+    uint64_t h[16];
+    struct kvr_stream_info si;
+    struct tev none[1] = {{0}};
+    (void)state;
+
+    snprintf(g_bind_replay, sizeof(g_bind_replay), "tcp://{pod}:{%d+rank}", port - 2);
+    f = fx_new_conf(true, -1, bind_replay_conf);
+    warm_up(f);
+    r->rank = 2;
+    tokens_seq(tok, 64, 900);
+    for (int i = 0; i < 16; i++)
+        h[i] = 9100 + (uint64_t)i;
+    /* batches 0 and 1 were published before we were there; 5 is lost on the way */
+    for (uint64_t q = 0; q < 8; q++) {
+        struct tev e = {.type = EV_STORED, .hashes = h + 2 * q, .n = 2, .has_parent = q > 0,
+                        .parent = q > 0 ? h[2 * q - 1] : 0, .tokens = tok + 8 * q, .ntok = 8,
+                        .bs = 4, .lora_id = -1};
+        engine_publish(f->pub, r, q, &e, 1, q == 0 || q == 1 || q == 5);
+    }
+    si = wait_seq(f, "127.0.0.1", 2, 7, KVR_STREAM_SYNCED);
+    assert_true(si.replays >= 1);
+    assert_int_equal(si.blocks, 16);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 64, 4, "127.0.0.1", 2), 16);
+    assert_true(atomic_load(&r->requests) >= 1);
+    assert_int_equal(metric(f, "events_blocks_duplicate_total", NULL), 0);
+    assert_int_equal(metric(f, "events_replay_unaddressable_topics_total", NULL), 0);
+
+    /* a pod id that cannot be a host: no replay is attempted, the gap leaves it unsynced */
+    int before = atomic_load(&r->requests);
+    publish(f->pub, "kv@not_a_host@" MODEL, 0, none, 0, 0);
+    wait_seq(f, "not_a_host", 0, 0, KVR_STREAM_SYNCED);
+    publish(f->pub, "kv@not_a_host@" MODEL, 2, none, 0, 0);
+    wait_seq(f, "not_a_host", 0, 2, KVR_STREAM_UNSYNCED);
+    assert_int_equal(metric(f, "events_replay_unaddressable_topics_total", NULL), 1);
+    sleep_ms(50);
+    assert_int_equal(atomic_load(&r->requests), before);
+    fx_free(f);
+    router_free(r);
+    zmq_ctx_term(rctx);
 }
 
 /* Connect mode: an engine that goes away for longer than purge_after_disconnect is purged;
@@ -992,6 +1204,117 @@ static double wait_metric_at_least(struct fx *f, const char *name, const char *l
     return v;
 }
 
+/* [events] forward: an XPUB re-publishing accepted live messages frame for frame; bad ones
+ * are not forwarded; a replica whose queue is full costs drops (counted), never a stall. */
+static void forward_conf(struct kvr_conf *c)
+{
+    c->forward = "tcp://127.0.0.1:*";
+    c->rcvhwm = 100;
+}
+
+/* The next forwarded message whose topic is not the warm-up's (3 frames into m). */
+static int recv_forwarded(void *sub, zmq_msg_t m[3])
+{
+    int64_t deadline = kvr_now_ms() + WAIT_MS;
+    while (kvr_now_ms() < deadline) {
+        zmq_pollitem_t it = {.socket = sub, .events = ZMQ_POLLIN};
+        int n = 0;
+        if (zmq_poll(&it, 1, 50) <= 0)
+            continue;
+        for (int more = 1; more; n++) {
+            zmq_msg_t x, *d = n < 3 ? &m[n] : &x;
+            zmq_msg_init(d);
+            assert_true(zmq_msg_recv(d, sub, 0) >= 0);
+            more = zmq_msg_more(d);
+            if (d == &x)
+                zmq_msg_close(d);
+        }
+        if (n == 3 && zmq_msg_size(&m[0]) >= 9 &&
+            memcmp(zmq_msg_data(&m[0]), "kv@warmup", 9) == 0) {
+            for (int i = 0; i < 3; i++)
+                zmq_msg_close(&m[i]);
+            continue;
+        }
+        return n;
+    }
+    fail_msg("nothing forwarded");
+    return 0;
+}
+
+static void test_forward(void **state)
+{
+    struct fx *f = fx_new_conf(true, -1, forward_conf);
+    const char *fep = kvr_zsub_forward_bound(f->zsub);
+    void *sub = zmq_socket(f->zctx, ZMQ_SUB);
+    int zero = 0, one = 1;
+    unsigned char s8[8], big[2048];
+    zmq_msg_t m[3];
+    struct tev none[1] = {{0}};
+    msgpack_sbuffer sb;
+    (void)state;
+
+    assert_non_null(fep);
+    assert_non_null(strstr(fep, "tcp://127.0.0.1:"));
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "kv@", 3);
+    assert_int_equal(zmq_connect(sub, fep), 0);
+    wait_metric_at_least(f, "events_forward_subscriptions_total", NULL, 1);
+    warm_up(f);
+
+    /* a bad message (2 frames) is not forwarded; the good one after it is, unchanged */
+    be64(s8, 41);
+    send_frames(f->pub, "kv@pod-fw@" MODEL, strlen("kv@pod-fw@" MODEL), s8, 8, "x", 1, 2);
+    pack_batch(&sb, none, 0, 3);
+    be64(s8, 42);
+    send_frames(f->pub, "kv@pod-fw@" MODEL, strlen("kv@pod-fw@" MODEL), s8, 8, sb.data, sb.size,
+                3);
+    assert_int_equal(recv_forwarded(sub, m), 3);
+    assert_str(zmq_msg_data(&m[0]), zmq_msg_size(&m[0]), "kv@pod-fw@" MODEL);
+    assert_int_equal(zmq_msg_size(&m[1]), 8);
+    assert_memory_equal(zmq_msg_data(&m[1]), s8, 8);
+    assert_int_equal(zmq_msg_size(&m[2]), sb.size);
+    assert_memory_equal(zmq_msg_data(&m[2]), sb.data, sb.size);
+    for (int i = 0; i < 3; i++)
+        zmq_msg_close(&m[i]);
+    msgpack_sbuffer_destroy(&sb);
+    wait_seq(f, "pod-fw", 3, 42, KVR_STREAM_SYNCED); /* and it was ingested here too */
+    assert_true(metric(f, "events_bad_frames_total", "reason=\"frames\"") >= 1);
+    assert_int_equal(metric(f, "events_forwarded_total", NULL),
+                     metric(f, "events_messages_total", NULL));
+    assert_int_equal(metric(f, "events_forward_dropped_total", NULL), 0);
+    zmq_close(sub);
+
+    /* a replica that stops reading: its queue (rcvhwm 100, plus socket buffers) fills, the
+     * rest is dropped and counted; ingestion goes on */
+    sub = zmq_socket(f->zctx, ZMQ_SUB);
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(sub, ZMQ_RCVHWM, &one, sizeof(one));
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    assert_int_equal(zmq_connect(sub, fep), 0);
+    wait_metric_at_least(f, "events_forward_subscriptions_total", NULL, 2);
+    memset(big, 0xc1, sizeof(big)); /* not msgpack: counted as undecodable by the writers */
+    for (uint64_t q = 0; q < 8000; q++) {
+        be64(s8, 100 + q);
+        send_frames(f->pub, "kv@pod-fl@" MODEL, strlen("kv@pod-fl@" MODEL), s8, 8, big,
+                    sizeof(big), 3);
+    }
+    wait_metric_at_least(f, "events_forward_dropped_total", NULL, 1);
+    {
+        double prev = -1, cur = metric(f, "events_messages_total", NULL);
+        int64_t deadline = kvr_now_ms() + WAIT_MS;
+        while (cur != prev && kvr_now_ms() < deadline) { /* until the flood is read */
+            sleep_ms(100);
+            prev = cur;
+            cur = metric(f, "events_messages_total", NULL);
+        }
+        assert_int_equal(metric(f, "events_forwarded_total", NULL) +
+                             metric(f, "events_forward_dropped_total", NULL),
+                         cur);
+    }
+    zmq_close(sub);
+    fx_free(f);
+}
+
 static struct kvr_cidr g_allow[2];
 
 static void admission_conf(struct kvr_conf *c)
@@ -1149,9 +1472,13 @@ int main(void)
         cmocka_unit_test(test_topic_random),
         cmocka_unit_test(test_seq_random),
         cmocka_unit_test(test_replay_random),
+        cmocka_unit_test(test_replay_template),
+        cmocka_unit_test(test_replay_template_random),
         cmocka_unit_test(test_bad_frames_and_events),
         cmocka_unit_test(test_replay_v24),
         cmocka_unit_test(test_replay_v25),
+        cmocka_unit_test(test_bind_replay),
+        cmocka_unit_test(test_forward),
         cmocka_unit_test(test_replay_timeout),
         cmocka_unit_test(test_replay_disabled),
         cmocka_unit_test(test_disconnect_purge_and_override),
