@@ -291,6 +291,8 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
         if (w->h[t] != NULL)
             nrec += w->h[t]->recs.n;
+    if (nrec > UINT32_MAX / 2) /* what restore accepts (and the scratch's 32-bit indices) */
+        return -ENOMEM;
 
     int rc = -ENOMEM, own;
     size_t nr1 = nrec ? nrec : 1;
