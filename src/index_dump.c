@@ -205,9 +205,13 @@ static void *carve(char **at, size_t n, size_t sz)
 
 /* ---- scratch: a u64 -> u32 table (value 0 = empty), seeded per call ---------------------- */
 
+struct sslot {
+    uint64_t k;
+    uint32_t v, pad;
+};
+
 struct smap {
-    uint64_t *k;
-    uint32_t *v;
+    struct sslot *s; /* key and value in one slot: one line a probe */
     uint64_t mask, seed;
 };
 
@@ -221,26 +225,35 @@ static size_t smap_cap(size_t n)
 
 static size_t smap_bytes(size_t n)
 {
-    return smap_cap(n) * (sizeof(uint64_t) + sizeof(uint32_t)) + 32;
+    return smap_cap(n) * sizeof(struct sslot) + 16;
 }
 
 static void smap_init(struct smap *m, size_t n, uint64_t seed, char **at)
 {
     size_t cap = smap_cap(n);
-    m->k = carve(at, cap, sizeof(*m->k));
-    m->v = carve(at, cap, sizeof(*m->v));
-    memset(m->v, 0, cap * sizeof(*m->v));
+    m->s = carve(at, cap, sizeof(*m->s));
+    memset(m->s, 0, cap * sizeof(*m->s));
     m->mask = cap - 1;
     m->seed = seed;
 }
 
-/* The slot of key: its value, or 0 where it would go. */
-static inline uint64_t smap_slot(const struct smap *m, uint64_t key)
+static inline uint64_t smap_home(const struct smap *m, uint64_t key)
 {
-    uint64_t i = kvr_hash_mix64(key ^ m->seed) & m->mask;
-    while (m->v[i] != 0 && m->k[i] != key)
+    return kvr_hash_mix64(key ^ m->seed) & m->mask;
+}
+
+static inline void smap_prefetch(const struct smap *m, uint64_t key)
+{
+    __builtin_prefetch(&m->s[smap_home(m, key)]);
+}
+
+/* The slot of key: its value, or 0 where it would go. */
+static inline struct sslot *smap_slot(const struct smap *m, uint64_t key)
+{
+    uint64_t i = smap_home(m, key);
+    while (m->s[i].v != 0 && m->s[i].k != key)
         i = (i + 1) & m->mask;
-    return i;
+    return &m->s[i];
 }
 
 static uint64_t call_seed(const void *p)
@@ -325,24 +338,25 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
             uint64_t copies = REC_COPIES(r);
             if (copies == COPIES_MAX && H->extra.n)
                 copies += kvr_ix_cmap_get(&H->extra, r->key);
-            uint64_t sl = smap_slot(&m, x->chain);
-            if (m.v[sl] == 0) {
-                m.k[sl] = x->chain;
-                m.v[sl] = ++nent;
+            struct sslot *sl = smap_slot(&m, x->chain);
+            if (sl->v == 0) {
+                sl->k = x->chain;
+                sl->v = ++nent;
                 ev[nent - 1] = (struct dent){x->chain, x->parent_chain,
                                              (LD(x->n) & N_ROOT) ? -2 : -1, UINT32_MAX, 0, 0};
             }
-            uint32_t e = m.v[sl] - 1;
+            uint32_t e = sl->v - 1;
             ev[e].nrec++;
             rv[n++] = (struct drec){r->key, copies, e, t};
         }
     }
     KVR_ASSERT(n == nrec);
     for (uint32_t e = 0; e < nent; e++) {
+        if (e + DU_AHEAD < nent)
+            smap_prefetch(&m, ev[e + DU_AHEAD].pchain);
         if (ev[e].par == -2)
             continue;
-        uint64_t sl = smap_slot(&m, ev[e].pchain);
-        ev[e].par = m.v[sl] ? (int32_t)(m.v[sl] - 1) : -1;
+        ev[e].par = (int32_t)smap_slot(&m, ev[e].pchain)->v - 1;
     }
     /* order: each unlisted entry's chain is walked up to the first entry listed (or not
      * held, or position 0), then listed top down; ord doubles as the walk's stack, filled
@@ -529,11 +543,6 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
         memset(pe, 0, sizeof(*pe));
         pe->chain = get_u64(&r);
         pe->par = -1;
-        uint64_t sl = smap_slot(&ch, pe->chain);
-        if (ch.v[sl] != 0)
-            goto out; /* an entry listed twice */
-        ch.k[sl] = pe->chain;
-        ch.v[sl] = e + 1;
         uint64_t tag = get_v(&r);
         if (tag == PT_ROOT) {
             uint64_t ns = get_v(&r);
@@ -565,12 +574,6 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
                     goto out;
                 pr->copies = c + 1;
             }
-            uint64_t ks = smap_slot(&keys, pr->key);
-            uint32_t tm = keys.v[ks] ? keys.v[ks] - 1 : 0;
-            if (tm & (1u << pr->tier))
-                goto out; /* a record listed twice */
-            keys.k[ks] = pr->key;
-            keys.v[ks] = (tm | 1u << pr->tier) + 1;
             pe->mask |= (uint8_t)(1u << pr->tier);
             ps->cnt[pr->tier]++;
             if (hb & RH_LAST)
@@ -594,12 +597,35 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
         if (r.bad || ns >= nns || pk->tier >= ntiers)
             goto out;
         pk->ns = (uint32_t)ns;
-        /* an orphan's parent is never known to its worker (index_write.c, ORPHANS) */
-        if (keys.v[smap_slot(&keys, rec_key(pk->parent))] != 0)
-            goto out;
     }
     if (r.bad || r.p != r.e)
         goto out;
+
+    /* the decoded blob indexed (look-ups prefetched RS_AHEAD on): no chain twice, no
+     * (tier, key) twice, no orphan whose parent the worker holds */
+    for (uint32_t e = 0; e < nent; e++) {
+        if (e + RS_AHEAD < nent)
+            smap_prefetch(&ch, ps->ent[e + RS_AHEAD].chain);
+        struct sslot *sl = smap_slot(&ch, ps->ent[e].chain);
+        if (sl->v != 0)
+            goto out; /* an entry listed twice */
+        sl->k = ps->ent[e].chain;
+        sl->v = e + 1;
+    }
+    for (uint32_t i = 0; i < nrec; i++) {
+        const struct prec *pr = &ps->rec[i];
+        if (i + RS_AHEAD < nrec)
+            smap_prefetch(&keys, pr[RS_AHEAD].key);
+        struct sslot *sl = smap_slot(&keys, pr->key);
+        uint32_t tm = sl->v ? sl->v - 1 : 0;
+        if (tm & (1u << pr->tier))
+            goto out; /* a record listed twice */
+        sl->k = pr->key;
+        sl->v = (tm | 1u << pr->tier) + 1;
+    }
+    for (uint32_t i = 0; i < norph; i++) /* index_write.c, ORPHANS: the invariant */
+        if (smap_slot(&keys, rec_key(ps->orph[i].parent))->v != 0)
+            goto out;
 
     /* parents given as chains: an entry of the blob if it lists one (a dump lists held
      * parents first, but the order is not trusted); then agreement with entries that
@@ -609,7 +635,7 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
         if (e + RS_AHEAD < nent) /* the table slot looked up RS_AHEAD entries on */
             pf_slot(ix, key_hash(pe[RS_AHEAD].chain));
         if (pe->expl) {
-            uint32_t v = ch.v[smap_slot(&ch, pe->pchain)];
+            uint32_t v = smap_slot(&ch, pe->pchain)->v;
             if (v == e + 1)
                 goto out; /* its own parent */
             pe->par = (int32_t)v - 1;
@@ -660,8 +686,12 @@ static int apply(struct kvr_index *ix, struct ebr_slot *s, struct worker *w, uin
     int rc = 0;
     for (uint32_t e = 0; e < ps->nent && rc == 0; e++) {
         const struct pent *pe = &ps->ent[e];
-        if (e + RS_AHEAD < ps->nent)
+        if (e + RS_AHEAD < ps->nent) { /* its table slot and its first record's map slot */
             pf_slot(ix, key_hash(pe[RS_AHEAD].chain));
+            const struct prec *pr = &ps->rec[pe[RS_AHEAD].rbeg];
+            const struct recmap *rm = &H[pr->tier]->recs;
+            __builtin_prefetch(&rm->s[rec_home(rm, pr->key)]);
+        }
         struct node *xt[KVR_TIER_MAX];
         uint32_t nr[KVR_TIER_MAX] = {0};
         uint64_t kh = key_hash(pe->chain);
