@@ -291,7 +291,7 @@ struct dent {
     uint32_t nrec, rbeg;
 };
 
-#define DU_AHEAD 16 /* dump: reverse-map slots whose node is prefetched ahead */
+#define DU_AHEAD 16 /* dump: how far ahead each pass prefetches what it will touch */
 
 int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *out)
 {
@@ -330,8 +330,12 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
             continue;
         for (uint32_t i = 0; i < H->recs.cap; i++) {
             const struct rec *r = &H->recs.s[i];
+            /* two stages: the node 2 * DU_AHEAD slots on, the map slot of its chain (the
+             * node in cache by then) DU_AHEAD on */
+            if (i + 2 * DU_AHEAD < H->recs.cap && REC_LIVE(r + 2 * DU_AHEAD))
+                __builtin_prefetch(REC_ND(r + 2 * DU_AHEAD));
             if (i + DU_AHEAD < H->recs.cap && REC_LIVE(r + DU_AHEAD))
-                __builtin_prefetch(REC_ND(r + DU_AHEAD));
+                smap_prefetch(&m, REC_ND(r + DU_AHEAD)->chain);
             if (!REC_LIVE(r))
                 continue;
             const struct node *x = REC_ND(r);
@@ -363,6 +367,8 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
      * from the end (the part not listed yet) */
     uint32_t k = 0;
     for (uint32_t e = 0; e < nent; e++) {
+        if (e + DU_AHEAD < nent && ev[e + DU_AHEAD].par >= 0)
+            __builtin_prefetch(&ev[ev[e + DU_AHEAD].par]);
         if (ev[e].pos != UINT32_MAX)
             continue;
         uint32_t sp = nent;
@@ -384,12 +390,16 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     /* records grouped by entry, in the entries' order */
     uint32_t off = 0;
     for (uint32_t j = 0; j < nent; j++) {
+        if (j + DU_AHEAD < nent)
+            __builtin_prefetch(&ev[ord[j + DU_AHEAD]]);
         struct dent *d = &ev[ord[j]];
         d->rbeg = off;
         off += d->nrec;
         d->nrec = 0;
     }
     for (size_t i = 0; i < nrec; i++) {
+        if (i + DU_AHEAD < nrec)
+            __builtin_prefetch(&ev[rv[i + DU_AHEAD].ent]);
         struct dent *d = &ev[rv[i].ent];
         ridx[d->rbeg + d->nrec++] = (uint32_t)i;
     }
@@ -403,6 +413,10 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     p = put_v(p, nrec);
     p = put_v(p, w->norph);
     for (uint32_t j = 0; j < nent; j++) {
+        if (j + 2 * DU_AHEAD < nent)
+            __builtin_prefetch(&ev[ord[j + 2 * DU_AHEAD]]);
+        if (j + DU_AHEAD < nent)
+            __builtin_prefetch(&rv[ridx[ev[ord[j + DU_AHEAD]].rbeg]]);
         const struct dent *d = &ev[ord[j]];
         p = put_u64(p, d->chain);
         if (d->par == -2) {
