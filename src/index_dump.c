@@ -467,7 +467,9 @@ out:
 
 /* ---- restore --------------------------------------------------------------------------- */
 
+#ifndef RS_AHEAD
 #define RS_AHEAD 8 /* restore: entries whose table slot is prefetched ahead */
+#endif
 
 struct pent {
     uint64_t chain, pchain;
