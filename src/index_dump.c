@@ -27,10 +27,14 @@
  * RESTORE OF UNTRUSTED BYTES
  * A blob may come from a damaged file or a peer: it is parsed and checked whole (structure,
  * counts against the bytes left, ids interned, no duplicate chain or record, parents
- * resolved, no conflict with entries other workers already restored) into scratch arrays
- * before the index is touched; only an allocation failure can stop the apply half-way
- * (index.h says what the caller does then). Scratch hash tables are seeded per call, so a
- * crafted blob cannot make their probes quadratic.
+ * resolved) into scratch arrays before the index is touched. One check is left to the apply:
+ * that an entry other workers already hold has the blob's parent chain and position. Apply
+ * meets that entry anyway (kvr_ix_entry_add finds it), and checking it up front was a second
+ * random table probe per entry (a third of a 10M-pair restore: docs/index.md); a conflict
+ * withdraws that entry's memberships and the worker is cleared again. Otherwise only an
+ * allocation failure stops the apply half-way (index.h says what the caller does then).
+ * Scratch hash tables are seeded per call, so a crafted blob cannot make their probes
+ * quadratic.
  */
 #include "index_int.h"
 
