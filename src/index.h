@@ -187,4 +187,42 @@ uint32_t kvr_index_worker_orphans(const struct kvr_index *ix, uint32_t wid);
 /* Blocks a worker holds per tier (distinct engine hashes, duplicates counted once). */
 void kvr_index_worker_blocks(struct kvr_index *ix, uint32_t wid, uint64_t blocks[KVR_TIER_MAX]);
 
+/* ---- snapshots (index_dump.c) ---------------------------------------------------------- */
+
+struct kvr_buf;
+
+/* Namespaces are ids 0..count-1 in interning order; an entry's chain hash depends on its
+ * namespace id (ns_root), so a restore interns them in the same order into an empty index
+ * first. Any thread. */
+uint32_t kvr_index_ns_count(const struct kvr_index *ix);
+/* The names a namespace was interned with (borrowed, stable for the index's life; lora NULL
+ * when none). -ENOENT for an id not interned. Any thread. */
+int kvr_index_ns_names(const struct kvr_index *ix, uint32_t ns, const char **model,
+                       const char **lora);
+/* Appends to out a self-delimiting, versioned blob of worker wid's state: its entries (chain,
+ * parent: root with its namespace, another entry of the blob or an explicit parent chain),
+ * per entry its records (tier, reverse-map key = the bijective mix of the engine hash,
+ * copies incl. those beyond 0xffff; several records of one tier for an entry are its
+ * aliases) and its parked orphans in FIFO order (engine hash, content, parent engine hash,
+ * namespace, tier). Hole counts and child counts are not stored: restore recomputes them.
+ * Format: docs/index.md, "Dump format" (its first 9 bytes are a version byte and the u64 LE
+ * length of the rest, so a reader finds its end unparsed). The worker's writer thread (or no
+ * writer running); readers may run. -ENOENT free id, -ENOMEM (out->oom set, or a scratch
+ * allocation). */
+int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *out);
+/* Restores such a blob into worker wid, which must hold nothing yet (fresh intern; -EBUSY
+ * otherwise, -ENOENT free id). Untrusted bytes: the whole blob is validated before anything
+ * changes (-EINVAL, nothing changed: bad structure or version, trailing bytes, out-of-range
+ * references, duplicate entries or records, a namespace or tier id not interned, an orphan
+ * whose parent the blob holds), but for an entry whose chain another worker's entry has with
+ * another parent or position: found while applying (one table probe an entry, not two), it
+ * withdraws what was applied (-EINVAL, the worker holds nothing again; readers may have seen
+ * part of it meanwhile). -ENOMEM may leave part restored (the caller then drops the whole
+ * index). More
+ * orphans than opts.orphan_capacity: the oldest are dropped (res->orphans_dropped), as a
+ * store parking them would. res counts what was restored: stored (holder, block) pairs
+ * (distinct engine hashes), orphaned (parked blocks). Same thread rule as store. */
+int kvr_index_worker_restore(struct kvr_index *ix, uint32_t wid, const void *blob, size_t len,
+                             struct kvr_index_wres *res);
+
 #endif

@@ -289,6 +289,8 @@ struct pod {
 
 struct nsrec {
     uint64_t seed;
+    const char *key;     /* the interning key (model \0 flag lora), owned by ns_tab's record;
+                          * written before nns publishes the id (snapshots name namespaces) */
     uint32_t block_size; /* atomic */
 };
 
@@ -750,6 +752,12 @@ static inline struct node *tab_probe_locked(const struct shard *sh, const struct
         }
         i = (i + 1) & mask;
     }
+}
+
+/* The key of a holder's `absent` count for children of the entry with this chain. */
+static inline uint64_t absent_key(uint64_t chain)
+{
+    return chain;
 }
 
 /* Writer: +delta to holder's nchild in the entry; 1 when the holder holds it. */

@@ -73,7 +73,7 @@ static void dfr_push(struct kvr_index *ix, void *p, uint32_t kind, uint32_t id);
  * table (never forgotten from; its lookups, on every score, take no epoch), kept until
  * destroy as before (at most the size of the newest). */
 static int itab_add(struct kvr_index *ix, struct itab **tp, const void *key, uint32_t len,
-                    uint64_t h, uint32_t id)
+                    uint64_t h, uint32_t id, struct irec **out)
 {
     int keep_old = tp == &ix->ns_tab;
     struct itab *t = *tp;
@@ -109,6 +109,8 @@ static int itab_add(struct kvr_index *ix, struct itab **tp, const void *key, uin
     r->id = id;
     r->len = len;
     memcpy(r->s, key, len);
+    if (out != NULL)
+        *out = r;
     uint32_t i = (uint32_t)h & t->mask;
     while (t->slot[i] != NULL)
         i = (i + 1) & t->mask;
@@ -220,9 +222,12 @@ int kvr_index_ns_intern(struct kvr_index *ix, const char *model, const char *lor
     }
     struct nsrec *r = ns_rec(ix, id);
     r->seed = kvr_hash_ns_seed(model, strlen(model), lora, lora ? strlen(lora) : 0);
-    rc = itab_add(ix, &ix->ns_tab, key, len, h, id);
-    if (rc == 0)
+    struct irec *rec = NULL;
+    rc = itab_add(ix, &ix->ns_tab, key, len, h, id, &rec);
+    if (rc == 0) {
+        r->key = rec->s;
         STR(ix->nns, id + 1);
+    }
     pthread_mutex_unlock(&ix->imu);
     if (rc < 0)
         return rc;
@@ -245,6 +250,26 @@ uint32_t kvr_index_ns_block_size(struct kvr_index *ix, uint32_t ns)
     if (ns >= LDA(ix->nns))
         return 0;
     return LDA(ns_rec(ix, ns)->block_size);
+}
+
+uint32_t kvr_index_ns_count(const struct kvr_index *ix)
+{
+    return LDA(ix->nns);
+}
+
+int kvr_index_ns_names(const struct kvr_index *ix, uint32_t ns, const char **model,
+                       const char **lora)
+{
+    if (ns >= LDA(ix->nns))
+        return -ENOENT;
+    const struct nsrec *c = LDA(ix->ns_chunk[ns / NS_CHUNK]);
+    const char *k = c[ns % NS_CHUNK].key; /* key = model \0 (lora ? 1 lora : 0) */
+    size_t ml = strlen(k);
+    if (model != NULL)
+        *model = k;
+    if (lora != NULL)
+        *lora = k[ml + 1] ? k + ml + 2 : NULL;
+    return 0;
 }
 
 static int worker_key(const char *pod, uint32_t rank, char *buf, uint32_t *len)
@@ -423,7 +448,7 @@ int kvr_index_worker_intern(struct kvr_index *ix, const char *pod, uint32_t dp_r
         if (pd == NULL)
             goto fail;
         pd->name = g_calloc(ix, pl + 1);
-        if (pd->name == NULL || itab_add(ix, &ix->pod_tab, pod, (uint32_t)pl, ph, pid) < 0) {
+        if (pd->name == NULL || itab_add(ix, &ix->pod_tab, pod, (uint32_t)pl, ph, pid, NULL) < 0) {
             g_free(ix, pd->name);
             g_free(ix, pd);
             goto fail;
@@ -449,7 +474,7 @@ int kvr_index_worker_intern(struct kvr_index *ix, const char *pod, uint32_t dp_r
     wk->rank = dp_rank;
     wk->pod = pd->name;
     wk->podlen = (uint32_t)pl;
-    if (itab_add(ix, &ix->w_tab, key, len, h, id) < 0) {
+    if (itab_add(ix, &ix->w_tab, key, len, h, id, NULL) < 0) {
         g_free(ix, wk);
         goto fail_pod;
     }

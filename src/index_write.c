@@ -72,11 +72,6 @@ static void ebr_reserve(struct wctx *c, size_t more)
     kvr_ix_ebr_reserve_slot(c->s, more);
 }
 
-static inline uint64_t absent_key(uint64_t chain)
-{
-    return chain;
-}
-
 /* All changes of a holder's hole count go through here: the worker's count of holey
  * holders (read by find to pick the exact slow path) follows the 0 <-> non-zero edges. */
 static void holes_add(struct wctx *c, struct holder *H, int64_t delta)
