@@ -176,6 +176,7 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
     ing->streams[ing->nstreams++] = s;
     pthread_mutex_unlock(&ing->reg_mu);
     it->ranks[dp_rank] = s;
+    kvr_ingest_snap_claim(w, t, s); /* resumes from a snapshot when it holds the stream */
     kvr_log_info("events: new stream pod=%s model=%s dp_rank=%u (worker %u)", t->pod, t->model,
                  dp_rank, wid);
     return s;
@@ -480,6 +481,7 @@ static int forget_pod(struct writer *w, const char *pod, uint64_t *removed, bool
         if (rc == 0)
             KVR_CNT_OWN_INC(w->st.pods_forgotten);
     }
+    kvr_ingest_snap_forget(w, pod); /* its restored streams, if any */
     for (size_t i = 0; i < w->ntopics; i++) {
         struct ing_topic *it = w->topics[i];
         if (strcmp(it->t->pod, pod) != 0)
@@ -633,6 +635,8 @@ static void handle_cmd(struct writer *w, struct ing_cmd *c)
 
     if (c->type == CMD_PURGE_POD)
         c->rc = kvr_ingest_forget_pod(w, c->pod, &c->removed);
+    else if (c->type == CMD_SNAPSHOT)
+        c->rc = kvr_ingest_snap_cmd(w, c);
     pthread_mutex_lock(&ing->done_mu);
     c->done = true;
     pthread_cond_broadcast(&ing->done_cv);

@@ -1,0 +1,1273 @@
+/* snap.c — snapshot files: encode what ingest's writers hand over, write atomically, verify
+ * before loading, restore into an empty index, the periodic thread and its metrics.
+ *
+ * Why this shape:
+ * - Consistency without stalls: readers never see a snapshot being taken (the index is read
+ *   only by each worker's own writer, through kvr_index_worker_dump); each writer takes its
+ *   part between two batches (kvr_ingest_snapshot) into its own buffer here, so the part's
+ *   streams' last_seq match its workers' blocks; assembling, checksumming and writing happen
+ *   afterwards on the caller's thread (the periodic thread, main at shutdown, an HTTP loop
+ *   for GET /v1/snapshot).
+ * - Namespaces and tiers are read after every part is in: ids only grow, so every id a part
+ *   refers to is in the lists (a namespace interned meanwhile is merely unused).
+ * - Verify, then apply: a file is checked completely (kvr_snap_verify) before the index is
+ *   touched; the restore itself can still fail on a worker blob the index refuses (it checks
+ *   each one before changing anything) or on ENOMEM, and then kvr_snap_boot throws the index
+ *   away for a fresh one: an index is the snapshot's or empty, never half of it.
+ * - Refused files are renamed aside (snapshot.kvr.bad-<time>), never deleted: an operator
+ *   can look at what went wrong; the daemon starts without it.
+ * - Files: write to snapshot.tmp, fsync, rename over snapshot.kvr, fsync the directory: a
+ *   crash or a failed write (ENOSPC, EFBIG) leaves the previous snapshot as it was.
+ *
+ * Threads: kvr_snap_take/save serialize on s->mu; the periodic thread waits on s->cv with a
+ * deadline so stop() wakes it at once. Metrics are relaxed atomics.
+ */
+#include "snap.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base.h"
+#include "log.h"
+#include "metrics.h"
+
+#ifndef KVR_VERSION
+#define KVR_VERSION "0.0.0"
+#endif
+
+#define MAGIC "KVRSNAP"            /* + NUL: 8 bytes */
+#define HDR_LEN 96
+#define HDR_SUM_OFF 88
+#define SEC_HDR 24
+#define PRODUCER_LEN 24
+
+enum {
+    SEC_NAMESPACES = 1,
+    SEC_TIERS = 2,
+    SEC_STREAMS = 3,
+    SEC_WORKER = 4,
+    SEC_END = 15,
+};
+
+/* ---- little-endian encoding ---------------------------------------------------------- */
+
+static void put_le(struct kvr_buf *b, uint64_t v, int n)
+{
+    unsigned char x[8];
+    for (int i = 0; i < n; i++)
+        x[i] = (unsigned char)(v >> (8 * i));
+    kvr_buf_append(b, x, (size_t)n);
+}
+
+static void set_le(char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (char)(unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void put_str(struct kvr_buf *b, const char *s)
+{
+    size_t n = s != NULL ? strlen(s) : 0;
+    if (n > KVR_NAME_MAX)
+        n = KVR_NAME_MAX; /* cannot happen: every name is interned within the limit */
+    put_le(b, n, 2);
+    kvr_buf_append(b, s != NULL ? s : "", n);
+    kvr_buf_append(b, "", 1);
+}
+
+/* Opens a section at the end of b; close_section fills its header once the payload is in. */
+static size_t open_section(struct kvr_buf *b, uint32_t type)
+{
+    size_t at = b->len;
+    put_le(b, type, 4);
+    put_le(b, 0, 4);
+    put_le(b, 0, 8);
+    put_le(b, 0, 8);
+    return at;
+}
+
+static void close_section(struct kvr_buf *b, size_t at, uint32_t records)
+{
+    if (b->oom)
+        return;
+    size_t len = b->len - at - SEC_HDR;
+    set_le(b->data + at + 4, records, 4);
+    set_le(b->data + at + 8, len, 8);
+    set_le(b->data + at + 16, XXH64(b->data + at + SEC_HDR, len, 0), 8);
+}
+
+/* ---- a reader over untrusted bytes ------------------------------------------------------- */
+
+struct rd {
+    const unsigned char *p, *end;
+    bool bad;
+};
+
+static uint64_t rd_le(struct rd *r, int n)
+{
+    if (r->bad || (size_t)(r->end - r->p) < (size_t)n) {
+        r->bad = true;
+        return 0;
+    }
+    uint64_t v = get_le(r->p, n);
+    r->p += n;
+    return v;
+}
+
+/* A string: u16 length (<= KVR_NAME_MAX), bytes without NUL, then NUL. Returns it in place. */
+static const char *rd_str(struct rd *r, bool allow_empty)
+{
+    uint64_t n = rd_le(r, 2);
+    const char *s;
+
+    if (r->bad || n > KVR_NAME_MAX || (size_t)(r->end - r->p) < n + 1 ||
+        (n == 0 && !allow_empty)) {
+        r->bad = true;
+        return NULL;
+    }
+    s = (const char *)r->p;
+    if (memchr(s, 0, n) != NULL || r->p[n] != 0) {
+        r->bad = true;
+        return NULL;
+    }
+    r->p += n + 1;
+    return s;
+}
+
+/* ---- verify ------------------------------------------------------------------------------ */
+
+struct sec {
+    uint32_t type, records;
+    const unsigned char *payload;
+    uint64_t len;
+};
+
+/* Calls fn for every section after the header (bounds and checksums checked); stops at END,
+ * whose whole-file checksum it checks. */
+static int walk(const unsigned char *d, size_t len, int (*fn)(void *arg, const struct sec *s),
+                void *arg, struct kvr_err *err)
+{
+    size_t off = HDR_LEN;
+
+    for (;;) {
+        struct sec s;
+        uint64_t sum;
+        int rc;
+
+        if (len - off < SEC_HDR)
+            return kvr_err_set(err, -EINVAL, "truncated at byte %zu (a section header)", off);
+        s.type = (uint32_t)get_le(d + off, 4);
+        s.records = (uint32_t)get_le(d + off + 4, 4);
+        s.len = get_le(d + off + 8, 8);
+        sum = get_le(d + off + 16, 8);
+        if (s.len > len - off - SEC_HDR)
+            return kvr_err_set(err, -EINVAL, "truncated: section at byte %zu says %" PRIu64
+                                             " bytes, %zu remain",
+                               off, s.len, len - off - SEC_HDR);
+        s.payload = d + off + SEC_HDR;
+        if (XXH64(s.payload, s.len, 0) != sum)
+            return kvr_err_set(err, -EINVAL, "checksum mismatch in section %u at byte %zu",
+                               s.type, off);
+        if (s.type == SEC_END) {
+            if (s.len != 8 || s.records != 0)
+                return kvr_err_set(err, -EINVAL, "malformed end section");
+            if (get_le(s.payload, 8) != XXH64(d, off, 0))
+                return kvr_err_set(err, -EINVAL, "whole-file checksum mismatch");
+            if (off + SEC_HDR + 8 != len)
+                return kvr_err_set(err, -EINVAL, "%zu bytes after the end section",
+                                   len - off - SEC_HDR - 8);
+            return 0;
+        }
+        rc = fn(arg, &s);
+        if (rc != 0)
+            return rc;
+        off += SEC_HDR + s.len;
+    }
+}
+
+struct vstate {
+    struct kvr_err *err;
+    uint64_t ns, tiers, streams, workers;
+    int phase; /* 0: expect NAMESPACES, 1: TIERS, 2: parts */
+    /* apply */
+    struct kvr_index *ix;
+    struct kvr_snap_loaded *out;
+    size_t capstreams;
+};
+
+static int sec_bad(struct vstate *v, const struct sec *s, const char *what)
+{
+    return kvr_err_set(v->err, -EINVAL, "malformed %s section (%u records, %" PRIu64 " bytes)",
+                       what, s->records, s->len);
+}
+
+static int parse_ns(struct vstate *v, const struct sec *s)
+{
+    struct rd r = {s->payload, s->payload + s->len, false};
+
+    for (uint32_t i = 0; i < s->records && !r.bad; i++) {
+        const char *model = rd_str(&r, false), *lora = NULL;
+        uint64_t has_lora = rd_le(&r, 1);
+        if (has_lora > 1)
+            r.bad = true;
+        if (has_lora == 1)
+            lora = rd_str(&r, false);
+        uint32_t bs = (uint32_t)rd_le(&r, 4);
+        if (r.bad || v->ix == NULL)
+            continue;
+        uint32_t ns;
+        uint64_t seed;
+        int rc = kvr_index_ns_intern(v->ix, model, lora, &ns, &seed);
+        if (rc != 0)
+            return kvr_err_set(v->err, rc, "namespace %u (%s): %s", i, model, strerror(-rc));
+        if (ns != i)
+            return kvr_err_set(v->err, -EINVAL, "namespace %u interned as %u: the index is not "
+                                                "empty", i, ns);
+        if (bs > 0)
+            kvr_index_ns_set_block_size(v->ix, ns, bs);
+    }
+    if (r.bad || r.p != r.end)
+        return sec_bad(v, s, "namespaces");
+    v->ns = s->records;
+    return 0;
+}
+
+static int parse_tiers(struct vstate *v, const struct sec *s)
+{
+    struct rd r = {s->payload, s->payload + s->len, false};
+
+    if (s->records > KVR_TIER_MAX)
+        return sec_bad(v, s, "tiers");
+    for (uint32_t i = 0; i < s->records && !r.bad; i++) {
+        const char *name = rd_str(&r, false);
+        if (r.bad || v->ix == NULL)
+            continue;
+        uint8_t t;
+        const char *have = kvr_index_tier_name(v->ix, (uint8_t)i);
+        if (have != NULL) { /* gpu, cpu, storage: built in */
+            if (strcmp(have, name) != 0)
+                return kvr_err_set(v->err, -EINVAL, "tier %u is '%s' here, '%s' in the file", i,
+                                   have, name);
+            continue;
+        }
+        int rc = kvr_index_tier_intern(v->ix, name, strlen(name), &t);
+        if (rc != 0 || t != i)
+            return kvr_err_set(v->err, rc ? rc : -EINVAL, "tier %u (%s) cannot be restored", i,
+                               name);
+    }
+    if (r.bad || r.p != r.end)
+        return sec_bad(v, s, "tiers");
+    v->tiers = s->records;
+    return 0;
+}
+
+static int parse_streams(struct vstate *v, const struct sec *s)
+{
+    struct rd r = {s->payload, s->payload + s->len, false};
+
+    for (uint32_t i = 0; i < s->records && !r.bad; i++) {
+        struct kvr_ingest_snap_stream ss;
+        uint64_t flags;
+
+        ss.pod = rd_str(&r, false);
+        ss.model = rd_str(&r, true);
+        ss.dp_rank = (uint32_t)rd_le(&r, 4);
+        ss.last_seq = rd_le(&r, 8);
+        flags = rd_le(&r, 1);
+        ss.groups_full = rd_le(&r, 8);
+        ss.groups_other = rd_le(&r, 8);
+        if (flags > 1)
+            r.bad = true;
+        ss.unsynced = flags & 1;
+        if (r.bad || v->out == NULL)
+            continue;
+        if (v->out->nstreams == v->capstreams) {
+            size_t nc = v->capstreams ? v->capstreams * 2 : 16;
+            struct kvr_ingest_snap_stream *p = realloc(v->out->streams, nc * sizeof(*p));
+            if (p == NULL)
+                return kvr_err_set(v->err, -ENOMEM, "out of memory");
+            v->out->streams = p;
+            v->capstreams = nc;
+        }
+        v->out->streams[v->out->nstreams++] = ss;
+    }
+    if (r.bad || r.p != r.end)
+        return sec_bad(v, s, "streams");
+    v->streams += s->records;
+    return 0;
+}
+
+static int parse_worker(struct vstate *v, const struct sec *s)
+{
+    struct rd r = {s->payload, s->payload + s->len, false};
+    const char *pod = rd_str(&r, false);
+    uint32_t rank = (uint32_t)rd_le(&r, 4);
+    uint64_t blen = rd_le(&r, 8);
+
+    if (r.bad || s->records != 1 || blen != (uint64_t)(r.end - r.p))
+        return sec_bad(v, s, "worker");
+    v->workers++;
+    if (v->ix == NULL)
+        return 0;
+    uint32_t wid;
+    struct kvr_index_wres res = {0};
+    int rc = kvr_index_worker_intern(v->ix, pod, rank, &wid);
+    if (rc != 0)
+        return kvr_err_set(v->err, rc, "worker %s/%u: %s", pod, rank, strerror(-rc));
+    rc = kvr_index_worker_restore(v->ix, wid, r.p, (size_t)blen, &res);
+    if (rc != 0)
+        return kvr_err_set(v->err, rc, "worker %s/%u: its blocks were refused by the index (%s)",
+                           pod, rank, strerror(-rc));
+    v->out->pairs += res.stored;
+    return 0;
+}
+
+static int on_section(void *arg, const struct sec *s)
+{
+    struct vstate *v = arg;
+
+    switch (s->type) {
+    case SEC_NAMESPACES:
+        if (v->phase != 0)
+            break;
+        v->phase = 1;
+        return parse_ns(v, s);
+    case SEC_TIERS:
+        if (v->phase != 1)
+            break;
+        v->phase = 2;
+        return parse_tiers(v, s);
+    case SEC_STREAMS:
+        if (v->phase != 2)
+            break;
+        return parse_streams(v, s);
+    case SEC_WORKER:
+        if (v->phase != 2)
+            break;
+        return parse_worker(v, s);
+    default:
+        return kvr_err_set(v->err, -EINVAL, "unknown section type %u", s->type);
+    }
+    return kvr_err_set(v->err, -EINVAL, "section type %u out of order", s->type);
+}
+
+static int check_header(const unsigned char *d, size_t len, struct kvr_snap_info *info,
+                        struct kvr_err *err)
+{
+    struct kvr_snap_info in;
+
+    memset(&in, 0, sizeof(in));
+    if (len < 12 || memcmp(d, MAGIC, 8) != 0)
+        return kvr_err_set(err, -EINVAL, "not a kvrouterd snapshot (bad magic)");
+    in.version = (uint32_t)get_le(d + 8, 4);
+    if (in.version > KVR_SNAP_VERSION)
+        return kvr_err_set(err, -EPROTONOSUPPORT,
+                           "snapshot format version %u is newer than this kvrouterd's (%d)",
+                           in.version, KVR_SNAP_VERSION);
+    if (in.version == 0)
+        return kvr_err_set(err, -EINVAL, "bad format version 0");
+    if (len < HDR_LEN)
+        return kvr_err_set(err, -EINVAL, "truncated header (%zu bytes)", len);
+    if (get_le(d + 12, 4) != HDR_LEN)
+        return kvr_err_set(err, -EINVAL, "bad header length");
+    if (get_le(d + HDR_SUM_OFF, 8) != XXH64(d, HDR_SUM_OFF, 0))
+        return kvr_err_set(err, -EINVAL, "header checksum mismatch");
+    in.created_ms = (int64_t)get_le(d + 16, 8);
+    in.namespaces = get_le(d + 24, 8);
+    in.tiers = get_le(d + 32, 8);
+    in.streams = get_le(d + 40, 8);
+    in.workers = get_le(d + 48, 8);
+    in.pairs = get_le(d + 56, 8);
+    memcpy(in.producer, d + 64, PRODUCER_LEN);
+    in.producer[PRODUCER_LEN] = '\0';
+    in.bytes = len;
+    if (info != NULL)
+        *info = in;
+    return 0;
+}
+
+static int run(const void *data, size_t len, struct vstate *v, struct kvr_snap_info *info)
+{
+    struct kvr_snap_info in;
+    int rc;
+
+    if (data == NULL && len > 0)
+        return kvr_err_set(v->err, -EINVAL, "no data");
+    rc = check_header(data, len, &in, v->err);
+    if (rc != 0)
+        return rc;
+    rc = walk(data, len, on_section, v, v->err);
+    if (rc != 0)
+        return rc;
+    if (v->phase != 2)
+        return kvr_err_set(v->err, -EINVAL, "namespaces or tiers section missing");
+    if (v->ns != in.namespaces || v->tiers != in.tiers || v->streams != in.streams ||
+        v->workers != in.workers)
+        return kvr_err_set(v->err, -EINVAL, "counts in the header disagree with the sections");
+    if (info != NULL)
+        *info = in;
+    return 0;
+}
+
+int kvr_snap_verify(const void *data, size_t len, struct kvr_snap_info *info,
+                    struct kvr_err *err)
+{
+    struct vstate v = {.err = err};
+    return run(data, len, &v, info);
+}
+
+void kvr_snap_loaded_free(struct kvr_snap_loaded *l)
+{
+    free(l->streams);
+    memset(l, 0, sizeof(*l));
+}
+
+int kvr_snap_apply(const void *data, size_t len, struct kvr_index *ix, struct kvr_snap_loaded *out,
+                   struct kvr_err *err)
+{
+    struct vstate v = {.err = err};
+    struct kvr_index_stats st;
+    int rc;
+
+    memset(out, 0, sizeof(*out));
+    rc = run(data, len, &v, &out->info); /* everything checked before anything changes */
+    if (rc != 0)
+        return rc;
+    kvr_index_stats(ix, &st);
+    if (st.namespaces != 0 || st.workers != 0)
+        return kvr_err_set(err, -EBUSY, "the index is not empty");
+    memset(&v, 0, sizeof(v));
+    v.err = err;
+    v.ix = ix;
+    v.out = out;
+    rc = run(data, len, &v, &out->info);
+    if (rc != 0) {
+        free(out->streams);
+        out->streams = NULL;
+        out->nstreams = 0;
+    }
+    return rc;
+}
+
+/* ---- files -------------------------------------------------------------------------------- */
+
+static int fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+
+    if (fd < 0)
+        return -errno;
+    if (fsync(fd) != 0 && errno != EINVAL)
+        rc = -errno;
+    close(fd);
+    return rc;
+}
+
+int kvr_snap_check_dir(const char *dir, struct kvr_err *err)
+{
+    struct stat sb;
+    char probe[PATH_MAX];
+    int fd;
+
+    if (dir == NULL || dir[0] == '\0')
+        return kvr_err_set(err, -EINVAL, "no state directory");
+    if (stat(dir, &sb) != 0)
+        return kvr_err_set(err, -errno, "state directory %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return kvr_err_set(err, -ENOTDIR, "state directory %s: not a directory", dir);
+    if ((size_t)snprintf(probe, sizeof(probe), "%s/.kvrouterd-probe.%ld", dir,
+                         (long)getpid()) >= sizeof(probe))
+        return kvr_err_set(err, -ENAMETOOLONG, "state directory %s: path too long", dir);
+    fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return kvr_err_set(err, -errno, "state directory %s is not writable: %s", dir,
+                           strerror(errno));
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+int kvr_snap_write_file(const char *dir, const void *data, size_t len, struct kvr_err *err)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX];
+    const char *p = data;
+    size_t left = len;
+    int fd, rc;
+
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s/%s", dir, KVR_SNAP_TMP) >= sizeof(tmp) ||
+        (size_t)snprintf(dst, sizeof(dst), "%s/%s", dir, KVR_SNAP_FILE) >= sizeof(dst))
+        return kvr_err_set(err, -ENAMETOOLONG, "state directory %s: path too long", dir);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return kvr_err_set(err, -errno, "%s: %s", tmp, strerror(errno));
+    while (left > 0) {
+        ssize_t n = write(fd, p, left > (1u << 30) ? (1u << 30) : left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            rc = n < 0 ? -errno : -ENOSPC;
+            goto fail;
+        }
+        p += n;
+        left -= (size_t)n;
+    }
+    if (fsync(fd) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        rc = -errno;
+        fd = -1;
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, dst) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    rc = fsync_dir(dir);
+    if (rc != 0)
+        return kvr_err_set(err, rc, "%s: fsync: %s", dir, strerror(-rc));
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return kvr_err_set(err, rc, "%s: %s (the previous snapshot is kept)", tmp, strerror(-rc));
+}
+
+int kvr_snap_read_file(const char *path, struct kvr_buf *out, struct kvr_err *err)
+{
+    struct stat sb;
+    int fd, rc = 0;
+
+    kvr_buf_reset(out);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvr_err_set(err, -errno, "%s: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        rc = kvr_err_set(err, -EINVAL, "%s: not a regular file", path);
+        goto out;
+    }
+    if (kvr_buf_reserve(out, (size_t)sb.st_size + 1) != 0) {
+        rc = kvr_err_set(err, -ENOMEM, "%s: out of memory (%lld bytes)", path,
+                         (long long)sb.st_size);
+        goto out;
+    }
+    for (;;) {
+        if (out->cap - out->len < 2 && kvr_buf_reserve(out, 1 << 20) != 0) {
+            rc = kvr_err_set(err, -ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        ssize_t n = read(fd, out->data + out->len, out->cap - out->len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = kvr_err_set(err, -errno, "%s: %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        out->len += (size_t)n;
+        out->data[out->len] = '\0';
+    }
+out:
+    close(fd);
+    return rc;
+}
+
+int kvr_snap_set_aside(const char *path, char *aside, size_t cap)
+{
+    char to[PATH_MAX], stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(to, sizeof(to), "%s.bad-%s", path, stamp);
+    if (rename(path, to) != 0)
+        return -errno;
+    if (aside != NULL)
+        snprintf(aside, cap, "%s", to);
+    return 0;
+}
+
+/* ---- peers: a small blocking HTTP/1.1 client ------------------------------------------------ */
+
+static int64_t left_ms(int64_t deadline)
+{
+    int64_t l = deadline - kvr_now_ms();
+    return l > 0 ? l : 0;
+}
+
+static int wait_fd(int fd, short ev, int64_t deadline)
+{
+    struct pollfd p = {.fd = fd, .events = ev};
+    for (;;) {
+        int64_t l = left_ms(deadline);
+        if (l == 0)
+            return -ETIMEDOUT;
+        int n = poll(&p, 1, (int)(l > INT_MAX ? INT_MAX : l));
+        if (n > 0)
+            return 0;
+        if (n == 0)
+            return -ETIMEDOUT;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+static int parse_url(const char *url, char *host, size_t cap, char *port, size_t pcap)
+{
+    const char *h, *e, *c;
+
+    if (url == NULL || strncmp(url, "http://", 7) != 0)
+        return -EINVAL;
+    h = url + 7;
+    e = h + strcspn(h, "/");
+    if (*e != '\0' && strcmp(e, "/") != 0)
+        return -EINVAL; /* HOST:PORT only; the path is ours */
+    if (*h == '[') {
+        c = memchr(h, ']', (size_t)(e - h));
+        if (c == NULL || c[1] != ':')
+            return -EINVAL;
+        if ((size_t)(c - h - 1) >= cap)
+            return -EINVAL;
+        memcpy(host, h + 1, (size_t)(c - h - 1));
+        host[c - h - 1] = '\0';
+        c++;
+    } else {
+        c = NULL;
+        for (const char *q = h; q < e; q++)
+            if (*q == ':')
+                c = q;
+        if (c == NULL || (size_t)(c - h) >= cap || c == h)
+            return -EINVAL;
+        memcpy(host, h, (size_t)(c - h));
+        host[c - h] = '\0';
+    }
+    if ((size_t)(e - c - 1) >= pcap || e - c - 1 < 1)
+        return -EINVAL;
+    memcpy(port, c + 1, (size_t)(e - c - 1));
+    port[e - c - 1] = '\0';
+    for (const char *q = port; *q; q++)
+        if (*q < '0' || *q > '9')
+            return -EINVAL;
+    return 0;
+}
+
+static int dial(const char *host, const char *port, int64_t deadline, struct kvr_err *err)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    int fd = -1, rc, last = -ECONNREFUSED;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0)
+        return kvr_err_set(err, -EHOSTUNREACH, "%s: %s", host, gai_strerror(rc));
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            last = -errno;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ||
+            (errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline) == 0)) {
+            int so = 0;
+            socklen_t sl = sizeof(so);
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+            if (so == 0)
+                break;
+            last = -so;
+        } else {
+            last = errno == EINPROGRESS ? -ETIMEDOUT : -errno;
+        }
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return kvr_err_set(err, last, "connect %s:%s: %s", host, port, strerror(-last));
+    return fd;
+}
+
+int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struct kvr_buf *out,
+                   struct kvr_err *err)
+{
+    char host[256], port[8], req[1024];
+    int64_t deadline = kvr_now_ms() + (timeout_ms > 0 ? timeout_ms : 30000);
+    size_t hdr_end = 0, sent = 0, reqlen;
+    uint64_t clen = 0;
+    bool have_clen = false;
+    int fd, rc = 0;
+
+    kvr_buf_reset(out);
+    if (parse_url(url, host, sizeof(host), port, sizeof(port)) != 0)
+        return kvr_err_set(err, -EINVAL, "bootstrap %s: expected http://HOST:PORT", url);
+    if (token != NULL && (strlen(token) > 255 || strpbrk(token, "\r\n") != NULL))
+        token = NULL;
+    reqlen = (size_t)snprintf(req, sizeof(req),
+                              "GET /v1/snapshot HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n"
+                              "%s%s%s\r\n",
+                              host, port, token ? "Authorization: Bearer " : "",
+                              token ? token : "", token ? "\r\n" : "");
+    fd = dial(host, port, deadline, err);
+    if (fd < 0)
+        return fd;
+    while (sent < reqlen) {
+        ssize_t n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            rc = wait_fd(fd, POLLOUT, deadline);
+            if (rc != 0)
+                goto io_fail;
+            continue;
+        }
+        if (n < 0) {
+            rc = -errno;
+            goto io_fail;
+        }
+        sent += (size_t)n;
+    }
+    for (;;) {
+        if (have_clen && out->len - hdr_end >= clen)
+            break;
+        if (kvr_buf_reserve(out, 1 << 16) != 0) {
+            rc = kvr_err_set(err, -ENOMEM, "bootstrap %s: out of memory", url);
+            goto out;
+        }
+        ssize_t n = recv(fd, out->data + out->len, out->cap - out->len - 1, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            rc = wait_fd(fd, POLLIN, deadline);
+            if (rc != 0)
+                goto io_fail;
+            continue;
+        }
+        if (n < 0) {
+            rc = -errno;
+            goto io_fail;
+        }
+        if (n == 0) {
+            rc = kvr_err_set(err, -EPIPE, "bootstrap %s: connection closed after %zu bytes", url,
+                             out->len);
+            goto out;
+        }
+        out->len += (size_t)n;
+        out->data[out->len] = '\0';
+        if (hdr_end == 0) {
+            char *e = strstr(out->data, "\r\n\r\n");
+            if (e == NULL) {
+                if (out->len > 65536) {
+                    rc = kvr_err_set(err, -EPROTO, "bootstrap %s: response header too long", url);
+                    goto out;
+                }
+                continue;
+            }
+            hdr_end = (size_t)(e - out->data) + 4;
+            int status = 0;
+            if (sscanf(out->data, "HTTP/1.%*d %d", &status) != 1 || status != 200) {
+                char line[160];
+                snprintf(line, sizeof(line), "%.*s", (int)strcspn(out->data, "\r\n"),
+                         out->data);
+                rc = kvr_err_set(err, -EPROTO, "bootstrap %s: peer answered '%s'", url, line);
+                goto out;
+            }
+            for (char *p = out->data; p < e; p = strstr(p, "\r\n") + 2) {
+                if (strncasecmp(p, "content-length:", 15) == 0) {
+                    clen = strtoull(p + 15, NULL, 10);
+                    have_clen = true;
+                }
+                if (strstr(p, "\r\n") == NULL || strstr(p, "\r\n") >= e)
+                    break;
+            }
+            if (!have_clen) {
+                rc = kvr_err_set(err, -EPROTO, "bootstrap %s: no Content-Length", url);
+                goto out;
+            }
+        }
+    }
+    /* the body alone */
+    memmove(out->data, out->data + hdr_end, (size_t)clen);
+    out->len = (size_t)clen;
+    close(fd);
+    return 0;
+io_fail:
+    rc = kvr_err_set(err, rc, "bootstrap %s: %s", url,
+                     rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
+out:
+    close(fd);
+    kvr_buf_reset(out);
+    return rc;
+}
+
+/* ---- startup ------------------------------------------------------------------------------ */
+
+void kvr_snap_boot_free(struct kvr_snap_boot *b)
+{
+    kvr_snap_loaded_free(&b->loaded);
+    kvr_buf_free(&b->bytes);
+    b->source = NULL;
+}
+
+static void fmt_time(int64_t ms, char *buf, size_t cap)
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+int kvr_snap_boot(const struct kvr_snap_boot_opts *o, struct kvr_index **ix,
+                  struct kvr_snap_boot *out, struct kvr_err *err)
+{
+    bool have_dir = o->dir != NULL && o->dir[0] != '\0';
+    char path[PATH_MAX], aside[PATH_MAX + 40];
+    struct kvr_snap_info local = {0}, peer = {0};
+    struct kvr_buf pbuf;
+    struct kvr_err e;
+    bool have_local = false;
+    int rc;
+
+    memset(out, 0, sizeof(*out));
+    kvr_buf_init(&out->bytes);
+    kvr_buf_init(&pbuf);
+    if (have_dir) {
+        rc = kvr_snap_check_dir(o->dir, err);
+        if (rc != 0)
+            return rc;
+        snprintf(path, sizeof(path), "%s/%s", o->dir, KVR_SNAP_TMP);
+        unlink(path); /* a write that never finished */
+        snprintf(path, sizeof(path), "%s/%s", o->dir, KVR_SNAP_FILE);
+        rc = kvr_snap_read_file(path, &out->bytes, &e);
+        if (rc == 0) {
+            rc = kvr_snap_verify(out->bytes.data, out->bytes.len, &local, &e);
+            if (rc == 0) {
+                have_local = true;
+            } else {
+                int ar = kvr_snap_set_aside(path, aside, sizeof(aside));
+                kvr_log_error("snapshot %s refused: %s; %s%s; starting without it", path, e.msg,
+                              ar == 0 ? "kept as " : "could not be set aside: ",
+                              ar == 0 ? aside : strerror(-ar));
+            }
+        } else if (rc != -ENOENT) {
+            kvr_log_error("snapshot %s cannot be read: %s; starting without it", path, e.msg);
+        }
+    }
+    if (o->bootstrap != NULL && o->bootstrap[0] != '\0') {
+        rc = kvr_snap_fetch(o->bootstrap, o->token, o->timeout_ms, &pbuf, &e);
+        if (rc == 0)
+            rc = kvr_snap_verify(pbuf.data, pbuf.len, &peer, &e);
+        if (rc != 0) {
+            kvr_log_warn("bootstrap from %s failed: %s; %s", o->bootstrap, e.msg,
+                         have_local ? "using the local snapshot" : "starting without a snapshot");
+        } else if (have_local && local.created_ms >= peer.created_ms) {
+            kvr_log_info("bootstrap: the local snapshot is as new as the peer's; using it");
+        } else {
+            struct kvr_buf t = out->bytes; /* swap: the peer's is the one */
+            out->bytes = pbuf;
+            pbuf = t;
+            local = peer;
+            have_local = true;
+            out->source = "peer";
+            if (have_dir && kvr_snap_write_file(o->dir, out->bytes.data, out->bytes.len, &e) != 0)
+                kvr_log_warn("bootstrap: cannot save the peer's snapshot: %s", e.msg);
+        }
+    }
+    kvr_buf_free(&pbuf);
+    if (!have_local) {
+        kvr_buf_free(&out->bytes);
+        return 0;
+    }
+    if (out->source == NULL)
+        out->source = "file";
+
+    uint64_t t0 = kvr_now_ns();
+    rc = kvr_snap_apply(out->bytes.data, out->bytes.len, *ix, &out->loaded, &e);
+    if (rc != 0) {
+        struct kvr_index *fresh = NULL;
+        int ar = -ENOENT;
+        if (strcmp(out->source, "file") == 0 || have_dir)
+            ar = have_dir ? kvr_snap_set_aside(path, aside, sizeof(aside)) : -ENOENT;
+        kvr_log_error("snapshot from %s refused while loading: %s; %s%s; starting without it",
+                      strcmp(out->source, "peer") == 0 ? o->bootstrap : path, e.msg,
+                      ar == 0 ? "kept as " : "", ar == 0 ? aside : "");
+        kvr_index_destroy(*ix); /* never a half-loaded index */
+        *ix = NULL;
+        rc = kvr_index_create(&o->index, &fresh);
+        if (rc != 0)
+            return kvr_err_set(err, rc, "index: %s", strerror(-rc));
+        *ix = fresh;
+        kvr_snap_boot_free(out);
+        return 0;
+    }
+    char when[40];
+    fmt_time(local.created_ms, when, sizeof(when));
+    kvr_log_info("snapshot loaded from %s: taken %s by %s, %zu streams, %" PRIu64
+                 " workers, %" PRIu64 " pairs, %" PRIu64 " bytes in %.3f s",
+                 strcmp(out->source, "peer") == 0 ? o->bootstrap : path, when,
+                 local.producer, out->loaded.nstreams, local.workers, out->loaded.pairs,
+                 local.bytes, (double)(kvr_now_ns() - t0) / 1e9);
+    return 0;
+}
+
+/* ---- taking snapshots ------------------------------------------------------------------------ */
+
+struct part {
+    struct kvr_buf streams;  /* stream records */
+    uint32_t nstreams;
+    struct kvr_buf workers;  /* complete WORKER sections */
+    uint32_t nworkers;
+};
+
+struct kvr_snap {
+    char *dir;
+    int64_t interval_ms;
+    struct kvr_index *ix;
+    struct kvr_ingest *ing;
+
+    pthread_mutex_t mu;      /* one snapshot at a time */
+    struct part *parts;      /* under mu */
+    uint32_t nparts;
+
+    pthread_mutex_t th_mu;   /* the periodic thread */
+    pthread_cond_t th_cv;
+    pthread_t th;
+    bool th_started, stopping;
+
+    _Atomic uint64_t taken, failures, bytes, pairs, duration_ns, stall_ns, last_ok_ms;
+};
+
+static int sink_stream(void *arg, uint32_t writer, const struct kvr_ingest_snap_stream *s)
+{
+    struct kvr_snap *sn = arg;
+    struct part *p = &sn->parts[writer];
+
+    put_str(&p->streams, s->pod);
+    put_str(&p->streams, s->model);
+    put_le(&p->streams, s->dp_rank, 4);
+    put_le(&p->streams, s->last_seq, 8);
+    put_le(&p->streams, s->unsynced ? 1 : 0, 1);
+    put_le(&p->streams, s->groups_full, 8);
+    put_le(&p->streams, s->groups_other, 8);
+    p->nstreams++;
+    return p->streams.oom ? -ENOMEM : 0;
+}
+
+static int sink_worker(void *arg, uint32_t writer, uint32_t wid, const char *pod,
+                       uint32_t dp_rank)
+{
+    struct kvr_snap *sn = arg;
+    struct part *p = &sn->parts[writer];
+    struct kvr_buf *b = &p->workers;
+    size_t at = open_section(b, SEC_WORKER), lat;
+    int rc;
+
+    put_str(b, pod);
+    put_le(b, dp_rank, 4);
+    lat = b->len;
+    put_le(b, 0, 8);
+    if (b->oom)
+        return -ENOMEM;
+    rc = kvr_index_worker_dump(sn->ix, wid, b);
+    if (rc != 0)
+        return rc;
+    if (b->oom)
+        return -ENOMEM;
+    set_le(b->data + lat, b->len - lat - 8, 8);
+    close_section(b, at, 1);
+    p->nworkers++;
+    return 0;
+}
+
+int kvr_snap_create(const struct kvr_snap_opts *o, struct kvr_snap **out, struct kvr_err *err)
+{
+    struct kvr_snap *s = calloc(1, sizeof(*s));
+    uint32_t n = 1;
+
+    if (s == NULL)
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    if (o->ingest != NULL)
+        (void)kvr_ingest_queues(o->ingest, &n);
+    s->parts = calloc(n, sizeof(*s->parts));
+    if (o->dir != NULL && o->dir[0] != '\0')
+        s->dir = strdup(o->dir);
+    if (s->parts == NULL || (o->dir != NULL && o->dir[0] != '\0' && s->dir == NULL)) {
+        free(s->parts);
+        free(s);
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    }
+    s->nparts = n;
+    for (uint32_t i = 0; i < n; i++) {
+        kvr_buf_init(&s->parts[i].streams);
+        kvr_buf_init(&s->parts[i].workers);
+    }
+    s->interval_ms = o->interval_ms;
+    s->ix = o->index;
+    s->ing = o->ingest;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->th_mu, NULL);
+    pthread_cond_init(&s->th_cv, NULL);
+    *out = s;
+    return 0;
+}
+
+static void assemble(struct kvr_snap *s, struct kvr_buf *out)
+{
+    struct kvr_index *ix = s->ix;
+    uint32_t nns = kvr_index_ns_count(ix);
+    uint8_t nt = kvr_index_tier_count(ix);
+    uint64_t nstreams = 0, nworkers = 0;
+    struct kvr_index_stats st;
+    char producer[PRODUCER_LEN];
+    size_t at, total = HDR_LEN + 3 * SEC_HDR + 8;
+
+    for (uint32_t i = 0; i < s->nparts; i++) {
+        nstreams += s->parts[i].nstreams;
+        nworkers += s->parts[i].nworkers;
+        total += SEC_HDR + s->parts[i].streams.len + s->parts[i].workers.len;
+    }
+    kvr_index_stats(ix, &st);
+    (void)kvr_buf_reserve(out, total + (size_t)nns * 600 + 8 * 300);
+    /* header */
+    kvr_buf_append(out, MAGIC, 8);
+    put_le(out, KVR_SNAP_VERSION, 4);
+    put_le(out, HDR_LEN, 4);
+    put_le(out, (uint64_t)(kvr_wall_s() * 1000.0), 8);
+    put_le(out, nns, 8);
+    put_le(out, nt, 8);
+    put_le(out, nstreams, 8);
+    put_le(out, nworkers, 8);
+    put_le(out, st.holders, 8);
+    memset(producer, 0, sizeof(producer));
+    snprintf(producer, sizeof(producer), "kvrouterd %s", KVR_VERSION);
+    kvr_buf_append(out, producer, sizeof(producer));
+    if (out->oom)
+        return;
+    put_le(out, XXH64(out->data, HDR_SUM_OFF, 0), 8);
+    /* namespaces, tiers: read after every part is in (ids only grow) */
+    at = open_section(out, SEC_NAMESPACES);
+    for (uint32_t i = 0; i < nns; i++) {
+        const char *model = NULL, *lora = NULL;
+        if (kvr_index_ns_names(ix, i, &model, &lora) != 0)
+            model = "?";
+        put_str(out, model);
+        put_le(out, lora != NULL ? 1 : 0, 1);
+        if (lora != NULL)
+            put_str(out, lora);
+        put_le(out, kvr_index_ns_block_size(ix, i), 4);
+    }
+    close_section(out, at, nns);
+    at = open_section(out, SEC_TIERS);
+    for (uint8_t t = 0; t < nt; t++) {
+        const char *name = kvr_index_tier_name(ix, t);
+        put_str(out, name != NULL ? name : "?");
+    }
+    close_section(out, at, nt);
+    for (uint32_t i = 0; i < s->nparts; i++) {
+        struct part *p = &s->parts[i];
+        at = open_section(out, SEC_STREAMS);
+        if (p->streams.len > 0)
+            kvr_buf_append(out, p->streams.data, p->streams.len);
+        close_section(out, at, p->nstreams);
+        if (p->workers.len > 0)
+            kvr_buf_append(out, p->workers.data, p->workers.len);
+    }
+    if (out->oom)
+        return;
+    uint64_t whole = XXH64(out->data, out->len, 0);
+    at = open_section(out, SEC_END);
+    put_le(out, whole, 8);
+    close_section(out, at, 0);
+}
+
+int kvr_snap_take(struct kvr_snap *s, struct kvr_buf *out, struct kvr_err *err)
+{
+    struct kvr_ingest_snap_sink sink = {.stream = sink_stream, .worker = sink_worker, .arg = s};
+    uint64_t stall = 0, t0 = kvr_now_ns();
+    int rc = 0;
+
+    kvr_buf_reset(out);
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < s->nparts; i++) {
+        kvr_buf_reset(&s->parts[i].streams);
+        kvr_buf_reset(&s->parts[i].workers);
+        s->parts[i].nstreams = s->parts[i].nworkers = 0;
+    }
+    if (s->ing != NULL)
+        rc = kvr_ingest_snapshot(s->ing, &sink, &stall);
+    if (rc == 0) {
+        assemble(s, out);
+        if (out->oom)
+            rc = -ENOMEM;
+    }
+    for (uint32_t i = 0; i < s->nparts; i++) { /* the parts' memory is not kept between runs */
+        kvr_buf_free(&s->parts[i].streams);
+        kvr_buf_free(&s->parts[i].workers);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0) {
+        kvr_buf_reset(out);
+        KVR_CNT_INC(s->failures);
+        return kvr_err_set(err, rc, "snapshot: %s", strerror(-rc));
+    }
+    KVR_CNT_SET(s->stall_ns, stall);
+    kvr_log_debug("snapshot taken: %zu bytes in %.3f ms, longest writer stall %.3f ms", out->len,
+                  (double)(kvr_now_ns() - t0) / 1e6, (double)stall / 1e6);
+    return 0;
+}
+
+int kvr_snap_save(struct kvr_snap *s, struct kvr_err *err)
+{
+    struct kvr_buf b;
+    struct kvr_snap_info info;
+    uint64_t t0 = kvr_now_ns();
+    int rc;
+
+    if (s->dir == NULL)
+        return kvr_err_set(err, -ENOTDIR, "snapshot: no [state] dir");
+    kvr_buf_init(&b);
+    rc = kvr_snap_take(s, &b, err);
+    if (rc == 0) {
+        rc = kvr_snap_write_file(s->dir, b.data, b.len, err);
+        if (rc != 0)
+            KVR_CNT_INC(s->failures);
+    }
+    if (rc == 0) {
+        uint64_t ns = kvr_now_ns() - t0;
+        (void)check_header((const unsigned char *)b.data, b.len, &info, NULL);
+        KVR_CNT_INC(s->taken);
+        KVR_CNT_SET(s->bytes, b.len);
+        KVR_CNT_SET(s->pairs, info.pairs);
+        KVR_CNT_SET(s->duration_ns, ns);
+        KVR_CNT_SET(s->last_ok_ms, (uint64_t)(kvr_wall_s() * 1000.0));
+        kvr_log_info("snapshot written: %s/%s, %zu bytes, %" PRIu64 " streams, %" PRIu64
+                     " workers, %" PRIu64 " pairs in %.3f s (longest writer stall %.3f ms)",
+                     s->dir, KVR_SNAP_FILE, b.len, info.streams, info.workers, info.pairs,
+                     (double)ns / 1e9, (double)KVR_CNT_GET(s->stall_ns) / 1e6);
+    }
+    kvr_buf_free(&b);
+    return rc;
+}
+
+static void *periodic_main(void *arg)
+{
+    struct kvr_snap *s = arg;
+    struct kvr_err e;
+
+    pthread_mutex_lock(&s->th_mu);
+    while (!s->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += s->interval_ms / 1000;
+        ts.tv_nsec += (s->interval_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (!s->stopping && pthread_cond_timedwait(&s->th_cv, &s->th_mu, &ts) != ETIMEDOUT)
+            ;
+        if (s->stopping)
+            break;
+        pthread_mutex_unlock(&s->th_mu);
+        if (kvr_snap_save(s, &e) != 0)
+            kvr_log_error("periodic %s", e.msg);
+        pthread_mutex_lock(&s->th_mu);
+    }
+    pthread_mutex_unlock(&s->th_mu);
+    return NULL;
+}
+
+int kvr_snap_start(struct kvr_snap *s, struct kvr_err *err)
+{
+    pthread_condattr_t ca;
+    int rc;
+
+    if (s->dir == NULL || s->interval_ms <= 0)
+        return 0;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_destroy(&s->th_cv);
+    pthread_cond_init(&s->th_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    rc = pthread_create(&s->th, NULL, periodic_main, s);
+    if (rc != 0)
+        return kvr_err_set(err, -rc, "snapshot thread: %s", strerror(rc));
+    s->th_started = true;
+    return 0;
+}
+
+void kvr_snap_stop(struct kvr_snap *s)
+{
+    if (s == NULL || !s->th_started)
+        return;
+    pthread_mutex_lock(&s->th_mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->th_cv);
+    pthread_mutex_unlock(&s->th_mu);
+    pthread_join(s->th, NULL);
+    s->th_started = false;
+}
+
+void kvr_snap_destroy(struct kvr_snap *s)
+{
+    if (s == NULL)
+        return;
+    kvr_snap_stop(s);
+    for (uint32_t i = 0; i < s->nparts; i++) {
+        kvr_buf_free(&s->parts[i].streams);
+        kvr_buf_free(&s->parts[i].workers);
+    }
+    free(s->parts);
+    free(s->dir);
+    pthread_cond_destroy(&s->th_cv);
+    pthread_mutex_destroy(&s->th_mu);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+void kvr_snap_metrics(struct kvr_snap *s, struct kvr_buf *out)
+{
+    uint64_t ok = KVR_CNT_GET(s->last_ok_ms);
+
+    kvr_metrics_counter(out, "snapshot_total", "Snapshots written to [state] dir", NULL,
+                        KVR_CNT_GET(s->taken));
+    kvr_metrics_counter(out, "snapshot_failures_total", "Snapshots that could not be taken or "
+                                                        "written",
+                        NULL, KVR_CNT_GET(s->failures));
+    kvr_metrics_gauge(out, "snapshot_duration_seconds", "Time the last snapshot written took",
+                      NULL, (double)KVR_CNT_GET(s->duration_ns) / 1e9);
+    kvr_metrics_gauge(out, "snapshot_writer_stall_seconds",
+                      "Longest time one ingest writer spent on the last snapshot taken", NULL,
+                      (double)KVR_CNT_GET(s->stall_ns) / 1e9);
+    kvr_metrics_gauge(out, "snapshot_bytes", "Size of the last snapshot written", NULL,
+                      (double)KVR_CNT_GET(s->bytes));
+    kvr_metrics_gauge(out, "snapshot_pairs", "(holder, block) pairs in the last snapshot written",
+                      NULL, (double)KVR_CNT_GET(s->pairs));
+    kvr_metrics_gauge(out, "snapshot_last_success_timestamp_seconds",
+                      "Unix time of the last snapshot written (0 = none yet)", NULL,
+                      (double)ok / 1000.0);
+}

@@ -1,0 +1,355 @@
+"""Snapshots, warm restart and peer bootstrap ([state], GET /v1/snapshot) with the real binary.
+
+Simulated engines publish through a bound PUB socket that the daemon dials ([events]
+connect), so a restarted daemon reconnects to the same engines. The test keeps each pod's true
+cache (the reference model: the set of prefixes it stored, minus those it removed) and checks
+every score against it before and after the restart: a restart must change no answer. Every
+wait is bounded; timing is never asserted."""
+
+import glob
+import os
+import random
+import signal
+import time
+
+import zmq
+
+from kvrharness import run_kvr
+from test_http import (BS, MODEL, Pub, block_removed, block_stored, engine_hash, score, stream,
+                       sync, toks, wait_seq, zctx)  # noqa: F401 (zctx: a fixture)
+from test_ingest import metric
+
+WAIT = 10.0
+PODS = ("pod-a", "pod-b", "pod-c")
+
+
+class XPub(Pub):
+    """Pub on a bound XPUB socket (a PUB on the wire) that sees subscriptions, so a test can
+    wait until a (re)started daemon is attached instead of losing batches to the slow-joiner
+    window."""
+
+    def __init__(self, ctx):
+        self.sock = ctx.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100000)
+        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = "tcp://127.0.0.1:%d" % port
+        self.seq = {}
+
+    def drain(self):
+        while self.sock.poll(0):
+            self.sock.recv()
+
+    def wait_subscriber(self, timeout=WAIT):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sock.poll(50) and self.sock.recv()[:1] == b"\x01":
+                return
+        raise AssertionError("no subscriber attached within %.0f s" % timeout)
+
+
+class Fleet:
+    """Engines (one PUB socket, several pods) and the reference model of their caches."""
+
+    def __init__(self, ctx, seed):
+        self.pub = XPub(ctx)
+        self.rng = random.Random(seed)
+        self.cache = {p: set() for p in PODS}   # pod -> {prefix length in blocks of prompt i}
+        self.prompts = [toks(100 + i, 6 * BS) for i in range(8)]
+        # a shared "system prompt": the first 2 blocks of every prompt
+        for p in self.prompts[1:]:
+            p[:2 * BS] = self.prompts[0][:2 * BS]
+
+    def held(self, pod, prefix):
+        return engine_hash(prefix) in self.cache[pod]
+
+    def store(self, d, pod, prompt, nblocks):
+        toks_ = prompt[:nblocks * BS]
+        seq = self.pub.send(pod, MODEL, [block_stored(toks_)])
+        for end in range(BS, len(toks_) + 1, BS):
+            self.cache[pod].add(engine_hash(toks_[:end]))
+        return seq
+
+    def remove_tail(self, pod, prompt, nblocks):
+        seq = self.pub.send(pod, MODEL, [block_removed(prompt[:nblocks * BS])])
+        self.cache[pod].discard(engine_hash(prompt[:nblocks * BS]))
+        return seq
+
+    def traffic(self, d, n):
+        """n random batches (stores of random prompts and lengths, some tail removals);
+        waits until the daemon applied the last batch of every pod."""
+        last = {}
+        for _ in range(n):
+            pod = self.rng.choice(PODS)
+            prompt = self.rng.choice(self.prompts)
+            k = self.rng.randint(1, 6)
+            if self.rng.random() < 0.2 and self.held(pod, prompt[:k * BS]):
+                # only a block without held children is removed (vLLM frees tails first)
+                if not any(self.held(pod, prompt[:j * BS]) for j in range(k + 1, 7)):
+                    last[pod] = self.remove_tail(pod, prompt, k)
+                    continue
+            last[pod] = self.store(d, pod, prompt, k)
+        for pod, seq in last.items():
+            wait_seq(d, pod, MODEL, seq, timeout=WAIT)
+
+    def expected(self, prompt):
+        """{pod: matched blocks} from the reference model."""
+        out = {}
+        for pod in PODS:
+            k = 0
+            while k < len(prompt) // BS and self.held(pod, prompt[:(k + 1) * BS]):
+                k += 1
+            if k > 0:
+                out[pod] = k
+        return out
+
+    def check(self, d):
+        answers = {}
+        for i, prompt in enumerate(self.prompts):
+            body = score(d, prompt)
+            got = {e["pod"]: e["matched_blocks"] for e in body["scores"]}
+            assert got == self.expected(prompt), (i, got, self.expected(prompt))
+            answers[i] = got
+        return answers
+
+    def close(self):
+        self.pub.close()
+
+
+def state_conf(state_dir, pub, interval="0", **extra):
+    conf = {"events": {"bind": None, "connect": pub.endpoint},
+            "state": {"dir": str(state_dir), "snapshot_interval": interval}}
+    for k, v in extra.items():
+        conf.setdefault(k, {}).update(v)
+    return conf
+
+
+def start(daemon_factory, conf, fleet):
+    """A daemon dialing the fleet's engines, returned once it is attached."""
+    fleet.pub.drain()
+    d = daemon_factory(conf)
+    fleet.pub.wait_subscriber()
+    return d
+
+
+def start_synced(daemon_factory, conf, fleet):
+    d = start(daemon_factory, conf, fleet)
+    for pod in PODS:
+        sync(d, fleet.pub, pod, MODEL)
+    return d
+
+
+def pods_states(d):
+    status, body = d.json("GET", "/v1/pods", admin=True)
+    assert status == 200, body
+    return {(s["pod"], s["dp_rank"]): (s["state"], s["last_seq"]) for s in body["pods"]}
+
+
+def wait_state(d, pod, state, timeout=WAIT):
+    deadline = time.monotonic() + timeout
+    s = None
+    while time.monotonic() < deadline:
+        s = stream(d, pod, MODEL)
+        if s is not None and s["state"] == state:
+            return s
+        time.sleep(0.02)
+    raise AssertionError("%s never %s: %r" % (pod, state, s))
+
+
+def restart_checks(d2, fleet, before, saved_seqs):
+    """After a restart: streams restored at their saved seq, the same answers; batches that
+    continue at last + 1 make them synced, and answers follow the engines again."""
+    states = pods_states(d2)
+    for pod in PODS:
+        st, last = states[(pod, 0)]
+        assert st == "restored", states
+        assert last == saved_seqs[pod], (pod, last, saved_seqs)
+    assert fleet.check(d2) == before
+    fleet.traffic(d2, 30)
+    for pod in PODS:
+        wait_state(d2, pod, "synced")
+    fleet.check(d2)
+
+
+def test_sigterm_restart(daemon_factory, zctx, tmp_path):
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    fleet = Fleet(zctx, seed)
+    try:
+        d1 = start_synced(daemon_factory, state_conf(tmp_path, fleet.pub), fleet)
+        fleet.traffic(d1, 60)
+        before = fleet.check(d1)
+        saved = {pod: stream(d1, pod, MODEL)["last_seq"] for pod in PODS}
+        assert d1.stop() == 0
+        assert "snapshot written" in d1.stderr_text()
+        assert os.path.exists(tmp_path / "snapshot.kvr")
+        assert not os.path.exists(tmp_path / "snapshot.tmp")
+
+        d2 = start(daemon_factory, state_conf(tmp_path, fleet.pub), fleet)
+        assert "snapshot loaded from" in d2.stderr_text()
+        restart_checks(d2, fleet, before, saved)
+    finally:
+        fleet.close()
+
+
+def test_kill9_restart_with_periodic_snapshots(daemon_factory, zctx, tmp_path):
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    fleet = Fleet(zctx, seed)
+    try:
+        d1 = start_synced(daemon_factory, state_conf(tmp_path, fleet.pub, interval="100ms"),
+                          fleet)
+        fleet.traffic(d1, 60)
+        before = fleet.check(d1)
+        saved = {pod: stream(d1, pod, MODEL)["last_seq"] for pod in PODS}
+        # a snapshot that began after the last batch was applied: two more complete ones
+        n0 = metric(d1, "snapshot_total")
+        deadline = time.monotonic() + WAIT
+        while metric(d1, "snapshot_total") < n0 + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metric(d1, "snapshot_total") >= n0 + 2
+        assert metric(d1, "snapshot_failures_total") == 0
+        assert metric(d1, "snapshot_bytes") > 0
+        d1.signal(signal.SIGKILL)
+        d1.proc.wait(timeout=WAIT)
+        d1.exit_code = -9
+
+        d2 = start(daemon_factory, state_conf(tmp_path, fleet.pub, interval="100ms"), fleet)
+        restart_checks(d2, fleet, before, saved)
+    finally:
+        fleet.close()
+
+
+def test_restart_gap_and_engine_restart(daemon_factory, zctx, tmp_path):
+    """Without replay: a stream whose next batch skips seqs is unsynced; one whose seq went
+    back (the engine restarted while the daemon was down) is purged and synced."""
+    fleet = Fleet(zctx, 7)
+    try:
+        d1 = start_synced(daemon_factory, state_conf(tmp_path, fleet.pub), fleet)
+        fleet.traffic(d1, 20)
+        assert d1.stop() == 0
+        d2 = start(daemon_factory, state_conf(tmp_path, fleet.pub), fleet)
+        # pod-a: a gap (one batch "lost" while the daemon was down)
+        topic = ("kv@%s@%s" % ("pod-a", MODEL)).encode()
+        fleet.pub.seq[(topic, 0)] += 1
+        seq = fleet.store(d2, "pod-a", fleet.prompts[0], 1)
+        wait_seq(d2, "pod-a", MODEL, seq)
+        assert wait_state(d2, "pod-a", "unsynced")["gaps"] >= 1
+        # pod-b: the engine restarted (seq 0 again, empty cache)
+        fleet.cache["pod-b"] = set()
+        topic = ("kv@%s@%s" % ("pod-b", MODEL)).encode()
+        fleet.pub.seq[(topic, 0)] = -1
+        seq = fleet.store(d2, "pod-b", fleet.prompts[3], 2)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            s = stream(d2, "pod-b", MODEL)
+            assert s is not None, (pods_states(d2), d2.stderr_text()[-3000:])
+            if s["state"] == "synced" and s["last_seq"] == 0 and s["restarts"] == 1:
+                break
+            time.sleep(0.02)
+        s = stream(d2, "pod-b", MODEL)
+        assert (s["state"], s["last_seq"], s["restarts"]) == ("synced", 0, 1), s
+        got = {e["pod"]: e["matched_blocks"] for e in score(d2, fleet.prompts[3])["scores"]}
+        assert got.get("pod-b") == fleet.expected(fleet.prompts[3]).get("pod-b") == 2
+    finally:
+        fleet.close()
+
+
+def test_peer_bootstrap(daemon_factory, zctx, tmp_path):
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    fleet = Fleet(zctx, seed)
+    try:
+        token = "s3cret"
+        os.makedirs(tmp_path / "a")
+        d1 = start_synced(daemon_factory,
+                          state_conf(tmp_path / "a", fleet.pub, http={"admin_token": token}),
+                          fleet)
+        fleet.traffic(d1, 60)
+        before = fleet.check(d1)
+        saved = {pod: stream(d1, pod, MODEL)["last_seq"] for pod in PODS}
+
+        # the route: admin listener only, bearer token as for mutations
+        status, _, _ = d1.request("GET", "/v1/snapshot")
+        assert status == 404
+        status, _, _ = d1.request("GET", "/v1/snapshot", admin=True)
+        assert status == 401
+        status, hdrs, body = d1.request("GET", "/v1/snapshot", admin=True,
+                                        headers={"Authorization": "Bearer " + token})
+        assert status == 200 and body[:8] == b"KVRSNAP\0"
+        assert hdrs["content-type"] == "application/octet-stream"
+        assert int(hdrs["content-length"]) == len(body)
+
+        os.makedirs(tmp_path / "b")
+        conf = state_conf(tmp_path / "b", fleet.pub, http={"admin_token": token})
+        conf["state"]["bootstrap"] = "http://127.0.0.1:%d" % d1.admin_port
+        d2 = start(daemon_factory, conf, fleet)
+        assert "snapshot loaded from http://" in d2.stderr_text()
+        assert os.path.exists(tmp_path / "b" / "snapshot.kvr")  # saved locally
+        restart_checks(d2, fleet, before, saved)
+        assert fleet.check(d1) == fleet.check(d2)
+    finally:
+        fleet.close()
+
+
+def test_bootstrap_peer_down_starts_empty(daemon_factory, tmp_path):
+    conf = {"state": {"dir": str(tmp_path), "bootstrap": "http://127.0.0.1:9"}}
+    d = daemon_factory(conf)
+    assert "bootstrap from http://127.0.0.1:9 failed" in d.stderr_text()
+    assert pods_states(d) == {}
+
+
+def corrupt_cases(good):
+    cases = {"truncated": good[:len(good) // 2], "flipped": bytearray(good),
+             "foreign": b"PK\x03\x04" + good[4:], "empty": b""}
+    cases["flipped"][len(good) // 3] ^= 0x40
+    future = bytearray(good)
+    future[8] = 99  # version 99
+    cases["future"] = future
+    return cases
+
+
+def test_corrupt_snapshot_is_set_aside(daemon_factory, zctx, tmp_path):
+    fleet = Fleet(zctx, 3)
+    try:
+        src = tmp_path / "src"
+        os.makedirs(src)
+        d1 = start_synced(daemon_factory, state_conf(src, fleet.pub), fleet)
+        fleet.traffic(d1, 10)
+        assert d1.stop() == 0
+        good = (src / "snapshot.kvr").read_bytes()
+        for name, data in corrupt_cases(good).items():
+            sd = tmp_path / name
+            os.makedirs(sd)
+            (sd / "snapshot.kvr").write_bytes(bytes(data))
+            d = daemon_factory({"state": {"dir": str(sd)}})
+            lines = [ln for ln in d.stderr_text().splitlines() if "refused" in ln]
+            assert len(lines) == 1, (name, lines)
+            if name == "future":
+                assert "newer than this kvrouterd" in lines[0]
+            aside = glob.glob(str(sd / "snapshot.kvr.bad-*"))
+            assert len(aside) == 1, (name, os.listdir(sd))
+            assert open(aside[0], "rb").read() == bytes(data)  # kept as it was
+            assert pods_states(d) == {}
+            assert metric(d, "index_holders") == 0
+            d.stop()
+    finally:
+        fleet.close()
+
+
+def test_unusable_state_dir(daemon_factory, tmp_path):
+    missing = tmp_path / "nope"
+    conf_path = tmp_path / "k.conf"
+    conf_path.write_text("[events]\nbind = tcp://127.0.0.1:*\n[state]\ndir = %s\n" % missing)
+    r = run_kvr(["-t", "-c", str(conf_path)])
+    assert r.returncode == 1
+    assert "[state] dir" in r.stderr and str(missing) in r.stderr
+    os.makedirs(missing)
+    r = run_kvr(["-t", "-c", str(conf_path)])
+    assert r.returncode == 0, r.stderr
+    if os.geteuid() != 0:  # root writes anywhere
+        os.chmod(missing, 0o500)
+        r = run_kvr(["-t", "-c", str(conf_path)])
+        assert r.returncode == 1 and "not writable" in r.stderr
+        os.chmod(missing, 0o700)
