@@ -608,6 +608,9 @@ int kvr_snap_set_aside(const char *path, char *aside, size_t cap)
     gmtime_r(&now, &tm);
     strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
     snprintf(to, sizeof(to), "%s.bad-%s", path, stamp);
+    /* never over an earlier one (several refusals within a second) */
+    for (int i = 1; access(to, F_OK) == 0 && i < 1000; i++)
+        snprintf(to, sizeof(to), "%s.bad-%s-%d", path, stamp, i);
     if (rename(path, to) != 0)
         return -errno;
     if (aside != NULL)
