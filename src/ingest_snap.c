@@ -238,7 +238,12 @@ void kvr_ingest_snap_claim(struct writer *w, const struct kvr_queue_topic *t, st
         kvr_stream_restore(&s->sm, e->last_seq, e->unsynced);
         s->groups_full = e->groups_full;
         s->groups_other = e->groups_other;
+        /* listed from here on as the stream (restored), no longer as the entry: one switch
+         * under reg_mu, so a /v1/pods reader never misses it in between */
         pthread_mutex_lock(&w->ing->reg_mu);
+        atomic_store_explicit(&s->p_last_seq, e->last_seq, memory_order_release);
+        atomic_store_explicit(&s->p_state, (int)KVR_STREAM_RESTORED, memory_order_relaxed);
+        atomic_store_explicit(&s->p_has_last, true, memory_order_release);
         e->claimed = true;
         pthread_mutex_unlock(&w->ing->reg_mu);
         kvr_log_info("events: stream pod=%s model=%s dp_rank=%u resumes from the snapshot "

@@ -6,6 +6,7 @@ cache (the reference model: the set of prefixes it stored, minus those it remove
 every score against it before and after the restart: a restart must change no answer. Every
 wait is bounded; timing is never asserted."""
 
+import collections
 import glob
 import os
 import random
@@ -55,25 +56,27 @@ class Fleet:
     def __init__(self, ctx, seed):
         self.pub = XPub(ctx)
         self.rng = random.Random(seed)
-        self.cache = {p: set() for p in PODS}   # pod -> {prefix length in blocks of prompt i}
+        # pod -> {engine hash of a block: copies}; a store of a block already held adds a
+        # copy, a removal drops one (the index refcounts them the same way)
+        self.cache = {p: collections.Counter() for p in PODS}
         self.prompts = [toks(100 + i, 6 * BS) for i in range(8)]
         # a shared "system prompt": the first 2 blocks of every prompt
         for p in self.prompts[1:]:
             p[:2 * BS] = self.prompts[0][:2 * BS]
 
     def held(self, pod, prefix):
-        return engine_hash(prefix) in self.cache[pod]
+        return self.cache[pod][engine_hash(prefix)] > 0
 
     def store(self, d, pod, prompt, nblocks):
         toks_ = prompt[:nblocks * BS]
         seq = self.pub.send(pod, MODEL, [block_stored(toks_)])
         for end in range(BS, len(toks_) + 1, BS):
-            self.cache[pod].add(engine_hash(toks_[:end]))
+            self.cache[pod][engine_hash(toks_[:end])] += 1
         return seq
 
     def remove_tail(self, pod, prompt, nblocks):
         seq = self.pub.send(pod, MODEL, [block_removed(prompt[:nblocks * BS])])
-        self.cache[pod].discard(engine_hash(prompt[:nblocks * BS]))
+        self.cache[pod][engine_hash(prompt[:nblocks * BS])] -= 1
         return seq
 
     def traffic(self, d, n):
@@ -237,7 +240,7 @@ def test_restart_gap_and_engine_restart(daemon_factory, zctx, tmp_path):
         wait_seq(d2, "pod-a", MODEL, seq)
         assert wait_state(d2, "pod-a", "unsynced")["gaps"] >= 1
         # pod-b: the engine restarted (seq 0 again, empty cache)
-        fleet.cache["pod-b"] = set()
+        fleet.cache["pod-b"] = collections.Counter()
         topic = ("kv@%s@%s" % ("pod-b", MODEL)).encode()
         fleet.pub.seq[(topic, 0)] = -1
         seq = fleet.store(d2, "pod-b", fleet.prompts[3], 2)
