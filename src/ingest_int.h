@@ -47,6 +47,7 @@ struct pend {
 };
 
 struct ing_topic;
+struct ing_snapjob;
 
 #define NO_WID UINT32_MAX
 
@@ -138,6 +139,7 @@ struct writer {
     struct ing_restored *restored;  /* ingest_snap.c: streams of a snapshot of this writer's
                                      * pods (filled before start; `claimed` under reg_mu) */
     size_t nrestored;
+    struct ing_snapjob *snap;       /* a snapshot part being taken (ingest_snap.c), or NULL */
     struct writer_stats st;
 };
 
@@ -205,10 +207,12 @@ struct ing_restored {
                                      * was forgotten */
     uint64_t groups_full, groups_other;
 };
-/* Writer's part of a snapshot (CMD_SNAPSHOT). */
-int kvr_ingest_snap_part(struct writer *w, const struct kvr_ingest_snap_sink *sink);
-/* The CMD_SNAPSHOT item: the part, timed into c->stall_ns. */
-int kvr_ingest_snap_cmd(struct writer *w, struct ing_cmd *c);
+/* The CMD_SNAPSHOT item: the writer's part begins (w->snap); its pods are handed to the sink
+ * a few per step, each step between two batches; the command is completed (done, rc,
+ * stall_ns = the longest step) by the step that handled the last pod. */
+void kvr_ingest_snap_begin(struct writer *w, struct ing_cmd *c);
+/* The writer loop calls this after each round of items while w->snap is set. */
+void kvr_ingest_snap_step(struct writer *w);
 /* A new stream s of topic t: takes over the restored state of (pod, model, dp_rank). */
 void kvr_ingest_snap_claim(struct writer *w, const struct kvr_queue_topic *t, struct ing_stream *s);
 /* The pod was forgotten: its restored streams go too (writer thread). */

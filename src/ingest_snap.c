@@ -29,6 +29,16 @@
 #include <string.h>
 #include <time.h>
 
+/* A snapshot a writer is taking, a few pods per step between batches. */
+struct ing_snapjob {
+    struct ing_cmd *c;        /* the CMD_SNAPSHOT item's command (its sink, stall, rc) */
+    char **pods;              /* the writer's pods when the command arrived, sorted */
+    size_t npods, next;
+    uint32_t *wids;           /* scratch: one pod's workers */
+    size_t nwids, capwids;
+    int rc;
+};
+
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
@@ -56,20 +66,23 @@ static int add_wid(uint32_t **v, size_t *n, size_t *cap, uint32_t wid)
     return 0;
 }
 
-int kvr_ingest_snap_part(struct writer *w, const struct kvr_ingest_snap_sink *sink)
+/* One pod's streams and workers: consistent with each other (one batch boundary). */
+static int emit_pod(struct writer *w, const struct kvr_ingest_snap_sink *sink, const char *pod,
+                    struct ing_snapjob *j)
 {
     struct kvr_ingest *ing = w->ing;
-    uint32_t *wids = NULL;
-    size_t nw = 0, capw = 0;
     int rc = 0;
 
+    j->nwids = 0;
     for (size_t i = 0; i < w->ntopics && rc == 0; i++) {
         struct ing_topic *it = w->topics[i];
+        if (strcmp(it->t->pod, pod) != 0)
+            continue;
         for (uint32_t r = 0; r < it->nranks && rc == 0; r++) {
             struct ing_stream *s = it->ranks[r];
             if (s == NULL || s->wid == NO_WID)
                 continue;
-            rc = add_wid(&wids, &nw, &capw, s->wid);
+            rc = add_wid(&j->wids, &j->nwids, &j->capwids, s->wid);
             if (rc != 0 || !s->sm.based || !s->sm.has_last)
                 continue; /* no baseline (right after an engine restart): nothing to resume */
             struct kvr_ingest_snap_stream ss = {
@@ -81,31 +94,136 @@ int kvr_ingest_snap_part(struct writer *w, const struct kvr_ingest_snap_sink *si
     }
     for (size_t i = 0; i < w->nrestored && rc == 0; i++) {
         struct ing_restored *e = &w->restored[i];
-        if (e->claimed)
+        if (e->claimed || strcmp(e->pod, pod) != 0)
             continue;
         struct kvr_ingest_snap_stream ss = {
             .pod = e->pod, .model = e->model, .dp_rank = e->dp_rank, .last_seq = e->last_seq,
             .unsynced = e->unsynced, .groups_full = e->groups_full,
             .groups_other = e->groups_other};
-        rc = add_wid(&wids, &nw, &capw, e->wid);
+        rc = add_wid(&j->wids, &j->nwids, &j->capwids, e->wid);
         if (rc == 0)
             rc = sink->stream(sink->arg, w->idx, &ss);
     }
-    if (rc == 0 && nw > 0) {
-        qsort(wids, nw, sizeof(*wids), u32_cmp);
-        for (size_t i = 0; i < nw && rc == 0; i++) {
-            const char *pod;
-            if (i > 0 && wids[i] == wids[i - 1])
+    if (rc == 0 && j->nwids > 0) {
+        qsort(j->wids, j->nwids, sizeof(*j->wids), u32_cmp);
+        for (size_t i = 0; i < j->nwids && rc == 0; i++) {
+            const char *wpod;
+            if (i > 0 && j->wids[i] == j->wids[i - 1])
                 continue; /* one pod, several models: one worker */
-            pod = kvr_index_worker_pod(ing->ix, wids[i]);
-            if (pod == NULL)
+            wpod = kvr_index_worker_pod(ing->ix, j->wids[i]);
+            if (wpod == NULL)
                 continue;
-            rc = sink->worker(sink->arg, w->idx, wids[i], pod,
-                              kvr_index_worker_rank(ing->ix, wids[i]));
+            rc = sink->worker(sink->arg, w->idx, j->wids[i], wpod,
+                              kvr_index_worker_rank(ing->ix, j->wids[i]));
         }
     }
-    free(wids);
     return rc;
+}
+
+static int str_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void job_free(struct ing_snapjob *j)
+{
+    for (size_t i = 0; i < j->npods; i++)
+        free(j->pods[i]);
+    free(j->pods);
+    free(j->wids);
+    free(j);
+}
+
+/* The pods of this writer now (its topics' and its restored streams'), sorted, once each. */
+static int job_create(struct writer *w, struct ing_cmd *c, struct ing_snapjob **out)
+{
+    struct ing_snapjob *j = calloc(1, sizeof(*j));
+    size_t cap = w->ntopics + w->nrestored, n = 0;
+
+    if (j == NULL)
+        return -ENOMEM;
+    j->c = c;
+    j->pods = calloc(cap ? cap : 1, sizeof(*j->pods));
+    if (j->pods == NULL) {
+        free(j);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < w->ntopics; i++)
+        if ((j->pods[n] = strdup(w->topics[i]->t->pod)) != NULL)
+            n++;
+    for (size_t i = 0; i < w->nrestored; i++)
+        if (!w->restored[i].claimed && (j->pods[n] = strdup(w->restored[i].pod)) != NULL)
+            n++;
+    j->npods = n;
+    if (n < cap) { /* a strdup failed */
+        job_free(j);
+        return -ENOMEM;
+    }
+    qsort(j->pods, n, sizeof(*j->pods), str_cmp);
+    n = 0;
+    for (size_t i = 0; i < j->npods; i++) {
+        if (n > 0 && strcmp(j->pods[i], j->pods[n - 1]) == 0)
+            free(j->pods[i]);
+        else
+            j->pods[n++] = j->pods[i];
+    }
+    j->npods = n;
+    *out = j;
+    return 0;
+}
+
+/* Runs pods of the job for up to SNAP_STEP_NS (at least one pod); true when the job is done. */
+#define SNAP_STEP_NS 1000000u
+static bool job_step(struct writer *w, struct ing_snapjob *j)
+{
+    uint64_t t0 = mono_ns(), dt;
+
+    while (j->next < j->npods && j->rc == 0) {
+        j->rc = emit_pod(w, j->c->sink, j->pods[j->next++], j);
+        if (mono_ns() - t0 >= SNAP_STEP_NS)
+            break;
+    }
+    dt = mono_ns() - t0;
+    if (dt > j->c->stall_ns)
+        j->c->stall_ns = dt;
+    return j->next >= j->npods || j->rc != 0;
+}
+
+static void cmd_done(struct kvr_ingest *ing, struct ing_cmd *c)
+{
+    pthread_mutex_lock(&ing->done_mu);
+    c->done = true;
+    pthread_cond_broadcast(&ing->done_cv);
+    pthread_mutex_unlock(&ing->done_mu);
+}
+
+void kvr_ingest_snap_begin(struct writer *w, struct ing_cmd *c)
+{
+    struct ing_snapjob *j;
+
+    KVR_ASSERT(w->snap == NULL); /* the snap module takes one snapshot at a time */
+    c->stall_ns = 0;
+    c->rc = job_create(w, c, &j);
+    if (c->rc != 0) {
+        cmd_done(w->ing, c);
+        return;
+    }
+    w->snap = j;
+    kvr_ingest_snap_step(w);
+}
+
+void kvr_ingest_snap_step(struct writer *w)
+{
+    struct ing_snapjob *j = w->snap;
+    struct ing_cmd *c;
+
+    if (j == NULL || !job_step(w, j))
+        return;
+    c = j->c;
+    c->rc = j->rc;
+    w->snap = NULL;
+    job_free(j);
+    cmd_done(w->ing, c); /* c belongs to the waiter from here on */
 }
 
 int kvr_ingest_snapshot(struct kvr_ingest *ing, const struct kvr_ingest_snap_sink *sink,
@@ -124,10 +242,17 @@ int kvr_ingest_snapshot(struct kvr_ingest *ing, const struct kvr_ingest_snap_sin
     if (!atomic_load(&ing->writers_running)) {
         /* before start or after stop: no writer thread, this is the only one */
         for (uint32_t i = 0; i < ing->nwriters && rc == 0; i++) {
-            uint64_t t0 = mono_ns();
-            rc = kvr_ingest_snap_part(&ing->w[i], sink);
-            if (mono_ns() - t0 > stall)
-                stall = mono_ns() - t0;
+            struct ing_snapjob *j;
+            cmds[i].sink = sink;
+            rc = job_create(&ing->w[i], &cmds[i], &j);
+            if (rc != 0)
+                break;
+            while (!job_step(&ing->w[i], j))
+                ;
+            rc = j->rc;
+            job_free(j);
+            if (cmds[i].stall_ns > stall)
+                stall = cmds[i].stall_ns;
         }
         goto out;
     }
@@ -145,7 +270,8 @@ int kvr_ingest_snapshot(struct kvr_ingest *ing, const struct kvr_ingest_snap_sin
         kvr_queue_commit(ing->w[i].q);
         posted++;
     }
-    /* wait for every command posted (a closed queue is still drained by its writer) */
+    /* wait for every command posted (a closed queue is still drained by its writer, which
+     * finishes a snapshot it began before it exits) */
     pthread_mutex_lock(&ing->done_mu);
     for (uint32_t i = 0; i < posted; i++)
         while (!cmds[i].done)
@@ -161,15 +287,6 @@ out:
     free(cmds);
     if (stall_ns != NULL)
         *stall_ns = stall;
-    return rc;
-}
-
-/* The CMD_SNAPSHOT item on the writer thread (called by handle_cmd). */
-int kvr_ingest_snap_cmd(struct writer *w, struct ing_cmd *c)
-{
-    uint64_t t0 = mono_ns();
-    int rc = kvr_ingest_snap_part(w, c->sink);
-    c->stall_ns = mono_ns() - t0;
     return rc;
 }
 

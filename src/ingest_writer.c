@@ -633,10 +633,12 @@ static void handle_cmd(struct writer *w, struct ing_cmd *c)
 {
     struct kvr_ingest *ing = w->ing;
 
+    if (c->type == CMD_SNAPSHOT) { /* completed by its last step (ingest_snap.c) */
+        kvr_ingest_snap_begin(w, c);
+        return;
+    }
     if (c->type == CMD_PURGE_POD)
         c->rc = kvr_ingest_forget_pod(w, c->pod, &c->removed);
-    else if (c->type == CMD_SNAPSHOT)
-        c->rc = kvr_ingest_snap_cmd(w, c);
     pthread_mutex_lock(&ing->done_mu);
     c->done = true;
     pthread_cond_broadcast(&ing->done_cv);
@@ -691,13 +693,16 @@ void *kvr_ingest_writer_main(void *arg)
 
     w->next_sweep = kvr_now_ms() + tick;
     for (;;) {
-        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, tick);
-        if (n == 0 && kvr_queue_closed(w->q))
+        /* a snapshot part in progress: do not sleep, take its next step after the items */
+        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, w->snap != NULL ? 0 : tick);
+        if (n == 0 && kvr_queue_closed(w->q) && w->snap == NULL)
             break;
         for (size_t i = 0; i < n; i++)
             handle_item(w, kvr_queue_item(w->q, i));
         if (n > 0)
             kvr_queue_release(w->q, n);
+        if (w->snap != NULL)
+            kvr_ingest_snap_step(w);
         if (tick > 0 && kvr_now_ms() >= w->next_sweep) {
             sweep_idle(w);
             w->next_sweep = kvr_now_ms() + tick;

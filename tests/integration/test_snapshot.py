@@ -356,3 +356,13 @@ def test_unusable_state_dir(daemon_factory, tmp_path):
         r = run_kvr(["-t", "-c", str(conf_path)])
         assert r.returncode == 1 and "not writable" in r.stderr
         os.chmod(missing, 0o700)
+
+
+def test_startup_fails_on_missing_state_dir(tmp_path):
+    missing = tmp_path / "gone"
+    conf_path = tmp_path / "k.conf"
+    conf_path.write_text("[events]\nbind = tcp://127.0.0.1:*\n[http]\nlisten = 127.0.0.1:0\n"
+                         "[state]\ndir = %s\n" % missing)
+    r = run_kvr(["-c", str(conf_path)], timeout=20)
+    assert r.returncode == 1, r.stderr
+    assert "startup failed: state directory %s" % missing in r.stderr, r.stderr
