@@ -38,6 +38,7 @@
  *   index_intern.c  namespaces, workers, pods, tiers; forgetting pods, reusing their ids
  *   index_write.c   store, remove, clear, purge; holes; orphans
  *   index_find.c    readers and find: chain math, exact jump search
+ *   index_dump.c    a worker's state dumped to a blob and restored exactly (snapshots)
  *
  * STATISTICS
  * Per slot (relaxed, owner-written) and summed when read; bytes are malloc_usable_size() of

@@ -202,8 +202,10 @@ int kvr_index_ns_names(const struct kvr_index *ix, uint32_t ns, const char **mod
  * copies incl. those beyond 0xffff; several records of one tier for an entry are its
  * aliases) and its parked orphans in FIFO order (engine hash, content, parent engine hash,
  * namespace, tier). Hole counts and child counts are not stored: restore recomputes them.
- * Format: docs/index.md, "Dump format". The worker's writer thread (or no writer running);
- * readers may run. -ENOENT free id, -ENOMEM (out->oom set, or a scratch allocation). */
+ * Format: docs/index.md, "Dump format" (its first 9 bytes are a version byte and the u64 LE
+ * length of the rest, so a reader finds its end unparsed). The worker's writer thread (or no
+ * writer running); readers may run. -ENOENT free id, -ENOMEM (out->oom set, or a scratch
+ * allocation). */
 int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *out);
 /* Restores such a blob into worker wid, which must hold nothing yet (fresh intern; -EBUSY
  * otherwise, -ENOENT free id). Untrusted bytes: the whole blob is validated before anything

@@ -36,6 +36,7 @@
 
 #include "buf.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #define DUMP_VERSION 1
@@ -130,44 +131,129 @@ static inline uint64_t get_v(struct rd *r)
     return 0;
 }
 
+/* ---- scratch ----------------------------------------------------------------------------
+ * A call's scratch arrays are carved from one block. Fresh memory costs a page fault a 4 KB
+ * page (on the development VM malloc'd scratch made dump 6x and restore 2x slower:
+ * docs/index.md, "Dump format"), and a snapshot dumps worker after worker on the same writer
+ * thread, so each thread keeps its block for its next call, up to SCRATCH_KEEP (a worker of
+ * ~150K pairs); a larger one is the call's own and freed after it. */
+#define SCRATCH_KEEP ((size_t)16 << 20)
+
+struct scratch {
+    void *p;
+    size_t cap;
+};
+
+static pthread_key_t sc_key;
+static pthread_once_t sc_once = PTHREAD_ONCE_INIT;
+static int sc_ok;
+
+static void sc_destroy(void *p)
+{
+    struct scratch *sc = p;
+    free(sc->p);
+    free(sc);
+}
+
+static void sc_init(void)
+{
+    sc_ok = pthread_key_create(&sc_key, sc_destroy) == 0;
+}
+
+/* n bytes (64-byte aligned, not zeroed): the thread's kept block when it serves, else one of
+ * the call's own (*own set). NULL when out of memory. */
+static void *scratch_get(size_t n, int *own)
+{
+    *own = 1;
+    if (n > SCRATCH_KEEP || pthread_once(&sc_once, sc_init) != 0 || !sc_ok)
+        return aligned_alloc(64, (n + 63) & ~(size_t)63);
+    struct scratch *sc = pthread_getspecific(sc_key);
+    if (sc == NULL) {
+        if ((sc = calloc(1, sizeof(*sc))) == NULL)
+            return NULL;
+        if (pthread_setspecific(sc_key, sc) != 0) {
+            free(sc);
+            return aligned_alloc(64, (n + 63) & ~(size_t)63);
+        }
+    }
+    if (sc->cap < n) {
+        size_t cap = n < 256 * 1024 ? 256 * 1024 : (n + 63) & ~(size_t)63;
+        void *p = aligned_alloc(64, cap);
+        if (p == NULL)
+            return NULL;
+        free(sc->p);
+        sc->p = p;
+        sc->cap = cap;
+    }
+    *own = 0;
+    return sc->p;
+}
+
+static void scratch_put(void *p, int own)
+{
+    if (own)
+        free(p);
+}
+
+/* Carves n elements of size sz from *at (16-byte aligned). */
+static void *carve(char **at, size_t n, size_t sz)
+{
+    void *p = *at;
+    *at += (n * sz + 15) & ~(size_t)15;
+    return p;
+}
+
 /* ---- scratch: a u64 -> u32 table (value 0 = empty), seeded per call ---------------------- */
 
+struct sslot {
+    uint64_t k;
+    uint32_t v, pad;
+};
+
 struct smap {
-    uint64_t *k;
-    uint32_t *v;
+    struct sslot *s; /* key and value in one slot: one line a probe */
     uint64_t mask, seed;
 };
 
-static int smap_init(struct smap *m, size_t n, uint64_t seed)
+static size_t smap_cap(size_t n)
 {
     size_t cap = 16;
     while (cap < n * 2)
         cap <<= 1;
-    m->k = malloc(cap * sizeof(*m->k));
-    m->v = calloc(cap, sizeof(*m->v));
-    m->mask = cap - 1;
-    m->seed = seed;
-    if (m->k == NULL || m->v == NULL) {
-        free(m->k);
-        free(m->v);
-        return -ENOMEM;
-    }
-    return 0;
+    return cap;
 }
 
-static void smap_free(struct smap *m)
+static size_t smap_bytes(size_t n)
 {
-    free(m->k);
-    free(m->v);
+    return smap_cap(n) * sizeof(struct sslot) + 16;
+}
+
+static void smap_init(struct smap *m, size_t n, uint64_t seed, char **at)
+{
+    size_t cap = smap_cap(n);
+    m->s = carve(at, cap, sizeof(*m->s));
+    memset(m->s, 0, cap * sizeof(*m->s));
+    m->mask = cap - 1;
+    m->seed = seed;
+}
+
+static inline uint64_t smap_home(const struct smap *m, uint64_t key)
+{
+    return kvr_hash_mix64(key ^ m->seed) & m->mask;
+}
+
+static inline void smap_prefetch(const struct smap *m, uint64_t key)
+{
+    __builtin_prefetch(&m->s[smap_home(m, key)]);
 }
 
 /* The slot of key: its value, or 0 where it would go. */
-static inline uint64_t smap_slot(const struct smap *m, uint64_t key)
+static inline struct sslot *smap_slot(const struct smap *m, uint64_t key)
 {
-    uint64_t i = kvr_hash_mix64(key ^ m->seed) & m->mask;
-    while (m->v[i] != 0 && m->k[i] != key)
+    uint64_t i = smap_home(m, key);
+    while (m->s[i].v != 0 && m->s[i].k != key)
         i = (i + 1) & m->mask;
-    return i;
+    return &m->s[i];
 }
 
 static uint64_t call_seed(const void *p)
@@ -199,11 +285,13 @@ struct drec {
 };
 
 struct dent {
-    const struct node *x;
-    int32_t par;   /* entry index of the parent, -1 none held, -2 position 0 */
-    uint32_t pos;  /* place in the blob, UINT32_MAX until listed */
+    uint64_t chain, pchain; /* the node's, read once (nodes are scattered: a miss each) */
+    int32_t par;  /* entry index of the parent, -1 none held, -2 position 0 */
+    uint32_t pos; /* place in the blob, UINT32_MAX until listed */
     uint32_t nrec, rbeg;
 };
+
+#define DU_AHEAD 16 /* dump: reverse-map slots whose node is prefetched ahead */
 
 int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *out)
 {
@@ -216,16 +304,22 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     for (uint32_t t = 0; t < KVR_TIER_MAX; t++)
         if (w->h[t] != NULL)
             nrec += w->h[t]->recs.n;
+    if (nrec > UINT32_MAX / 2) /* what restore accepts (and the scratch's 32-bit indices) */
+        return -ENOMEM;
 
-    int rc = -ENOMEM;
-    struct drec *rv = malloc((nrec ? nrec : 1) * sizeof(*rv));
-    struct dent *ev = malloc((nrec ? nrec : 1) * sizeof(*ev));
-    uint32_t *ord = malloc((nrec ? nrec : 1) * sizeof(*ord));
-    uint32_t *ridx = malloc((nrec ? nrec : 1) * sizeof(*ridx));
-    struct smap m = {0};
-    if (rv == NULL || ev == NULL || ord == NULL || ridx == NULL ||
-        smap_init(&m, nrec, call_seed(w)) < 0)
-        goto out;
+    int rc = -ENOMEM, own;
+    size_t nr1 = nrec ? nrec : 1;
+    char *sc = scratch_get(nr1 * (sizeof(struct drec) + sizeof(struct dent) + 8) + 64 +
+                               smap_bytes(nrec),
+                           &own), *at = sc;
+    if (sc == NULL)
+        return -ENOMEM;
+    struct drec *rv = carve(&at, nr1, sizeof(*rv));
+    struct dent *ev = carve(&at, nr1, sizeof(*ev));
+    uint32_t *ord = carve(&at, nr1, sizeof(*ord));
+    uint32_t *ridx = carve(&at, nr1, sizeof(*ridx));
+    struct smap m;
+    smap_init(&m, nrec, call_seed(w), &at);
 
     /* records, and the distinct entries they name (keyed by chain: unique per entry) */
     size_t n = 0;
@@ -236,32 +330,33 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
             continue;
         for (uint32_t i = 0; i < H->recs.cap; i++) {
             const struct rec *r = &H->recs.s[i];
+            if (i + DU_AHEAD < H->recs.cap && REC_LIVE(r + DU_AHEAD))
+                __builtin_prefetch(REC_ND(r + DU_AHEAD));
             if (!REC_LIVE(r))
                 continue;
             const struct node *x = REC_ND(r);
             uint64_t copies = REC_COPIES(r);
             if (copies == COPIES_MAX && H->extra.n)
                 copies += kvr_ix_cmap_get(&H->extra, r->key);
-            uint64_t sl = smap_slot(&m, x->chain);
-            if (m.v[sl] == 0) {
-                m.k[sl] = x->chain;
-                m.v[sl] = ++nent;
-                ev[nent - 1] = (struct dent){x, -1, UINT32_MAX, 0, 0};
+            struct sslot *sl = smap_slot(&m, x->chain);
+            if (sl->v == 0) {
+                sl->k = x->chain;
+                sl->v = ++nent;
+                ev[nent - 1] = (struct dent){x->chain, x->parent_chain,
+                                             (LD(x->n) & N_ROOT) ? -2 : -1, UINT32_MAX, 0, 0};
             }
-            uint32_t e = m.v[sl] - 1;
+            uint32_t e = sl->v - 1;
             ev[e].nrec++;
             rv[n++] = (struct drec){r->key, copies, e, t};
         }
     }
     KVR_ASSERT(n == nrec);
     for (uint32_t e = 0; e < nent; e++) {
-        const struct node *x = ev[e].x;
-        if (LD(x->n) & N_ROOT) {
-            ev[e].par = -2;
-        } else {
-            uint64_t sl = smap_slot(&m, x->parent_chain);
-            ev[e].par = m.v[sl] ? (int32_t)(m.v[sl] - 1) : -1;
-        }
+        if (e + DU_AHEAD < nent)
+            smap_prefetch(&m, ev[e + DU_AHEAD].pchain);
+        if (ev[e].par == -2)
+            continue;
+        ev[e].par = (int32_t)smap_slot(&m, ev[e].pchain)->v - 1;
     }
     /* order: each unlisted entry's chain is walked up to the first entry listed (or not
      * held, or position 0), then listed top down; ord doubles as the walk's stack, filled
@@ -309,11 +404,10 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     p = put_v(p, w->norph);
     for (uint32_t j = 0; j < nent; j++) {
         const struct dent *d = &ev[ord[j]];
-        const struct node *x = d->x;
-        p = put_u64(p, x->chain);
+        p = put_u64(p, d->chain);
         if (d->par == -2) {
-            uint64_t ns = mix64_inv(x->parent_chain ^ KVR_HASH_CHAIN_ROOT);
-            if (ns > UINT32_MAX || ns_root((uint32_t)ns) != x->parent_chain) {
+            uint64_t ns = mix64_inv(d->pchain ^ KVR_HASH_CHAIN_ROOT);
+            if (ns > UINT32_MAX || ns_root((uint32_t)ns) != d->pchain) {
                 rc = -EIO; /* not a namespace's root: cannot happen through the API */
                 goto out;
             }
@@ -323,7 +417,7 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
             p = put_v(p, (uint64_t)(j - ev[d->par].pos) + 1);
         } else {
             p = put_v(p, PT_EXPLICIT);
-            p = put_u64(p, x->parent_chain);
+            p = put_u64(p, d->pchain);
         }
         for (uint32_t i = 0; i < d->nrec; i++) {
             const struct drec *r = &rv[ridx[d->rbeg + i]];
@@ -353,16 +447,13 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     out->data[out->len] = '\0';
     rc = 0;
 out:
-    free(rv);
-    free(ev);
-    free(ord);
-    free(ridx);
-    if (m.k != NULL)
-        smap_free(&m);
+    scratch_put(sc, own);
     return rc;
 }
 
 /* ---- restore --------------------------------------------------------------------------- */
+
+#define RS_AHEAD 8 /* restore: entries whose table slot is prefetched ahead */
 
 struct pent {
     uint64_t chain, pchain;
@@ -387,19 +478,27 @@ struct parsed {
     struct parked *orph;
     uint32_t *nch; /* per membership: children held by the same holder */
     uint64_t cnt[KVR_TIER_MAX];
+    char *sc;      /* the scratch all of these are carved from */
+    int own;
 };
 
 static void parsed_free(struct parsed *ps)
 {
-    free(ps->ent);
-    free(ps->rec);
-    free(ps->orph);
-    free(ps->nch);
+    if (ps->sc != NULL)
+        scratch_put(ps->sc, ps->own);
+}
+
+/* Bits set in a byte (the build assumes no popcnt instruction: __builtin_popcount would be
+ * a libgcc call per entry). */
+static inline uint32_t pop8(uint32_t m)
+{
+    static const uint8_t nib[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
+    return nib[m & 15] + nib[(m >> 4) & 15];
 }
 
 static inline uint32_t memb(const struct pent *e, uint32_t t)
 {
-    return e->mb + (uint32_t)__builtin_popcount(e->mask & ((1u << t) - 1));
+    return e->mb + pop8(e->mask & ((1u << t) - 1));
 }
 
 /* Parses and checks the whole blob (inside the caller's epoch: it looks up entries other
@@ -420,30 +519,30 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
     ps->nent = (uint32_t)nent;
     ps->nrec = (uint32_t)nrec;
     ps->norph = (uint32_t)norph;
-    ps->ent = malloc((nent + 1) * sizeof(*ps->ent));
-    ps->rec = malloc((nrec ? nrec : 1) * sizeof(*ps->rec));
-    ps->orph = malloc((norph ? norph : 1) * sizeof(*ps->orph));
-    if (ps->ent == NULL || ps->rec == NULL || ps->orph == NULL)
+    size_t nr1 = nrec ? nrec : 1;
+    ps->sc = scratch_get((nent + 1) * sizeof(struct pent) + nr1 * sizeof(struct prec) +
+                             (norph + 1) * sizeof(struct parked) + nr1 * sizeof(uint32_t) +
+                             64 + smap_bytes(nent) + smap_bytes(nrec),
+                         &ps->own);
+    if (ps->sc == NULL)
         return -ENOMEM;
+    char *at = ps->sc;
+    ps->ent = carve(&at, nent + 1, sizeof(*ps->ent));
+    ps->rec = carve(&at, nr1, sizeof(*ps->rec));
+    ps->orph = carve(&at, norph + 1, sizeof(*ps->orph));
+    ps->nch = carve(&at, nr1, sizeof(*ps->nch)); /* memberships <= records */
 
     int rc = -EINVAL;
     uint64_t seed = call_seed(ps);
-    struct smap ch = {0}, keys = {0}; /* chain -> entry + 1; key -> tier mask + 1 */
-    if (smap_init(&ch, nent, seed) < 0 || smap_init(&keys, nrec, seed ^ 1) < 0) {
-        rc = -ENOMEM;
-        goto out;
-    }
+    struct smap ch, keys; /* chain -> entry + 1; key -> tier mask + 1 */
+    smap_init(&ch, nent, seed, &at);
+    smap_init(&keys, nrec, seed ^ 1, &at);
     uint32_t ri = 0, nm = 0;
     for (uint32_t e = 0; e < nent; e++) {
         struct pent *pe = &ps->ent[e];
         memset(pe, 0, sizeof(*pe));
         pe->chain = get_u64(&r);
         pe->par = -1;
-        uint64_t sl = smap_slot(&ch, pe->chain);
-        if (ch.v[sl] != 0)
-            goto out; /* an entry listed twice */
-        ch.k[sl] = pe->chain;
-        ch.v[sl] = e + 1;
         uint64_t tag = get_v(&r);
         if (tag == PT_ROOT) {
             uint64_t ns = get_v(&r);
@@ -475,12 +574,6 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
                     goto out;
                 pr->copies = c + 1;
             }
-            uint64_t ks = smap_slot(&keys, pr->key);
-            uint32_t tm = keys.v[ks] ? keys.v[ks] - 1 : 0;
-            if (tm & (1u << pr->tier))
-                goto out; /* a record listed twice */
-            keys.k[ks] = pr->key;
-            keys.v[ks] = (tm | 1u << pr->tier) + 1;
             pe->mask |= (uint8_t)(1u << pr->tier);
             ps->cnt[pr->tier]++;
             if (hb & RH_LAST)
@@ -489,7 +582,7 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
         if (r.bad)
             goto out;
         pe->mb = nm;
-        nm += (uint32_t)__builtin_popcount(pe->mask);
+        nm += pop8(pe->mask);
     }
     if (ri != nrec)
         goto out;
@@ -504,20 +597,45 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
         if (r.bad || ns >= nns || pk->tier >= ntiers)
             goto out;
         pk->ns = (uint32_t)ns;
-        /* an orphan's parent is never known to its worker (index_write.c, ORPHANS) */
-        if (keys.v[smap_slot(&keys, rec_key(pk->parent))] != 0)
-            goto out;
     }
     if (r.bad || r.p != r.e)
         goto out;
+
+    /* the decoded blob indexed (look-ups prefetched RS_AHEAD on): no chain twice, no
+     * (tier, key) twice, no orphan whose parent the worker holds */
+    for (uint32_t e = 0; e < nent; e++) {
+        if (e + RS_AHEAD < nent)
+            smap_prefetch(&ch, ps->ent[e + RS_AHEAD].chain);
+        struct sslot *sl = smap_slot(&ch, ps->ent[e].chain);
+        if (sl->v != 0)
+            goto out; /* an entry listed twice */
+        sl->k = ps->ent[e].chain;
+        sl->v = e + 1;
+    }
+    for (uint32_t i = 0; i < nrec; i++) {
+        const struct prec *pr = &ps->rec[i];
+        if (i + RS_AHEAD < nrec)
+            smap_prefetch(&keys, pr[RS_AHEAD].key);
+        struct sslot *sl = smap_slot(&keys, pr->key);
+        uint32_t tm = sl->v ? sl->v - 1 : 0;
+        if (tm & (1u << pr->tier))
+            goto out; /* a record listed twice */
+        sl->k = pr->key;
+        sl->v = (tm | 1u << pr->tier) + 1;
+    }
+    for (uint32_t i = 0; i < norph; i++) /* index_write.c, ORPHANS: the invariant */
+        if (smap_slot(&keys, rec_key(ps->orph[i].parent))->v != 0)
+            goto out;
 
     /* parents given as chains: an entry of the blob if it lists one (a dump lists held
      * parents first, but the order is not trusted); then agreement with entries that
      * other workers already hold (chain, parent and position are the entry's identity) */
     for (uint32_t e = 0; e < nent; e++) {
         struct pent *pe = &ps->ent[e];
+        if (e + RS_AHEAD < nent) /* the table slot looked up RS_AHEAD entries on */
+            pf_slot(ix, key_hash(pe[RS_AHEAD].chain));
         if (pe->expl) {
-            uint32_t v = ch.v[smap_slot(&ch, pe->pchain)];
+            uint32_t v = smap_slot(&ch, pe->pchain)->v;
             if (v == e + 1)
                 goto out; /* its own parent */
             pe->par = (int32_t)v - 1;
@@ -527,11 +645,7 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
             (x->parent_chain != pe->pchain || !!(LD(x->n) & N_ROOT) != pe->root))
             goto out;
     }
-    ps->nch = calloc(nm ? nm : 1, sizeof(*ps->nch));
-    if (ps->nch == NULL) {
-        rc = -ENOMEM;
-        goto out;
-    }
+    memset(ps->nch, 0, nm * sizeof(*ps->nch));
     for (uint32_t e = 0; e < nent; e++) {
         const struct pent *pe = &ps->ent[e];
         if (pe->root || pe->par < 0)
@@ -542,10 +656,6 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
     }
     rc = 0;
 out:
-    if (ch.k != NULL)
-        smap_free(&ch);
-    if (keys.k != NULL)
-        smap_free(&keys);
     return rc;
 }
 
@@ -576,6 +686,12 @@ static int apply(struct kvr_index *ix, struct ebr_slot *s, struct worker *w, uin
     int rc = 0;
     for (uint32_t e = 0; e < ps->nent && rc == 0; e++) {
         const struct pent *pe = &ps->ent[e];
+        if (e + RS_AHEAD < ps->nent) { /* its table slot and its first record's map slot */
+            pf_slot(ix, key_hash(pe[RS_AHEAD].chain));
+            const struct prec *pr = &ps->rec[pe[RS_AHEAD].rbeg];
+            const struct recmap *rm = &H[pr->tier]->recs;
+            __builtin_prefetch(&rm->s[rec_home(rm, pr->key)]);
+        }
         struct node *xt[KVR_TIER_MAX];
         uint32_t nr[KVR_TIER_MAX] = {0};
         uint64_t kh = key_hash(pe->chain);

@@ -14,7 +14,8 @@
  * random operations are applied to both indexes (every result compared) and they are compared
  * again. Restore is also fed truncations and byte flips of valid blobs: refused ones must
  * leave the index untouched, accepted ones must stay consistent (clearing empties it).
- * One test restores and dumps while reader threads run finds (TSan's part).
+ * One test restores and dumps while reader threads run finds and another worker's writer
+ * stores and removes the same sequences (TSan's part).
  *
  * KVR_SEED=<n> reproduces a run (printed first, and with every failure); KVR_DUMP_ROUNDS
  * changes the number of rounds (default 6). KVR_DUMP_CORPUS=<dir> writes the round's blobs
@@ -613,6 +614,33 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* Another worker's writer storing and removing the same sequences meanwhile: restores join
+ * and leave entries it creates and deletes (their shards and nodes shared). */
+static uint32_t g_xw;
+static uint64_t g_xops;
+
+static void *xwriter(void *arg)
+{
+    uint64_t s = (uint64_t)(uintptr_t)arg, n = 0;
+    while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+        s = kvr_hash_mix64(s + 1);
+        const struct seq *q = &g_seq[s % NSEQ];
+        struct kvr_index_block blk[SEQ_MAX];
+        uint64_t eh[SEQ_MAX];
+        for (uint32_t k = 0; k < q->n; k++) {
+            eh[k] = ehash(q, k, 0);
+            blk[k] = (struct kvr_index_block){eh[k], q->c[k]};
+        }
+        if (kvr_index_store(g_cix, g_xw, 0, q->ns, NULL, blk, q->n, NULL) != 0)
+            abort();
+        if ((s >> 8) % 2 && kvr_index_remove(g_cix, g_xw, 0, eh, q->n, NULL) != 0)
+            abort();
+        n++;
+    }
+    __atomic_fetch_add(&g_xops, n, __ATOMIC_RELAXED);
+    return NULL;
+}
+
 static void test_concurrent_readers(void **state)
 {
     (void)state;
@@ -627,9 +655,11 @@ static void test_concurrent_readers(void **state)
     dump_all(a, wids, blobs);
     g_cix = make_like(a, wids);
     __atomic_store_n(&g_stop, 0, __ATOMIC_RELAXED);
-    pthread_t rt[2];
+    assert_int_equal(kvr_index_worker_intern(g_cix, "pod-x", 0, &g_xw), 0);
+    pthread_t rt[2], xt;
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&rt[i], NULL, reader, (void *)(uintptr_t)(i + 1)), 0);
+    assert_int_equal(pthread_create(&xt, NULL, xwriter, (void *)(uintptr_t)99), 0);
     /* restore, dump and clear again and again while the readers find */
     for (int rep = 0; rep < 20; rep++) {
         uint64_t stored = 0, orphaned = 0;
@@ -648,8 +678,20 @@ static void test_concurrent_readers(void **state)
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < 2; i++)
         pthread_join(rt[i], NULL);
+    pthread_join(xt, NULL);
+    /* the restored workers are the originals (a holder's state is its own: child counts,
+     * absent and holes count only its own entries); then without the other writer's blocks,
+     * the whole index answers as the original does */
+    for (int i = 0; i < NW; i++)
+        same_worker(a, g_cix, wids[i]);
+    uint32_t xpod;
+    assert_int_equal(kvr_index_pod_lookup(g_cix, "pod-x", &xpod), 0);
+    assert_int_equal(kvr_index_pod_forget(g_cix, xpod, NULL), 0);
     same(a, g_cix, wids);
-    printf("concurrent: %" PRIu64 " finds during 20 restores\n", g_finds);
+    printf("concurrent: %" PRIu64 " finds and %" PRIu64 " writes of another worker during 20 "
+           "restores\n",
+           g_finds, g_xops);
+    CHECK(g_finds > 0 && g_xops > 0);
     for (int i = 0; i < NW; i++)
         kvr_buf_free(&blobs[i]);
     kvr_index_destroy(a);
