@@ -104,10 +104,12 @@ static int app_start(struct app *a, struct kvr_err *err)
         rc = kvr_ingest_create(&a->conf, a->index, &a->ingest, err);
     else
         kvr_err_set(err, rc, "score: %s", strerror(-rc));
-    if (rc == 0 && boot.loaded.nstreams > 0 &&
-        kvr_ingest_restore_streams(a->ingest, boot.loaded.streams, boot.loaded.nstreams) != 0)
-        kvr_log_error("snapshot: its streams could not be restored (out of memory?); they "
-                      "start afresh with their next batch");
+    if (rc == 0 && boot.loaded.nstreams > 0) {
+        int sr = kvr_ingest_restore_streams(a->ingest, boot.loaded.streams, boot.loaded.nstreams);
+        if (sr != 0)
+            kvr_log_error("snapshot: its streams could not all be restored (%s); those not "
+                          "restored start afresh with their next batch", strerror(-sr));
+    }
     kvr_snap_boot_free(&boot);
     if (rc != 0)
         return rc;
