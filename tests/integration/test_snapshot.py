@@ -13,6 +13,7 @@ import random
 import signal
 import time
 
+import pytest
 import zmq
 
 from kvrharness import run_kvr
@@ -366,3 +367,120 @@ def test_startup_fails_on_missing_state_dir(tmp_path):
     r = run_kvr(["-c", str(conf_path)], timeout=20)
     assert r.returncode == 1, r.stderr
     assert "startup failed: state directory %s" % missing in r.stderr, r.stderr
+
+
+# ---- restart with replay: simulated vLLM engines sharing a system prompt ------------------
+
+def engine_expected(eng, tokens):
+    """Blocks of tokens the engine's prefix cache holds from the start (its true cache)."""
+    r = eng.rank(0)
+    k = 0
+    for h in r.chain(tokens):
+        if r.cache.lookup(h) is None:
+            break
+        k += 1
+    return k
+
+
+def check_engines(d, engines, prompts):
+    for p in prompts:
+        got = {e["pod"]: e["matched_blocks"] for e in score(d, p, model=VMODEL)["scores"]}
+        want = {eng.pod: engine_expected(eng, p) for eng in engines}
+        want = {k: v for k, v in want.items() if v > 0}
+        assert got == want, (got, want)
+
+
+VMODEL = "test/llama"
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how):
+    """The issue's case: requests share a system prompt the engines keep cached and never
+    announce again. After a restart (SIGTERM, or kill -9 with periodic snapshots) and batches
+    published while the daemon was down, the engines' next batches reveal the gap, the
+    daemon replays from last + 1 and every score equals the engines' true caches."""
+    from vllm_pub import Engine, tokens_for
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    system = tokens_for(seed, 4 * BS)
+    engines = [Engine(pod="10.0.0.%d" % (i + 1), model=VMODEL, mode="bind", replay=True,
+                      block_size=BS, num_blocks=512) for i in range(3)]
+
+    def run_requests(n):
+        prompts = []
+        for _ in range(n):
+            eng = rng.choice(engines)
+            p = system + tokens_for(rng.randrange(1 << 30), rng.randint(1, 6) * BS)
+            eng.rank(0).request(p)
+            eng.rank(0).publish()
+            prompts.append(p)
+        return prompts
+
+    def conf(interval):
+        return {"events": {"bind": None,
+                           "connect": ["%s replay=%s" % (e.rank(0).pub_endpoint,
+                                                         e.rank(0).replay_endpoint)
+                                       for e in engines]},
+                "state": {"dir": str(tmp_path), "snapshot_interval": interval}}
+
+    def wait_all(d, state=None):
+        for e in engines:
+            deadline = time.monotonic() + WAIT
+            s = None
+            while time.monotonic() < deadline:
+                s = stream(d, e.pod, VMODEL)
+                if s is not None and s["last_seq"] == e.rank(0).seq - 1 and \
+                        (state is None or s["state"] == state):
+                    break
+                time.sleep(0.02)
+            assert s is not None and s["last_seq"] == e.rank(0).seq - 1, (e.pod, s)
+            assert state is None or s["state"] == state, (e.pod, s)
+
+    interval = "100ms" if how == "kill9" else "0"
+    try:
+        d1 = daemon_factory(conf(interval))
+        for e in engines:
+            e.wait_subscriber()
+            e.rank(0).publish()  # the baseline
+        wait_all(d1)
+        prompts = run_requests(60)
+        wait_all(d1, "synced")
+        check_engines(d1, engines, prompts[-20:] + [system])
+        if how == "sigterm":
+            assert d1.stop() == 0
+        else:
+            n0 = metric(d1, "snapshot_total")
+            deadline = time.monotonic() + WAIT
+            while metric(d1, "snapshot_total") < n0 + 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            d1.signal(signal.SIGKILL)
+            d1.proc.wait(timeout=WAIT)
+            d1.exit_code = -9
+        # the engines go on while the daemon is down: these batches are only in their rings
+        prompts += run_requests(30)
+
+        for e in engines:  # drop what the dead daemon's subscription left queued
+            while e.rank(0).pub.poll(0):
+                e.rank(0).pub.recv()
+        d2 = daemon_factory(conf(interval))
+        for e in engines:
+            e.wait_subscriber()
+        states = pods_states(d2)
+        assert {st for st, _ in states.values()} == {"restored"}, states
+        # a restarted daemon answers from the snapshot at once (the system prompt above all)
+        for e in engines:
+            assert engine_expected(e, system) == 4
+        assert {x["pod"]: x["matched_blocks"]
+                for x in score(d2, system, model=VMODEL)["scores"]} == \
+            {e.pod: 4 for e in engines}
+        prompts += run_requests(9)
+        for e in engines:  # every engine's next batch (reveals its gap)
+            e.rank(0).publish()
+        wait_all(d2, "synced")
+        check_engines(d2, engines, prompts[-40:] + [system])
+        assert metric(d2, "events_replays_total", 'result="ok"') >= len(engines)
+        assert metric(d2, "events_blocks_duplicate_total") == 0
+    finally:
+        for e in engines:
+            e.close()
