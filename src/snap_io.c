@@ -293,7 +293,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
 
     kvr_buf_reset(out);
     if (parse_url(url, host, sizeof(host), port, sizeof(port)) != 0)
-        return kvr_err_set(err, -EINVAL, "bootstrap %s: expected http://HOST:PORT", url);
+        return kvr_err_set(err, -EINVAL, "%s: expected http://HOST:PORT", url);
     if (token != NULL && (strlen(token) > 255 || strpbrk(token, "\r\n") != NULL))
         token = NULL;
     reqlen = (size_t)snprintf(req, sizeof(req),
@@ -322,7 +322,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
         if (have_clen && out->len - hdr_end >= clen)
             break;
         if (kvr_buf_reserve(out, 1 << 16) != 0) {
-            rc = kvr_err_set(err, -ENOMEM, "bootstrap %s: out of memory", url);
+            rc = kvr_err_set(err, -ENOMEM, "out of memory");
             goto out;
         }
         ssize_t n = recv(fd, out->data + out->len, out->cap - out->len - 1, 0);
@@ -337,8 +337,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
             goto io_fail;
         }
         if (n == 0) {
-            rc = kvr_err_set(err, -EPIPE, "bootstrap %s: connection closed after %zu bytes", url,
-                             out->len);
+            rc = kvr_err_set(err, -EPIPE, "connection closed after %zu bytes", out->len);
             goto out;
         }
         out->len += (size_t)n;
@@ -347,7 +346,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
             char *e = strstr(out->data, "\r\n\r\n");
             if (e == NULL) {
                 if (out->len > 65536) {
-                    rc = kvr_err_set(err, -EPROTO, "bootstrap %s: response header too long", url);
+                    rc = kvr_err_set(err, -EPROTO, "response header too long");
                     goto out;
                 }
                 continue;
@@ -358,7 +357,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
                 char line[160];
                 snprintf(line, sizeof(line), "%.*s", (int)strcspn(out->data, "\r\n"),
                          out->data);
-                rc = kvr_err_set(err, -EPROTO, "bootstrap %s: peer answered '%s'", url, line);
+                rc = kvr_err_set(err, -EPROTO, "peer answered '%s'", line);
                 goto out;
             }
             for (char *p = out->data; p < e; p = strstr(p, "\r\n") + 2) {
@@ -370,7 +369,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
                     break;
             }
             if (!have_clen) {
-                rc = kvr_err_set(err, -EPROTO, "bootstrap %s: no Content-Length", url);
+                rc = kvr_err_set(err, -EPROTO, "no Content-Length");
                 goto out;
             }
         }
@@ -381,8 +380,7 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
     close(fd);
     return 0;
 io_fail:
-    rc = kvr_err_set(err, rc, "bootstrap %s: %s", url,
-                     rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
+    rc = kvr_err_set(err, rc, "%s", rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
 out:
     close(fd);
     kvr_buf_reset(out);

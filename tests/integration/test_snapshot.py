@@ -10,6 +10,7 @@ import collections
 import glob
 import os
 import random
+import re
 import signal
 import time
 
@@ -484,3 +485,33 @@ def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how):
     finally:
         for e in engines:
             e.close()
+
+
+def test_bootstrap_refused_or_older(daemon_factory, zctx, tmp_path):
+    """A peer that refuses (wrong token): a warning, the daemon starts with what it has. With
+    a local snapshot, the peer's is taken when newer: it is taken at the request, so a peer
+    that has run all along wins over a file written before a restart."""
+    fleet = Fleet(zctx, 11)
+    try:
+        os.makedirs(tmp_path / "peer")
+        peer = start_synced(daemon_factory,
+                            state_conf(tmp_path / "peer", fleet.pub,
+                                       http={"admin_token": "right"}), fleet)
+        fleet.traffic(peer, 10)
+        os.makedirs(tmp_path / "b")
+        conf = state_conf(tmp_path / "b", fleet.pub, http={"admin_token": "wrong"})
+        conf["state"]["bootstrap"] = "http://127.0.0.1:%d" % peer.admin_port
+        d = daemon_factory(conf)
+        assert re.search(r"bootstrap from \S+ failed: peer answered .HTTP/1.1 403",
+                         d.stderr_text()), d.stderr_text()
+        assert pods_states(d) == {}
+        assert d.stop() == 0  # writes its own (empty) snapshot
+        assert os.path.exists(tmp_path / "b" / "snapshot.kvr")
+        conf["http"]["admin_token"] = "right"
+        d = daemon_factory(conf)
+        assert "snapshot loaded from http://" in d.stderr_text()
+        assert {k: v[1] for k, v in pods_states(d).items()} == \
+            {k: v[1] for k, v in pods_states(peer).items()}
+        fleet.check(d)
+    finally:
+        fleet.close()
