@@ -494,5 +494,11 @@ int kvr_snap_boot(const struct kvr_snap_boot_opts *o, struct kvr_index **ix,
                  strcmp(out->source, "peer") == 0 ? o->bootstrap : path, when,
                  local.producer, out->loaded.nstreams, local.workers, out->loaded.pairs,
                  local.bytes, (double)(kvr_now_ns() - t0) / 1e9);
+    /* the clock went back (or the peer's is ahead): loaded all the same (its content does not
+     * depend on the time), but said, since "newer" decides between a file and a peer */
+    int64_t now_ms = (int64_t)(kvr_wall_s() * 1000.0);
+    if (local.created_ms > now_ms + 60000)
+        kvr_log_warn("snapshot: taken %s, %.0f s in the future: is this host's clock (or the "
+                     "peer's) wrong?", when, (double)(local.created_ms - now_ms) / 1000.0);
     return 0;
 }
