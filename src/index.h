@@ -210,9 +210,12 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
 /* Restores such a blob into worker wid, which must hold nothing yet (fresh intern; -EBUSY
  * otherwise, -ENOENT free id). Untrusted bytes: the whole blob is validated before anything
  * changes (-EINVAL, nothing changed: bad structure or version, trailing bytes, out-of-range
- * references, duplicate entries or records, a namespace or tier id not interned, an entry
- * whose chain another worker's entry has with another parent, an orphan whose parent the
- * blob holds); -ENOMEM may leave part restored (the caller then drops the whole index). More
+ * references, duplicate entries or records, a namespace or tier id not interned, an orphan
+ * whose parent the blob holds), but for an entry whose chain another worker's entry has with
+ * another parent or position: found while applying (one table probe an entry, not two), it
+ * withdraws what was applied (-EINVAL, the worker holds nothing again; readers may have seen
+ * part of it meanwhile). -ENOMEM may leave part restored (the caller then drops the whole
+ * index). More
  * orphans than opts.orphan_capacity: the oldest are dropped (res->orphans_dropped), as a
  * store parking them would. res counts what was restored: stored (holder, block) pairs
  * (distinct engine hashes), orphaned (parked blocks). Same thread rule as store. */

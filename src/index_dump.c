@@ -291,7 +291,7 @@ struct dent {
     uint32_t nrec, rbeg;
 };
 
-#define DU_AHEAD 16 /* dump: reverse-map slots whose node is prefetched ahead */
+#define DU_AHEAD 16 /* dump: how far ahead each pass prefetches what it will touch */
 
 int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *out)
 {
@@ -330,8 +330,12 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
             continue;
         for (uint32_t i = 0; i < H->recs.cap; i++) {
             const struct rec *r = &H->recs.s[i];
+            /* two stages: the node 2 * DU_AHEAD slots on, the map slot of its chain (the
+             * node in cache by then) DU_AHEAD on */
+            if (i + 2 * DU_AHEAD < H->recs.cap && REC_LIVE(r + 2 * DU_AHEAD))
+                __builtin_prefetch(REC_ND(r + 2 * DU_AHEAD));
             if (i + DU_AHEAD < H->recs.cap && REC_LIVE(r + DU_AHEAD))
-                __builtin_prefetch(REC_ND(r + DU_AHEAD));
+                smap_prefetch(&m, REC_ND(r + DU_AHEAD)->chain);
             if (!REC_LIVE(r))
                 continue;
             const struct node *x = REC_ND(r);
@@ -363,6 +367,8 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
      * from the end (the part not listed yet) */
     uint32_t k = 0;
     for (uint32_t e = 0; e < nent; e++) {
+        if (e + DU_AHEAD < nent && ev[e + DU_AHEAD].par >= 0)
+            __builtin_prefetch(&ev[ev[e + DU_AHEAD].par]);
         if (ev[e].pos != UINT32_MAX)
             continue;
         uint32_t sp = nent;
@@ -384,12 +390,16 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     /* records grouped by entry, in the entries' order */
     uint32_t off = 0;
     for (uint32_t j = 0; j < nent; j++) {
+        if (j + DU_AHEAD < nent)
+            __builtin_prefetch(&ev[ord[j + DU_AHEAD]]);
         struct dent *d = &ev[ord[j]];
         d->rbeg = off;
         off += d->nrec;
         d->nrec = 0;
     }
     for (size_t i = 0; i < nrec; i++) {
+        if (i + DU_AHEAD < nrec)
+            __builtin_prefetch(&ev[rv[i + DU_AHEAD].ent]);
         struct dent *d = &ev[rv[i].ent];
         ridx[d->rbeg + d->nrec++] = (uint32_t)i;
     }
@@ -403,6 +413,10 @@ int kvr_index_worker_dump(struct kvr_index *ix, uint32_t wid, struct kvr_buf *ou
     p = put_v(p, nrec);
     p = put_v(p, w->norph);
     for (uint32_t j = 0; j < nent; j++) {
+        if (j + 2 * DU_AHEAD < nent)
+            __builtin_prefetch(&ev[ord[j + 2 * DU_AHEAD]]);
+        if (j + DU_AHEAD < nent)
+            __builtin_prefetch(&rv[ridx[ev[ord[j + DU_AHEAD]].rbeg]]);
         const struct dent *d = &ev[ord[j]];
         p = put_u64(p, d->chain);
         if (d->par == -2) {
@@ -453,7 +467,9 @@ out:
 
 /* ---- restore --------------------------------------------------------------------------- */
 
+#ifndef RS_AHEAD
 #define RS_AHEAD 8 /* restore: entries whose table slot is prefetched ahead */
+#endif
 
 struct pent {
     uint64_t chain, pchain;
@@ -501,8 +517,8 @@ static inline uint32_t memb(const struct pent *e, uint32_t t)
     return e->mb + pop8(e->mask & ((1u << t) - 1));
 }
 
-/* Parses and checks the whole blob (inside the caller's epoch: it looks up entries other
- * workers hold). 0, -EINVAL or -ENOMEM; nothing in the index changes. */
+/* Parses and checks the whole blob but for conflicts with entries other workers hold (apply
+ * finds those). 0, -EINVAL or -ENOMEM; nothing in the index changes. */
 static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct parsed *ps)
 {
     struct rd r = {b, b + len, 0};
@@ -628,22 +644,16 @@ static int parse(struct kvr_index *ix, const uint8_t *b, size_t len, struct pars
             goto out;
 
     /* parents given as chains: an entry of the blob if it lists one (a dump lists held
-     * parents first, but the order is not trusted); then agreement with entries that
-     * other workers already hold (chain, parent and position are the entry's identity) */
+     * parents first, but the order is not trusted). Agreement with entries other workers
+     * hold is checked where apply meets them (one table probe an entry instead of two). */
     for (uint32_t e = 0; e < nent; e++) {
         struct pent *pe = &ps->ent[e];
-        if (e + RS_AHEAD < nent) /* the table slot looked up RS_AHEAD entries on */
-            pf_slot(ix, key_hash(pe[RS_AHEAD].chain));
-        if (pe->expl) {
-            uint32_t v = smap_slot(&ch, pe->pchain)->v;
-            if (v == e + 1)
-                goto out; /* its own parent */
-            pe->par = (int32_t)v - 1;
-        }
-        const struct node *x = tab_find(ix, pe->chain, key_hash(pe->chain));
-        if (x != NULL &&
-            (x->parent_chain != pe->pchain || !!(LD(x->n) & N_ROOT) != pe->root))
-            goto out;
+        if (!pe->expl)
+            continue;
+        uint32_t v = smap_slot(&ch, pe->pchain)->v;
+        if (v == e + 1)
+            goto out; /* its own parent */
+        pe->par = (int32_t)v - 1;
     }
     memset(ps->nch, 0, nm * sizeof(*ps->nch));
     for (uint32_t e = 0; e < nent; e++) {
@@ -670,7 +680,9 @@ static struct holder *holder_make(struct worker *w, struct ebr_slot *s, uint32_t
     return h;
 }
 
-/* Applies a checked blob. Only -ENOMEM can stop it. */
+/* Applies a checked blob. -ENOMEM, or -EINVAL when an entry is already in the index with
+ * another parent chain or position (an entry's identity: the blob is not this index's):
+ * that entry's memberships are withdrawn again and the caller clears the worker. */
 static int apply(struct kvr_index *ix, struct ebr_slot *s, struct worker *w, uint32_t wid,
                  const struct parsed *ps, struct kvr_index_wres *res)
 {
@@ -703,6 +715,13 @@ static int apply(struct kvr_index *ix, struct ebr_slot *s, struct worker *w, uin
             if (rc < 0)
                 return rc;
             KVR_ASSERT(added == 1); /* a fresh holder, entries distinct */
+            if (xt[t]->parent_chain != pe->pchain || !!(LD(xt[t]->n) & N_ROOT) != pe->root) {
+                for (uint32_t u = pe->mask & ((2u << t) - 1); u; u &= u - 1) {
+                    uint32_t tu = (uint32_t)__builtin_ctz(u);
+                    (void)kvr_ix_entry_del(ix, s, xt[tu], HOLDER(wid, tu));
+                }
+                return -EINVAL;
+            }
             if (!pe->root && (pe->par < 0 || !(ps->ent[pe->par].mask & (1u << t)))) {
                 if ((rc = kvr_ix_cmap_add(s, &H[t]->absent, absent_key(pe->pchain), 1)) < 0)
                     return rc;
@@ -790,13 +809,24 @@ int kvr_index_worker_restore(struct kvr_index *ix, uint32_t wid, const void *blo
     struct parsed ps = {0};
     struct ebr_slot *s = kvr_ix_slot_claim(ix, 0);
     ebr_enter(ix, s);
-    int rc = parse(ix, blob, len, &ps);
+    int rc = parse(ix, blob, len, &ps), applied = rc == 0;
+    struct kvr_index_wres part = {0};
     if (rc == 0)
-        rc = apply(ix, s, w, wid, &ps, res);
+        rc = apply(ix, s, w, wid, &ps, &part);
     ebr_exit(s);
     kvr_ix_ebr_reclaim(ix, s);
     kvr_ix_node_cache_roll(ix, s);
     slot_release(s);
     parsed_free(&ps);
+    if (applied && rc == -EINVAL) {
+        /* a conflict found half-way: what was applied goes again, the worker holds nothing
+         * as before (its counters were not yet added to: clearing leaves them at 0) */
+        struct kvr_index_wres gone = {0};
+        (void)kvr_index_clear(ix, wid, -1, &gone);
+        return rc;
+    }
+    res->stored += part.stored;
+    res->orphaned += part.orphaned;
+    res->orphans_dropped += part.orphans_dropped;
     return rc;
 }

@@ -554,8 +554,10 @@ static void test_bad_blobs(void **state)
     kvr_index_destroy(c);
 }
 
-/* Two workers holding the same entry with different parents: the second restore is refused
- * (an entry's chain, parent and position are its identity), leaving the first intact. */
+/* A blob whose entry another worker of the restoring index holds with another parent (a
+ * blob from another index): refused, found late (after many entries were applied), and
+ * withdrawn: the worker holds nothing, the other worker is exactly as before, and the index
+ * answers as before. */
 static void test_conflict(void **state)
 {
     (void)state;
@@ -564,22 +566,49 @@ static void test_conflict(void **state)
     g_rng = g_seed ^ 0xc0ull;
     make_seqs();
     struct kvr_index *a = make_index(wids);
-    struct kvr_index_block blk[2] = {{11, 101}, {12, 102}};
-    assert_int_equal(kvr_index_store(a, wids[0], 0, 0, NULL, blk, 2, NULL), 0);
+    struct kvr_index_block blk[30];
+    uint64_t chain[30], pch = ns_root(0);
+    for (int k = 0; k < 30; k++) {
+        blk[k] = (struct kvr_index_block){1000 + (uint64_t)k, 500 + (uint64_t)k};
+        chain[k] = pch = kvr_hash_chain(pch, blk[k].content_hash);
+    }
+    assert_int_equal(kvr_index_store(a, wids[0], 0, 0, NULL, blk, 30, NULL), 0);
+    assert_int_equal(kvr_index_store(a, wids[0], 1, 0, NULL, blk, 25, NULL), 0);
     struct kvr_buf bl;
     kvr_buf_init(&bl);
     assert_int_equal(kvr_index_worker_dump(a, wids[0], &bl), 0);
     struct kvr_index *c = make_like(a, wids);
-    /* in c, worker 1 holds an entry with the chain of a's second block at position 0 */
-    uint64_t ch0 = kvr_hash_chain(ns_root(0), 101), ch1 = kvr_hash_chain(ch0, 102);
-    uint64_t fake = ch1 - ns_root(0) * KVR_HASH_CHAIN_MUL; /* content with that chain at 0 */
+    /* in c, worker 1 holds a's block 20 (chain and all) at position 0, and shares a's first
+     * blocks: the restore joins those, then meets the conflict */
+    uint64_t fake = chain[20] - ns_root(0) * KVR_HASH_CHAIN_MUL; /* that chain at position 0 */
     struct kvr_index_block fb = {77, fake};
     assert_int_equal(kvr_index_store(c, wids[1], 0, 0, NULL, &fb, 1, NULL), 0);
+    assert_int_equal(kvr_index_store(c, wids[1], 0, 0, NULL, blk, 5, NULL), 0);
+    struct canon before = {0}, after = {0};
+    canon_worker(c, wids[1], &before);
     struct kvr_index_stats st0, st1;
     kvr_index_stats(c, &st0);
-    CHECK(kvr_index_worker_restore(c, wids[0], bl.data, bl.len, NULL) == -EINVAL);
+    struct kvr_index_wres res = {0};
+    CHECK(kvr_index_worker_restore(c, wids[0], bl.data, bl.len, &res) == -EINVAL);
+    CHECK(res.stored == 0 && res.orphaned == 0);
     kvr_index_stats(c, &st1);
-    CHECK(st0.entries == st1.entries && st0.holders == st1.holders);
+    CHECK(st0.entries == st1.entries && st0.holders == st1.holders && st1.orphans == 0);
+    canon_worker(c, wids[1], &after);
+    CHECK(before.n == after.n && memcmp(before.t, after.t, before.n * sizeof(*before.t)) == 0);
+    struct worker *w0 = worker_get(c, wids[0]);
+    CHECK(w0->norph == 0 && c->wslow[wids[0]] == 0);
+    for (int t = 0; t < KVR_TIER_MAX; t++)
+        CHECK(w0->h[t] == NULL || (w0->h[t]->recs.n == 0 && w0->h[t]->blocks == 0 &&
+                                   w0->h[t]->holes == 0 && w0->h[t]->absent.n == 0));
+    /* and the worker takes a good blob afterwards (the other worker's entry forgotten) */
+    uint32_t pid;
+    assert_int_equal(kvr_index_pod_lookup(c, kvr_index_worker_pod(c, wids[1]), &pid), 0);
+    CHECK(kvr_index_worker_pod_id(c, wids[0]) == pid); /* pod-0 holds both ranks */
+    assert_int_equal(kvr_index_clear(c, wids[1], -1, NULL), 0);
+    assert_int_equal(kvr_index_worker_restore(c, wids[0], bl.data, bl.len, NULL), 0);
+    same_worker(a, c, wids[0]);
+    free(before.t);
+    free(after.t);
     kvr_buf_free(&bl);
     kvr_index_destroy(a);
     kvr_index_destroy(c);
