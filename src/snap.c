@@ -6,9 +6,11 @@
  * - Consistency without stalls: readers never see a snapshot being taken (the index is read
  *   only by each worker's own writer, through kvr_index_worker_dump); each writer takes its
  *   part between two batches (kvr_ingest_snapshot) into its own buffer here, so the part's
- *   streams' last_seq match its workers' blocks; assembling, checksumming and writing happen
- *   afterwards on the caller's thread (the periodic thread, main at shutdown, an HTTP loop
- *   for GET /v1/snapshot).
+ *   streams' last_seq match its workers' blocks; the header, checksums and the file (or the
+ *   in-memory copy for GET /v1/snapshot) are done afterwards on the caller's thread (the
+ *   periodic thread, main at shutdown, an HTTP loop), from the parts as segments: a save
+ *   never copies them into one buffer (page faults on fresh memory were a third of a
+ *   snapshot's time here).
  * - Namespaces and tiers are read after every part is in: ids only grow, so every id a part
  *   refers to is in the lists (a namespace interned meanwhile is merely unused).
  * - Verify, then apply: a file is checked completely (kvr_snap_verify) before the index is
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include <xxhash.h>
 
 #include "base.h"
@@ -466,6 +469,7 @@ int kvr_snap_apply(const void *data, size_t len, struct kvr_index *ix, struct kv
 /* ---- taking snapshots ------------------------------------------------------------------------ */
 
 struct part {
+    unsigned char hdr[SEC_HDR]; /* its STREAMS section header (layout) */
     struct kvr_buf streams;  /* stream records */
     uint32_t nstreams;
     struct kvr_buf workers;  /* complete WORKER sections */
@@ -478,9 +482,12 @@ struct kvr_snap {
     struct kvr_index *ix;
     struct kvr_ingest *ing;
 
-    pthread_mutex_t mu;      /* one snapshot at a time */
-    struct part *parts;      /* under mu */
+    pthread_mutex_t mu;      /* one snapshot at a time; the rest of this block under it */
+    struct part *parts;
     uint32_t nparts;
+    struct kvr_buf head;     /* header, NAMESPACES, TIERS */
+    unsigned char tail[SEC_HDR + 8]; /* END */
+    struct kvr_snap_seg *seg; /* 2 + 3 * nparts */
 
     pthread_mutex_t th_mu;   /* the periodic thread */
     pthread_cond_t th_cv;
@@ -488,6 +495,7 @@ struct kvr_snap {
     bool th_started, stopping;
 
     _Atomic uint64_t taken, failures, bytes, pairs, duration_ns, stall_ns, last_ok_ms;
+    _Atomic uint64_t pairs_taken, streams_taken, workers_taken; /* of the last one taken */
 };
 
 static int sink_stream(void *arg, uint32_t writer, const struct kvr_ingest_snap_stream *s)
@@ -542,10 +550,15 @@ int kvr_snap_create(const struct kvr_snap_opts *o, struct kvr_snap **out, struct
     if (o->ingest != NULL)
         (void)kvr_ingest_queues(o->ingest, &n);
     s->parts = calloc(n, sizeof(*s->parts));
+    s->seg = calloc(2 + 3 * (size_t)n, sizeof(*s->seg));
+    kvr_buf_init(&s->head);
     if (o->dir != NULL && o->dir[0] != '\0')
         s->dir = strdup(o->dir);
-    if (s->parts == NULL || (o->dir != NULL && o->dir[0] != '\0' && s->dir == NULL)) {
+    if (s->parts == NULL || s->seg == NULL ||
+        (o->dir != NULL && o->dir[0] != '\0' && s->dir == NULL)) {
         free(s->parts);
+        free(s->seg);
+        free(s->dir);
         free(s);
         return kvr_err_set(err, -ENOMEM, "out of memory");
     }
@@ -564,141 +577,198 @@ int kvr_snap_create(const struct kvr_snap_opts *o, struct kvr_snap **out, struct
     return 0;
 }
 
-static void assemble(struct kvr_snap *s, struct kvr_buf *out)
+/* The file as segments over the parts (no copy of them): head = header + NAMESPACES + TIERS,
+ * then per part its STREAMS section header, its stream records and its WORKER sections, then
+ * END (whole-file checksum, computed over the segments). Called with s->mu held, after the
+ * parts are in; the segments point into s->parts, s->head and s->tail until the next run. */
+static int layout(struct kvr_snap *s, size_t *nseg, size_t *total)
 {
     struct kvr_index *ix = s->ix;
+    struct kvr_buf *h = &s->head;
     uint32_t nns = kvr_index_ns_count(ix);
     uint8_t nt = kvr_index_tier_count(ix);
     uint64_t nstreams = 0, nworkers = 0;
     struct kvr_index_stats st;
     char producer[PRODUCER_LEN];
-    size_t at, total = HDR_LEN + 3 * SEC_HDR + 8;
+    XXH64_state_t whole;
+    size_t at, n = 0;
 
     for (uint32_t i = 0; i < s->nparts; i++) {
         nstreams += s->parts[i].nstreams;
         nworkers += s->parts[i].nworkers;
-        total += SEC_HDR + s->parts[i].streams.len + s->parts[i].workers.len;
     }
     kvr_index_stats(ix, &st);
-    (void)kvr_buf_reserve(out, total + (size_t)nns * 600 + 8 * 300);
-    /* header */
-    kvr_buf_append(out, MAGIC, 8);
-    put_le(out, KVR_SNAP_VERSION, 4);
-    put_le(out, HDR_LEN, 4);
-    put_le(out, (uint64_t)(kvr_wall_s() * 1000.0), 8);
-    put_le(out, nns, 8);
-    put_le(out, nt, 8);
-    put_le(out, nstreams, 8);
-    put_le(out, nworkers, 8);
-    put_le(out, st.holders, 8);
+    kvr_buf_reset(h);
+    kvr_buf_append(h, MAGIC, 8);
+    put_le(h, KVR_SNAP_VERSION, 4);
+    put_le(h, HDR_LEN, 4);
+    put_le(h, (uint64_t)(kvr_wall_s() * 1000.0), 8);
+    put_le(h, nns, 8);
+    put_le(h, nt, 8);
+    put_le(h, nstreams, 8);
+    put_le(h, nworkers, 8);
+    put_le(h, st.holders, 8);
     memset(producer, 0, sizeof(producer));
     snprintf(producer, sizeof(producer), "kvrouterd %s", KVR_VERSION);
-    kvr_buf_append(out, producer, sizeof(producer));
-    if (out->oom)
-        return;
-    put_le(out, XXH64(out->data, HDR_SUM_OFF, 0), 8);
+    kvr_buf_append(h, producer, sizeof(producer));
+    if (h->oom)
+        return -ENOMEM;
+    put_le(h, XXH64(h->data, HDR_SUM_OFF, 0), 8);
     /* namespaces, tiers: read after every part is in (ids only grow) */
-    at = open_section(out, SEC_NAMESPACES);
+    at = open_section(h, SEC_NAMESPACES);
     for (uint32_t i = 0; i < nns; i++) {
         const char *model = NULL, *lora = NULL;
         if (kvr_index_ns_names(ix, i, &model, &lora) != 0)
             model = "?";
-        put_str(out, model);
-        put_le(out, lora != NULL ? 1 : 0, 1);
+        put_str(h, model);
+        put_le(h, lora != NULL ? 1 : 0, 1);
         if (lora != NULL)
-            put_str(out, lora);
-        put_le(out, kvr_index_ns_block_size(ix, i), 4);
+            put_str(h, lora);
+        put_le(h, kvr_index_ns_block_size(ix, i), 4);
     }
-    close_section(out, at, nns);
-    at = open_section(out, SEC_TIERS);
+    close_section(h, at, nns);
+    at = open_section(h, SEC_TIERS);
     for (uint8_t t = 0; t < nt; t++) {
         const char *name = kvr_index_tier_name(ix, t);
-        put_str(out, name != NULL ? name : "?");
+        put_str(h, name != NULL ? name : "?");
     }
-    close_section(out, at, nt);
+    close_section(h, at, nt);
+    if (h->oom)
+        return -ENOMEM;
+
+    s->seg[n++] = (struct kvr_snap_seg){h->data, h->len};
     for (uint32_t i = 0; i < s->nparts; i++) {
         struct part *p = &s->parts[i];
-        at = open_section(out, SEC_STREAMS);
-        if (p->streams.len > 0)
-            kvr_buf_append(out, p->streams.data, p->streams.len);
-        close_section(out, at, p->nstreams);
-        if (p->workers.len > 0)
-            kvr_buf_append(out, p->workers.data, p->workers.len);
+        set_le((char *)p->hdr, SEC_STREAMS, 4);
+        set_le((char *)p->hdr + 4, p->nstreams, 4);
+        set_le((char *)p->hdr + 8, p->streams.len, 8);
+        set_le((char *)p->hdr + 16, XXH64(p->streams.data, p->streams.len, 0), 8);
+        s->seg[n++] = (struct kvr_snap_seg){p->hdr, SEC_HDR};
+        s->seg[n++] = (struct kvr_snap_seg){p->streams.data, p->streams.len};
+        s->seg[n++] = (struct kvr_snap_seg){p->workers.data, p->workers.len};
     }
-    if (out->oom)
-        return;
-    uint64_t whole = XXH64(out->data, out->len, 0);
-    at = open_section(out, SEC_END);
-    put_le(out, whole, 8);
-    close_section(out, at, 0);
+    XXH64_reset(&whole, 0);
+    *total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s->seg[i].len > 0)
+            XXH64_update(&whole, s->seg[i].data, s->seg[i].len);
+        *total += s->seg[i].len;
+    }
+    set_le((char *)s->tail + SEC_HDR, XXH64_digest(&whole), 8);
+    set_le((char *)s->tail, SEC_END, 4);
+    set_le((char *)s->tail + 4, 0, 4);
+    set_le((char *)s->tail + 8, 8, 8);
+    set_le((char *)s->tail + 16, XXH64(s->tail + SEC_HDR, 8, 0), 8);
+    s->seg[n++] = (struct kvr_snap_seg){s->tail, sizeof(s->tail)};
+    *total += sizeof(s->tail);
+    *nseg = n;
+    return 0;
 }
 
-int kvr_snap_take(struct kvr_snap *s, struct kvr_buf *out, struct kvr_err *err)
+/* Every writer's part into s->parts (reset first); s->mu held. */
+static int take_parts(struct kvr_snap *s, uint64_t *stall)
 {
     struct kvr_ingest_snap_sink sink = {.stream = sink_stream, .worker = sink_worker, .arg = s};
-    uint64_t stall = 0, t0 = kvr_now_ns();
-    int rc = 0;
 
-    kvr_buf_reset(out);
-    pthread_mutex_lock(&s->mu);
+    *stall = 0;
     for (uint32_t i = 0; i < s->nparts; i++) {
         kvr_buf_reset(&s->parts[i].streams);
         kvr_buf_reset(&s->parts[i].workers);
         s->parts[i].nstreams = s->parts[i].nworkers = 0;
     }
-    if (s->ing != NULL)
-        rc = kvr_ingest_snapshot(s->ing, &sink, &stall);
-    if (rc == 0) {
-        assemble(s, out);
-        if (out->oom)
-            rc = -ENOMEM;
-    }
-    for (uint32_t i = 0; i < s->nparts; i++) { /* the parts' memory is not kept between runs */
+    return s->ing != NULL ? kvr_ingest_snapshot(s->ing, &sink, stall) : 0;
+}
+
+/* The parts' memory is not kept between runs (a snapshot may be large). */
+static void drop_parts(struct kvr_snap *s)
+{
+    for (uint32_t i = 0; i < s->nparts; i++) {
         kvr_buf_free(&s->parts[i].streams);
         kvr_buf_free(&s->parts[i].workers);
     }
+    kvr_buf_free(&s->head);
+}
+
+/* take (+ write into dir when dir != NULL, else concatenate into out): the one procedure. */
+static int run_snapshot(struct kvr_snap *s, const char *dir, struct kvr_buf *out, size_t *bytes,
+                        struct kvr_err *err)
+{
+    uint64_t stall = 0, t0 = kvr_now_ns(), t_parts;
+    size_t nseg = 0, total = 0;
+    int rc;
+
+    pthread_mutex_lock(&s->mu);
+    rc = take_parts(s, &stall);
+    t_parts = kvr_now_ns();
+    if (rc == 0)
+        rc = layout(s, &nseg, &total);
+    if (rc == 0 && dir != NULL) {
+        rc = kvr_snap_write_segs(dir, s->seg, nseg, err);
+    } else if (rc == 0) {
+        kvr_buf_reset(out);
+        if (kvr_buf_reserve(out, total) != 0)
+            rc = -ENOMEM;
+        for (size_t i = 0; rc == 0 && i < nseg; i++)
+            if (s->seg[i].len > 0)
+                kvr_buf_append(out, s->seg[i].data, s->seg[i].len);
+        if (rc == 0 && out->oom)
+            rc = -ENOMEM;
+    }
+    if (rc == 0) {
+        struct kvr_snap_info info;
+        (void)check_header((const unsigned char *)s->head.data, s->head.len, &info, NULL);
+        KVR_CNT_SET(s->pairs_taken, info.pairs);
+        KVR_CNT_SET(s->streams_taken, info.streams);
+        KVR_CNT_SET(s->workers_taken, info.workers);
+    }
+    drop_parts(s);
     pthread_mutex_unlock(&s->mu);
     if (rc != 0) {
-        kvr_buf_reset(out);
+        if (out != NULL)
+            kvr_buf_reset(out);
         KVR_CNT_INC(s->failures);
-        return kvr_err_set(err, rc, "snapshot: %s", strerror(-rc));
+        /* a write error already says what and where */
+        return dir != NULL && rc != -ENOMEM ? rc : kvr_err_set(err, rc, "snapshot: %s",
+                                                                 strerror(-rc));
     }
     KVR_CNT_SET(s->stall_ns, stall);
-    kvr_log_debug("snapshot taken: %zu bytes in %.3f ms, longest writer stall %.3f ms", out->len,
-                  (double)(kvr_now_ns() - t0) / 1e6, (double)stall / 1e6);
+    *bytes = total;
+    kvr_log_debug("snapshot %s: %zu bytes in %.3f ms (writers' parts %.3f ms, %s %.3f ms), "
+                  "longest writer stall %.3f ms",
+                  dir != NULL ? "written" : "taken", total, (double)(kvr_now_ns() - t0) / 1e6,
+                  (double)(t_parts - t0) / 1e6, dir != NULL ? "file" : "assembly",
+                  (double)(kvr_now_ns() - t_parts) / 1e6, (double)stall / 1e6);
     return 0;
+}
+
+int kvr_snap_take(struct kvr_snap *s, struct kvr_buf *out, struct kvr_err *err)
+{
+    size_t bytes;
+    return run_snapshot(s, NULL, out, &bytes, err);
 }
 
 int kvr_snap_save(struct kvr_snap *s, struct kvr_err *err)
 {
-    struct kvr_buf b;
-    struct kvr_snap_info info;
     uint64_t t0 = kvr_now_ns();
+    size_t bytes = 0;
     int rc;
 
     if (s->dir == NULL)
         return kvr_err_set(err, -ENOTDIR, "snapshot: no [state] dir");
-    kvr_buf_init(&b);
-    rc = kvr_snap_take(s, &b, err);
-    if (rc == 0) {
-        rc = kvr_snap_write_file(s->dir, b.data, b.len, err);
-        if (rc != 0)
-            KVR_CNT_INC(s->failures);
-    }
+    rc = run_snapshot(s, s->dir, NULL, &bytes, err);
     if (rc == 0) {
         uint64_t ns = kvr_now_ns() - t0;
-        (void)check_header((const unsigned char *)b.data, b.len, &info, NULL);
         KVR_CNT_INC(s->taken);
-        KVR_CNT_SET(s->bytes, b.len);
-        KVR_CNT_SET(s->pairs, info.pairs);
+        KVR_CNT_SET(s->bytes, bytes);
+        KVR_CNT_SET(s->pairs, KVR_CNT_GET(s->pairs_taken));
         KVR_CNT_SET(s->duration_ns, ns);
         KVR_CNT_SET(s->last_ok_ms, (uint64_t)(kvr_wall_s() * 1000.0));
         kvr_log_info("snapshot written: %s/%s, %zu bytes, %" PRIu64 " streams, %" PRIu64
                      " workers, %" PRIu64 " pairs in %.3f s (longest writer stall %.3f ms)",
-                     s->dir, KVR_SNAP_FILE, b.len, info.streams, info.workers, info.pairs,
+                     s->dir, KVR_SNAP_FILE, bytes, KVR_CNT_GET(s->streams_taken),
+                     KVR_CNT_GET(s->workers_taken), KVR_CNT_GET(s->pairs_taken),
                      (double)ns / 1e9, (double)KVR_CNT_GET(s->stall_ns) / 1e6);
     }
-    kvr_buf_free(&b);
     return rc;
 }
 
@@ -770,7 +840,9 @@ void kvr_snap_destroy(struct kvr_snap *s)
         kvr_buf_free(&s->parts[i].streams);
         kvr_buf_free(&s->parts[i].workers);
     }
+    kvr_buf_free(&s->head);
     free(s->parts);
+    free(s->seg);
     free(s->dir);
     pthread_cond_destroy(&s->th_cv);
     pthread_mutex_destroy(&s->th_mu);

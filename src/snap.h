@@ -81,6 +81,14 @@ int kvr_snap_check_dir(const char *dir, struct kvr_err *err);
 /* Writes data to DIR/snapshot.tmp, fsyncs it, renames it to DIR/snapshot.kvr and fsyncs
  * DIR: a crash or a failed write (disk full) leaves the previous snapshot as it was. */
 int kvr_snap_write_file(const char *dir, const void *data, size_t len, struct kvr_err *err);
+/* The same from segments written in order (a snapshot is written from its parts without
+ * assembling it in memory). */
+struct kvr_snap_seg {
+    const void *data;
+    size_t len;
+};
+int kvr_snap_write_segs(const char *dir, const struct kvr_snap_seg *seg, size_t n,
+                        struct kvr_err *err);
 /* Reads a whole file into out (reset first). -ENOENT when absent. */
 int kvr_snap_read_file(const char *path, struct kvr_buf *out, struct kvr_err *err);
 /* Renames path aside to path.bad-<YYYYmmddTHHMMSS> (kept for inspection); the new name in
@@ -144,7 +152,9 @@ void kvr_snap_destroy(struct kvr_snap *s);
 /* A fresh snapshot in out (reset first): every writer's part taken by the writer at a batch
  * boundary (kvr_ingest_snapshot), assembled here. */
 int kvr_snap_take(struct kvr_snap *s, struct kvr_buf *out, struct kvr_err *err);
-/* take + kvr_snap_write_file into dir; counted in the metrics, logged. -ENOTDIR without dir. */
+/* The same parts, written into dir as segments (kvr_snap_write_segs: never assembled in
+ * memory, so a save holds the snapshot once); counted in the metrics, logged. -ENOTDIR
+ * without dir. */
 int kvr_snap_save(struct kvr_snap *s, struct kvr_err *err);
 
 /* kvrouterd_snapshot_* lines (Prometheus text). */

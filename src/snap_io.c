@@ -74,9 +74,14 @@ int kvr_snap_check_dir(const char *dir, struct kvr_err *err)
 
 int kvr_snap_write_file(const char *dir, const void *data, size_t len, struct kvr_err *err)
 {
+    struct kvr_snap_seg one = {data, len};
+    return kvr_snap_write_segs(dir, &one, 1, err);
+}
+
+int kvr_snap_write_segs(const char *dir, const struct kvr_snap_seg *seg, size_t nseg,
+                        struct kvr_err *err)
+{
     char tmp[PATH_MAX], dst[PATH_MAX];
-    const char *p = data;
-    size_t left = len;
     int fd, rc;
 
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s/%s", dir, KVR_SNAP_TMP) >= sizeof(tmp) ||
@@ -85,16 +90,20 @@ int kvr_snap_write_file(const char *dir, const void *data, size_t len, struct kv
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return kvr_err_set(err, -errno, "%s: %s", tmp, strerror(errno));
-    while (left > 0) {
-        ssize_t n = write(fd, p, left > (1u << 30) ? (1u << 30) : left);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            rc = n < 0 ? -errno : -ENOSPC;
-            goto fail;
+    for (size_t i = 0; i < nseg; i++) {
+        const char *p = seg[i].data;
+        size_t left = seg[i].len;
+        while (left > 0) {
+            ssize_t n = write(fd, p, left > (1u << 30) ? (1u << 30) : left);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                rc = n < 0 ? -errno : -ENOSPC;
+                goto fail;
+            }
+            p += n;
+            left -= (size_t)n;
         }
-        p += n;
-        left -= (size_t)n;
     }
     if (fsync(fd) != 0) {
         rc = -errno;
