@@ -29,6 +29,7 @@ COPY . .
 ARG GIT_REV=unknown
 RUN make -j"$(nproc)" WERROR=1 GIT_REV="${GIT_REV}" all \
  && make WERROR=1 GIT_REV="${GIT_REV}" unit fuzz-replay \
+ && install -d /var/lib/kvrouterd \
  && build/release/kvrouterd -t -c conf/kvrouterd.conf
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
@@ -48,6 +49,9 @@ COPY --from=build /src/conf/kvrouterd.conf /etc/kvrouterd/kvrouterd.conf
 COPY --from=build /src/scripts/healthcheck.sh /usr/local/bin/kvrouterd-healthcheck
 USER kvrouterd:kvrouterd
 WORKDIR /var/lib/kvrouterd
+# [state] dir of the shipped configuration: snapshots survive the container when a volume is
+# mounted here (docker run -v kvrouterd-state:/var/lib/kvrouterd ...).
+VOLUME /var/lib/kvrouterd
 # 5557: ZeroMQ KV-cache events from vLLM (bind mode); 8080: scoring HTTP API.
 # The admin listener (8081) stays on the container's loopback in the default config.
 EXPOSE 5557 8080

@@ -4,7 +4,8 @@
 #   make test       install missing Debian packages, build with -Werror, run unit,
 #                   integration and fuzz-corpus-replay tests
 #   make run        deps (+ the quick start's python3-zmq/-msgpack) + build + run in the
-#                   foreground on conf/kvrouterd.conf (feed it: scripts/publish-demo.py)
+#                   foreground on conf/kvrouterd.conf, snapshots in run/state (feed it:
+#                   scripts/publish-demo.py)
 #   make bench      build and run the benchmarks (bench/run.sh)
 #   make fuzz       clang libFuzzer builds, time-boxed runs (FUZZ_SECONDS, default 60 each)
 #   make install    PREFIX=/usr/local DESTDIR= (keeps an existing /etc/kvrouterd/kvrouterd.conf)
@@ -161,14 +162,21 @@ fuzz-replay-clang:
 integration: all
 	KVR_BIN=$(abspath $(BIN)) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 
-check-config: all
-	$(BIN) -t -c conf/kvrouterd.conf
+# `make run` and check-config use the shipped configuration with [state] dir pointed at
+# run/state under the checkout (git-ignored) instead of the unit's /var/lib/kvrouterd.
+RUN_CONF := run/kvrouterd.conf
+$(RUN_CONF): conf/kvrouterd.conf
+	@mkdir -p run/state
+	sed 's|^dir = /var/lib/kvrouterd$$|dir = $(CURDIR)/run/state|' conf/kvrouterd.conf > $@
+
+check-config: all $(RUN_CONF)
+	$(BIN) -t -c $(RUN_CONF)
 
 # ---- run -----------------------------------------------------------------------------
 run:
 	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_RUN)"
-	@$(MAKE) --no-print-directory all
-	exec $(BIN) -c conf/kvrouterd.conf
+	@$(MAKE) --no-print-directory all $(RUN_CONF)
+	exec $(BIN) -c $(RUN_CONF)
 
 # ---- benchmarks ----------------------------------------------------------------------
 bench:

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "notify.h"
 #include "score.h"
+#include "snap.h"
 #include "zsub.h"
 
 #ifndef KVR_DEFAULT_CONF
@@ -38,6 +39,8 @@ struct app {
     struct kvr_ingest *ingest; /* owns the writer queues */
     struct kvr_zsub *zsub;     /* produces into them */
     struct kvr_http *http;
+    struct kvr_snap *snap;     /* snapshots ([state]): periodic thread, GET /v1/snapshot */
+    bool running;              /* app_start succeeded: a shutdown snapshot is worth writing */
 };
 
 static void usage(FILE *f)
@@ -83,16 +86,40 @@ static int app_start(struct app *a, struct kvr_err *err)
         .orphan_capacity = a->conf.orphan_capacity,
         .max_query_blocks = a->conf.max_query_tokens, /* a block holds at least one token */
     };
+    struct kvr_snap_boot_opts bo = {.dir = a->conf.state_dir, .bootstrap = a->conf.bootstrap,
+                                    .token = a->conf.admin_token,
+                                    .timeout_ms = a->conf.bootstrap_timeout_ms, .index = io};
+    struct kvr_snap_opts so;
+    struct kvr_snap_boot boot;
     struct kvr_http_deps hd;
     int rc;
 
     rc = kvr_index_create(&io, &a->index);
     if (rc != 0)
         return kvr_err_set(err, rc, "index: %s", strerror(-rc));
-    rc = kvr_score_create(a->index, &a->conf, &a->score);
+    /* the newest valid snapshot (local or a peer's), before anything reads or writes the
+     * index; may replace a->index by a fresh one when a restore fails midway */
+    rc = kvr_snap_boot(&bo, &a->index, &boot, err);
     if (rc != 0)
-        return kvr_err_set(err, rc, "score: %s", strerror(-rc));
-    rc = kvr_ingest_create(&a->conf, a->index, &a->ingest, err);
+        return rc;
+    rc = kvr_score_create(a->index, &a->conf, &a->score);
+    if (rc == 0)
+        rc = kvr_ingest_create(&a->conf, a->index, &a->ingest, err);
+    else
+        kvr_err_set(err, rc, "score: %s", strerror(-rc));
+    if (rc == 0 && boot.loaded.nstreams > 0) {
+        int sr = kvr_ingest_restore_streams(a->ingest, boot.loaded.streams, boot.loaded.nstreams);
+        if (sr != 0)
+            kvr_log_error("snapshot: its streams could not all be restored (%s); those not "
+                          "restored start afresh with their next batch", strerror(-sr));
+    }
+    kvr_snap_boot_free(&boot);
+    if (rc != 0)
+        return rc;
+    so = (struct kvr_snap_opts){.dir = a->conf.state_dir,
+                                .interval_ms = a->conf.snapshot_interval_ms,
+                                .index = a->index, .ingest = a->ingest};
+    rc = kvr_snap_create(&so, &a->snap, err);
     if (rc != 0)
         return rc;
     rc = kvr_daemon_zsub_create(&a->conf, a->ingest, &a->zsub, err); /* binds, connects */
@@ -104,12 +131,18 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_zsub_start(a->zsub, err);
     if (rc != 0)
         return rc;
+    rc = kvr_snap_start(a->snap, err);
+    if (rc != 0)
+        return rc;
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
-                                .zsub = a->zsub, .index = a->index};
+                                .zsub = a->zsub, .index = a->index, .snap = a->snap};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
-    return kvr_http_start(a->http, err);
+    rc = kvr_http_start(a->http, err);
+    if (rc == 0)
+        a->running = true;
+    return rc;
 }
 
 /* Reverse order; copes with a partially started app. Readiness drops first. */
@@ -121,10 +154,20 @@ static void app_stop(struct app *a)
         kvr_http_destroy(a->http);
         a->http = NULL;
     }
+    kvr_snap_stop(a->snap); /* the periodic thread (finishes a snapshot being written) */
     if (a->zsub != NULL)
         kvr_zsub_stop(a->zsub); /* intake ends: nothing is queued after this */
-    if (a->ingest != NULL) {
+    if (a->ingest != NULL)
         kvr_ingest_stop(a->ingest); /* drains: every received batch is applied */
+    if (a->snap != NULL && a->running && a->conf.state_dir != NULL &&
+        a->conf.state_dir[0] != '\0') {
+        struct kvr_err err;
+        if (kvr_snap_save(a->snap, &err) != 0) /* after the drain: the last batch is in */
+            kvr_log_error("shutdown %s", err.msg);
+    }
+    kvr_snap_destroy(a->snap);
+    a->snap = NULL;
+    if (a->ingest != NULL) {
         kvr_ingest_destroy(a->ingest); /* before zsub: its streams point at zsub's topics */
         a->ingest = NULL;
     }

@@ -150,11 +150,18 @@ static const struct directive directives[] = {
     {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
     {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
 
+    {"state", "dir", T_STRING, NULL, 0, 4095, F_EMPTY_OK, OFF(state_dir)},
+    {"state", "snapshot_interval", T_DURATION, "60s", 0, 7 * 24 * MS_H, 0,
+     OFF(snapshot_interval_ms)},
+    {"state", "bootstrap", T_STRING, NULL, 0, 1023, F_EMPTY_OK, OFF(bootstrap)},
+    {"state", "bootstrap_timeout", T_DURATION, "30s", 1, MS_H, 0, OFF(bootstrap_timeout_ms)},
+
     {"daemon", "shutdown_timeout", T_DURATION, "5s", 0, MS_H, 0, OFF(shutdown_timeout_ms)},
 };
 #define NDIRECTIVES (sizeof(directives) / sizeof(directives[0]))
 
-static const char *const sections[] = {"log", "events", "index", "http", "score", "daemon"};
+static const char *const sections[] = {"log", "events", "index", "http", "score", "state",
+                                       "daemon"};
 
 static const struct {
     const char *name;
@@ -682,7 +689,7 @@ static void check_section_line(struct pstate *st, const char *line)
     name[n] = '\0';
     if (!known_section(name)) {
         fail(st, st->lineno, -EINVAL, "unknown section [%s] (expected one of [log], [events], "
-                                      "[index], [http], [score], [daemon])",
+                                      "[index], [http], [score], [state], [daemon])",
              name);
         return;
     }
@@ -808,6 +815,26 @@ static bool ephemeral(const char *ep)
     return n >= 2 && ep[n - 2] == ':' && (ep[n - 1] == '*' || ep[n - 1] == '0');
 }
 
+/* [state] bootstrap: http://HOST:PORT (an optional trailing '/'), nothing else. */
+static bool bootstrap_ok(const char *v)
+{
+    char host[256], hp[300];
+    int port;
+    size_t n;
+
+    if (strncmp(v, "http://", 7) != 0)
+        return false;
+    n = strlen(v + 7);
+    if (n > 0 && v[7 + n - 1] == '/')
+        n--;
+    if (n == 0 || n >= sizeof(hp) || memchr(v + 7, '/', n) != NULL)
+        return false;
+    memcpy(hp, v + 7, n);
+    hp[n] = '\0';
+    /* a host name is fine here (the fetch resolves it): only the shape is checked */
+    return kvr_conf_parse_hostport(hp, host, sizeof(host), &port) == 0 && port > 0;
+}
+
 static void cross_check(struct pstate *st)
 {
     struct kvr_conf *c = st->c;
@@ -888,9 +915,16 @@ static void cross_check(struct pstate *st)
             }
         }
     }
+    c->state_dir_line = seen_line(st, "state", "dir");
     c->curve_secret_key_line = seen_line(st, "events", "curve_secret_key_file");
     c->curve_public_key_line = seen_line(st, "events", "curve_public_key_file");
     c->curve_authorized_keys_line = seen_line(st, "events", "curve_authorized_keys_file");
+    if (c->bootstrap != NULL && c->bootstrap[0] != '\0' && !bootstrap_ok(c->bootstrap)) {
+        fail(st, seen_line(st, "state", "bootstrap"), -EINVAL,
+             "[state] bootstrap = %.200s: expected http://HOST:PORT (a peer's admin listener)",
+             c->bootstrap);
+        return;
+    }
     if (c->nbind == 0 && c->nconnect == 0) {
         fail(st, eof, -EINVAL, "no event source: set [events] bind (engines connect to us) "
                                "and/or [events] connect (we dial engines)");
@@ -1019,6 +1053,8 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->subscribe);
     free(c->bind_replay);
     free(c->forward);
+    free(c->state_dir);
+    free(c->bootstrap);
     free(c->listen);
     free(c->admin_listen);
     free(c->admin_token);

@@ -112,6 +112,13 @@ struct kvr_conf {
     size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5 */
     double default_weight;      /* for tiers without a weight; default 0.5 */
 
+    /* [state] */
+    char *state_dir;             /* snapshots go here; NULL/"" = no snapshots */
+    int64_t snapshot_interval_ms; /* periodic snapshots; default 60s; 0 = only at shutdown */
+    char *bootstrap;             /* NULL or http://HOST:PORT of a peer to start from */
+    int64_t bootstrap_timeout_ms; /* the whole bootstrap fetch; default 30s */
+    int state_dir_line;          /* line of [state] dir (for -t's directory check) */
+
     /* [daemon] */
     int64_t shutdown_timeout_ms; /* drain deadline on SIGTERM; default 5s */
 };

@@ -26,6 +26,7 @@
 #include "buf.h"
 #include "log.h"
 #include "queue_msg.h"
+#include "snap.h"
 
 void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l)
 {
@@ -370,6 +371,12 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
         }
         memset(k.secret, 0, sizeof(k.secret));
         kvr_zsub_curve_free(&k);
+    }
+    if (c->state_dir != NULL && c->state_dir[0] != '\0') {
+        rc = kvr_snap_check_dir(c->state_dir, &e);
+        if (rc != 0)
+            return kvr_err_set(err, rc, "%s:%d: [state] dir: %s", c->path, c->state_dir_line,
+                               e.msg);
     }
     for (size_t i = 0; i < c->nconnect && warn != NULL; i++) {
         const char *eps[2] = {c->connect[i].endpoint, c->connect[i].replay};

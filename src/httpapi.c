@@ -38,6 +38,7 @@ struct kvr_httpapi {
     struct kvr_ingest *ingest;
     struct kvr_zsub *zsub;
     struct kvr_index *index;
+    struct kvr_snap *snap;
     bool admin_listener;
     bool public_introspection;
     pthread_mutex_t token_lock; /* token, token_len: set on SIGHUP (main), read by loops */
@@ -72,6 +73,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->ingest = deps->ingest;
     api->zsub = deps->zsub;
     api->index = deps->index;
+    api->snap = deps->snap;
     api->admin_listener = deps->admin_listener;
     api->public_introspection = deps->public_introspection;
     pthread_mutex_init(&api->token_lock, NULL);
@@ -739,8 +741,28 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         index_gauges(api->index, b);
     if (api->score != NULL)
         kvr_score_metrics(api->score, b);
+    if (api->snap != NULL)
+        kvr_snap_metrics(api->snap, b);
     if (api->server_metrics != NULL)
         api->server_metrics(api->server_metrics_arg, b);
+}
+
+/* GET /v1/snapshot: a fresh snapshot, taken as the periodic ones are (each ingest writer its
+ * part between two batches; scoring never waits), into this loop thread's response scratch
+ * and sent with Content-Length. Not bounded by max_output_bytes (which only pauses reading
+ * further requests of the connection): the whole snapshot is held in memory twice while it is
+ * sent (scratch, then the connection's output), and this loop thread answers nothing else
+ * while the writers take their parts. A peer's bootstrap is the intended client. */
+static void ep_snapshot(struct kvr_httpapi *api, struct kvr_httpresp *resp)
+{
+    struct kvr_err err;
+
+    if (kvr_snap_take(api->snap, resp->body, &err) != 0) {
+        kvr_buf_reset(resp->body);
+        fail(resp, 503, "%s", err.msg);
+        return;
+    }
+    resp->content_type = "application/octet-stream";
 }
 
 /* ---- routing ---------------------------------------------------------------------------- */
@@ -842,6 +864,19 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
         if (api->ingest == NULL)
             RET_VOID(fail(resp, 503, "ingestion is not running"));
         RET_VOID(ep_pod_delete(t, req->path + 9, req->path_len - 9, resp));
+    }
+    if (path_is(req, "/v1/snapshot")) {
+        resp->endpoint = KVR_EP_OTHER;
+        if (!admin_ok)
+            RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are served on "
+                                   "[http] admin_listen)"));
+        if (m != HTTP_GET)
+            RET_VOID(method_not_allowed(resp, ALLOW_GET));
+        if (check_auth(api, req, resp) != 0)
+            return;
+        if (api->snap == NULL)
+            RET_VOID(fail(resp, 503, "snapshots are not available"));
+        RET_VOID(ep_snapshot(api, resp));
     }
     if (path_is(req, "/v1/endpoints")) {
         resp->endpoint = KVR_EP_ENDPOINTS;

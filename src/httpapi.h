@@ -10,6 +10,8 @@
  *   POST   /v1/endpoints       admin *
  *   DELETE /v1/endpoints       admin *
  *   GET    /metrics            admin **
+ *   GET    /v1/snapshot        admin listener only, bearer token as for mutations (*):
+ *                              a fresh snapshot (snap.h's format), with Content-Length
  *   GET    /healthz, /readyz   both
  * (*) Mutating routes: with an admin listener configured they exist only there (404 on the
  * main listener); with [http] admin_token set they need "Authorization: Bearer <token>"
@@ -42,6 +44,7 @@
 #include "index.h"
 #include "ingest.h"
 #include "score.h"
+#include "snap.h"
 #include "zsub.h"
 
 #define KVR_HTTPAPI_MAX_PODS 4096 /* pod filter entries per score query */
@@ -56,6 +59,7 @@ struct kvr_httpapi_deps {
     struct kvr_zsub *zsub;     /* NULL: endpoint routes answer 503, readyz ignores it; admin
                                 * endpoint add/remove/list and its /metrics lines go to it */
     struct kvr_index *index;   /* index gauges in /metrics when ingest is NULL */
+    struct kvr_snap *snap;     /* GET /v1/snapshot and its /metrics lines; NULL: 503 */
     bool admin_listener;       /* an admin listener exists (mutations only there) */
     bool public_introspection; /* with admin_listener: introspection also on the main one */
     /* Appends the server's own metrics (connections, requests, limits); may be NULL. */

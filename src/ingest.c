@@ -203,6 +203,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
             kvr_queue_release(w->q, n);
         }
     }
+    kvr_ingest_snap_free(ing);
     for (size_t i = 0; i < ing->nstreams; i++)
         free_stream(ing->streams[i]);
     free(ing->streams);

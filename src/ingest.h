@@ -121,4 +121,48 @@ uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing);
  * own figures, such as zsub's events_messages_total, are its to render). */
 void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out);
 
+/* ---- snapshots (the snap module) ------------------------------------------------------ */
+
+/* One stream's state as a snapshot holds it. Strings are borrowed (NUL-terminated). */
+struct kvr_ingest_snap_stream {
+    const char *pod;
+    const char *model;
+    uint32_t dp_rank;
+    uint64_t last_seq;      /* last batch applied to the index */
+    bool unsynced;          /* the index may miss blocks of it */
+    uint64_t groups_full;   /* learned hybrid KV-cache groups (bit g: full attention) */
+    uint64_t groups_other;  /* bit g: another kind (its removals are not indexed) */
+};
+
+/* Where a snapshot's per-writer parts go. Both are called on writer thread `writer` (or on
+ * the caller's thread when the writers do not run), at a batch boundary: first every stream
+ * of that writer, then every worker of those streams once (the worker belongs to that
+ * writer, so kvr_index_worker_dump(wid) is legal in the callback). Non-zero aborts that
+ * writer's part and is returned by kvr_ingest_snapshot(). */
+struct kvr_ingest_snap_sink {
+    int (*stream)(void *arg, uint32_t writer, const struct kvr_ingest_snap_stream *s);
+    int (*worker)(void *arg, uint32_t writer, uint32_t wid, const char *pod, uint32_t dp_rank);
+    void *arg;
+};
+
+/* Takes every writer's part through sink: a command in each writer queue (behind the batches
+ * queued before it), executed by the writer between batches, waited for; readers are never
+ * involved. Each part is consistent: a stream's last_seq matches its worker's blocks. The
+ * parts of different writers are taken at different moments (each pod is consistent with
+ * itself, which is what a restore needs). Streams restored from a snapshot that saw no batch
+ * since are included as restored. *stall_ns (may be NULL) = the longest time one writer spent
+ * in its part. Any thread but a writer's; serialize calls (the snap module does). 0 or the
+ * first sink error, -ESHUTDOWN when the writers are stopping. */
+int kvr_ingest_snapshot(struct kvr_ingest *ing, const struct kvr_ingest_snap_sink *sink,
+                        uint64_t *stall_ns);
+
+/* Before start (creating thread): the streams of a loaded snapshot, whose workers are already
+ * restored into the index. Each is listed by kvr_ingest_streams() in state "restored" until
+ * its topic's first batch arrives; then the stream continues from last_seq
+ * (kvr_stream_restore: last + 1 → synced, a gap → replay or unsynced, a lower seq → engine
+ * restart, purge). Strings are copied. -EBUSY after start, -EINVAL for a bad entry,
+ * -ENOMEM. */
+int kvr_ingest_restore_streams(struct kvr_ingest *ing, const struct kvr_ingest_snap_stream *v,
+                               size_t n);
+
 #endif

@@ -48,6 +48,7 @@ struct pend {
 };
 
 struct ing_topic;
+struct ing_snapjob;
 
 #define NO_WID UINT32_MAX
 
@@ -142,15 +143,21 @@ struct writer {
     struct ing_topic **dying;       /* topics forgotten whose replays have not ended */
     size_t ndying, capdying;
     int64_t next_sweep;             /* kvr_now_ms() of the next idle sweep (forget_after) */
+    struct ing_restored *restored;  /* ingest_snap.c: streams of a snapshot of this writer's
+                                     * pods (filled before start; `claimed` under reg_mu) */
+    size_t nrestored;
+    struct ing_snapjob *snap;       /* a snapshot part being taken (ingest_snap.c), or NULL */
     struct writer_stats st;
 };
 
-enum { CMD_PURGE_POD = 1 };
+enum { CMD_PURGE_POD = 1, CMD_SNAPSHOT = 2 };
 struct ing_cmd {
     int type;
     const char *pod;
     uint32_t pod_id;
     uint64_t removed;
+    const struct kvr_ingest_snap_sink *sink; /* CMD_SNAPSHOT */
+    uint64_t stall_ns;                       /* CMD_SNAPSHOT: time spent in the part */
     int rc;
     bool done;                      /* under ing->done_mu */
 };
@@ -199,6 +206,34 @@ int kvr_ingest_forget_pod(struct writer *w, const char *pod, uint64_t *removed);
 /* Frees a topic's state (streams, ranks, the FORGET payload; destroy). */
 void kvr_ingest_topic_free(struct ing_topic *it);
 void kvr_ingest_drop_pending(struct ing_stream *s);
+
+/* ingest_snap.c: snapshots. A stream restored from a snapshot, until its first batch. */
+struct ing_restored {
+    char *pod, *model;
+    uint32_t dp_rank;
+    uint32_t wid;                   /* its worker, restored into the index */
+    uint64_t last_seq;
+    bool unsynced;
+    bool claimed;                   /* a live stream took it over (under reg_mu), or its pod
+                                     * was forgotten */
+    uint64_t groups_full, groups_other;
+};
+/* The CMD_SNAPSHOT item: the writer's part begins (w->snap); its pods are handed to the sink
+ * a few per step, each step between two batches; the command is completed (done, rc,
+ * stall_ns = the longest step) by the step that handled the last pod. */
+void kvr_ingest_snap_begin(struct writer *w, struct ing_cmd *c);
+/* The writer loop calls this after each round of items while w->snap is set. */
+void kvr_ingest_snap_step(struct writer *w);
+/* A new stream s of topic t: takes over the restored state of (pod, model, dp_rank). */
+void kvr_ingest_snap_claim(struct writer *w, const struct kvr_queue_topic *t, struct ing_stream *s);
+/* The pod was forgotten: its restored streams go too (writer thread). */
+void kvr_ingest_snap_forget(struct writer *w, const char *pod);
+/* kvr_ingest_streams(): the restored streams not taken over yet (reg_mu held). */
+void kvr_ingest_snap_list(struct kvr_ingest *ing, void (*cb)(const struct kvr_stream_info *s,
+                                                               void *arg),
+                          void *arg);
+/* destroy */
+void kvr_ingest_snap_free(struct kvr_ingest *ing);
 
 /* ingest_metrics.c: the name of a skip reason (the decoder's, then SKIP_NO_BLOCK_SIZE...). */
 const char *kvr_ingest_skip_name(int r);

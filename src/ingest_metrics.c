@@ -91,6 +91,7 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
         si.last_event_age_ms = last > 0 ? now - last : -1;
         cb(&si, arg);
     }
+    kvr_ingest_snap_list(ing, cb, arg); /* restored from a snapshot, no batch yet */
     pthread_mutex_unlock(&ing->reg_mu);
 }
 

@@ -176,6 +176,7 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
     ing->streams[ing->nstreams++] = s;
     pthread_mutex_unlock(&ing->reg_mu);
     it->ranks[dp_rank] = s;
+    kvr_ingest_snap_claim(w, t, s); /* resumes from a snapshot when it holds the stream */
     kvr_log_info("events: new stream pod=%s model=%s dp_rank=%u (worker %u)", t->pod, t->model,
                  dp_rank, wid);
     return s;
@@ -499,6 +500,7 @@ static int forget_pod(struct writer *w, const char *pod, uint64_t *removed, bool
         if (rc == 0)
             KVR_CNT_OWN_INC(w->st.pods_forgotten);
     }
+    kvr_ingest_snap_forget(w, pod); /* its restored streams, if any */
     for (size_t i = 0; i < w->ntopics; i++) {
         struct ing_topic *it = w->topics[i];
         if (strcmp(it->t->pod, pod) != 0)
@@ -650,6 +652,10 @@ static void handle_cmd(struct writer *w, struct ing_cmd *c)
 {
     struct kvr_ingest *ing = w->ing;
 
+    if (c->type == CMD_SNAPSHOT) { /* completed by its last step (ingest_snap.c) */
+        kvr_ingest_snap_begin(w, c);
+        return;
+    }
     if (c->type == CMD_PURGE_POD)
         c->rc = kvr_ingest_forget_pod(w, c->pod, &c->removed);
     pthread_mutex_lock(&ing->done_mu);
@@ -706,13 +712,16 @@ void *kvr_ingest_writer_main(void *arg)
 
     w->next_sweep = kvr_now_ms() + tick;
     for (;;) {
-        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, tick);
-        if (n == 0 && kvr_queue_closed(w->q))
+        /* a snapshot part in progress: do not sleep, take its next step after the items */
+        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, w->snap != NULL ? 0 : tick);
+        if (n == 0 && kvr_queue_closed(w->q) && w->snap == NULL)
             break;
         for (size_t i = 0; i < n; i++)
             handle_item(w, kvr_queue_item(w->q, i));
         if (n > 0)
             kvr_queue_release(w->q, n);
+        if (w->snap != NULL)
+            kvr_ingest_snap_step(w);
         if (tick > 0 && kvr_now_ms() >= w->next_sweep) {
             sweep_idle(w);
             w->next_sweep = kvr_now_ms() + tick;

@@ -48,8 +48,14 @@ def test_check_config_ok(tmp_path):
     assert "valid" in r.stderr
 
 
-def test_check_shipped_config():
-    r = run_kvr(["-t", "-c", os.path.join(REPO, "conf", "kvrouterd.conf")])
+def test_check_shipped_config(tmp_path):
+    # [state] dir is the systemd unit's /var/lib/kvrouterd, which -t requires to exist and be
+    # writable: checked here with it pointed at a temporary directory
+    text = open(os.path.join(REPO, "conf", "kvrouterd.conf")).read()
+    assert "\ndir = /var/lib/kvrouterd\n" in text
+    path = tmp_path / "kvrouterd.conf"
+    path.write_text(text.replace("\ndir = /var/lib/kvrouterd\n", "\ndir = %s\n" % tmp_path))
+    r = run_kvr(["-t", "-c", str(path)])
     assert r.returncode == 0, r.stderr
 
 
@@ -60,7 +66,7 @@ def test_check_shipped_config():
     ("[events]\nbind = tcp://127.0.0.1:*\nwriter_threads = 65\n", 3,
      "[events] writer_threads = 65 is out of range (1..64)"),
     ("[nope]\n", 1, "unknown section [nope] (expected one of [log], [events], [index], [http], "
-     "[score], [daemon])"),
+     "[score], [state], [daemon])"),
 ])
 def test_check_config_fails_with_file_line(tmp_path, text, line, msg):
     path = write_conf(tmp_path, text)

@@ -26,9 +26,9 @@ static const struct bad_case bad_cases[] = {
     /* unknown key / section */
     {EV "[log]\nfoo = 1\n", "t.conf:4: unknown key 'foo' in section [log]"},
     {EV "[bar]\n", "t.conf:3: unknown section [bar] (expected one of [log], [events], [index], "
-                   "[http], [score], [daemon])"},
+                   "[http], [score], [state], [daemon])"},
     {"[ log ]\nlevel = info\n", "t.conf:1: unknown section [ log ] (expected one of [log], "
-                                "[events], [index], [http], [score], [daemon])"},
+                                "[events], [index], [http], [score], [state], [daemon])"},
     {"level = info\n" EV, "t.conf:1: key 'level' outside of any section"},
     {EV "[events]\nbind.x = 1\n", "t.conf:4: unknown key 'bind.x' in section [events]"},
     /* syntax */
@@ -491,17 +491,68 @@ static void test_shipped_config(void **state)
     assert_string_equal(c.bind[0], "tcp://*:5557");
     assert_string_equal(c.listen, "0.0.0.0:8080");
     assert_string_equal(c.admin_listen, "127.0.0.1:8081");
+    assert_string_equal(c.state_dir, "/var/lib/kvrouterd"); /* the unit's StateDirectory */
     /* Everything else is at its default: nothing to apply from the defaults. */
     assert_int_equal(c.nallow, 6);
     load_ok(EV "allow = 127.0.0.0/8\nallow = ::1/128\nallow = 10.0.0.0/8\n"
                "allow = 172.16.0.0/12\nallow = 192.168.0.0/16\nallow = fc00::/7\n"
-               "[http]\nadmin_listen = 127.0.0.1:8081\n",
+               "[http]\nadmin_listen = 127.0.0.1:8081\n[state]\ndir = /var/lib/kvrouterd\n",
             &d);
     struct kvr_err changed, ignored;
     assert_int_equal(kvr_conf_apply_reload(&c, &d, &changed, &ignored), 0);
     assert_string_equal(ignored.msg, "");
     kvr_conf_free(&c);
     kvr_conf_free(&d);
+}
+
+static void test_state_directives(void **state)
+{
+    static const struct {
+        const char *text, *error;
+    } bad[] = {
+        {EV "[state]\nbootstrap = 10.0.0.1:8081\n",
+         "t.conf:4: [state] bootstrap = 10.0.0.1:8081: expected http://HOST:PORT (a peer's admin "
+         "listener)"},
+        {EV "[state]\nbootstrap = https://a:1\n",
+         "t.conf:4: [state] bootstrap = https://a:1: expected http://HOST:PORT (a peer's admin "
+         "listener)"},
+        {EV "[state]\nbootstrap = http://a:1/v1/snapshot\n",
+         "t.conf:4: [state] bootstrap = http://a:1/v1/snapshot: expected http://HOST:PORT (a "
+         "peer's admin listener)"},
+        {EV "[state]\nbootstrap = http://a\n",
+         "t.conf:4: [state] bootstrap = http://a: expected http://HOST:PORT (a peer's admin "
+         "listener)"},
+        {EV "[state]\nsnapshot_interval = 169h\n",
+         "t.conf:4: [state] snapshot_interval = 169h is out of range (0ms..168h)"},
+    };
+    struct kvr_conf c;
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct kvr_err err = {{0}};
+        int rc = kvr_conf_load_string("t.conf", bad[i].text, &c, &err);
+        if (rc == 0 || strcmp(err.msg, bad[i].error) != 0)
+            print_error("case %zu: rc=%d got: %s\n", i, rc, err.msg);
+        assert_int_not_equal(rc, 0);
+        assert_string_equal(err.msg, bad[i].error);
+    }
+    load_ok(EV, &c); /* defaults: no snapshots, 60 s when a dir is given, no bootstrap */
+    assert_null(c.state_dir);
+    assert_int_equal(c.snapshot_interval_ms, 60000);
+    assert_null(c.bootstrap);
+    assert_int_equal(c.bootstrap_timeout_ms, 30000);
+    kvr_conf_free(&c);
+    load_ok(EV "[state]\ndir = /var/lib/x\nsnapshot_interval = 0\nbootstrap = http://peer:8081/\n"
+               "bootstrap_timeout = 5s\n",
+            &c);
+    assert_string_equal(c.state_dir, "/var/lib/x");
+    assert_int_equal(c.state_dir_line, 4);
+    assert_int_equal(c.snapshot_interval_ms, 0);
+    assert_string_equal(c.bootstrap, "http://peer:8081/");
+    assert_int_equal(c.bootstrap_timeout_ms, 5000);
+    kvr_conf_free(&c);
+    load_ok(EV "[state]\ndir =\nbootstrap = http://[::1]:9\n", &c); /* empty = off */
+    assert_true(c.state_dir == NULL || c.state_dir[0] == '\0');
+    kvr_conf_free(&c);
 }
 
 static void test_missing_file(void **state)
@@ -674,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_values_units),
         cmocka_unit_test(test_replay_directives),
         cmocka_unit_test(test_shipped_config),
+        cmocka_unit_test(test_state_directives),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_file_with_nul),
         cmocka_unit_test(test_reload_apply),
