@@ -394,36 +394,51 @@ def check_engines(d, engines, prompts):
 VMODEL = "test/llama"
 
 
+@pytest.mark.parametrize("mode", ["connect", "bind"])
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
-def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how):
+def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how, mode):
     """The issue's case: requests share a system prompt the engines keep cached and never
     announce again. After a restart (SIGTERM, or kill -9 with periodic snapshots) and batches
     published while the daemon was down, the engines' next batches reveal the gap, the
-    daemon replays from last + 1 and every score equals the engines' true caches."""
+    daemon replays from last + 1 and every score equals the engines' true caches. In both
+    modes: the daemon dials the engines (connect, replay= per engine), or the engines dial
+    the daemon's bind socket and their replay ROUTERs are found through [events]
+    bind_replay (pod id = the engine's address, 127.0.0.X, ROUTER on a common port)."""
     from vllm_pub import Engine, tokens_for
+    from test_replicas import free_ports
     seed = random.randrange(1 << 30)
     print("seed", seed)
     rng = random.Random(seed)
     system = tokens_for(seed, 4 * BS)
-    engines = [Engine(pod="10.0.0.%d" % (i + 1), model=VMODEL, mode="bind", replay=True,
-                      block_size=BS, num_blocks=512) for i in range(3)]
+    if mode == "connect":
+        engines = [Engine(pod="10.0.0.%d" % (i + 1), model=VMODEL, mode="bind", replay=True,
+                          block_size=BS, num_blocks=512) for i in range(3)]
+    else:
+        sub, rep = free_ports(1), free_ports(1)
+        engines = [Engine(pod="127.0.0.%d" % (i + 1), model=VMODEL, mode="connect",
+                          endpoints=["tcp://127.0.0.1:%d" % sub], replay=True,
+                          replay_bind="tcp://127.0.0.%d:%d" % (i + 1, rep),
+                          block_size=BS, num_blocks=512) for i in range(3)]
 
-    def run_requests(n):
+    def run_requests(n, drop=False):
         prompts = []
         for _ in range(n):
             eng = rng.choice(engines)
             p = system + tokens_for(rng.randrange(1 << 30), rng.randint(1, 6) * BS)
             eng.rank(0).request(p)
-            eng.rank(0).publish()
+            eng.rank(0).publish(drop=drop)
             prompts.append(p)
         return prompts
 
     def conf(interval):
-        return {"events": {"bind": None,
-                           "connect": ["%s replay=%s" % (e.rank(0).pub_endpoint,
-                                                         e.rank(0).replay_endpoint)
-                                       for e in engines]},
-                "state": {"dir": str(tmp_path), "snapshot_interval": interval}}
+        if mode == "connect":
+            ev = {"bind": None,
+                  "connect": ["%s replay=%s" % (e.rank(0).pub_endpoint,
+                                                e.rank(0).replay_endpoint) for e in engines]}
+        else:
+            ev = {"bind": ["tcp://127.0.0.1:%d" % sub],
+                  "bind_replay": "tcp://{pod}:{%d+rank}" % rep}
+        return {"events": ev, "state": {"dir": str(tmp_path), "snapshot_interval": interval}}
 
     def wait_all(d, state=None):
         for e in engines:
@@ -459,14 +474,19 @@ def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how):
             d1.proc.wait(timeout=WAIT)
             d1.exit_code = -9
         # the engines go on while the daemon is down: these batches are only in their rings
-        prompts += run_requests(30)
+        # (dropped on the live socket: an engine's PUB that dials the daemon, bind mode, would
+        # otherwise queue them in its pipe and deliver them after the reconnection)
+        prompts += run_requests(30, drop=True)
 
         for e in engines:  # drop what the dead daemon's subscription left queued
             while e.rank(0).pub.poll(0):
                 e.rank(0).pub.recv()
         d2 = daemon_factory(conf(interval))
-        for e in engines:
-            e.wait_subscriber()
+        if mode == "connect":
+            for e in engines:
+                e.wait_subscriber()
+        # (bind mode: an engine's XPUB may not report the new subscriber, its old pipe can
+        # still hold the subscription; the batches below are repeated until they arrive)
         states = pods_states(d2)
         assert {st for st, _ in states.values()} == {"restored"}, states
         # a restarted daemon answers from the snapshot at once (the system prompt above all)
@@ -476,9 +496,20 @@ def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how):
                 for x in score(d2, system, model=VMODEL)["scores"]} == \
             {e.pod: 4 for e in engines}
         prompts += run_requests(9)
-        for e in engines:  # every engine's next batch (reveals its gap)
-            e.rank(0).publish()
+        t0 = time.monotonic()
+        rounds = 0
+        deadline = t0 + WAIT
+        while True:  # every engine's next batch (reveals its gap), until each is received
+            for e in engines:
+                e.rank(0).publish()
+            rounds += 1
+            time.sleep(0.05)
+            if all((stream(d2, e.pod, VMODEL) or {}).get("state") != "restored"
+                   for e in engines) or time.monotonic() > deadline:
+                break
         wait_all(d2, "synced")
+        print("%s restart, %s mode: every stream synced %.3f s after the engines' next batch "
+              "(%d round(s) of batches)" % (how, mode, time.monotonic() - t0, rounds))
         check_engines(d2, engines, prompts[-40:] + [system])
         assert metric(d2, "events_replays_total", 'result="ok"') >= len(engines)
         assert metric(d2, "events_blocks_duplicate_total") == 0
