@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include <xxhash.h>
 
@@ -202,6 +203,14 @@ static int walk(const unsigned char *d, size_t len, int (*fn)(void *arg, const s
     }
 }
 
+/* A worker section to restore (apply), pointing into the snapshot's bytes. */
+struct wjob {
+    const char *pod;
+    uint32_t rank;
+    const unsigned char *blob;
+    size_t len;
+};
+
 struct vstate {
     struct kvr_err *err;
     uint64_t ns, tiers, streams, workers;
@@ -210,6 +219,8 @@ struct vstate {
     struct kvr_index *ix;
     struct kvr_snap_loaded *out;
     size_t capstreams;
+    struct wjob *jobs; /* worker sections, restored after the walk (restore_workers) */
+    size_t njobs, capjobs;
 };
 
 static int sec_bad(struct vstate *v, const struct sec *s, const char *what)
@@ -326,17 +337,88 @@ static int parse_worker(struct vstate *v, const struct sec *s)
     v->workers++;
     if (v->ix == NULL)
         return 0;
-    uint32_t wid;
-    struct kvr_index_wres res = {0};
-    int rc = kvr_index_worker_intern(v->ix, pod, rank, &wid);
-    if (rc != 0)
-        return kvr_err_set(v->err, rc, "worker %s/%u: %s", pod, rank, strerror(-rc));
-    rc = kvr_index_worker_restore(v->ix, wid, r.p, (size_t)blen, &res);
-    if (rc != 0)
-        return kvr_err_set(v->err, rc, "worker %s/%u: its blocks were refused by the index (%s)",
-                           pod, rank, strerror(-rc));
-    v->out->pairs += res.stored;
+    if (v->njobs == v->capjobs) {
+        size_t nc = v->capjobs ? v->capjobs * 2 : 64;
+        struct wjob *p = realloc(v->jobs, nc * sizeof(*p));
+        if (p == NULL)
+            return kvr_err_set(v->err, -ENOMEM, "out of memory");
+        v->jobs = p;
+        v->capjobs = nc;
+    }
+    v->jobs[v->njobs++] = (struct wjob){pod, rank, r.p, (size_t)blen};
     return 0;
+}
+
+/* ---- restoring the workers, in parallel ---------------------------------------------------
+ * Workers are independent for the index (different workers may be written by different
+ * threads at once: index.h), so the worker sections are restored by up to RESTORE_THREADS
+ * threads taking them in file order from a shared counter; the restore is bounded by one
+ * random probe of the entry table per entry (docs/index.md), which threads overlap. The
+ * first failure stops the others at their next section; the caller then drops the index. */
+
+#define RESTORE_THREADS 8
+
+struct rpool {
+    struct vstate *v;
+    _Atomic size_t next;
+    _Atomic uint64_t pairs;
+    _Atomic int failed;
+    pthread_mutex_t mu; /* err, rc */
+    int rc;             /* the first failure */
+};
+
+static void *restore_main(void *arg)
+{
+    struct rpool *rp = arg;
+    struct vstate *v = rp->v;
+
+    for (;;) {
+        size_t i = atomic_fetch_add(&rp->next, 1);
+        if (i >= v->njobs || atomic_load(&rp->failed))
+            break;
+        const struct wjob *j = &v->jobs[i];
+        struct kvr_index_wres res = {0};
+        uint32_t wid;
+        int rc = kvr_index_worker_intern(v->ix, j->pod, j->rank, &wid);
+        if (rc == 0)
+            rc = kvr_index_worker_restore(v->ix, wid, j->blob, j->len, &res);
+        if (rc != 0) {
+            pthread_mutex_lock(&rp->mu);
+            if (!atomic_exchange(&rp->failed, 1))
+                rp->rc = kvr_err_set(v->err, rc, "worker %s/%u: %s", j->pod, j->rank,
+                            rc == -ENOSPC ? "no worker id left ([index] max_workers)"
+                                          : rc == -EINVAL || rc == -EBUSY
+                                                ? "its blocks were refused by the index"
+                                                : strerror(-rc));
+            pthread_mutex_unlock(&rp->mu);
+            break;
+        }
+        atomic_fetch_add(&rp->pairs, res.stored);
+    }
+    return NULL;
+}
+
+static int restore_workers(struct vstate *v)
+{
+    struct rpool rp = {.v = v};
+    pthread_t th[RESTORE_THREADS];
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t n = ncpu > 0 ? (size_t)ncpu : 1, started = 0;
+
+    if (n > RESTORE_THREADS)
+        n = RESTORE_THREADS;
+    if (n > v->njobs)
+        n = v->njobs;
+    pthread_mutex_init(&rp.mu, NULL);
+    for (size_t i = 1; i < n; i++) /* the calling thread is the first */
+        if (pthread_create(&th[started], NULL, restore_main, &rp) == 0)
+            started++;
+    restore_main(&rp);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&rp.mu);
+    v->out->pairs += atomic_load(&rp.pairs);
+    return atomic_load(&rp.failed) ? rp.rc : 0;
 }
 
 static int on_section(void *arg, const struct sec *s)
@@ -458,6 +540,9 @@ int kvr_snap_apply(const void *data, size_t len, struct kvr_index *ix, struct kv
     v.ix = ix;
     v.out = out;
     rc = run(data, len, &v, &out->info);
+    if (rc == 0)
+        rc = restore_workers(&v);
+    free(v.jobs);
     if (rc != 0) {
         free(out->streams);
         out->streams = NULL;

@@ -9,6 +9,7 @@ import os
 import re
 import time
 
+from test_http_hardening import sanitized
 from test_ingest import metric, pod_entry, pods, score, wait_pod, warm
 from vllm_pub import Engine, tokens_for
 
@@ -98,8 +99,10 @@ def test_cap_refuses_stores_rss_bounded(daemon_factory):
         print("cap %d: %d blocks stored at the cap, then %d more sent: index %d bytes, "
               "RSS %+d bytes" % (cap, at_cap_blocks, extra, index_bytes, grown))
         assert index_bytes <= cap + 2 * 2 * MiB + 256 * 1024, index_bytes
-        # indexing them would have cost >= 63 bytes a pair
-        assert grown < extra * 63 / 2, (grown, extra)
+        # indexing them would have cost >= 63 bytes a pair (RSS means little under a
+        # sanitizer: TSan's shadow and allocator grew it by 5.6 MB here, ASan's quarantine)
+        if not sanitized(d.pid):
+            assert grown < extra * 63 / 2, (grown, extra)
         # nearly all refused: memory the index frees meanwhile (retired holder arrays and
         # tables reclaimed after their grace period) lets a few batches in again (CI saw
         # 3,456 of 106,496 stored)
