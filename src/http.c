@@ -3,7 +3,9 @@
  * Design:
  * - [http] threads loop threads. Each has its own uv_loop and its own listening socket on the
  *   same port (SO_REUSEPORT when there is more than one thread, so the kernel spreads
- *   connections); the admin listener, when configured, lives on loop 0. Sockets are created
+ *   connections); the admin listener, when configured, has a loop thread of its own, so a
+ *   slow admin answer (GET /v1/snapshot takes the whole index, a purge waits for a writer,
+ *   /metrics renders every series) never delays scoring on the public loops. Sockets are created
  *   and bound on the caller's thread in kvr_http_start(), so bind errors come back with the
  *   address; loops run only after every handle is set up.
  * - A connection is a uv_tcp_t plus one uv_timer_t and the protocol state of httpreq.c.
@@ -117,9 +119,10 @@ struct kvr_http {
     struct kvr_httpapi *api;
     struct kvr_httpreq_limits lim;
     struct kvr_httpreq_limits probe_lim; /* lim, idle wait cut to request_timeout */
-    int nthreads;
+    int nthreads;           /* public loops: lts[0, nthreads) */
+    int nloops;             /* + the admin loop, lts[nthreads], when admin_listen is set */
     struct loop_thread *lts;
-    struct kvr_httpstats *stats_ptrs[MAX_THREADS];
+    struct kvr_httpstats *stats_ptrs[MAX_THREADS + 1];
     _Atomic uint64_t open_conns;
     _Atomic uint64_t probe_conns;
     uint32_t max_conns;
@@ -140,7 +143,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void server_metrics(void *arg, struct kvr_buf *out)
 {
     struct kvr_http *h = arg;
-    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nthreads,
+    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nloops,
                              atomic_load_explicit(&h->open_conns, memory_order_relaxed), out);
 }
 
@@ -590,7 +593,10 @@ static void *loop_main(void *arg)
     struct loop_thread *lt = arg;
     char name[16];
 
-    snprintf(name, sizeof(name), "kvr-http-%d", lt->idx);
+    if (lt->idx == lt->h->nthreads)
+        snprintf(name, sizeof(name), "kvr-http-admin");
+    else
+        snprintf(name, sizeof(name), "kvr-http-%d", lt->idx);
     pthread_setname_np(pthread_self(), name);
     uv_run(&lt->loop, UV_RUN_DEFAULT);
     return NULL;
@@ -694,6 +700,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     h->nthreads = conf->http_threads ? (int)conf->http_threads : 1;
     if (h->nthreads > MAX_THREADS)
         h->nthreads = MAX_THREADS;
+    h->nloops = h->nthreads + (conf->admin_listen != NULL && conf->admin_listen[0] != '\0');
     h->max_conns = conf->max_connections ? conf->max_connections : 10000;
     h->lim.max_body = conf->max_body_bytes > 0 ? (uint64_t)conf->max_body_bytes : 8u << 20;
     h->lim.max_header_bytes =
@@ -727,13 +734,13 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
         free(h);
         return kvr_err_set(err, rc, "http: %s", strerror(-rc));
     }
-    h->lts = calloc((size_t)h->nthreads, sizeof(*h->lts));
+    h->lts = calloc((size_t)h->nloops, sizeof(*h->lts));
     if (h->lts == NULL) {
         kvr_httpapi_destroy(h->api);
         free(h);
         return kvr_err_set(err, -ENOMEM, "http: out of memory");
     }
-    for (int i = 0; i < h->nthreads; i++) {
+    for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         lt->h = h;
         lt->idx = i;
@@ -766,7 +773,7 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         return rc;
     h->started = true;
 
-    for (int i = 0; i < h->nthreads; i++) {
+    for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         char what[300];
 
@@ -776,16 +783,18 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
             goto fail;
         }
         lt->loop_inited = true;
-        snprintf(what, sizeof(what), "http listen %s", h->conf->listen);
-        rc = make_listener(lt, &lt->listener, (struct sockaddr *)&main_addr, h->nthreads > 1,
-                           what, &lt->has_listener, err);
-        if (rc != 0)
-            goto fail;
+        if (i < h->nthreads) {
+            snprintf(what, sizeof(what), "http listen %s", h->conf->listen);
+            rc = make_listener(lt, &lt->listener, (struct sockaddr *)&main_addr,
+                               h->nthreads > 1, what, &lt->has_listener, err);
+            if (rc != 0)
+                goto fail;
+        }
         if (i == 0) { /* every other loop binds the port the first one got */
             h->port = bound_port(&lt->listener);
             set_port(&main_addr, h->port);
         }
-        if (i == 0 && have_admin) {
+        if (i == h->nthreads && have_admin) { /* the admin loop */
             snprintf(what, sizeof(what), "http admin_listen %s", h->conf->admin_listen);
             rc = make_listener(lt, &lt->admin, (struct sockaddr *)&admin_addr, false, what,
                                &lt->has_admin, err);
@@ -808,7 +817,7 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         lt->idle.data = lt;
         lt->has_idle = true;
     }
-    for (int i = 0; i < h->nthreads; i++) {
+    for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         rc = pthread_create(&lt->thread, NULL, loop_main, lt);
         if (rc != 0) {
@@ -818,9 +827,10 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         }
         lt->started = true;
     }
-    kvr_log_info("http: listening on %s (port %d, %d loop thread%s)%s%s", h->conf->listen,
+    kvr_log_info("http: listening on %s (port %d, %d loop thread%s)%s%s%s", h->conf->listen,
                  h->port, h->nthreads, h->nthreads > 1 ? "s" : "",
-                 have_admin ? ", admin on " : "", have_admin ? h->conf->admin_listen : "");
+                 have_admin ? ", admin on " : "", have_admin ? h->conf->admin_listen : "",
+                 have_admin ? " (a loop thread of its own)" : "");
     return 0;
 fail:
     kvr_http_stop(h);
@@ -853,7 +863,7 @@ void kvr_http_stop(struct kvr_http *h)
         return;
     h->stopped = true;
     kvr_httpapi_set_ready(h->api, false);
-    for (int i = 0; i < h->nthreads; i++) {
+    for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         if (lt->started) {
             uv_async_send(&lt->stop_async);
@@ -872,7 +882,7 @@ void kvr_http_stop(struct kvr_http *h)
             uv_close((uv_handle_t *)&lt->idle, NULL);
         uv_run(&lt->loop, UV_RUN_DEFAULT);
     }
-    for (int i = 0; i < h->nthreads; i++) {
+    for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         if (lt->started) {
             pthread_join(lt->thread, NULL);
@@ -892,7 +902,7 @@ void kvr_http_destroy(struct kvr_http *h)
         return;
     if (h->started)
         kvr_http_stop(h);
-    for (int i = 0; h->lts != NULL && i < h->nthreads; i++) {
+    for (int i = 0; h->lts != NULL && i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         kvr_httpapi_thread_destroy(lt->api_thread);
         kvr_buf_free(&lt->scratch);
