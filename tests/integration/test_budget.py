@@ -59,15 +59,16 @@ def wait_applied(d, last):
 
 
 def test_cap_refuses_stores_rss_bounded(daemon_factory):
-    """A 12 MiB cap (the empty index of 64 workers is ~8.2 MiB): four engines publish 64-block
+    """A 20 MiB cap (the empty index of 64 workers is ~16.2 MiB, 8 MiB of it each HTTP
+    loop's reader scratch: one public loop and the admin loop): four engines publish 64-block
     prompts until stores are refused, then three times as many blocks again as reached the
     cap: the index stays within the cap plus a growth step per writer, RSS grows by far less
     than the refused blocks would cost, every stream that lost a store reads over_budget, the
     daemon keeps answering; AllBlocksCleared resyncs a stream."""
-    cap = 12 * MiB
+    cap = 20 * MiB
     # Under ASan, freed messages sit in its quarantine (RSS): keep it small for this test.
     asan = os.environ.get("ASAN_OPTIONS", "")
-    d = daemon_factory({"index": {"max_workers": "64", "max_memory": "12MiB"},
+    d = daemon_factory({"index": {"max_workers": "64", "max_memory": "20MiB"},
                         "log": {"level": "info"}},
                        extra_env={"ASAN_OPTIONS": (asan + ":" if asan else "") +
                                   "quarantine_size_mb=1:thread_local_quarantine_size_kb=64"})
@@ -131,7 +132,7 @@ def test_cap_refuses_stores_rss_bounded(daemon_factory):
         with open(d.conf_path) as f:
             text = f.read()
         with open(d.conf_path, "w") as f:
-            f.write(text.replace("max_memory = 12MiB", "max_memory = 0"))
+            f.write(text.replace("max_memory = 20MiB", "max_memory = 0"))
         m = d.reload()
         assert m.group(1) == "ok" and "index.max_memory" in m.group(0), m.group(0)
         assert metric(d, "index_max_memory_bytes") == 0
