@@ -141,6 +141,7 @@ static int job_create(struct writer *w, struct ing_cmd *c, struct ing_snapjob **
 {
     struct ing_snapjob *j = calloc(1, sizeof(*j));
     size_t cap = w->ntopics + w->nrestored, n = 0;
+    bool oom = false;
 
     if (j == NULL)
         return -ENOMEM;
@@ -150,14 +151,14 @@ static int job_create(struct writer *w, struct ing_cmd *c, struct ing_snapjob **
         free(j);
         return -ENOMEM;
     }
-    for (size_t i = 0; i < w->ntopics; i++)
-        if ((j->pods[n] = strdup(w->topics[i]->t->pod)) != NULL)
-            n++;
-    for (size_t i = 0; i < w->nrestored; i++)
-        if (!w->restored[i].claimed && (j->pods[n] = strdup(w->restored[i].pod)) != NULL)
-            n++;
+    for (size_t i = 0; i < w->ntopics && !oom; i++)
+        if ((j->pods[n++] = strdup(w->topics[i]->t->pod)) == NULL)
+            oom = true;
+    for (size_t i = 0; i < w->nrestored && !oom; i++) /* claimed ones are topics now */
+        if (!w->restored[i].claimed && (j->pods[n++] = strdup(w->restored[i].pod)) == NULL)
+            oom = true;
     j->npods = n;
-    if (n < cap) { /* a strdup failed */
+    if (oom) {
         job_free(j);
         return -ENOMEM;
     }

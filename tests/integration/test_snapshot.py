@@ -513,6 +513,18 @@ def test_restart_catches_up_through_replay(daemon_factory, tmp_path, how, mode):
         check_engines(d2, engines, prompts[-40:] + [system])
         assert metric(d2, "events_replays_total", 'result="ok"') >= len(engines)
         assert metric(d2, "events_blocks_duplicate_total") == 0
+
+        # The restarted daemon saves again (its streams were taken over from restored
+        # entries: a shutdown snapshot once failed there with ENOMEM), and a third process
+        # comes back where the second stopped, answering as it did.
+        assert d2.stop() == 0
+        assert "snapshot" not in "".join(
+            line for line in d2.stderr_text().splitlines(True) if " error " in line), \
+            d2.stderr_text()[-3000:]
+        d3 = daemon_factory(conf(interval))
+        states = pods_states(d3)
+        assert states == {(e.pod, 0): ("restored", e.rank(0).seq - 1) for e in engines}, states
+        check_engines(d3, engines, prompts[-40:] + [system])
     finally:
         for e in engines:
             e.close()
