@@ -76,7 +76,8 @@ const char *__tsan_default_suppressions(void)
     return "called_from_lib:libzmq.so.5\n"
            "called_from_lib:libsodium.so.23\n"
            "race:kvr_zsub_fd_copy\n"
-           "race:kvr_zsub_fd_copy_close\n";
+           "race:kvr_zsub_fd_copy_close\n"
+           "race:kvr_zsub_fd_peek\n";
 }
 #endif
 

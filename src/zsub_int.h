@@ -222,6 +222,7 @@ void kvr_zsub_bind_monitor_event(struct kvr_zsub *z, struct source *s, uint16_t 
 void kvr_zsub_conns_close(struct source *s);
 int kvr_zsub_fd_copy(int fd);          /* a CLOEXEC copy of fd, or -1 */
 void kvr_zsub_fd_copy_close(int fd);
+ssize_t kvr_zsub_fd_peek(int fd, char *b); /* recv 1 byte, MSG_PEEK | MSG_DONTWAIT */
 /* Receive thread (handle_control): forgets the released topics of list (and frees it):
  * out of the table and the sources' lists, then one FORGET item each, which hands the
  * record to the consumer. */
