@@ -20,7 +20,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
-        libhttp-parser-dev libinih-dev \
+        libhttp-parser-dev libinih-dev libcjson-dev libpcre2-dev libutf8proc-dev \
         libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -28,7 +28,7 @@ COPY . .
 # .git is not copied (.dockerignore); pass --build-arg GIT_REV=$(git rev-parse --short HEAD).
 ARG GIT_REV=unknown
 RUN make -j"$(nproc)" WERROR=1 GIT_REV="${GIT_REV}" all \
- && make WERROR=1 GIT_REV="${GIT_REV}" unit fuzz-replay \
+ && KVR_TOK_NO_REF=1 make WERROR=1 GIT_REV="${GIT_REV}" unit fuzz-replay \
  && install -d /var/lib/kvrouterd \
  && build/release/kvrouterd -t -c conf/kvrouterd.conf
 
@@ -39,6 +39,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         libzmq5 libmsgpackc2 libxxhash0 libuv1 libhttp-parser2.9 libinih1 \
+        libcjson1 libpcre2-8-0 libutf8proc2 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --user-group --no-create-home --home-dir /var/lib/kvrouterd \
         --shell /usr/sbin/nologin kvrouterd \
