@@ -286,9 +286,16 @@ static bool jnull(const cJSON *o, const char *k)
     return !v || cJSON_IsNull(v);
 }
 
+static bool utf8_valid(const unsigned char *s, size_t n);
+
+/* A copy of a string the encoder puts into or matches against text: it must be valid UTF-8,
+ * or a match could cut a character and hand PCRE2 (run without its own UTF check) a bad
+ * subject. */
 static int dupstr(const char *s, char **out, size_t *len)
 {
     *len = strlen(s);
+    if (!utf8_valid((const unsigned char *)s, *len))
+        return -EILSEQ;
     *out = malloc(*len + 1);
     if (!*out)
         return -ENOMEM;
@@ -353,7 +360,8 @@ static int load_norm(kvr_tok *t, const cJSON *n, const char *path, char *err, si
     if (!q) {
         free(nm.a);
         free(nm.b);
-        return -ENOMEM;
+        return rc == -EILSEQ ? errf(err, el, -EINVAL, "%s: a string is not valid UTF-8", path)
+                             : -ENOMEM;
     }
     t->norms = q;
     t->norms[t->nnorms++] = nm;
@@ -500,9 +508,10 @@ static int load_pre(kvr_tok *t, const cJSON *n, const char *path, char *err, siz
     int rc;
     if (re)
         rc = compile_re(re, &p.re, path, err, el);
-    else if (s && *s)
-        rc = dupstr(s, &p.lit, &p.litlen);
-    else
+    else if (s && *s) {
+        if ((rc = dupstr(s, &p.lit, &p.litlen)) == -EILSEQ)
+            return errf(err, el, -EINVAL, "%s.pattern.String: not valid UTF-8", path);
+    } else
         return errf(err, el, -EINVAL, "%s.pattern: neither Regex nor a non-empty String", path);
     if (!rc && (rc = add_pre(t, p))) {
         pcre2_code_free(p.re);
@@ -828,6 +837,8 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
                           .rstrip = jtrue(e, "rstrip"),
                           .single_word = jtrue(e, "single_word")};
         size_t n = strlen(s);
+        if (!utf8_valid((const unsigned char *)s, n))
+            return errf(err, el, -EINVAL, "added_tokens[%d].content: not valid UTF-8", i);
         if ((rc = arena_put(t, s, n, &a.off)))
             return rc;
         a.len = (uint32_t)n;
