@@ -1023,6 +1023,8 @@ struct kvr_tok_scratch {
     size_t symcap;
     struct hent *heap;
     size_t heapcap;
+    utf8proc_int32_t *u32; /* Unicode normalization */
+    size_t u32cap;
     pcre2_match_data *md;
     pcre2_match_context *mc;
     pcre2_jit_stack *js;
@@ -1056,6 +1058,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch *s)
     free(s->seq);
     free(s->sym);
     free(s->heap);
+    free(s->u32);
     pcre2_match_data_free(s->md);
     pcre2_match_context_free(s->mc);
     pcre2_jit_stack_free(s->js);
@@ -1353,6 +1356,61 @@ static bool added_find(const kvr_tok *t, const struct addset *as, const char *s,
     return false;
 }
 
+/* NF(C|D|KC|KD) of in[0,n) into *dst. Normalization is local: text splits before an ASCII
+ * character (a starter that is never the second of a composition, and has no decomposition)
+ * normalize independently. So ASCII is copied, and only each non-ASCII run with the
+ * ASCII character before it (which may compose with the run's marks) goes through utf8proc,
+ * in the scratch's buffers (no allocation once they have grown). */
+static int unicode_norm(kvr_tok_scratch *s, int kind, const char *in, size_t n, char **dst,
+                        size_t *dcap, size_t *dn)
+{
+    static const int opt[] = {UTF8PROC_COMPOSE, UTF8PROC_DECOMPOSE,
+                              UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+                              UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+    utf8proc_option_t o = (utf8proc_option_t)(UTF8PROC_STABLE | opt[kind]);
+    size_t o_n = 0, i = 0;
+    int rc;
+    while (i < n) {
+        size_t a = i;
+        while (i < n && (unsigned char)in[i] < 0x80)
+            i++;
+        size_t rs = i > a ? i - 1 : i; /* the run, with the ASCII character before it */
+        if ((rc = grow((void **)dst, dcap, o_n + (rs - a) + 1, 1)))
+            return rc;
+        memcpy(*dst + o_n, in + a, rs - a);
+        o_n += rs - a;
+        if (i == n) { /* ended in ASCII: the last one is copied too */
+            (*dst)[o_n++] = in[rs];
+            break;
+        }
+        while (i < n && (unsigned char)in[i] >= 0x80)
+            i++;
+        /* decompose (up to 18 code points per character in NFKD), reorder, compose */
+        for (;;) {
+            utf8proc_ssize_t m = utf8proc_decompose((const utf8proc_uint8_t *)in + rs,
+                                                    (utf8proc_ssize_t)(i - rs), s->u32,
+                                                    (utf8proc_ssize_t)s->u32cap, o);
+            if (m < 0)
+                return m == UTF8PROC_ERROR_NOMEM ? -ENOMEM : -EILSEQ;
+            if ((size_t)m > s->u32cap) {
+                if ((rc = grow((void **)&s->u32, &s->u32cap, (size_t)m + 1, sizeof *s->u32)))
+                    return rc;
+                continue;
+            }
+            m = utf8proc_normalize_utf32(s->u32, m, o);
+            if (m < 0)
+                return -EILSEQ;
+            if ((rc = grow((void **)dst, dcap, o_n + (size_t)m * 4 + 1, 1)))
+                return rc;
+            for (utf8proc_ssize_t k = 0; k < m; k++)
+                o_n += (size_t)utf8proc_encode_char(s->u32[k], (utf8proc_uint8_t *)*dst + o_n);
+            break;
+        }
+    }
+    *dn = o_n;
+    return 0;
+}
+
 /* Normalizes s[0,n) into a scratch buffer: *out, *outn. */
 static int normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
                      const char **out, size_t *outn)
@@ -1366,27 +1424,13 @@ static int normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_
         size_t *dcap = &s->nbcap[which];
         size_t dn = 0;
         if (nm->kind <= N_NFKD) {
-            bool ascii = true;
-            for (size_t k = 0; k < cn && ascii; k++)
-                ascii = (unsigned char)cur[k] < 0x80;
-            if (ascii)
-                continue;
-            static const int opt[] = {UTF8PROC_COMPOSE, UTF8PROC_DECOMPOSE,
-                                      UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
-                                      UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
-            utf8proc_uint8_t *r = NULL;
-            utf8proc_ssize_t rn = utf8proc_map((const utf8proc_uint8_t *)cur,
-                                               (utf8proc_ssize_t)cn, &r,
-                                               (utf8proc_option_t)(UTF8PROC_STABLE | opt[nm->kind]));
-            if (rn < 0)
-                return rn == UTF8PROC_ERROR_NOMEM ? -ENOMEM : -EILSEQ;
-            if ((rc = grow((void **)dst, dcap, (size_t)rn + 1, 1))) {
-                free(r);
+            size_t k = 0;
+            while (k < cn && (unsigned char)cur[k] < 0x80)
+                k++;
+            if (k == cn)
+                continue; /* ASCII is invariant under every normalization form */
+            if ((rc = unicode_norm(s, nm->kind, cur, cn, dst, dcap, &dn)))
                 return rc;
-            }
-            memcpy(*dst, r, (size_t)rn);
-            free(r);
-            dn = (size_t)rn;
         } else if (nm->kind == N_PREPEND) {
             if (!cn)
                 continue;
