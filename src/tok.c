@@ -41,7 +41,8 @@ struct pre {
 
 struct added {
     uint32_t id;
-    uint32_t off, len; /* content in the arena */
+    uint32_t off, len;   /* content in the arena */
+    uint32_t moff, mlen; /* what is matched: the content, normalized when normalized=true */
     bool special, normalized, lstrip, rstrip, single_word;
 };
 
@@ -631,11 +632,11 @@ static int cmp_added(const void *pa, const void *pb, void *ctx)
 {
     const kvr_tok *t = ctx;
     const struct added *a = &t->added[*(const uint32_t *)pa], *b = &t->added[*(const uint32_t *)pb];
-    unsigned char fa = a->len ? (unsigned char)t->arena[a->off] : 0;
-    unsigned char fb = b->len ? (unsigned char)t->arena[b->off] : 0;
+    unsigned char fa = (unsigned char)t->arena[a->moff];
+    unsigned char fb = (unsigned char)t->arena[b->moff];
     if (fa != fb)
         return fa < fb ? -1 : 1;
-    return a->len > b->len ? -1 : a->len < b->len ? 1 : 0;
+    return a->mlen > b->mlen ? -1 : a->mlen < b->mlen ? 1 : 0;
 }
 
 static int build_addset(kvr_tok *t, struct addset *as, bool normalized)
@@ -644,12 +645,12 @@ static int build_addset(kvr_tok *t, struct addset *as, bool normalized)
     if (!as->idx)
         return -ENOMEM;
     for (size_t i = 0; i < t->nadded; i++)
-        if (t->added[i].normalized == normalized && t->added[i].len)
+        if (t->added[i].normalized == normalized && t->added[i].mlen)
             as->idx[as->n++] = (uint32_t)i;
     qsort_r(as->idx, as->n, sizeof *as->idx, cmp_added, t);
     size_t j = 0;
     for (int b = 0; b <= 256; b++) {
-        while (j < as->n && (unsigned char)t->arena[t->added[as->idx[j]].off] < b)
+        while (j < as->n && (unsigned char)t->arena[t->added[as->idx[j]].moff] < b)
             j++;
         as->first[b] = (uint32_t)j;
     }
@@ -780,6 +781,28 @@ static int load_config(kvr_tok *t, const cJSON *c, char *err, size_t el)
     return 0;
 }
 
+static int normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
+                     const char **out, size_t *outn);
+
+/* HF matches a normalized=true added token in normalized text by its normalized content. */
+static int normalize_added(kvr_tok *t, struct added *a)
+{
+    char *c = malloc(a->len + 1); /* the arena may move under arena_put */
+    kvr_tok_scratch *s = kvr_tok_scratch_new();
+    int rc = c && s ? 0 : -ENOMEM;
+    if (!rc) {
+        memcpy(c, t->arena + a->off, a->len);
+        const char *o;
+        size_t on;
+        if (!(rc = normalize(t, s, c, a->len, &o, &on)) &&
+            !(rc = arena_put(t, o, on, &a->moff)))
+            a->mlen = (uint32_t)on;
+    }
+    kvr_tok_scratch_free(s);
+    free(c);
+    return rc;
+}
+
 static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *err, size_t el)
 {
     if (!cJSON_IsObject(root))
@@ -841,7 +864,10 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
             return errf(err, el, -EINVAL, "added_tokens[%d].content: not valid UTF-8", i);
         if ((rc = arena_put(t, s, n, &a.off)))
             return rc;
-        a.len = (uint32_t)n;
+        a.len = a.mlen = (uint32_t)n;
+        a.moff = a.off;
+        if (a.normalized && t->nnorms && (rc = normalize_added(t, &a)))
+            return rc;
         if ((rc = vocab_set(t, s, n, a.id, err, el, "added_tokens")))
             return rc;
         struct added *q = realloc(t->added, (t->nadded + 1) * sizeof a);
@@ -1337,9 +1363,9 @@ static bool added_find(const kvr_tok *t, const struct addset *as, const char *s,
         unsigned char b = (unsigned char)s[i];
         for (uint32_t j = as->first[b]; j < as->first[b + 1]; j++) {
             const struct added *a = &t->added[as->idx[j]];
-            if (a->len > n - i || memcmp(s + i, t->arena + a->off, a->len))
+            if (a->mlen > n - i || memcmp(s + i, t->arena + a->moff, a->mlen))
                 continue;
-            size_t st = i, en = i + a->len;
+            size_t st = i, en = i + a->mlen;
             if (a->single_word && ((st > 0 && is_word(s, st - 1)) ||
                                    (en < n && is_word(s, en))))
                 continue;
