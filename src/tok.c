@@ -1047,7 +1047,7 @@ struct kvr_tok_scratch {
     size_t pacap, pbcap, seqcap;
     struct sym *sym;
     size_t symcap;
-    struct hent *heap;
+    struct hent *heap; /* at most 2n entries: n-1 pairs, and each merge pops 1, pushes 2 */
     size_t heapcap;
     utf8proc_int32_t *u32; /* Unicode normalization */
     size_t u32cap;
@@ -1162,7 +1162,7 @@ static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
     }
     int rc;
     if ((rc = grow((void **)&s->sym, &s->symcap, n, sizeof *s->sym)) ||
-        (rc = grow((void **)&s->heap, &s->heapcap, n, sizeof *s->heap)))
+        (rc = grow((void **)&s->heap, &s->heapcap, 2 * n + 2, sizeof *s->heap)))
         return rc;
     struct sym *sy = s->sym;
     size_t ns = 0;
