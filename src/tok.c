@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -58,6 +59,7 @@ struct merge {
 };
 
 struct kvr_tok {
+    uint64_t gen; /* unique per load: keys the scratch's word cache */
     /* vocab: id -> bytes in arena; open-addressed table of ids keyed by bytes */
     char *arena;
     size_t arena_len, arena_cap;
@@ -906,7 +908,10 @@ int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t co
             return errf(err, errlen, -EINVAL, "tokenizer_config.json: not a JSON object");
         }
     }
+    static _Atomic uint64_t gens;
     kvr_tok *t = calloc(1, sizeof *t);
+    if (t)
+        t->gen = atomic_fetch_add_explicit(&gens, 1, memory_order_relaxed) + 1;
     int rc = t ? load_json(t, root, cfg, err, errlen) : -ENOMEM;
     cJSON_Delete(root);
     cJSON_Delete(cfg);
@@ -1038,7 +1043,21 @@ struct hent {
     uint32_t rank, pos, new_id;
 };
 
+/* The word cache (HF's idea): BPE results of short pre-tokens, per scratch (so per thread:
+ * no sharing, no locks), direct-mapped, keyed by the tokenizer's load generation and the
+ * word's bytes (compared in full: exact, never a hash match alone). */
+#define WC_SLOTS 4096
+#define WC_WORD 24
+#define WC_IDS 12
+struct wc_slot {
+    uint64_t gen;
+    uint8_t wlen, nids;
+    char w[WC_WORD];
+    uint32_t ids[WC_IDS];
+};
+
 struct kvr_tok_scratch {
+    struct wc_slot *wc; /* WC_SLOTS, allocated on first use */
     uint32_t *ids;
     size_t nids, idcap;
     char *nb[2];
@@ -1076,6 +1095,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch *s)
 {
     if (!s)
         return;
+    free(s->wc);
     free(s->ids);
     free(s->nb[0]);
     free(s->nb[1]);
@@ -1150,11 +1170,48 @@ static bool has_fallback(const kvr_tok *t, const char *w, size_t k)
     return true;
 }
 
-/* BPE of one pre-token, as HF's Word::merge_all (heap ordered by rank, then position). */
+static int bpe_merge(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n);
+
+void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s)
+{
+    if (s->wc)
+        memset(s->wc, 0, WC_SLOTS * sizeof *s->wc);
+}
+
+/* BPE of one pre-token through the word cache. */
 static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
 {
     if (!n)
         return 0;
+    if (n > WC_WORD)
+        return bpe_merge(t, s, w, n);
+    if (!s->wc && !(s->wc = calloc(WC_SLOTS, sizeof *s->wc)))
+        return -ENOMEM;
+    struct wc_slot *e = &s->wc[XXH3_64bits(w, n) & (WC_SLOTS - 1)];
+    int rc;
+    if (e->gen == t->gen && e->wlen == n && !memcmp(e->w, w, n)) {
+        for (size_t i = 0; i < e->nids; i++)
+            if ((rc = out_id(s, e->ids[i])))
+                return rc;
+        return 0;
+    }
+    size_t before = s->nids;
+    if ((rc = bpe_merge(t, s, w, n)))
+        return rc;
+    size_t k = s->nids - before;
+    if (k <= WC_IDS) {
+        e->gen = t->gen;
+        e->wlen = (uint8_t)n;
+        e->nids = (uint8_t)k;
+        memcpy(e->w, w, n);
+        memcpy(e->ids, s->ids + before, k * sizeof *e->ids);
+    }
+    return 0;
+}
+
+/* BPE of one pre-token, as HF's Word::merge_all (heap ordered by rank, then position). */
+static int bpe_merge(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
+{
     if (t->ignore_merges) {
         uint32_t id = vocab_get(t, w, n);
         if (id != UINT32_MAX)

@@ -59,6 +59,10 @@ const char *kvr_tok_token(const kvr_tok *t, uint32_t id, size_t *len);
 kvr_tok_scratch *kvr_tok_scratch_new(void);
 void kvr_tok_scratch_free(kvr_tok_scratch *s);
 
+/* A scratch keeps a word cache (BPE results of short pre-tokens, per tokenizer load, exact);
+ * this empties it (benchmarks of cold text, tests). */
+void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s);
+
 /* Encodes text (len bytes of UTF-8) into *ids (a buffer owned by s, valid until its next use);
  * add_special as HF's add_special_tokens (post-processor template, BOS/EOS). Returns the number
  * of ids, or -EILSEQ for invalid UTF-8, -ENOMEM, -EOVERFLOW (more than INT32_MAX ids). */
