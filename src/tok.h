@@ -21,8 +21,8 @@
  *   GemmaTokenizer[Fast]), as transformers does.
  *
  * Threads: a loaded kvr_tok is immutable; any number of threads encode with it at once, each
- * with its own kvr_tok_scratch (per-call buffers, PCRE2 match data and JIT stack). No
- * allocation per token: buffers grow per call and are kept in the scratch.
+ * with its own kvr_tok_scratch (per-call buffers, PCRE2 match data and JIT stack, a word
+ * cache). No allocation per token: buffers grow per call and are kept in the scratch.
  */
 #ifndef KVR_TOK_H
 #define KVR_TOK_H
