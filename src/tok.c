@@ -1204,7 +1204,8 @@ static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
         e->wlen = (uint8_t)n;
         e->nids = (uint8_t)k;
         memcpy(e->w, w, n);
-        memcpy(e->ids, s->ids + before, k * sizeof *e->ids);
+        if (k) /* a word of characters the vocabulary lacks (no unk, no fallback) has none */
+            memcpy(e->ids, s->ids + before, k * sizeof *e->ids);
     }
     return 0;
 }

@@ -588,6 +588,11 @@ static void test_refusals(void **state)
     assert_int_equal(kvr_tok_encode(t, s, "abab", 4, false, &ids), 2);
     assert_int_equal(ids[0], 2);
     assert_int_equal(kvr_tok_encode(t, s, "", 0, false, &ids), 0);
+    /* characters the vocabulary lacks, no unk, no byte fallback: dropped, as HF does (twice:
+     * the second time from the word cache) */
+    assert_int_equal(kvr_tok_encode(t, s, "zq", 2, false, &ids), 0);
+    assert_int_equal(kvr_tok_encode(t, s, "zq", 2, false, &ids), 0);
+    assert_int_equal(kvr_tok_encode(t, s, "azb", 3, false, &ids), 2);
     kvr_tok_scratch_free(s);
     kvr_tok_free(t);
 }
