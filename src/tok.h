@@ -1,0 +1,72 @@
+/* tok.h — prompt text to token ids, exactly as Hugging Face `tokenizers` (and so vLLM) computes
+ * them, from a model's own `tokenizer.json` (+ `tokenizer_config.json`).
+ *
+ * Why in C, in-process: a gateway holds prompt text, not token ids; the router must turn the
+ * text into the ids the engine will compute, bit for bit, without a Python hop.
+ *
+ * Supported (anything else is refused at load with "JSON.PATH: what"; never mis-tokenized):
+ * - model: BPE with merge ranks, `ignore_merges`, `byte_fallback`, `fuse_unk`, `unk_token`
+ *   (no dropout, no continuing_subword_prefix/end_of_word_suffix);
+ * - normalizer: null, NFC/NFD/NFKC/NFKD (utf8proc), Prepend, Replace (String pattern),
+ *   Sequence;
+ * - pre_tokenizer: null, Split (Regex run by PCRE2 with UTF+UCP+JIT, or String; behaviours
+ *   Isolated, Removed, MergedWithPrevious, MergedWithNext; not inverted), ByteLevel
+ *   (add_prefix_space false; use_regex runs GPT-2's pattern), Sequence;
+ * - added tokens: matched in the raw text before normalization (normalized=false) or in each
+ *   normalized segment (normalized=true), leftmost-longest, honouring single_word, lstrip,
+ *   rstrip;
+ * - post_processor: null, ByteLevel (no effect on ids), TemplateProcessing (single), Sequence;
+ *   and tokenizer_config.json's add_bos_token/add_eos_token for the classes whose fast
+ *   tokenizer rebuilds the post-processor from them (LlamaTokenizer[Fast],
+ *   GemmaTokenizer[Fast]), as transformers does.
+ *
+ * Threads: a loaded kvr_tok is immutable; any number of threads encode with it at once, each
+ * with its own kvr_tok_scratch (per-call buffers, PCRE2 match data and JIT stack, a word
+ * cache). No allocation per token: buffers grow per call and are kept in the scratch.
+ */
+#ifndef KVR_TOK_H
+#define KVR_TOK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvr_tok kvr_tok;
+typedef struct kvr_tok_scratch kvr_tok_scratch;
+
+/* Loads PATH: a tokenizer.json file, or a directory holding tokenizer.json (and, when present,
+ * tokenizer_config.json). On error returns -errno (-ENOENT, -ENOMEM, -EINVAL for a bad or
+ * unsupported file, -ENOTSUP for an unsupported component) and writes "FILE: JSON.PATH: what"
+ * into err (errlen bytes, NUL-terminated) when err is not NULL. */
+int kvr_tok_load(const char *path, kvr_tok **out, char *err, size_t errlen);
+
+/* The same from memory: json (tokenizer.json, len bytes) and config (tokenizer_config.json,
+ * config_len bytes; NULL when absent). Neither needs a NUL terminator. */
+int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t config_len,
+                     kvr_tok **out, char *err, size_t errlen);
+
+void kvr_tok_free(kvr_tok *t);
+
+/* Number of ids in the vocabulary (model vocab and added tokens): every id encode returns is
+ * below this. */
+uint32_t kvr_tok_vocab_size(const kvr_tok *t);
+
+/* The bytes of token id (raw bytes for byte-level vocabularies, not GPT-2's "Ġ" spelling;
+ * the content of an added token), *len set; NULL for an id with no token. For tests and
+ * diagnostics (no decoder rules: no byte-fallback fusing, no "▁" to space). */
+const char *kvr_tok_token(const kvr_tok *t, uint32_t id, size_t *len);
+
+kvr_tok_scratch *kvr_tok_scratch_new(void);
+void kvr_tok_scratch_free(kvr_tok_scratch *s);
+
+/* A scratch keeps a word cache (BPE results of short pre-tokens, per tokenizer load, exact);
+ * this empties it (benchmarks of cold text, tests). */
+void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s);
+
+/* Encodes text (len bytes of UTF-8) into *ids (a buffer owned by s, valid until its next use);
+ * add_special as HF's add_special_tokens (post-processor template, BOS/EOS). Returns the number
+ * of ids, or -EILSEQ for invalid UTF-8, -ENOMEM, -EOVERFLOW (more than INT32_MAX ids). */
+int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
+                   bool add_special, const uint32_t **ids);
+
+#endif
