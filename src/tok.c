@@ -306,6 +306,29 @@ static int dupstr(const char *s, char **out, size_t *len)
     return 0;
 }
 
+/* A component of type Sequence (normalizer, pre-tokenizer, post-processor): each element
+ * of n[key] loaded by fn, with its JSON path for errors. */
+typedef int (*load_fn)(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el);
+
+static int load_seq(kvr_tok *t, const cJSON *n, const char *key, const char *path, load_fn fn,
+                    char *err, size_t el)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(n, key), *e;
+    int i = 0;
+
+    if (!cJSON_IsArray(a))
+        return errf(err, el, -EINVAL, "%s.%s: not an array", path, key);
+    cJSON_ArrayForEach(e, a)
+    {
+        char p[256];
+        snprintf(p, sizeof p, "%s.%s[%d]", path, key, i++);
+        int rc = fn(t, e, p, err, el);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static int load_norm(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el)
 {
     if (!n || cJSON_IsNull(n))
@@ -313,22 +336,8 @@ static int load_norm(kvr_tok *t, const cJSON *n, const char *path, char *err, si
     const char *ty = jstr(n, "type");
     if (!ty)
         return errf(err, el, -EINVAL, "%s.type: missing", path);
-    if (!strcmp(ty, "Sequence")) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(a))
-            return errf(err, el, -EINVAL, "%s.normalizers: not an array", path);
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, a)
-        {
-            char p[256];
-            snprintf(p, sizeof p, "%s.normalizers[%d]", path, i++);
-            int rc = load_norm(t, e, p, err, el);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence"))
+        return load_seq(t, n, "normalizers", path, load_norm, err, el);
     struct norm nm = {0};
     int rc = 0;
     if (!strcmp(ty, "NFC"))
@@ -461,22 +470,8 @@ static int load_pre(kvr_tok *t, const cJSON *n, const char *path, char *err, siz
     const char *ty = jstr(n, "type");
     if (!ty)
         return errf(err, el, -EINVAL, "%s.type: missing", path);
-    if (!strcmp(ty, "Sequence")) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(n, "pretokenizers");
-        if (!cJSON_IsArray(a))
-            return errf(err, el, -EINVAL, "%s.pretokenizers: not an array", path);
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, a)
-        {
-            char p[256];
-            snprintf(p, sizeof p, "%s.pretokenizers[%d]", path, i++);
-            int rc = load_pre(t, e, p, err, el);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence"))
+        return load_seq(t, n, "pretokenizers", path, load_pre, err, el);
     if (!strcmp(ty, "ByteLevel")) {
         if (jtrue(n, "add_prefix_space"))
             return errf(err, el, -ENOTSUP, "%s.add_prefix_space: true is not supported", path);
@@ -689,21 +684,8 @@ static int load_post(kvr_tok *t, const cJSON *n, const char *path, char *err, si
         return errf(err, el, -EINVAL, "%s.type: missing", path);
     if (!strcmp(ty, "ByteLevel"))
         return 0;
-    if (!strcmp(ty, "Sequence")) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(n, "processors"), *e;
-        if (!cJSON_IsArray(a))
-            return errf(err, el, -EINVAL, "%s.processors: not an array", path);
-        int i = 0;
-        cJSON_ArrayForEach(e, a)
-        {
-            char p[256];
-            snprintf(p, sizeof p, "%s.processors[%d]", path, i++);
-            int rc = load_post(t, e, p, err, el);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence"))
+        return load_seq(t, n, "processors", path, load_post, err, el);
     if (strcmp(ty, "TemplateProcessing"))
         return errf(err, el, -ENOTSUP, "%s.type: unsupported post_processor \"%s\"", path, ty);
     if (t->nprefix || t->nsuffix)
