@@ -26,7 +26,9 @@ import time
 
 import pytest
 
+import test_ingest
 from kvrharness import run_kvr
+from test_ingest import metric, need_http, pod_entry
 from vllm_pub import Engine, tokens_for
 
 MODEL = "test/replicas"
@@ -55,41 +57,12 @@ def free_ports(n):
     raise RuntimeError("no %d consecutive free ports" % n)
 
 
-def need_http(d):
-    if "http" not in d.ready:
-        pytest.skip("this kvrouterd build does not serve HTTP")
-
-
-def pods(d):
-    status, body = d.json("GET", "/v1/pods", admin=True)
-    assert status == 200, body
-    return body["pods"]
-
-
-def pod_entry(d, pod, rank=0):
-    for p in pods(d):
-        if p["pod"] == pod and p["dp_rank"] == rank:
-            return p
-    return None
-
-
 def wait_pod(d, pod, rank=0, seq=None, state=None, timeout=WAIT):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pod_entry(d, pod, rank)
-        if last is not None and (seq is None or last["last_seq"] == seq) \
-                and (state is None or last["state"] == state):
-            return last
-        time.sleep(0.02)
-    raise AssertionError("pod %s/%d never reached seq=%s state=%s; last=%r; stderr tail:\n%s"
-                         % (pod, rank, seq, state, last, d.stderr_text()[-3000:]))
+    return test_ingest.wait_pod(d, pod, rank, seq=seq, state=state, timeout=timeout)
 
 
 def score(d, tokens):
-    status, res = d.json("POST", "/v1/score", {"model": MODEL, "token_ids": tokens})
-    assert status == 200, res
-    return res
+    return test_ingest.score(d, tokens, model=MODEL)
 
 
 def matched(d, tokens, pod, rank):
@@ -97,16 +70,6 @@ def matched(d, tokens, pod, rank):
         if s["pod"] == pod and s["dp_rank"] == rank:
             return s["matched_blocks"]
     return 0
-
-
-def metric(d, name, labels=None):
-    status, _, body = d.request("GET", "/metrics", admin=True)
-    assert status == 200
-    key = "kvrouter_%s%s " % (name, "{%s}" % labels if labels else "")
-    for line in body.decode().splitlines():
-        if line.startswith(key):
-            return float(line[len(key):])
-    return None
 
 
 def wait_metric(d, name, want, timeout=WAIT):
