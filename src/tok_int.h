@@ -1,0 +1,186 @@
+/* tok_int.h — what tok_load.c (tokenizer.json → struct kvr_tok) and tok.c (encoding) share,
+ * private to src/tok*.c: the loaded tokenizer's structures and the small helpers both sides
+ * call (the vocabulary and merge tables are built by the loader and probed per word by the
+ * encoder, so their lookups are static inline here). Not a contract for other modules:
+ * tok.h is.
+ */
+#ifndef KVR_TOK_INT_H
+#define KVR_TOK_INT_H
+
+#include "tok.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+#include <xxhash.h>
+
+enum { N_NFC, N_NFD, N_NFKC, N_NFKD, N_PREPEND, N_REPLACE };
+struct norm {
+    int kind;
+    char *a, *b; /* Prepend: a; Replace: a -> b */
+    size_t alen, blen;
+};
+
+enum { B_ISOLATED, B_REMOVED, B_MERGED_PREV, B_MERGED_NEXT };
+struct pre {
+    int behavior;
+    pcre2_code *re; /* regex, or NULL for a literal */
+    char *lit;
+    size_t litlen;
+};
+
+struct added {
+    uint32_t id;
+    uint32_t off, len;   /* content in the arena */
+    uint32_t moff, mlen; /* what is matched: the content, normalized when normalized=true */
+    bool special, normalized, lstrip, rstrip, single_word;
+};
+
+/* A set of added tokens matched in one pass: sorted by (first byte, length desc). */
+struct addset {
+    uint32_t *idx; /* into t->added */
+    size_t n;
+    uint32_t first[257]; /* idx[first[b] .. first[b+1]) start with byte b */
+};
+
+struct merge {
+    uint32_t rank, new_id;
+};
+
+struct kvr_tok {
+    uint64_t gen; /* unique per load: keys the scratch's word cache */
+    /* vocab: id -> bytes in arena; open-addressed table of ids keyed by bytes */
+    char *arena;
+    size_t arena_len, arena_cap;
+    uint32_t *voff, *vlen; /* per id; vlen UINT32_MAX: no such id */
+    uint32_t nvocab;       /* ids 0 .. nvocab-1 */
+    uint32_t *vtab;        /* UINT32_MAX empty */
+    size_t vmask;
+    uint32_t id1[256]; /* id of the one-byte token b, UINT32_MAX none */
+    uint32_t bytefb[256];
+    /* merges */
+    uint64_t *mkey;
+    struct merge *mval;
+    size_t mmask;
+    bool byte_level, ignore_merges, byte_fallback, fuse_unk;
+    uint32_t unk; /* UINT32_MAX none */
+    struct norm *norms;
+    size_t nnorms;
+    struct pre *pres;
+    size_t npres;
+    struct added *added;
+    size_t nadded;
+    struct addset raw, normd;
+    uint32_t *prefix, *suffix; /* post-processor template around the sequence */
+    size_t nprefix, nsuffix;
+};
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static inline int grow(void **p, size_t *cap, size_t need, size_t elsz)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 64;
+    while (n < need) {
+        if (n > SIZE_MAX / 2 / elsz)
+            return -ENOMEM;
+        n *= 2;
+    }
+    void *q = realloc(*p, n * elsz);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static inline size_t utf8_len(unsigned char c)
+{
+    return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
+/* Strict UTF-8 (no overlongs, surrogates or > U+10FFFF). */
+static inline bool utf8_valid(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF)
+            k = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF)
+            k = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4)
+            k = 3, cp = c & 0x07;
+        else
+            return false;
+        if (n - i <= k)
+            return false;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        if ((k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+static inline uint64_t hbytes(const char *s, size_t n)
+{
+    return XXH3_64bits(s, n);
+}
+
+static inline uint64_t hpair(uint64_t k)
+{
+    k ^= k >> 31;
+    k *= 0x9e3779b97f4a7c15ull;
+    return k ^ (k >> 29);
+}
+
+/* ---- lookups (built by the loader, probed by the encoder) ------------------------------- */
+
+static inline uint32_t vocab_get(const kvr_tok *t, const char *s, size_t n)
+{
+    if (!t->vtab)
+        return UINT32_MAX;
+    for (size_t i = hbytes(s, n) & t->vmask;; i = (i + 1) & t->vmask) {
+        uint32_t id = t->vtab[i];
+        if (id == UINT32_MAX)
+            return UINT32_MAX;
+        if (t->vlen[id] == n && memcmp(t->arena + t->voff[id], s, n) == 0)
+            return id;
+    }
+}
+
+static inline const struct merge *merge_get(const kvr_tok *t, uint32_t a, uint32_t b)
+{
+    uint64_t k = (uint64_t)a << 32 | b;
+    for (size_t i = hpair(k) & t->mmask;; i = (i + 1) & t->mmask) {
+        if (t->mkey[i] == UINT64_MAX)
+            return NULL;
+        if (t->mkey[i] == k)
+            return &t->mval[i];
+    }
+}
+
+/* tok.c: the normalizer chain on text (the loader runs it on normalized=true added tokens). */
+int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
+                      const char **out, size_t *outn);
+
+#endif
