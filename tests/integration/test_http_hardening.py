@@ -141,19 +141,27 @@ def test_healthz_at_connection_cap(daemon_factory):
             d.http_port, b"POST /v1/score HTTP/1.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 2\r\n\r\n{}"))
         assert [r[0] for r in resp] == [503]
-        # past the probe slots too: 503 at accept
-        probes = [socket.create_connection(("127.0.0.1", d.http_port), timeout=5)
-                  for _ in range(2)]
+        # past the probe slots too: 503 at accept. Two connections must hold the two probe
+        # slots first; the probes above may still hold theirs for a moment (a lingering
+        # close: longer under TSan), and a connection that came while they did was answered
+        # 503 at once instead of holding a slot: it is replaced (bounded).
+        probes = []
         try:
-            # until the two probe connections are accepted (under a sanitizer on a loaded
-            # machine that can take longer than a fixed sleep), a new one may still get a
-            # probe slot, answered nothing before its request timeout: try again, bounded
             deadline = time.monotonic() + WAIT
-            while True:
-                time.sleep(0.2)
-                resp = split_responses(raw_exchange(d.http_port, b"", timeout=2.0))
-                if [r[0] for r in resp] == [503] or time.monotonic() > deadline:
-                    break
+            while len(probes) < 2:
+                assert time.monotonic() < deadline, "the probe slots were never free"
+                p = socket.create_connection(("127.0.0.1", d.http_port), timeout=5)
+                p.sendall(b"GET /healthz HTTP/1.1\r\n")  # incomplete: it waits in its slot
+                p.settimeout(1.0)
+                try:
+                    early = p.recv(4096)
+                except socket.timeout:
+                    probes.append(p)  # silent: it holds a probe slot
+                    continue
+                assert early.startswith(b"HTTP/1.1 503"), early
+                p.close()
+                time.sleep(0.05)
+            resp = split_responses(raw_exchange(d.http_port, b""))
             assert [r[0] for r in resp] == [503]
         finally:
             for p in probes:
