@@ -39,6 +39,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         libzmq5 libmsgpackc2 libxxhash0 libuv1 libhttp-parser2.9 libinih1 \
+        libcjson1 libpcre2-8-0 libutf8proc2 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --user-group --no-create-home --home-dir /var/lib/kvrouterd \
         --shell /usr/sbin/nologin kvrouterd \

@@ -24,6 +24,7 @@
 #include "notify.h"
 #include "score.h"
 #include "snap.h"
+#include "tokset.h"
 #include "zsub.h"
 
 #ifndef KVR_DEFAULT_CONF
@@ -40,6 +41,7 @@ struct app {
     struct kvr_zsub *zsub;     /* produces into them */
     struct kvr_http *http;
     struct kvr_snap *snap;     /* snapshots ([state]): periodic thread, GET /v1/snapshot */
+    struct kvr_tokset *tokset; /* [model] tokenizers; reloaded on SIGHUP */
     bool running;              /* app_start succeeded: a shutdown snapshot is worth writing */
 };
 
@@ -54,8 +56,8 @@ static void usage(FILE *f)
             "      --version      print the version and exit\n"
             "  -h, --help         print this help and exit\n"
             "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [http] admin_token\n"
-            "and [index] max_memory.\n");
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [http] admin_token,\n"
+            "[index] max_memory and the [model] sections (changed tokenizers are loaded).\n");
 }
 
 /* kvrouterd -t: advice that does not fail the check. */
@@ -76,6 +78,13 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
         kvr_ingest_set_max_memory(a->ingest, live->max_memory > 0 ? (uint64_t)live->max_memory : 0);
     if (a->http != NULL && kvr_http_set_admin_token(a->http, live->admin_token) != 0)
         kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");
+    if (a->tokset != NULL) {
+        struct kvr_err err;
+        size_t n = 0;
+        /* failures are logged per model by tokset (the model keeps its tokenizer) */
+        if (kvr_tokset_reload(a->tokset, live, &n, &err) == 0 && n > 0)
+            kvr_log_info("reload: %zu tokenizer(s) loaded", n);
+    }
 }
 
 static int app_start(struct app *a, struct kvr_err *err)
@@ -94,6 +103,10 @@ static int app_start(struct app *a, struct kvr_err *err)
     struct kvr_http_deps hd;
     int rc;
 
+    /* tokenizers first: a bad file fails startup before anything binds */
+    rc = kvr_tokset_create(&a->conf, &a->tokset, err);
+    if (rc != 0)
+        return rc;
     rc = kvr_index_create(&io, &a->index);
     if (rc != 0)
         return kvr_err_set(err, rc, "index: %s", strerror(-rc));
@@ -135,7 +148,8 @@ static int app_start(struct app *a, struct kvr_err *err)
     if (rc != 0)
         return rc;
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
-                                .zsub = a->zsub, .index = a->index, .snap = a->snap};
+                                .zsub = a->zsub, .index = a->index, .snap = a->snap,
+                                .tokset = a->tokset};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
@@ -183,6 +197,8 @@ static void app_stop(struct app *a)
         kvr_index_destroy(a->index);
         a->index = NULL;
     }
+    kvr_tokset_destroy(a->tokset); /* after http: its loop threads held the readers */
+    a->tokset = NULL;
 }
 
 static void app_ready(struct app *a)

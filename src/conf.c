@@ -46,6 +46,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base.h"
 #include "log.h"
 
 #define CONF_MAX_FILE_BYTES (1 << 20)
@@ -150,6 +151,9 @@ static const struct directive directives[] = {
     {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
     {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
 
+    {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
+    {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
+
     {"state", "dir", T_STRING, NULL, 0, 4095, F_EMPTY_OK, OFF(state_dir)},
     {"state", "snapshot_interval", T_DURATION, "60s", 0, 7 * 24 * MS_H, 0,
      OFF(snapshot_interval_ms)},
@@ -160,8 +164,8 @@ static const struct directive directives[] = {
 };
 #define NDIRECTIVES (sizeof(directives) / sizeof(directives[0]))
 
-static const char *const sections[] = {"log", "events", "index", "http", "score", "state",
-                                       "daemon"};
+static const char *const sections[] = {"log", "events", "index", "http", "score", "tokenizer",
+                                       "state", "daemon"};
 
 static const struct {
     const char *name;
@@ -180,6 +184,7 @@ struct pstate {
     int seen_line[NDIRECTIVES];          /* line a directive was first set on, 0 = unset */
     int weight_line[KVR_CONF_MAX_TIERS]; /* per weights[] entry, 0 = default */
     int section_line;     /* line of the last [section] header */
+    bool in_model;        /* the last header was [model "NAME"] (inih sees "[model]") */
 };
 
 #define FIELD(c, d, T) ((T *)(void *)((char *)(c) + (d)->off))
@@ -683,13 +688,31 @@ static void check_section_line(struct pstate *st, const char *line)
     }
     p = line + 1;
     n = (size_t)(close - p);
+    st->in_model = false;
+    if (n >= 5 && strncasecmp(p, "model", 5) == 0 && (n == 5 || p[5] == ' ' || p[5] == '\t' ||
+                                                      p[5] == '"')) {
+        char model[KVR_NAME_MAX + 1], msg[300];
+        int rc = kvr_conf_model_header(p, n, model, sizeof(model), msg, sizeof(msg));
+        if (rc == 0)
+            rc = kvr_conf_model_add(st->c, model, st->lineno, msg, sizeof(msg));
+        if (rc != 0) {
+            fail(st, st->lineno, rc, "%s", msg);
+            return;
+        }
+        /* inih gets "[model]": its section buffer is short, and the name is ours */
+        strcpy((char *)line, "[model]");
+        st->in_model = true;
+        st->section_line = st->lineno;
+        return;
+    }
     if (n >= sizeof(name))
         n = sizeof(name) - 1;
     memcpy(name, p, n);
     name[n] = '\0';
     if (!known_section(name)) {
         fail(st, st->lineno, -EINVAL, "unknown section [%s] (expected one of [log], [events], "
-                                      "[index], [http], [score], [state], [daemon])",
+                                      "[index], [http], [score], [tokenizer], [state], "
+                                      "[daemon], [model \"NAME\"])",
              name);
         return;
     }
@@ -766,6 +789,13 @@ static int conf_handler(void *user, const char *section, const char *name, const
     if (section[0] == '\0') {
         fail(st, st->lineno, -EINVAL, "key '%.100s' outside of any section", name);
         return 0;
+    }
+    if (st->in_model) {
+        char msg[600];
+        int rc = kvr_conf_model_key(st->c, name, value, st->lineno, msg, sizeof(msg));
+        if (rc != 0)
+            fail(st, st->lineno, rc, "%s", msg);
+        return rc == 0;
     }
     d = find_directive(section, name);
     if (d == NULL) {
@@ -1058,6 +1088,7 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->listen);
     free(c->admin_listen);
     free(c->admin_token);
+    kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));
 }
 
@@ -1165,6 +1196,21 @@ static void field_copy(const struct directive *d, struct kvr_conf *dst, const st
     }
 }
 
+struct model_list {
+    struct kvr_err *changed;
+    size_t *len;
+    int n;
+};
+
+static void model_changed(void *arg, const char *name)
+{
+    struct model_list *ml = arg;
+    char n[KVR_NAME_MAX + 8];
+    snprintf(n, sizeof(n), "\"%s\"", name);
+    list_add(ml->changed, ml->len, "model", n);
+    ml->n++;
+}
+
 int kvr_conf_apply_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
                           struct kvr_err *changed, struct kvr_err *ignored)
 {
@@ -1219,6 +1265,10 @@ int kvr_conf_apply_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
     }
     memcpy(live->weights, fresh->weights, sizeof(live->weights));
     live->nweights = fresh->nweights;
+    struct model_list ml = {changed, &clen, 0};
+    if (kvr_conf_models_reload(live, fresh, model_changed, &ml) < 0)
+        list_add(ignored, &ilen, "model", "* (out of memory: the previous [model] sections stay)");
+    nchanged += ml.n;
     return nchanged;
 }
 

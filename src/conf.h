@@ -36,6 +36,16 @@ struct kvr_conf_tier_weight {
     double weight;
 };
 
+/* [model "NAME"]: per-model settings, NAME as engines name the model in their topic. */
+struct kvr_conf_model {
+    char *name;
+    char *tokenizer;    /* a directory holding tokenizer.json (+ tokenizer_config.json) or a
+                         * tokenizer.json; relative paths are resolved against the config
+                         * file's directory; NULL = no tokenizer (token ids only) */
+    int line;           /* of the section header */
+    int tokenizer_line;
+};
+
 struct kvr_conf {
     char *path; /* file it was loaded from */
 
@@ -112,6 +122,14 @@ struct kvr_conf {
     size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5 */
     double default_weight;      /* for tiers without a weight; default 0.5 */
 
+    /* [tokenizer] */
+    int64_t prefix_cache;      /* bytes of the shared text-prefix cache; default 64MiB; 0 = off */
+    int64_t max_prompt_bytes;  /* a prompt (text) longer than this: 413; default 1MiB */
+
+    /* [model "NAME"] sections — reloadable (SIGHUP loads changed tokenizers) */
+    struct kvr_conf_model *models;
+    size_t nmodels;
+
     /* [state] */
     char *state_dir;             /* snapshots go here; NULL/"" = no snapshots */
     int64_t snapshot_interval_ms; /* periodic snapshots; default 60s; 0 = only at shutdown */
@@ -133,7 +151,8 @@ int kvr_conf_load_string(const char *name, const char *text, struct kvr_conf *c,
 
 void kvr_conf_free(struct kvr_conf *c);
 
-/* Applies the reloadable directives of `fresh` onto `live` (log, score weights); returns
+/* Applies the reloadable directives of `fresh` onto `live` (log, score weights, the
+ * [model] list: "model.NAME" for each added, removed or changed section); returns
  * the number of directives whose value changed, and names them in err->msg when non-NULL
  * (e.g. "log.level, score.weight.cpu"). Non-reloadable changes are listed in *ignored
  * (may be NULL) so the daemon can warn that they need a restart. */

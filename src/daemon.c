@@ -27,6 +27,7 @@
 #include "log.h"
 #include "queue_msg.h"
 #include "snap.h"
+#include "tokset.h"
 
 void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l)
 {
@@ -372,6 +373,8 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
         memset(k.secret, 0, sizeof(k.secret));
         kvr_zsub_curve_free(&k);
     }
+    if ((rc = kvr_tokset_check(c, err)) != 0)
+        return rc;
     if (c->state_dir != NULL && c->state_dir[0] != '\0') {
         rc = kvr_snap_check_dir(c->state_dir, &e);
         if (rc != 0)

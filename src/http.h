@@ -17,6 +17,7 @@
 #include "ingest.h"
 #include "score.h"
 #include "snap.h"
+#include "tokset.h"
 #include "zsub.h"
 
 struct kvr_http;
@@ -28,6 +29,7 @@ struct kvr_http_deps {
     struct kvr_zsub *zsub;   /* admin endpoints, its /metrics lines, readiness */
     struct kvr_index *index; /* only for kvr_index_stats() gauges in /metrics */
     struct kvr_snap *snap;   /* GET /v1/snapshot, kvrouter_snapshot_* metrics; may be NULL */
+    struct kvr_tokset *tokset; /* prompts to token ids; NULL: text answers 400 */
 };
 
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err);

@@ -39,6 +39,8 @@ struct kvr_httpapi {
     struct kvr_zsub *zsub;
     struct kvr_index *index;
     struct kvr_snap *snap;
+    struct kvr_tokset *tokset;
+    uint64_t max_prompt_bytes;
     bool admin_listener;
     bool public_introspection;
     pthread_mutex_t token_lock; /* token, token_len: set on SIGHUP (main), read by loops */
@@ -54,6 +56,7 @@ struct kvr_httpapi_thread {
     struct kvr_httpapi *api;
     struct kvr_httpstats *stats;
     struct kvr_score_ctx *sctx;
+    struct kvr_tokset_reader *tok; /* NULL without tokenizers */
     uint32_t *tokens;
     const char **pods;
     char decoded[KVR_HTTPREQ_URL_MAX + 1];
@@ -74,6 +77,9 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->zsub = deps->zsub;
     api->index = deps->index;
     api->snap = deps->snap;
+    api->tokset = deps->tokset;
+    api->max_prompt_bytes = deps->conf->max_prompt_bytes > 0 ? (uint64_t)deps->conf->max_prompt_bytes
+                                                             : 1u << 20;
     api->admin_listener = deps->admin_listener;
     api->public_introspection = deps->public_introspection;
     pthread_mutex_init(&api->token_lock, NULL);
@@ -154,6 +160,10 @@ int kvr_httpapi_thread_create(struct kvr_httpapi *api, struct kvr_httpstats *sta
         if (rc != 0)
             goto fail;
     }
+    if (api->tokset != NULL && (rc = kvr_tokset_reader_create(api->tokset, &t->tok)) != 0) {
+        kvr_score_ctx_destroy(t->sctx);
+        goto fail;
+    }
     *out = t;
     return 0;
 fail:
@@ -168,6 +178,7 @@ void kvr_httpapi_thread_destroy(struct kvr_httpapi_thread *t)
     if (t == NULL)
         return;
     kvr_score_ctx_destroy(t->sctx);
+    kvr_tokset_reader_destroy(t->tok);
     free(t->tokens);
     free(t->pods);
     free(t);
@@ -390,7 +401,8 @@ static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *re
 
 /* ---- POST /v1/score -------------------------------------------------------------------- */
 
-static void write_score(struct kvr_buf *b, const char *model, const struct kvr_score_result *r)
+static void write_score(struct kvr_buf *b, const char *model, const struct kvr_score_result *r,
+                        long prompt_tokens)
 {
     put(b, "{\"model\":");
     put_json_str(b, model);
@@ -401,6 +413,10 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
         put(b, "null");
     put(b, ",\"query_blocks\":");
     put_u64(b, r->query_blocks);
+    if (prompt_tokens >= 0) { /* the query was text: how many tokens it made */
+        put(b, ",\"tokens\":");
+        put_u64(b, (uint64_t)prompt_tokens);
+    }
     put(b, ",\"scores\":[");
     for (size_t i = 0; i < r->nentries; i++) {
         const struct kvr_score_entry *e = &r->entries[i];
@@ -434,14 +450,12 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
     put(b, "]}\n");
 }
 
-static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
-                     struct kvr_httpresp *resp)
+/* The body of /v1/score or /v1/tokenize into q: 0, or the error answered. */
+static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                      struct kvr_httpresp *resp, struct kvr_reqbody_query *q)
 {
     struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
                                      KVR_HTTPAPI_MAX_PODS};
-    struct kvr_reqbody_query q;
-    struct kvr_score_query sq;
-    struct kvr_score_result res;
     struct kvr_err err;
     enum body_kind kind = content_kind(req->content_type);
     int rc;
@@ -449,7 +463,7 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     if (kind == BODY_OTHER) {
         fail(resp, 415, "unsupported content type '%s' (use application/json or "
                         "application/msgpack)", req->content_type);
-        return;
+        return -1;
     }
     if (req->body_len == 0) {
         if (!req->has_length) {
@@ -458,22 +472,77 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
             resp->close = true;
         } else
             fail(resp, 400, "empty request body");
-        return;
+        return -1;
     }
     err.msg[0] = '\0';
     if (kind == BODY_JSON)
-        rc = kvr_reqbody_query_json(req->body, req->body_len, &sc, &q, &err);
+        rc = kvr_reqbody_query_json(req->body, req->body_len, &sc, q, &err);
     else
-        rc = kvr_reqbody_query_msgpack(req->body, req->body_len, &sc, &q, &err);
+        rc = kvr_reqbody_query_msgpack(req->body, req->body_len, &sc, q, &err);
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
         fail(resp, 413, "%s", err.msg);
-        return;
+        return -1;
     }
     if (rc != 0) {
         fail(resp, 400, "%s", err.msg[0] ? err.msg : "invalid body");
-        return;
+        return -1;
     }
+    return 0;
+}
+
+/* q's prompt to token ids (into q->tokens, q->ntokens): 0, or the error answered. */
+static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
+                           struct kvr_httpresp *resp)
+{
+    const uint32_t *ids;
+    int n;
+
+    if (q->prompt_len > t->api->max_prompt_bytes) {
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "prompt longer than [tokenizer] max_prompt_bytes (%llu bytes)",
+             (unsigned long long)t->api->max_prompt_bytes);
+        return -1;
+    }
+    n = t->tok != NULL ? kvr_tokset_encode(t->tok, q->model, q->prompt, q->prompt_len,
+                                           q->add_special_tokens, &ids)
+                       : -ENOENT;
+    if (n == -ENOENT) {
+        fail(resp, 400, "no tokenizer for model \"%.300s\" (configure [model \"%.300s\"] "
+                        "tokenizer, or send token_ids)", q->model, q->model);
+        return -1;
+    }
+    if (n == -EILSEQ) {
+        fail(resp, 400, "\"prompt\" is not valid UTF-8");
+        return -1;
+    }
+    if (n < 0) {
+        fail(resp, 500, "tokenization failed: %s", strerror(-n));
+        return -1;
+    }
+    if ((uint64_t)n > t->api->max_tokens) {
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "the prompt makes %d tokens, more than [http] max_query_tokens (%u)", n,
+             t->api->max_tokens);
+        return -1;
+    }
+    q->tokens = ids;
+    q->ntokens = (size_t)n;
+    return 0;
+}
+
+static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                     struct kvr_httpresp *resp)
+{
+    struct kvr_reqbody_query q;
+    struct kvr_score_query sq;
+    struct kvr_score_result res;
+    int rc;
+
+    if (query_body(t, req, resp, &q) != 0)
+        return;
+    if (!q.has_tokens && tokenize_prompt(t, &q, resp) != 0)
+        return;
     if (t->sctx == NULL) {
         fail(resp, 503, "scoring is not available");
         return;
@@ -494,7 +563,40 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
         fail(resp, 500, "scoring failed: %s", strerror(-rc));
         return;
     }
-    write_score(resp->body, q.model, &res);
+    write_score(resp->body, q.model, &res, q.has_tokens ? -1 : (long)q.ntokens);
+}
+
+/* ---- POST /v1/tokenize ----------------------------------------------------------------- */
+
+static void ep_tokenize(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                        struct kvr_httpresp *resp)
+{
+    struct kvr_reqbody_query q;
+    struct kvr_buf *b = resp->body;
+
+    if (query_body(t, req, resp, &q) != 0)
+        return;
+    if (q.has_tokens) {
+        fail(resp, 400, "/v1/tokenize takes \"prompt\" (text), not \"token_ids\"");
+        return;
+    }
+    if (tokenize_prompt(t, &q, resp) != 0)
+        return;
+    if (kvr_buf_reserve(b, 64 + strlen(q.model) * 6 + q.ntokens * 11) != 0) {
+        fail(resp, 500, "out of memory");
+        return;
+    }
+    put(b, "{\"model\":");
+    put_json_str(b, q.model);
+    put(b, ",\"tokens\":[");
+    for (size_t i = 0; i < q.ntokens; i++) {
+        if (i)
+            put(b, ",");
+        put_u64(b, q.tokens[i]);
+    }
+    put(b, "],\"count\":");
+    put_u64(b, q.ntokens);
+    put(b, "}\n");
 }
 
 /* ---- pods -------------------------------------------------------------------------------- */
@@ -741,6 +843,8 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         index_gauges(api->index, b);
     if (api->score != NULL)
         kvr_score_metrics(api->score, b);
+    if (api->tokset != NULL)
+        kvr_tokset_metrics(api->tokset, b);
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
     if (api->server_metrics != NULL)
@@ -820,6 +924,12 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
         if (m != HTTP_POST)
             RET_VOID(method_not_allowed(resp, ALLOW_POST));
         RET_VOID(ep_score(t, req, resp));
+    }
+    if (path_is(req, "/v1/tokenize")) {
+        resp->endpoint = KVR_EP_TOKENIZE;
+        if (m != HTTP_POST)
+            RET_VOID(method_not_allowed(resp, ALLOW_POST));
+        RET_VOID(ep_tokenize(t, req, resp));
     }
     if (path_is(req, "/healthz")) {
         resp->endpoint = KVR_EP_HEALTHZ;

@@ -3,7 +3,8 @@
  * each complete request; no sockets here, so the whole request path is testable in-process.
  *
  * Routes (see openapi.yaml):
- *   POST   /v1/score           both listeners
+ *   POST   /v1/score           both listeners (token ids, or a prompt tokenized here)
+ *   POST   /v1/tokenize        both listeners (vLLM's route: prompt -> token ids)
  *   GET    /v1/pods            admin **
  *   DELETE /v1/pods/{pod}      admin *
  *   GET    /v1/endpoints       admin **
@@ -45,6 +46,7 @@
 #include "ingest.h"
 #include "score.h"
 #include "snap.h"
+#include "tokset.h"
 #include "zsub.h"
 
 #define KVR_HTTPAPI_MAX_PODS 4096 /* pod filter entries per score query */
@@ -60,6 +62,8 @@ struct kvr_httpapi_deps {
                                 * endpoint add/remove/list and its /metrics lines go to it */
     struct kvr_index *index;   /* index gauges in /metrics when ingest is NULL */
     struct kvr_snap *snap;     /* GET /v1/snapshot and its /metrics lines; NULL: 503 */
+    struct kvr_tokset *tokset; /* POST /v1/tokenize, "prompt" in /v1/score; NULL: no
+                                * tokenizers (text gets 400 "no tokenizer for model") */
     bool admin_listener;       /* an admin listener exists (mutations only there) */
     bool public_introspection; /* with admin_listener: introspection also on the main one */
     /* Appends the server's own metrics (connections, requests, limits); may be NULL. */

@@ -61,6 +61,7 @@ enum kvr_http_ep {
     KVR_EP_HEALTHZ,
     KVR_EP_READYZ,
     KVR_EP_METRICS,
+    KVR_EP_TOKENIZE,
     KVR_EP_COUNT
 };
 const char *kvr_httpreq_ep_name(enum kvr_http_ep ep);

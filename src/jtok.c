@@ -265,6 +265,22 @@ int kvr_jtok_null(struct kvr_jtok *j)
     return 0;
 }
 
+int kvr_jtok_bool(struct kvr_jtok *j, bool *v)
+{
+    skip_ws(j);
+    if (j->end - j->p >= 4 && memcmp(j->p, "true", 4) == 0) {
+        j->p += 4;
+        *v = true;
+        return 0;
+    }
+    if (j->end - j->p >= 5 && memcmp(j->p, "false", 5) == 0) {
+        j->p += 5;
+        *v = false;
+        return 0;
+    }
+    return fail_at(j, j->p, -EINVAL, "expected true or false");
+}
+
 /* ---- generic values -------------------------------------------------------------------- */
 
 static bool is_digit(unsigned char c)

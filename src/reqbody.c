@@ -38,6 +38,19 @@ static bool key_is(const char *k, size_t klen, const char *name)
     return klen == n && memcmp(k, name, n) == 0;
 }
 
+static int query_check(struct kvr_reqbody_query *q, bool model, bool tokens, bool prompt,
+                       struct kvr_err *err)
+{
+    if (!model)
+        return kvr_err_set(err, -EINVAL, "missing \"model\"");
+    if (tokens && prompt)
+        return kvr_err_set(err, -EINVAL, "give either \"token_ids\" or \"prompt\", not both");
+    if (!tokens && !prompt)
+        return kvr_err_set(err, -EINVAL, "missing \"token_ids\" (or \"prompt\")");
+    q->has_tokens = tokens;
+    return 0;
+}
+
 /* ---- JSON ------------------------------------------------------------------------------- */
 
 int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
@@ -45,6 +58,7 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
 {
     struct kvr_jtok j;
     bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
+    bool seen_prompt = false, seen_special = false;
     int st = 0, rc;
     char *key, *str;
     size_t klen, slen;
@@ -52,6 +66,7 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
     memset(q, 0, sizeof(*q));
     q->tokens = s->tokens;
     q->pods = s->pods;
+    q->add_special_tokens = true;
     kvr_jtok_init(&j, body, len);
     if (kvr_jtok_peek(&j) != '{')
         return kvr_err_set(err, -EINVAL, "body must be a JSON object");
@@ -76,6 +91,25 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
             q->model = str;
             if (slen == 0 || slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
+        } else if (key_is(key, klen, "prompt")) {
+            if (seen_prompt)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
+            seen_prompt = true;
+            if (kvr_jtok_peek(&j) != '"')
+                return kvr_err_set(err, -EINVAL, "\"prompt\" must be a string");
+            if (kvr_jtok_string(&j, &str, &slen) != 0)
+                return jerr(&j, err);
+            q->prompt = str;
+            q->prompt_len = slen;
+        } else if (key_is(key, klen, "add_special_tokens")) {
+            int c = kvr_jtok_peek(&j);
+            if (seen_special)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"add_special_tokens\"");
+            seen_special = true;
+            if (c != 't' && c != 'f')
+                return kvr_err_set(err, -EINVAL, "\"add_special_tokens\" must be true or false");
+            if (kvr_jtok_bool(&j, &q->add_special_tokens) != 0)
+                return jerr(&j, err);
         } else if (key_is(key, klen, "lora_name")) {
             if (seen_lora)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"lora_name\"");
@@ -119,11 +153,7 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
         return jerr(&j, err);
     if (kvr_jtok_finish(&j) != 0)
         return jerr(&j, err);
-    if (!seen_model)
-        return kvr_err_set(err, -EINVAL, "missing \"model\"");
-    if (!seen_tokens)
-        return kvr_err_set(err, -EINVAL, "missing \"token_ids\"");
-    return 0;
+    return query_check(q, seen_model, seen_tokens, seen_prompt, err);
 }
 
 static int opt_string(struct kvr_jtok *j, const char *name, const char **out, struct kvr_err *err)
@@ -469,6 +499,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
 {
     struct mp m = {(unsigned char *)body, (unsigned char *)body + len, (unsigned char *)body, err};
     bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
+    bool seen_prompt = false, seen_special = false;
     uint64_t nkeys;
     size_t hdr;
     int rc;
@@ -476,6 +507,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
     memset(q, 0, sizeof(*q));
     q->tokens = s->tokens;
     q->pods = s->pods;
+    q->add_special_tokens = true;
     if (mp_header(&m, MP_MAP, &nkeys, &hdr) != 0)
         return kvr_err_set(err, -EINVAL, "msgpack: body must be a map");
     m.p += hdr;
@@ -507,6 +539,21 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             if (slen == 0 || slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
             q->model = str;
+        } else if (key_is(key, klen, "prompt")) {
+            if (seen_prompt)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
+            seen_prompt = true;
+            if ((rc = mp_string(&m, "prompt", &str, &slen)) != 0)
+                return rc;
+            q->prompt = str;
+            q->prompt_len = slen;
+        } else if (key_is(key, klen, "add_special_tokens")) {
+            if (seen_special)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"add_special_tokens\"");
+            seen_special = true;
+            if (m.p >= m.end || (*m.p != 0xc2 && *m.p != 0xc3))
+                return kvr_err_set(err, -EINVAL, "\"add_special_tokens\" must be true or false");
+            q->add_special_tokens = *m.p++ == 0xc3;
         } else if (key_is(key, klen, "lora_name")) {
             if (seen_lora)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"lora_name\"");
@@ -543,9 +590,5 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
     }
     if (m.p != m.end)
         return mp_fail(&m, "trailing data after the map");
-    if (!seen_model)
-        return kvr_err_set(err, -EINVAL, "missing \"model\"");
-    if (!seen_tokens)
-        return kvr_err_set(err, -EINVAL, "missing \"token_ids\"");
-    return 0;
+    return query_check(q, seen_model, seen_tokens, seen_prompt, err);
 }

@@ -1,6 +1,9 @@
 /* reqbody.h — request bodies of the HTTP API, decoded without allocation.
  *
  * Score query: {"model": str, "token_ids": [u32], "lora_name"?: str|null, "pods"?: [str]|null}
+ * or the same with "prompt": str (text the daemon tokenizes) in place of "token_ids", and
+ * "add_special_tokens"?: bool (default true; meaningful with a prompt). The same map serves
+ * /v1/tokenize ({"model", "prompt", "add_special_tokens"?}).
  * as JSON (strict, any key order, unknown keys ignored, duplicate known keys rejected) or the
  * same map as msgpack (token ids of any integer width, non-negative and < 2^32).
  * Endpoint admin: {"endpoint": str, "replay_endpoint"?: str|null, "pod"?: str|null} (JSON).
@@ -16,6 +19,7 @@
 #ifndef KVR_REQBODY_H
 #define KVR_REQBODY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +39,10 @@ struct kvr_reqbody_query {
     size_t ntokens;
     const char *const *pods; /* = scratch->pods; npods 0 = no filter */
     size_t npods;
+    bool has_tokens;         /* "token_ids" was given */
+    const char *prompt;      /* NULL when absent (decoded in place; may hold NUL bytes) */
+    size_t prompt_len;
+    bool add_special_tokens; /* default true */
 };
 
 int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,

@@ -26,9 +26,9 @@ static const struct bad_case bad_cases[] = {
     /* unknown key / section */
     {EV "[log]\nfoo = 1\n", "t.conf:4: unknown key 'foo' in section [log]"},
     {EV "[bar]\n", "t.conf:3: unknown section [bar] (expected one of [log], [events], [index], "
-                   "[http], [score], [state], [daemon])"},
+                   "[http], [score], [tokenizer], [state], [daemon], [model \"NAME\"])"},
     {"[ log ]\nlevel = info\n", "t.conf:1: unknown section [ log ] (expected one of [log], "
-                                "[events], [index], [http], [score], [state], [daemon])"},
+                                "[events], [index], [http], [score], [tokenizer], [state], [daemon], [model \"NAME\"])"},
     {"level = info\n" EV, "t.conf:1: key 'level' outside of any section"},
     {EV "[events]\nbind.x = 1\n", "t.conf:4: unknown key 'bind.x' in section [events]"},
     /* syntax */
@@ -177,6 +177,20 @@ static const struct bad_case bad_cases[] = {
         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
         "aa\n",
      "t.conf:4: line too long (at most 198 characters)"},
+    /* [model "NAME"] sections */
+    {EV "[model Qwen]\ntokenizer = x\n", "t.conf:3: expected [model \"NAME\"] (the model as "
+                                         "engines name it in their topic, in double quotes)"},
+    {EV "[model \"Qwen]\n", "t.conf:3: missing closing '\"' in [model \"NAME\"]"},
+    {EV "[model \"\"]\n", "t.conf:3: empty model name in [model \"\"]"},
+    {EV "[model \"a\" b]\n", "t.conf:3: unexpected text after the model name in [model \"NAME\"]"},
+    {EV "[model \"a\"]\ntokenizer = x\n[model \"a\"]\n",
+     "t.conf:5: [model \"a\"] is given twice (first on line 3)"},
+    {EV "[model \"a\"]\ntokenizer = x\ntokenizer = y\n",
+     "t.conf:5: duplicate key 'tokenizer' in [model \"a\"] (first set on line 4)"},
+    {EV "[model \"a\"]\ntokeniser = x\n",
+     "t.conf:4: unknown key 'tokeniser' in section [model \"a\"] (expected tokenizer)"},
+    {EV "[tokenizer]\nmax_prompt_bytes = 10\n",
+     "t.conf:4: [tokenizer] max_prompt_bytes = 10 is out of range (1KiB..1GiB)"},
     /* weights */
     {EV "[score]\nweight.gpu = abc\n", "t.conf:4: invalid value 'abc' for [score] weight.*: "
                                        "expected a number (e.g. 0.8)"},
@@ -555,6 +569,50 @@ static void test_state_directives(void **state)
     kvr_conf_free(&c);
 }
 
+/* [model "NAME"] sections: names as given (slashes, dots), paths resolved against the config
+ * file's directory, [tokenizer] defaults, and the model list moving over on reload. */
+static void test_model_sections(void **state)
+{
+    struct kvr_conf c, fresh;
+    struct kvr_err changed, ignored;
+    (void)state;
+    load_ok(EV, &c);
+    assert_int_equal(c.nmodels, 0);
+    assert_int_equal(c.prefix_cache, 64 << 20);
+    assert_int_equal(c.max_prompt_bytes, 1 << 20);
+    kvr_conf_free(&c);
+    struct kvr_err err = {{0}};
+    assert_int_equal(kvr_conf_load_string("/etc/kvr/t.conf",
+                                          EV "[model \"Qwen/Qwen3-8B\"]\ntokenizer = models/q\n"
+                                             "[tokenizer]\nprefix_cache = 0\n"
+                                             "[model  \"meta-llama/Llama-3.1-8B-Instruct\" ]\n"
+                                             "tokenizer = /abs/l.json\n[model \"bare\"]\n",
+                                          &c, &err),
+                     0);
+    assert_int_equal(c.nmodels, 3);
+    assert_string_equal(c.models[0].name, "Qwen/Qwen3-8B");
+    assert_string_equal(c.models[0].tokenizer, "/etc/kvr/models/q");
+    assert_int_equal(c.models[0].line, 3);
+    assert_int_equal(c.models[0].tokenizer_line, 4);
+    assert_string_equal(c.models[1].name, "meta-llama/Llama-3.1-8B-Instruct");
+    assert_string_equal(c.models[1].tokenizer, "/abs/l.json");
+    assert_null(c.models[2].tokenizer);
+    assert_int_equal(c.prefix_cache, 0);
+    /* reload: one changed, one removed, one added; the list is the fresh one */
+    load_ok(EV "[model \"Qwen/Qwen3-8B\"]\ntokenizer = /other\n[model \"bare\"]\n"
+               "[model \"new\"]\ntokenizer = /n\n",
+            &fresh);
+    assert_int_equal(kvr_conf_apply_reload(&c, &fresh, &changed, &ignored), 3);
+    assert_string_equal(changed.msg, "model.\"Qwen/Qwen3-8B\", model.\"new\", "
+                                     "model.\"meta-llama/Llama-3.1-8B-Instruct\"");
+    assert_int_equal(c.nmodels, 3);
+    assert_string_equal(c.models[0].tokenizer, "/other");
+    assert_string_equal(c.models[2].name, "new");
+    assert_int_equal(kvr_conf_apply_reload(&c, &fresh, &changed, NULL), 0);
+    kvr_conf_free(&c);
+    kvr_conf_free(&fresh);
+}
+
 static void test_missing_file(void **state)
 {
     struct kvr_conf c;
@@ -726,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_replay_directives),
         cmocka_unit_test(test_shipped_config),
         cmocka_unit_test(test_state_directives),
+        cmocka_unit_test(test_model_sections),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_file_with_nul),
         cmocka_unit_test(test_reload_apply),

@@ -1,0 +1,385 @@
+/* tokset.c — model name -> tokenizer, published to readers RCU style (see tokset.h).
+ *
+ * A table is immutable once published. Readers announce the epoch they start in
+ * (seq_cst store, then the table load); a reload stores the new table, advances the epoch
+ * and waits until every reader is quiescent or started after the advance, then frees what
+ * the old table alone owned. Tokenizers that did not change are shared by both tables
+ * (owned by whichever table is current; the old table frees only those it does not pass on).
+ */
+#include "tokset.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "tok.h"
+
+struct fid { /* identity of a file as reload compares it; all zero: absent */
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    int64_t mtime_ns;
+};
+
+struct entry {
+    char *name;
+    char *path;
+    kvr_tok *tok;
+    struct fid json, cfg;
+};
+
+struct table {
+    size_t n;
+    struct entry e[]; /* sorted by name */
+};
+
+struct kvr_tokset_reader {
+    struct kvr_tokset *ts;
+    _Atomic uint64_t active; /* epoch the current call started in; 0 = quiescent */
+    kvr_tok_scratch *scratch;
+    struct kvr_tokset_reader *next;
+};
+
+struct kvr_tokset {
+    _Atomic(struct table *) table;
+    _Atomic uint64_t epoch;
+    pthread_mutex_t lock; /* readers list */
+    struct kvr_tokset_reader *readers;
+    _Atomic uint64_t reloads, reload_failures, encodes;
+};
+
+static void fid_of(const char *path, struct fid *f)
+{
+    struct stat st;
+    memset(f, 0, sizeof(*f));
+    if (stat(path, &st) != 0)
+        return;
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+    f->size = st.st_size;
+    f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+/* The two files kvr_tok_load reads for path (a directory or a tokenizer.json). */
+static void files_of(const char *path, struct fid *json, struct fid *cfg)
+{
+    char jp[4200], cp[4200];
+    struct stat st;
+    bool dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    snprintf(jp, sizeof(jp), dir ? "%s/tokenizer.json" : "%s", path);
+    const char *slash = strrchr(jp, '/');
+    snprintf(cp, sizeof(cp), "%.*s/tokenizer_config.json", slash ? (int)(slash - jp) : 1,
+             slash ? jp : ".");
+    fid_of(jp, json);
+    fid_of(cp, cfg);
+}
+
+static bool fid_eq(const struct fid *a, const struct fid *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime_ns == b->mtime_ns;
+}
+
+static int load_one(const struct kvr_conf *c, const struct kvr_conf_model *m, struct entry *e,
+                    struct kvr_err *err)
+{
+    char msg[600];
+    memset(e, 0, sizeof(*e));
+    files_of(m->tokenizer, &e->json, &e->cfg);
+    int rc = kvr_tok_load(m->tokenizer, &e->tok, msg, sizeof(msg));
+    if (rc != 0)
+        return kvr_err_set(err, rc, "%s:%d: [model \"%s\"] tokenizer: %s", c->path,
+                           m->tokenizer_line, m->name, msg);
+    e->name = strdup(m->name);
+    e->path = strdup(m->tokenizer);
+    if (e->name == NULL || e->path == NULL) {
+        kvr_tok_free(e->tok);
+        free(e->name);
+        free(e->path);
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
+}
+
+static size_t count_models(const struct kvr_conf *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->nmodels; i++)
+        n += c->models[i].tokenizer != NULL;
+    return n;
+}
+
+/* Frees a table's names and paths; its tokenizers too when free_toks. */
+static void table_free(struct table *t, bool free_toks)
+{
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < t->n; i++) {
+        if (free_toks)
+            kvr_tok_free(t->e[i].tok);
+        free(t->e[i].name);
+        free(t->e[i].path);
+    }
+    free(t);
+}
+
+static const struct entry *lookup(const struct table *t, const char *name)
+{
+    size_t lo = 0, hi = t->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(name, t->e[mid].name);
+        if (c == 0)
+            return &t->e[mid];
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+int kvr_tokset_create(const struct kvr_conf *c, struct kvr_tokset **out, struct kvr_err *err)
+{
+    struct kvr_tokset *ts = calloc(1, sizeof(*ts));
+    struct table *t = calloc(1, sizeof(*t) + count_models(c) * sizeof(struct entry));
+    int rc = 0;
+
+    if (ts == NULL || t == NULL) {
+        free(ts);
+        free(t);
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < c->nmodels && rc == 0; i++) {
+        if (c->models[i].tokenizer == NULL)
+            continue;
+        if ((rc = load_one(c, &c->models[i], &t->e[t->n], err)) == 0)
+            t->n++;
+    }
+    if (rc != 0) {
+        table_free(t, true);
+        free(ts);
+        return rc;
+    }
+    qsort(t->e, t->n, sizeof(t->e[0]), cmp_entry);
+    atomic_init(&ts->table, t);
+    atomic_init(&ts->epoch, 1);
+    pthread_mutex_init(&ts->lock, NULL);
+    *out = ts;
+    return 0;
+}
+
+int kvr_tokset_check(const struct kvr_conf *c, struct kvr_err *err)
+{
+    struct kvr_tokset *ts;
+    int rc = kvr_tokset_create(c, &ts, err);
+    if (rc == 0)
+        kvr_tokset_destroy(ts);
+    return rc;
+}
+
+/* Waits until no reader can still be using a table published before epoch `after`. */
+static void synchronize(struct kvr_tokset *ts, uint64_t after)
+{
+    pthread_mutex_lock(&ts->lock);
+    for (struct kvr_tokset_reader *r = ts->readers; r != NULL; r = r->next) {
+        for (unsigned spins = 0;; spins++) {
+            uint64_t a = atomic_load(&r->active);
+            if (a == 0 || a >= after)
+                break;
+            if (spins < 64)
+                sched_yield();
+            else
+                nanosleep(&(struct timespec){0, 200000}, NULL); /* a call lasts < ms */
+        }
+    }
+    pthread_mutex_unlock(&ts->lock);
+}
+
+int kvr_tokset_reload(struct kvr_tokset *ts, const struct kvr_conf *c, size_t *nloaded,
+                      struct kvr_err *err)
+{
+    struct table *old = atomic_load(&ts->table);
+    size_t want = count_models(c), loaded = 0;
+    struct table *t = calloc(1, sizeof(*t) + want * sizeof(struct entry));
+    bool *kept = calloc(old->n + 1, sizeof(bool)); /* old entries passed on */
+    struct kvr_err first = {0};
+    int frc = 0;
+
+    if (nloaded != NULL)
+        *nloaded = 0;
+    if (t == NULL || kept == NULL) {
+        free(t);
+        free(kept);
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < c->nmodels; i++) {
+        const struct kvr_conf_model *m = &c->models[i];
+        if (m->tokenizer == NULL)
+            continue;
+        const struct entry *o = lookup(old, m->name);
+        struct fid j, f;
+        files_of(m->tokenizer, &j, &f);
+        if (o != NULL && strcmp(o->path, m->tokenizer) == 0 && fid_eq(&o->json, &j) &&
+            fid_eq(&o->cfg, &f)) {
+            struct entry *e = &t->e[t->n];
+            e->name = strdup(o->name);
+            e->path = strdup(o->path);
+            if (e->name == NULL || e->path == NULL) {
+                free(e->name);
+                free(e->path);
+                goto keep_error;
+            }
+            e->tok = o->tok, e->json = o->json, e->cfg = o->cfg;
+            kept[o - old->e] = true;
+            t->n++;
+            continue;
+        }
+        struct kvr_err e1;
+        int rc = load_one(c, m, &t->e[t->n], &e1);
+        if (rc == 0) {
+            t->n++;
+            loaded++;
+            kvr_log_info("tokenizer for model \"%s\" loaded from %s", m->name, m->tokenizer);
+            continue;
+        }
+        kvr_log_error("reload: %s (%s)", e1.msg,
+                      o != NULL ? "the model keeps its previous tokenizer"
+                                : "the model has no tokenizer");
+        if (frc == 0) {
+            frc = -EINVAL;
+            first = e1;
+        }
+        if (o != NULL) { /* keep the previous one */
+            struct entry *e = &t->e[t->n];
+            e->name = strdup(o->name);
+            e->path = strdup(o->path);
+            if (e->name == NULL || e->path == NULL) {
+                free(e->name);
+                free(e->path);
+                goto keep_error;
+            }
+            e->tok = o->tok, e->json = o->json, e->cfg = o->cfg;
+            kept[o - old->e] = true;
+            t->n++;
+        }
+    }
+    qsort(t->e, t->n, sizeof(t->e[0]), cmp_entry);
+    atomic_store(&ts->table, t);
+    uint64_t after = atomic_fetch_add(&ts->epoch, 1) + 1;
+    synchronize(ts, after);
+    for (size_t i = 0; i < old->n; i++)
+        if (!kept[i])
+            kvr_tok_free(old->e[i].tok);
+    table_free(old, false);
+    free(kept);
+    atomic_fetch_add(&ts->reloads, 1);
+    if (frc != 0)
+        atomic_fetch_add(&ts->reload_failures, 1);
+    if (nloaded != NULL)
+        *nloaded = loaded;
+    if (frc != 0)
+        *err = first;
+    return frc;
+
+keep_error: /* out of memory midway: nothing published; free what this reload loaded */
+    for (size_t i = 0; i < t->n; i++) {
+        bool shared = false;
+        for (size_t k = 0; k < old->n; k++)
+            shared |= old->e[k].tok == t->e[i].tok;
+        if (!shared)
+            kvr_tok_free(t->e[i].tok);
+    }
+    table_free(t, false);
+    free(kept);
+    atomic_fetch_add(&ts->reload_failures, 1);
+    return kvr_err_set(err, -ENOMEM, "out of memory (the previous tokenizers stay)");
+}
+
+void kvr_tokset_destroy(struct kvr_tokset *ts)
+{
+    if (ts == NULL)
+        return;
+    table_free(atomic_load(&ts->table), true);
+    pthread_mutex_destroy(&ts->lock);
+    free(ts);
+}
+
+int kvr_tokset_reader_create(struct kvr_tokset *ts, struct kvr_tokset_reader **out)
+{
+    struct kvr_tokset_reader *r = calloc(1, sizeof(*r));
+    if (r == NULL || (r->scratch = kvr_tok_scratch_new()) == NULL) {
+        free(r);
+        return -ENOMEM;
+    }
+    r->ts = ts;
+    atomic_init(&r->active, 0);
+    pthread_mutex_lock(&ts->lock);
+    r->next = ts->readers;
+    ts->readers = r;
+    pthread_mutex_unlock(&ts->lock);
+    *out = r;
+    return 0;
+}
+
+void kvr_tokset_reader_destroy(struct kvr_tokset_reader *r)
+{
+    if (r == NULL)
+        return;
+    struct kvr_tokset *ts = r->ts;
+    pthread_mutex_lock(&ts->lock);
+    for (struct kvr_tokset_reader **p = &ts->readers; *p != NULL; p = &(*p)->next) {
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ts->lock);
+    kvr_tok_scratch_free(r->scratch);
+    free(r);
+}
+
+int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char *text,
+                      size_t len, bool add_special, const uint32_t **ids)
+{
+    struct kvr_tokset *ts = r->ts;
+    int rc;
+
+    atomic_store(&r->active, atomic_load(&ts->epoch));
+    const struct table *t = atomic_load(&ts->table);
+    const struct entry *e = lookup(t, model);
+    if (e == NULL)
+        rc = -ENOENT;
+    else
+        rc = kvr_tok_encode(e->tok, r->scratch, text, len, add_special, ids);
+    atomic_store_explicit(&r->active, 0, memory_order_release);
+    if (rc >= 0)
+        atomic_fetch_add_explicit(&ts->encodes, 1, memory_order_relaxed);
+    return rc;
+}
+
+void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out)
+{
+    kvr_metrics_gauge(out, "tokenizer_models", "Models with a tokenizer loaded", NULL,
+                      (double)atomic_load(&ts->table)->n);
+    kvr_metrics_counter(out, "tokenizer_reloads_total", "Reloads of the tokenizer set (SIGHUP)",
+                        NULL, atomic_load(&ts->reloads));
+    kvr_metrics_counter(out, "tokenizer_reload_failures_total",
+                        "Reloads where a tokenizer could not be loaded (the model kept its "
+                        "previous one)", NULL, atomic_load(&ts->reload_failures));
+    kvr_metrics_counter(out, "tokenizer_encodes_total", "Prompts tokenized", NULL,
+                        atomic_load(&ts->encodes));
+}

@@ -1,0 +1,58 @@
+/* tokset.h — the tokenizers of the configured models ([model "NAME"] tokenizer = PATH), by
+ * model name, for the HTTP loops; replaced on SIGHUP without blocking them.
+ *
+ * Why a module: loading (at startup, for kvrouterd -t, on reload) and the hand-over to
+ * readers are lifetime questions the tokenizer itself (tok.h, immutable once loaded) should
+ * not know about. A reload builds a new name -> tokenizer table, publishes it with one
+ * atomic store, and frees what it replaced only once every reader that could still hold it
+ * has finished its call (per-reader epochs, RCU style): readers never take a lock or wait.
+ *
+ * Threads: create/reload/destroy from one thread (main); any number of readers, one
+ * kvr_tokset_reader each (per loop thread), used by one thread at a time.
+ */
+#ifndef KVR_TOKSET_H
+#define KVR_TOKSET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "conf.h"
+#include "err.h"
+
+struct kvr_tokset;
+struct kvr_tokset_reader;
+
+/* Loads every [model] tokenizer of c. A file that cannot be loaded fails with
+ * "CONF:LINE: [model \"NAME\"] tokenizer: FILE: JSON.PATH: what". */
+int kvr_tokset_create(const struct kvr_conf *c, struct kvr_tokset **out, struct kvr_err *err);
+
+/* kvrouterd -t: loads and frees them, same errors. */
+int kvr_tokset_check(const struct kvr_conf *c, struct kvr_err *err);
+
+/* SIGHUP: loads the tokenizers whose section is new or whose path or files changed (by
+ * path, size, mtime, inode of tokenizer.json and tokenizer_config.json), drops removed
+ * models, keeps the others as they are, publishes the new table and frees the replaced
+ * tokenizers once no reader holds them. A tokenizer that fails to load keeps its model's
+ * previous one (if any): the error (first one, as create's) is returned in err with
+ * -EINVAL, after everything else was applied. *nloaded (may be NULL): tokenizers loaded. */
+int kvr_tokset_reload(struct kvr_tokset *ts, const struct kvr_conf *c, size_t *nloaded,
+                      struct kvr_err *err);
+
+void kvr_tokset_destroy(struct kvr_tokset *ts); /* after every reader is destroyed */
+
+int kvr_tokset_reader_create(struct kvr_tokset *ts, struct kvr_tokset_reader **out);
+void kvr_tokset_reader_destroy(struct kvr_tokset_reader *r);
+
+/* Token ids of text (len bytes, UTF-8) as model's tokenizer computes them; add_special as
+ * HF's add_special_tokens. Returns the count, *ids valid until the reader's next call; or
+ * -ENOENT (no tokenizer configured for model), -EILSEQ (invalid UTF-8), -ENOMEM,
+ * -EOVERFLOW. */
+int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char *text,
+                      size_t len, bool add_special, const uint32_t **ids);
+
+/* Prometheus lines: models with a tokenizer, reloads, and the prefix cache. */
+void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out);
+
+#endif
