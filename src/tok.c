@@ -55,6 +55,14 @@ struct kvr_tok_scratch {
     pcre2_match_data *md;
     pcre2_match_context *mc;
     pcre2_jit_stack *js;
+    /* resumption marks (the prefix cache): recorded when `record` */
+    bool record;
+    struct tok_mark *marks;
+    size_t nmarks, markcap;
+    size_t rec_base, rec_sub; /* raw offset of the normalized buffer (SIZE_MAX: not the raw
+                               * text) and of the current sub-segment, for piece marks */
+    char *cat; /* a resumed segment: raw head + normalized tail */
+    size_t catcap;
 };
 
 kvr_tok_scratch *kvr_tok_scratch_new(void)
@@ -87,6 +95,8 @@ void kvr_tok_scratch_free(kvr_tok_scratch *s)
     free(s->sym);
     free(s->heap);
     free(s->u32);
+    free(s->marks);
+    free(s->cat);
     pcre2_match_data_free(s->md);
     pcre2_match_context_free(s->mc);
     pcre2_jit_stack_free(s->js);
@@ -272,13 +282,15 @@ static int bpe_merge(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t
 
 /* One split pre-tokenizer over each piece of *in (text buf), into *out. */
 static int split(const struct pre *p, kvr_tok_scratch *s, const char *buf, const struct piece *in,
-                 size_t nin, struct piece **out, size_t *outcap, size_t *nout)
+                 size_t nin, struct piece **out, size_t *outcap, size_t *nout, size_t first_rel)
 {
     size_t no = 0;
     int rc;
     for (size_t pi = 0; pi < nin; pi++) {
         const char *w = buf + in[pi].s;
-        size_t n = in[pi].e - in[pi].s, nq = 0, at = 0;
+        /* the first piece of a resumed segment is scanned from first_rel, a boundary of this
+         * (the first) pre-tokenizer: what lies before it was tokenized already */
+        size_t n = in[pi].e - in[pi].s, nq = 0, at = pi ? 0 : first_rel, from = at;
         /* the interleaved gaps and matches (non-empty), as HF's find_matches */
         while (at < n) {
             size_t ms, me;
@@ -303,13 +315,13 @@ static int split(const struct pre *p, kvr_tok_scratch *s, const char *buf, const
             }
             if ((rc = grow((void **)&s->seq, &s->seqcap, nq + 2, sizeof *s->seq)))
                 return rc;
-            size_t gs = nq ? s->seq[nq - 1].e : 0;
+            size_t gs = nq ? s->seq[nq - 1].e : from;
             if (ms > gs)
                 s->seq[nq++] = (struct piece){(uint32_t)gs, (uint32_t)ms, false};
             s->seq[nq++] = (struct piece){(uint32_t)ms, (uint32_t)me, true};
             at = me;
         }
-        size_t gs = nq ? s->seq[nq - 1].e : 0;
+        size_t gs = nq ? s->seq[nq - 1].e : from;
         if ((rc = grow((void **)&s->seq, &s->seqcap, nq + 1, sizeof *s->seq)))
             return rc;
         if (gs < n)
@@ -353,10 +365,23 @@ static int split(const struct pre *p, kvr_tok_scratch *s, const char *buf, const
     return 0;
 }
 
-static int pretok_bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *buf, size_t off,
-                      size_t len)
+static int mark(kvr_tok_scratch *s, size_t raw, size_t seg, size_t sub)
 {
-    if (!len)
+    int rc;
+    if (s->nmarks == s->markcap &&
+        (rc = grow((void **)&s->marks, &s->markcap, s->nmarks + 1, sizeof *s->marks)))
+        return rc;
+    s->marks[s->nmarks++] = (struct tok_mark){(uint32_t)raw, (uint32_t)s->nids, (uint32_t)seg,
+                                              (uint32_t)sub};
+    return 0;
+}
+
+/* Pre-tokenizes and BPEs buf[off, off+len), the first pre-tokenizer scanning from first_at
+ * (== off, or a resumption point inside). */
+static int pretok_bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *buf, size_t off,
+                      size_t len, size_t first_at)
+{
+    if (first_at >= off + len)
         return 0;
     int rc;
     if (!t->npres)
@@ -367,16 +392,21 @@ static int pretok_bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *buf, siz
     size_t n = 1;
     for (size_t i = 0; i < t->npres; i++) {
         size_t no;
-        if ((rc = split(&t->pres[i], s, buf, s->pa, n, &s->pb, &s->pbcap, &no)))
+        if ((rc = split(&t->pres[i], s, buf, s->pa, n, &s->pb, &s->pbcap, &no,
+                        i ? 0 : first_at - off)))
             return rc;
         struct piece *x = s->pa;
         size_t xc = s->pacap;
         s->pa = s->pb, s->pacap = s->pbcap, s->pb = x, s->pbcap = xc;
         n = no;
     }
-    for (size_t i = 0; i < n; i++)
+    bool rec = s->record && s->rec_base != SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        if (rec && (rc = mark(s, s->rec_base + s->pa[i].s, s->rec_base, s->rec_base + off)))
+            return rc;
         if ((rc = bpe(t, s, buf + s->pa[i].s, s->pa[i].e - s->pa[i].s)))
             return rc;
+    }
     return 0;
 }
 
@@ -395,10 +425,12 @@ static bool is_word(const char *s, size_t at)
 /* Leftmost-longest match of an added token in s[from, n): [*ms, *me) the span (with lstrip/rstrip
  * whitespace), the token id in *id. */
 static bool added_find(const kvr_tok *t, const struct addset *as, const char *s, size_t n,
-                       size_t from, size_t *ms, size_t *me, uint32_t *id)
+                       size_t from, size_t floor, size_t *ms, size_t *me, uint32_t *id)
 {
     if (!as->n)
         return false;
+    /* scans from `from`; lstrip stops at `floor` (the end of the previous token: from, or
+     * before it when resuming inside a segment, whose head holds no token) */
     for (size_t i = from; i < n; i++) {
         unsigned char b = (unsigned char)s[i];
         for (uint32_t j = as->first[b]; j < as->first[b + 1]; j++) {
@@ -410,7 +442,7 @@ static bool added_find(const kvr_tok *t, const struct addset *as, const char *s,
                                    (en < n && is_word(s, en))))
                 continue;
             if (a->lstrip)
-                while (st > from && is_space((unsigned char)s[st - 1]))
+                while (st > floor && is_space((unsigned char)s[st - 1]))
                     st--;
             if (a->rstrip)
                 while (en < n && is_space((unsigned char)s[en]))
@@ -534,52 +566,179 @@ int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size
     return 0;
 }
 
-/* A segment between raw-matched added tokens: normalize, split on normalized added tokens,
- * pre-tokenize and BPE the rest. */
-static int segment(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n)
+/* A normalized segment b[0, bn) (raw offset seg; ident: b is the raw text itself): split
+ * on normalized added tokens, pre-tokenize and BPE the rest, from `resume` (0, or a
+ * resumption point inside the sub-segment starting at sub). */
+static int segment_body(const kvr_tok *t, kvr_tok_scratch *s, const char *b, size_t bn,
+                        size_t seg, bool ident, size_t resume, size_t sub)
 {
-    if (!n)
-        return 0;
-    const char *b;
-    size_t bn;
-    int rc = kvr_tok_normalize(t, s, in, n, &b, &bn);
-    if (rc)
-        return rc;
-    size_t at = 0, ms, me;
+    size_t at = sub, scan = resume, ms, me;
     uint32_t id;
-    while (added_find(t, &t->normd, b, bn, at, &ms, &me, &id)) {
-        if ((rc = pretok_bpe(t, s, b, at, ms - at)) || (rc = out_id(s, id)))
+    int rc;
+    s->rec_base = ident && t->inseg ? seg : SIZE_MAX;
+    bool rec = s->record && s->rec_base != SIZE_MAX;
+    while (added_find(t, &t->normd, b, bn, scan, at, &ms, &me, &id)) {
+        if ((rc = pretok_bpe(t, s, b, at, ms - at, scan)) ||
+            (rec && (rc = mark(s, seg + ms, TOK_MARK_END, seg + at))) || (rc = out_id(s, id)))
             return rc;
-        at = me;
+        at = scan = me;
     }
-    return pretok_bpe(t, s, b, at, bn - at);
+    if ((rc = pretok_bpe(t, s, b, at, bn - at, scan)))
+        return rc;
+    return rec ? mark(s, seg + bn, TOK_MARK_END, seg + at) : 0;
 }
 
-int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
-                   bool add_special, const uint32_t **ids)
+/* A segment between raw-matched added tokens, text[seg, seg+n): normalize, then the body. */
+static int segment(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t seg, size_t n)
+{
+    int rc;
+    if (s->record && (rc = mark(s, seg, seg, seg)))
+        return rc;
+    if (!n)
+        return 0;
+    const char *in = text + seg, *b;
+    size_t bn;
+    if ((rc = kvr_tok_normalize(t, s, in, n, &b, &bn)))
+        return rc;
+    bool ident = b == in || (bn == n && !memcmp(b, in, n));
+    return segment_body(t, s, b, bn, seg, ident, 0, 0);
+}
+
+/* From a segment start `at` to the end. */
+static int encode_from(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
+                       size_t at)
+{
+    size_t ms, me;
+    uint32_t id;
+    int rc = 0;
+    while (!rc && added_find(t, &t->raw, text, len, at, at, &ms, &me, &id)) {
+        if (!(rc = segment(t, s, text, at, ms - at)))
+            rc = out_id(s, id);
+        at = me;
+    }
+    return rc ? rc : segment(t, s, text, at, len - at);
+}
+
+/* From a mark inside a segment (raw text up to it is its own normalization): the segment's
+ * tail is normalized alone (normalization is local before an ASCII character, which the
+ * cache checked) and appended to the raw head, so the first pre-tokenizer sees the whole
+ * segment as a subject. */
+static int encode_inseg(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
+                        const struct tok_mark *m)
+{
+    size_t k = m->raw, seg = m->seg, ms = len, me = len;
+    uint32_t id;
+    int rc;
+    bool found = added_find(t, &t->raw, text, len, k, seg, &ms, &me, &id);
+    size_t end = found ? ms : len;
+    const char *tail, *b = text + seg;
+    size_t tn, bn = end - seg;
+    if ((rc = kvr_tok_normalize(t, s, text + k, end - k, &tail, &tn)))
+        return rc;
+    if (tail != text + k && (tn != end - k || memcmp(tail, text + k, tn))) {
+        if ((rc = grow((void **)&s->cat, &s->catcap, (k - seg) + tn + 1, 1)))
+            return rc;
+        memcpy(s->cat, text + seg, k - seg);
+        memcpy(s->cat + (k - seg), tail, tn);
+        b = s->cat;
+        bn = (k - seg) + tn;
+    }
+    if ((rc = segment_body(t, s, b, bn, seg, b == text + seg, k - seg, m->sub - seg)))
+        return rc;
+    if (!found)
+        return 0;
+    if ((rc = out_id(s, id)))
+        return rc;
+    return encode_from(t, s, text, len, me);
+}
+
+int kvr_tok_encode_at(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
+                      bool add_special, const struct tok_mark *m, bool record,
+                      const uint32_t **ids)
 {
     *ids = NULL;
     if (len > UINT32_MAX / 2)
         return -EOVERFLOW;
     if (!utf8_valid((const unsigned char *)text, len))
         return -EILSEQ;
-    s->nids = 0;
     int rc = 0;
-    for (size_t i = 0; add_special && !rc && i < t->nprefix; i++)
-        rc = out_id(s, t->prefix[i]);
-    size_t at = 0, ms, me;
-    uint32_t id;
-    while (!rc && added_find(t, &t->raw, text, len, at, &ms, &me, &id)) {
-        if (!(rc = segment(t, s, text + at, ms - at)))
-            rc = out_id(s, id);
-        at = me;
+    s->record = record;
+    s->nmarks = 0;
+    if (m == NULL) {
+        s->nids = 0;
+        for (size_t i = 0; add_special && !rc && i < t->nprefix; i++)
+            rc = out_id(s, t->prefix[i]);
+        if (!rc)
+            rc = encode_from(t, s, text, len, 0);
+    } else if (m->raw == m->seg) {
+        rc = encode_from(t, s, text, len, m->raw);
+    } else {
+        rc = encode_inseg(t, s, text, len, m);
     }
-    if (!rc)
-        rc = segment(t, s, text + at, len - at);
     for (size_t i = 0; add_special && !rc && i < t->nsuffix; i++)
         rc = out_id(s, t->suffix[i]);
+    s->record = false;
     if (rc)
         return rc;
     *ids = s->ids ? s->ids : (const uint32_t *)"";
     return (int)s->nids;
+}
+
+int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
+                   bool add_special, const uint32_t **ids)
+{
+    return kvr_tok_encode_at(t, s, text, len, add_special, NULL, false, ids);
+}
+
+uint32_t *kvr_tok_ids_prepare(kvr_tok_scratch *s, size_t n)
+{
+    if (n > s->idcap && grow((void **)&s->ids, &s->idcap, n, sizeof *s->ids))
+        return NULL;
+    s->nids = n;
+    return s->ids;
+}
+
+const struct tok_mark *kvr_tok_marks(const kvr_tok_scratch *s, size_t *n)
+{
+    *n = s->nmarks;
+    return s->marks;
+}
+
+long kvr_tok_prove(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t sub,
+                   size_t from, size_t e, bool closed)
+{
+    const struct pre *p = &t->pres[0];
+    const char *w = text + sub;
+    size_t n = e - sub, at = from - sub, gs = at, best = at, lastns = SIZE_MAX;
+    if (from >= e)
+        return (long)from;
+    if (t->any_lstrip && !closed) /* a later token's lstrip must not reach back over it */
+        for (size_t i = e; i-- > from;)
+            if (!is_space((unsigned char)text[i])) {
+                lastns = i - sub;
+                break;
+            }
+#define OK_AT(b) ((!t->has_nfx || (unsigned char)w[b] < 0x80) && \
+                  (!t->any_lstrip || closed || (lastns != SIZE_MAX && (b) <= lastns)))
+    while (at < n) {
+        int r = pcre2_match(p->re, (PCRE2_SPTR)w, n, at,
+                            PCRE2_NO_UTF_CHECK | (closed ? 0 : PCRE2_PARTIAL_HARD), s->md, s->mc);
+        if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL)
+            break;
+        if (r < 0)
+            return -E2BIG;
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
+        size_t ms = ov[0], me = ov[1];
+        if (me == ms) { /* empty match: skipped, as split() does */
+            at = ms + utf8_len((unsigned char)w[ms]);
+            continue;
+        }
+        if (ms > gs && OK_AT(ms))
+            best = ms;
+        if (me < n && OK_AT(me))
+            best = me;
+        gs = at = me;
+    }
+#undef OK_AT
+    return (long)(sub + best);
 }

@@ -69,4 +69,26 @@ void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s);
 int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
                    bool add_special, const uint32_t **ids);
 
+/* ---- the prefix cache (tok_cache.c) -------------------------------------------------------
+ * Token ids of earlier texts at checkpoints proven resumable, shared by every thread and
+ * every tokenizer (keyed by the load generation), LRU-bounded in bytes. Exact: the result
+ * equals kvr_tok_encode's for every text (the cached text is compared byte for byte). */
+typedef struct kvr_tok_cache kvr_tok_cache;
+
+struct kvr_tok_cache_stats {
+    uint64_t hits, misses, inserts, evictions;
+    uint64_t bytes, entries;
+    uint64_t saved_bytes; /* text bytes not tokenized again thanks to hits */
+};
+
+int kvr_tok_cache_new(size_t max_bytes, kvr_tok_cache **out); /* 0 or -ENOMEM */
+void kvr_tok_cache_free(kvr_tok_cache *c);
+void kvr_tok_cache_stats(kvr_tok_cache *c, struct kvr_tok_cache_stats *st);
+
+/* kvr_tok_encode through the cache c (NULL: plain kvr_tok_encode): a text whose beginning
+ * is cached is encoded from the longest cached checkpoint; texts of at least two blocks
+ * (512 bytes) are added. Same results and errors as kvr_tok_encode. */
+int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s,
+                          const char *text, size_t len, bool add_special, const uint32_t **ids);
+
 #endif

@@ -79,6 +79,10 @@ struct kvr_tok {
     struct addset raw, normd;
     uint32_t *prefix, *suffix; /* post-processor template around the sequence */
     size_t nprefix, nsuffix;
+    /* resumption (the prefix cache): inseg = text can resume inside a segment, at a
+     * boundary of the first pre-tokenizer (a regex Split, Isolated; normalizers NFx only) */
+    bool inseg, has_nfx, any_lstrip;
+    uint32_t max_added; /* bytes of the longest added token (content or normalized form) */
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -180,6 +184,38 @@ static inline const struct merge *merge_get(const kvr_tok *t, uint32_t a, uint32
 }
 
 /* tok.c: the normalizer chain on text (the loader runs it on normalized=true added tokens). */
+/* ---- resumption (tok.c for tok_cache.c) ---------------------------------------------------
+ * A mark is a point of a text where encoding can restart with the same result, given the
+ * ids before it: raw = the offset, nids = ids before it, seg = the start of its segment
+ * (after a raw-matched added token), sub = the start of its sub-segment (after a normalized
+ * added token). raw == seg: a segment start; otherwise a boundary of the first pre-tokenizer
+ * inside an identity-normalized segment (t->inseg). Marks recorded by an encode are
+ * candidates; the cache proves which survive a different continuation (kvr_tok_prove). */
+struct tok_mark {
+    uint32_t raw, nids, seg, sub;
+};
+/* seg of an END mark: raw is where the sub-segment starting at sub ends (the start of an
+ * added token, or of the text's end); recorded with the piece marks, never resumed from */
+#define TOK_MARK_END UINT32_MAX
+/* Encodes from m (NULL: the start); with m, s must hold m->nids ids (kvr_tok_ids_prepare).
+ * record: keep the marks passed (kvr_tok_marks). */
+int kvr_tok_encode_at(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
+                      bool add_special, const struct tok_mark *m, bool record,
+                      const uint32_t **ids);
+uint32_t *kvr_tok_ids_prepare(kvr_tok_scratch *s, size_t n); /* NULL: -ENOMEM */
+const struct tok_mark *kvr_tok_marks(const kvr_tok_scratch *s, size_t *n);
+/* The last boundary k in (from, e) of the first pre-tokenizer in the sub-segment starting at
+ * sub (raw text), scanning text[sub, e) from the known boundary `from` with
+ * PCRE2_PARTIAL_HARD: a match that could change with more text stops the scan, so the
+ * pieces before k are those of any text that continues text[0, e) (with the added-token
+ * margins the cache keeps). closed: the sub-segment really ends at e (an added token
+ * follows, inside the shared text): a plain scan. k also satisfies the resumption
+ * conditions: an ASCII character at k when a Unicode normalizer runs, and (open) a
+ * non-space in [k, e) when a token has lstrip. Returns k (from when there is none), or
+ * -E2BIG (regex resource limit). */
+long kvr_tok_prove(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t sub,
+                   size_t from, size_t e, bool closed);
+
 int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
                       const char **out, size_t *outn);
 

@@ -290,7 +290,8 @@ static int compile_re(const char *re0, pcre2_code **out, const char *path, char 
         pcre2_get_error_message(ec, (PCRE2_UCHAR *)m, sizeof m);
         return errf(err, el, -EINVAL, "%s.pattern.Regex: %s at offset %zu", path, m, (size_t)eo);
     }
-    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE); /* failure: the interpreter runs it */
+    /* failure: the interpreter runs it; PARTIAL_HARD is the prefix cache's proof scan */
+    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
     *out = c;
     return 0;
 }
@@ -731,6 +732,19 @@ int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t co
             errf(err, errlen, rc, "out of memory");
         kvr_tok_free(t);
         return rc;
+    }
+    /* what the prefix cache needs to know (tok_cache.c): where text can be resumed */
+    t->inseg = t->npres > 0 && t->pres[0].re != NULL && t->pres[0].behavior == B_ISOLATED;
+    for (size_t i = 0; i < t->nnorms; i++) {
+        t->has_nfx |= t->norms[i].kind <= N_NFKD;
+        t->inseg &= t->norms[i].kind <= N_NFKD; /* Prepend/Replace: segment starts only */
+    }
+    for (size_t i = 0; i < t->nadded; i++) {
+        const struct added *a = &t->added[i];
+        uint32_t l = a->len > a->mlen ? a->len : a->mlen;
+        if (l > t->max_added)
+            t->max_added = l;
+        t->any_lstrip |= a->lstrip;
     }
     *out = t;
     return 0;

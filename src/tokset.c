@@ -53,6 +53,7 @@ struct kvr_tokset {
     _Atomic uint64_t epoch;
     pthread_mutex_t lock; /* readers list */
     struct kvr_tokset_reader *readers;
+    kvr_tok_cache *cache; /* [tokenizer] prefix_cache; NULL = off */
     _Atomic uint64_t reloads, reload_failures, encodes;
 };
 
@@ -175,6 +176,12 @@ int kvr_tokset_create(const struct kvr_conf *c, struct kvr_tokset **out, struct 
         return rc;
     }
     qsort(t->e, t->n, sizeof(t->e[0]), cmp_entry);
+    if (t->n > 0 && c->prefix_cache > 0 &&
+        kvr_tok_cache_new((size_t)c->prefix_cache, &ts->cache) != 0) {
+        table_free(t, true);
+        free(ts);
+        return kvr_err_set(err, -ENOMEM, "out of memory (the tokenizer prefix cache)");
+    }
     atomic_init(&ts->table, t);
     atomic_init(&ts->epoch, 1);
     pthread_mutex_init(&ts->lock, NULL);
@@ -314,6 +321,7 @@ void kvr_tokset_destroy(struct kvr_tokset *ts)
     if (ts == NULL)
         return;
     table_free(atomic_load(&ts->table), true);
+    kvr_tok_cache_free(ts->cache);
     pthread_mutex_destroy(&ts->lock);
     free(ts);
 }
@@ -364,7 +372,7 @@ int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char
     if (e == NULL)
         rc = -ENOENT;
     else
-        rc = kvr_tok_encode(e->tok, r->scratch, text, len, add_special, ids);
+        rc = kvr_tok_encode_cached(e->tok, ts->cache, r->scratch, text, len, add_special, ids);
     atomic_store_explicit(&r->active, 0, memory_order_release);
     if (rc >= 0)
         atomic_fetch_add_explicit(&ts->encodes, 1, memory_order_relaxed);
@@ -382,4 +390,26 @@ void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out)
                         "previous one)", NULL, atomic_load(&ts->reload_failures));
     kvr_metrics_counter(out, "tokenizer_encodes_total", "Prompts tokenized", NULL,
                         atomic_load(&ts->encodes));
+    if (ts->cache == NULL)
+        return;
+    struct kvr_tok_cache_stats st;
+    kvr_tok_cache_stats(ts->cache, &st);
+    kvr_metrics_counter(out, "tokenizer_prefix_cache_hits_total",
+                        "Prompts (of 512 bytes or more) that resumed from a cached beginning",
+                        NULL, st.hits);
+    kvr_metrics_counter(out, "tokenizer_prefix_cache_misses_total",
+                        "Prompts (of 512 bytes or more) with no cached beginning", NULL,
+                        st.misses);
+    kvr_metrics_counter(out, "tokenizer_prefix_cache_saved_bytes_total",
+                        "Prompt bytes not tokenized again thanks to the prefix cache", NULL,
+                        st.saved_bytes);
+    kvr_metrics_counter(out, "tokenizer_prefix_cache_inserts_total",
+                        "Prompts added to the prefix cache", NULL, st.inserts);
+    kvr_metrics_counter(out, "tokenizer_prefix_cache_evictions_total",
+                        "Prompts evicted from the prefix cache ([tokenizer] prefix_cache)",
+                        NULL, st.evictions);
+    kvr_metrics_gauge(out, "tokenizer_prefix_cache_bytes", "Bytes held by the prefix cache",
+                      NULL, (double)st.bytes);
+    kvr_metrics_gauge(out, "tokenizer_prefix_cache_entries", "Prompts held by the prefix cache",
+                      NULL, (double)st.entries);
 }

@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from kvrharness import REPO, kvr_bin, run_kvr
-from test_ingest import need_http, wait_pod, warm
+from test_ingest import metric, need_http, wait_pod, warm
 from vllm_pub import Engine
 
 TOKREF = os.path.join(REPO, "build", "tokref")
@@ -131,6 +131,11 @@ def test_score_text_matches_published_blocks(daemon_factory):
                     assert status == 200
                     got = {s["pod"]: s["matched_blocks"] for s in res["scores"]}
                     assert got.get(pod, 0) == 0, (name, res)
+    # every long text was scored twice: the second time from the prefix cache (Mistral's
+    # texts without added tokens cannot resume inside, the others can)
+    assert metric(d, "tokenizer_prefix_cache_hits_total") > 0
+    assert metric(d, "tokenizer_prefix_cache_saved_bytes_total") > 20000
+    assert metric(d, "tokenizer_prefix_cache_bytes") > 0
 
 
 def test_text_errors(daemon_factory):
