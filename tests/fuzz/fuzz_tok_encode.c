@@ -4,7 +4,9 @@
  * in code by fuzz_tok_common.h; bit 1: also the real Qwen3/Mistral tokenizer of
  * $KVR_TOKREF, default build/tokref, when present) and bit 2 add_special_tokens; the rest is
  * the text. Invalid UTF-8 must be refused with -EILSEQ, valid text must encode, and every id
- * must be in the vocabulary; the same text encodes the same twice (scratch reuse).
+ * must be in the vocabulary; the same text encodes the same twice (scratch reuse), and
+ * through the prefix cache (shared by every input, so inputs with common beginnings resume
+ * from each other) exactly as without it, also with a continuation appended.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -16,7 +18,8 @@
 #include "tok.h"
 
 static kvr_tok *tk[4];
-static kvr_tok_scratch *sc;
+static kvr_tok_scratch *sc, *sc2;
+static kvr_tok_cache *cache;
 
 static void init(void)
 {
@@ -37,7 +40,8 @@ static void init(void)
     if (kvr_tok_load(p, &tk[3], err, sizeof err))
         tk[3] = NULL;
     sc = kvr_tok_scratch_new();
-    if (!sc)
+    sc2 = kvr_tok_scratch_new();
+    if (!sc || !sc2 || kvr_tok_cache_new(4 << 20, &cache))
         abort();
 }
 
@@ -105,6 +109,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int r2 = kvr_tok_encode(t, sc, text, n, add, &ids);
     if (r2 != r || memcmp(ids, copy, (size_t)r * sizeof *ids))
         abort();
+    r2 = kvr_tok_encode_cached(t, cache, sc2, text, n, add, &ids);
+    if (r2 != r || memcmp(ids, copy, (size_t)r * sizeof *ids))
+        abort();
     free(copy);
+    /* the text twice, then the text with its first half again: both share a beginning with
+     * what the cache holds */
+    char *x = malloc(2 * n + 1);
+    memcpy(x, text, n);
+    memcpy(x + n, text, n);
+    size_t cut = n / 2;
+    while (cut < n && (x[n + cut] & 0xC0) == 0x80)
+        cut++;
+    const size_t lens[2] = {2 * n, n + cut};
+    for (int i = 0; i < 2; i++) {
+        const uint32_t *pl;
+        int a = kvr_tok_encode_cached(t, cache, sc2, x, lens[i], add, &ids);
+        int b = kvr_tok_encode(t, sc, x, lens[i], add, &pl);
+        if (a != b || (a > 0 && memcmp(ids, pl, (size_t)a * sizeof *ids)))
+            abort();
+    }
+    free(x);
     return 0;
 }
