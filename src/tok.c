@@ -63,6 +63,8 @@ struct kvr_tok_scratch {
                                * text) and of the current sub-segment, for piece marks */
     char *cat; /* a resumed segment: raw head + normalized tail */
     size_t catcap;
+    void *aux; /* kvr_tok_scratch_aux */
+    size_t auxcap;
 };
 
 kvr_tok_scratch *kvr_tok_scratch_new(void)
@@ -97,6 +99,7 @@ void kvr_tok_scratch_free(kvr_tok_scratch *s)
     free(s->u32);
     free(s->marks);
     free(s->cat);
+    free(s->aux);
     pcre2_match_data_free(s->md);
     pcre2_match_context_free(s->mc);
     pcre2_jit_stack_free(s->js);
@@ -295,7 +298,8 @@ static int split(const struct pre *p, kvr_tok_scratch *s, const char *buf, const
         while (at < n) {
             size_t ms, me;
             if (p->re) {
-                int r = pcre2_match(p->re, (PCRE2_SPTR)w, n, at, PCRE2_NO_UTF_CHECK, s->md,
+                int r = (p->jit ? pcre2_jit_match : pcre2_match)(p->re, (PCRE2_SPTR)w, n, at,
+                                                                 PCRE2_NO_UTF_CHECK, s->md,
                                     s->mc);
                 if (r == PCRE2_ERROR_NOMATCH)
                     break;
@@ -659,7 +663,9 @@ int kvr_tok_encode_at(const kvr_tok *t, kvr_tok_scratch *s, const char *text, si
     *ids = NULL;
     if (len > UINT32_MAX / 2)
         return -EOVERFLOW;
-    if (!utf8_valid((const unsigned char *)text, len))
+    /* resuming, the text before m is the cached text (compared byte for byte): valid */
+    size_t from = m ? m->raw : 0;
+    if (from > len || !utf8_valid((const unsigned char *)text + from, len - from))
         return -EILSEQ;
     int rc = 0;
     s->record = record;
@@ -698,6 +704,18 @@ uint32_t *kvr_tok_ids_prepare(kvr_tok_scratch *s, size_t n)
     return s->ids;
 }
 
+void *kvr_tok_scratch_aux(kvr_tok_scratch *s, size_t n)
+{
+    if (n > s->auxcap) {
+        void *p = realloc(s->aux, n);
+        if (!p)
+            return NULL;
+        s->aux = p;
+        s->auxcap = n;
+    }
+    return s->aux;
+}
+
 const struct tok_mark *kvr_tok_marks(const kvr_tok_scratch *s, size_t *n)
 {
     *n = s->nmarks;
@@ -721,7 +739,7 @@ long kvr_tok_prove(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_
 #define OK_AT(b) ((!t->has_nfx || (unsigned char)w[b] < 0x80) && \
                   (!t->any_lstrip || closed || (lastns != SIZE_MAX && (b) <= lastns)))
     while (at < n) {
-        int r = pcre2_match(p->re, (PCRE2_SPTR)w, n, at,
+        int r = (p->jit ? pcre2_jit_match : pcre2_match)(p->re, (PCRE2_SPTR)w, n, at,
                             PCRE2_NO_UTF_CHECK | (closed ? 0 : PCRE2_PARTIAL_HARD), s->md, s->mc);
         if (r == PCRE2_ERROR_NOMATCH || r == PCRE2_ERROR_PARTIAL)
             break;

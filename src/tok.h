@@ -87,7 +87,7 @@ void kvr_tok_cache_stats(kvr_tok_cache *c, struct kvr_tok_cache_stats *st);
 
 /* kvr_tok_encode through the cache c (NULL: plain kvr_tok_encode): a text whose beginning
  * is cached is encoded from the longest cached checkpoint; texts of at least two blocks
- * (512 bytes) are added. Same results and errors as kvr_tok_encode. */
+ * (512 bytes) are added, unless they resumed and brought less than 2 KB of new text. Same results and errors as kvr_tok_encode. */
 int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s,
                           const char *text, size_t len, bool add_special, const uint32_t **ids);
 

@@ -24,7 +24,9 @@
  *
  * Storage: one entry ("doc") per cached text: its first ncps * G bytes, the ids up to its
  * last checkpoint, its checkpoints, and one hash-table link per checkpoint; LRU-evicted by
- * bytes. One mutex: a lookup holds it for a binary search, one memcmp and an id copy.
+ * bytes. A text that resumed is added only when it brought INSERT_MIN new bytes (each
+ * conversation turn of that size is cached; a short question after a cached system prompt
+ * is not). One mutex: a lookup holds it for a binary search, one memcmp and an id copy.
  */
 #include "tok_int.h"
 
@@ -32,12 +34,17 @@
 #include <stdatomic.h>
 
 #define G 256 /* bytes per checkpoint block */
+/* A prompt that resumed adds itself only when it tokenized at least this much new text:
+ * a short tail (another question after the same system prompt) is cheap to tokenize again,
+ * while caching it would store the whole shared beginning once more and pay the proof. */
+#define INSERT_MIN 2048
 
 struct ent {
     uint64_t key;
     struct doc *d;
     uint32_t i; /* checkpoint i: text [0, i*G) */
-    struct ent *next;
+    struct ent *next, **pprev; /* pprev: O(1) unlink (texts sharing a beginning share keys,
+                                * so a key's chain can be as long as the texts holding it) */
 };
 
 struct doc {
@@ -96,11 +103,10 @@ static void push_front(kvr_tok_cache *c, struct doc *d)
 static void drop(kvr_tok_cache *c, struct doc *d)
 {
     for (uint32_t i = 0; i < d->ncps; i++) {
-        struct ent **pp = &c->bucket[d->ents[i].key & c->mask];
-        while (*pp && *pp != &d->ents[i])
-            pp = &(*pp)->next;
-        if (*pp)
-            *pp = d->ents[i].next;
+        struct ent *e = &d->ents[i];
+        *e->pprev = e->next;
+        if (e->next)
+            e->next->pprev = e->pprev;
     }
     unlink_doc(c, d);
     c->bytes -= d->bytes;
@@ -171,17 +177,17 @@ int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s
     size_t nb = len / G;
     if (!c || nb < 2 || len > UINT32_MAX / 2)
         return kvr_tok_encode(t, s, text, len, add_special, ids);
-    uint64_t *h = malloc((nb + 1) * sizeof *h);
-    struct tok_mark *cps = malloc(nb * sizeof *cps);
-    int rc;
-    if (!h || !cps) {
-        free(h);
-        free(cps);
+    uint64_t *h = kvr_tok_scratch_aux(s, (nb + 1) * sizeof *h + nb * sizeof(struct tok_mark));
+    if (!h)
         return -ENOMEM;
-    }
+    struct tok_mark *cps = (struct tok_mark *)(h + nb + 1);
+    int rc;
+    /* a chain over the blocks (unseeded xxh3: its seeded form derives a secret per call) */
     h[0] = (t->gen << 1 | add_special) * 0x9e3779b97f4a7c15ull;
-    for (size_t i = 1; i <= nb; i++)
-        h[i] = XXH3_64bits_withSeed(text + (i - 1) * G, G, h[i - 1]);
+    for (size_t i = 1; i <= nb; i++) {
+        uint64_t x = (h[i - 1] ^ XXH3_64bits(text + (i - 1) * G, G)) * 0xff51afd7ed558ccdull;
+        h[i] = x ^ (x >> 32);
+    }
 
     /* the longest cached checkpoint: binary search on the hash, then the bytes compared */
     size_t best = 0;
@@ -218,10 +224,14 @@ int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s
     }
     pthread_mutex_unlock(&c->lock);
 
-    rc = kvr_tok_encode_at(t, s, text, len, add_special, hit ? &at : NULL, true, ids);
+    /* marks are only needed when this text will be added */
+    bool add = !hit || len - at.raw >= INSERT_MIN;
+    rc = kvr_tok_encode_at(t, s, text, len, add_special, hit ? &at : NULL, add, ids);
     if (rc < 0)
         goto out;
 
+    if (!add)
+        goto out;
     /* checkpoints of this text past the hit */
     size_t nm, j = 0;
     const struct tok_mark *mk = kvr_tok_marks(s, &nm);
@@ -262,9 +272,10 @@ int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s
     }
     for (size_t i = 1; i <= nb; i++) {
         struct ent *e = &d->ents[i - 1];
-        *e = (struct ent){h[i], d, (uint32_t)i, NULL};
         struct ent **b = &c->bucket[h[i] & c->mask];
-        e->next = *b;
+        *e = (struct ent){h[i], d, (uint32_t)i, *b, b};
+        if (*b)
+            (*b)->pprev = &e->next;
         *b = e;
     }
     push_front(c, d);
@@ -273,7 +284,5 @@ int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s
     c->inserts++;
     pthread_mutex_unlock(&c->lock);
 out:
-    free(h);
-    free(cps);
     return rc;
 }

@@ -31,6 +31,7 @@ enum { B_ISOLATED, B_REMOVED, B_MERGED_PREV, B_MERGED_NEXT };
 struct pre {
     int behavior;
     pcre2_code *re; /* regex, or NULL for a literal */
+    bool jit;       /* re is JIT-compiled for complete and partial-hard matching */
     char *lit;
     size_t litlen;
 };
@@ -117,7 +118,12 @@ static inline bool utf8_valid(const unsigned char *s, size_t n)
     while (i < n) {
         unsigned char c = s[i];
         if (c < 0x80) {
-            i++;
+            uint64_t w;
+            /* ASCII runs eight bytes at a time */
+            while (i + 8 <= n && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull)))
+                i += 8;
+            if (i < n && s[i] < 0x80)
+                i++;
             continue;
         }
         size_t k;
@@ -203,6 +209,9 @@ int kvr_tok_encode_at(const kvr_tok *t, kvr_tok_scratch *s, const char *text, si
                       bool add_special, const struct tok_mark *m, bool record,
                       const uint32_t **ids);
 uint32_t *kvr_tok_ids_prepare(kvr_tok_scratch *s, size_t n); /* NULL: -ENOMEM */
+/* A per-scratch buffer of at least n bytes for the cache's per-call arrays (kept between
+ * calls; its content is not preserved across a growth). NULL: -ENOMEM. */
+void *kvr_tok_scratch_aux(kvr_tok_scratch *s, size_t n);
 const struct tok_mark *kvr_tok_marks(const kvr_tok_scratch *s, size_t *n);
 /* The last boundary k in (from, e) of the first pre-tokenizer in the sub-segment starting at
  * sub (raw text), scanning text[sub, e) from the known boundary `from` with

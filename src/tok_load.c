@@ -273,6 +273,7 @@ static int hf_whitespace(const char *re, char **out)
     return 0;
 }
 
+/* 1 when JIT-compiled, 0 when the interpreter runs it, or -errno. */
 static int compile_re(const char *re0, pcre2_code **out, const char *path, char *err, size_t el)
 {
     int ec;
@@ -291,9 +292,8 @@ static int compile_re(const char *re0, pcre2_code **out, const char *path, char 
         return errf(err, el, -EINVAL, "%s.pattern.Regex: %s at offset %zu", path, m, (size_t)eo);
     }
     /* failure: the interpreter runs it; PARTIAL_HARD is the prefix cache's proof scan */
-    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
     *out = c;
-    return 0;
+    return pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD) == 0 ? 1 : 0;
 }
 
 static int load_pre(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el)
@@ -312,6 +312,8 @@ static int load_pre(kvr_tok *t, const cJSON *n, const char *path, char *err, siz
         if (jtrue(n, "use_regex")) {
             struct pre p = {.behavior = B_ISOLATED};
             int rc = compile_re(GPT2_RE, &p.re, path, err, el);
+            if (rc >= 0)
+                p.jit = rc, rc = 0;
             if (!rc && (rc = add_pre(t, p)))
                 pcre2_code_free(p.re);
             return rc;
@@ -337,9 +339,10 @@ static int load_pre(kvr_tok *t, const cJSON *n, const char *path, char *err, siz
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(n, "pattern");
     const char *re = jstr(pat, "Regex"), *s = jstr(pat, "String");
     int rc;
-    if (re)
-        rc = compile_re(re, &p.re, path, err, el);
-    else if (s && *s) {
+    if (re) {
+        if ((rc = compile_re(re, &p.re, path, err, el)) >= 0)
+            p.jit = rc, rc = 0;
+    } else if (s && *s) {
         if ((rc = dupstr(s, &p.lit, &p.litlen)) == -EILSEQ)
             return errf(err, el, -EINVAL, "%s.pattern.String: not valid UTF-8", path);
     } else
