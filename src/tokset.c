@@ -110,6 +110,41 @@ static int load_one(const struct kvr_conf *c, const struct kvr_conf_model *m, st
     return 0;
 }
 
+/* Loads several tokenizers at once (one thread each, up to 8 at a time): a large vocabulary
+ * takes about a second to load, and startup and reload wait for all of them. */
+struct loadjob {
+    const struct kvr_conf *c;
+    const struct kvr_conf_model *m;
+    struct entry *e;
+    struct kvr_err err;
+    int rc;
+};
+
+static void *load_thread(void *arg)
+{
+    struct loadjob *j = arg;
+    j->rc = load_one(j->c, j->m, j->e, &j->err);
+    return NULL;
+}
+
+static void load_all(struct loadjob *jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i += 8) {
+        pthread_t th[8];
+        bool started[8] = {false};
+        size_t k = n - i < 8 ? n - i : 8;
+        for (size_t x = 1; x < k; x++)
+            started[x] = pthread_create(&th[x], NULL, load_thread, &jobs[i + x]) == 0;
+        load_thread(&jobs[i]);
+        for (size_t x = 1; x < k; x++) {
+            if (started[x])
+                pthread_join(th[x], NULL);
+            else
+                load_thread(&jobs[i + x]); /* no thread: here, in turn */
+        }
+    }
+}
+
 static int cmp_entry(const void *a, const void *b)
 {
     return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
@@ -155,21 +190,32 @@ static const struct entry *lookup(const struct table *t, const char *name)
 
 int kvr_tokset_create(const struct kvr_conf *c, struct kvr_tokset **out, struct kvr_err *err)
 {
+    size_t want = count_models(c), nj = 0;
     struct kvr_tokset *ts = calloc(1, sizeof(*ts));
-    struct table *t = calloc(1, sizeof(*t) + count_models(c) * sizeof(struct entry));
+    struct table *t = calloc(1, sizeof(*t) + want * sizeof(struct entry));
+    struct loadjob *jobs = calloc(want + 1, sizeof(*jobs));
     int rc = 0;
 
-    if (ts == NULL || t == NULL) {
+    if (ts == NULL || t == NULL || jobs == NULL) {
         free(ts);
         free(t);
+        free(jobs);
         return kvr_err_set(err, -ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < c->nmodels && rc == 0; i++) {
-        if (c->models[i].tokenizer == NULL)
-            continue;
-        if ((rc = load_one(c, &c->models[i], &t->e[t->n], err)) == 0)
-            t->n++;
+    for (size_t i = 0; i < c->nmodels; i++)
+        if (c->models[i].tokenizer != NULL)
+            jobs[nj] = (struct loadjob){c, &c->models[i], &t->e[nj], {{0}}, 0}, nj++;
+    load_all(jobs, nj);
+    for (size_t i = 0; i < nj; i++) { /* the first failure in file order is reported */
+        if (jobs[i].rc != 0 && rc == 0) {
+            rc = jobs[i].rc;
+            *err = jobs[i].err;
+        }
     }
+    for (size_t i = 0; i < nj; i++) /* entries that loaded, packed */
+        if (jobs[i].rc == 0)
+            t->e[t->n++] = t->e[i];
+    free(jobs);
     if (rc != 0) {
         table_free(t, true);
         free(ts);

@@ -7,7 +7,8 @@ Contract (used by every integration test; see conftest.py for the fixtures):
 ``config`` is ``{section: {key: str | list[str] | None}}`` merged over HARNESS_DEFAULTS (a list
 value writes the key once per element; None removes the key). The config is written into a
 fresh temp dir, the binary (``$KVR_BIN`` or ``<repo>/build/kvrouterd``) is started with ``-c``,
-and the harness waits (hard timeout 10 s) for the ``kvrouterd ready`` log line on stderr and
+and the harness waits (hard timeout 10 s, ``ready_timeout=`` to change it) for the
+``kvrouterd ready`` log line on stderr and
 parses its ``key=value`` pairs into ``d.ready``. Every wait in here is bounded.
 """
 
@@ -108,8 +109,9 @@ class Daemon:
     admin_port, events. Use the methods below; stop() or the fixture teardown ends it."""
 
     def __init__(self, config=None, extra_env=None, check_exit=True, config_text=None,
-                 tmpdir=None, args=None):
+                 tmpdir=None, args=None, ready_timeout=None):
         self.check_exit = check_exit
+        self.ready_timeout = ready_timeout or READY_TIMEOUT
         self.tmpdir = tmpdir or tempfile.mkdtemp(prefix="kvr-it-")
         self.conf_path = os.path.join(self.tmpdir, "kvrouterd.conf")
         self.config = merge_config(config)
@@ -185,11 +187,11 @@ class Daemon:
 
     def _wait_ready(self):
         try:
-            self.wait_log(READY_RE, timeout=READY_TIMEOUT)
+            self.wait_log(READY_RE, timeout=self.ready_timeout)
         except DaemonError:
             code = self.proc.poll()
             raise DaemonError("kvrouterd did not become ready within %.0fs (exit status %s); "
-                              "stderr:\n%s" % (READY_TIMEOUT, code, self.stderr_text()))
+                              "stderr:\n%s" % (self.ready_timeout, code, self.stderr_text()))
         self.ready = parse_ready(self.stderr_text()) or {}
         if "http" in self.ready:
             self.http_port = int(self.ready["http"].rsplit(":", 1)[1])

@@ -28,6 +28,18 @@ MODELS = ["qwen3", "llama3", "deepseek_v3", "llama2", "gemma3"]
 BS = 16
 
 
+def bin_sanitized():
+    """The binary under test was built with ASan or TSan (slow tokenizer loads: a subset of
+    the models is used, and every 8th golden case; test_tok checks them all in-process)."""
+    with open(kvr_bin(), "rb") as f:
+        data = f.read()
+    return b"__asan_init" in data or b"__tsan_init" in data
+
+
+def models():
+    return ["qwen3", "llama2"] if bin_sanitized() else MODELS
+
+
 def need_tokref():
     if not os.path.exists(os.path.join(TOKREF, "qwen3", "tokenizer.json")):
         if os.environ.get("KVR_TOK_NO_REF") == "1":
@@ -51,7 +63,8 @@ def goldens(name):
     return cases
 
 
-def model_cfg(names=MODELS, extra=None):
+def model_cfg(names=None, extra=None):
+    names = names or models()
     cfg = {'model "test/%s"' % n: {"tokenizer": os.path.join(TOKREF, n)} for n in names}
     cfg.update(extra or {})
     return cfg
@@ -59,7 +72,8 @@ def model_cfg(names=MODELS, extra=None):
 
 def start(daemon_factory, cfg):
     need_tokref()
-    d = daemon_factory(cfg)
+    # five tokenizers load in about 1.5 s (in parallel); under a sanitizer several times that
+    d = daemon_factory(cfg, ready_timeout=90)
     need_http(d)
     return d
 
@@ -75,9 +89,12 @@ def post(d, path, obj, fmt="json"):
 def test_tokenize_matches_goldens(daemon_factory):
     """Every golden case of every tokenizer, through the daemon's HTTP API."""
     d = start(daemon_factory, model_cfg())
+    step = 8 if bin_sanitized() else 1
     n = 0
-    for name in MODELS:
+    for name in models():
         for i, c in enumerate(goldens(name)):
+            if i % step:
+                continue
             fmt = "msgpack" if i % 3 == 0 else "json"
             status, res = post(d, "/v1/tokenize", {"model": "test/" + name, "prompt": c["text"],
                                                    "add_special_tokens": c["add_special_tokens"]},
@@ -86,7 +103,7 @@ def test_tokenize_matches_goldens(daemon_factory):
             assert res["tokens"] == c["ids"], (name, i, c["text"][:200])
             assert res["count"] == len(c["ids"]) and res["model"] == "test/" + name
             n += 1
-    assert n > 1000
+    assert n * step > 400
     # add_special_tokens defaults to true (vLLM's /v1/completions default)
     c = next(c for c in goldens("llama2") if c["add_special_tokens"] and c["text"])
     status, res = d.json("POST", "/v1/tokenize", {"model": "test/llama2", "prompt": c["text"]})
@@ -96,7 +113,7 @@ def test_tokenize_matches_goldens(daemon_factory):
 def test_score_text_matches_published_blocks(daemon_factory):
     """Engines publish the golden ids' blocks; the text alone finds every full block."""
     d = start(daemon_factory, model_cfg())
-    for name in MODELS:
+    for name in models():
         cases = [c for c in goldens(name) if c["add_special_tokens"] and len(c["ids"]) >= 2 * BS]
         cases.sort(key=lambda c: -len(c["ids"]))
         cases = cases[:6]
@@ -181,7 +198,7 @@ def test_bad_tokenizer_files(daemon_factory, tmp_path):
     conf = tmp_path / "k.conf"
     conf.write_text('[events]\nbind = tcp://127.0.0.1:*\n[http]\nlisten = 127.0.0.1:0\n'
                     '[model "m/ok"]\ntokenizer = %s\n[model "m/bad"]\ntokenizer = bad\n'
-                    % os.path.join(TOKREF, "qwen3"))
+                    % os.path.join(TOKREF, "llama2"))
     r = run_kvr(["-t", "-c", str(conf)], timeout=20)
     assert r.returncode == 1
     err = r.stderr.strip()
@@ -200,13 +217,11 @@ def test_sighup_swaps_tokenizer_under_load(daemon_factory, tmp_path):
     the two tokenizers' (never an error), and after the reload only the new one's."""
     need_tokref()
     path = tmp_path / "tok"
-    shutil.copytree(os.path.join(TOKREF, "llama3"), path)
+    shutil.copytree(os.path.join(TOKREF, "llama2"), path)
     d = start(daemon_factory, {'model "m"': {"tokenizer": str(path)},
+                               'model "ref"': {"tokenizer": os.path.join(TOKREF, "deepseek_v3")},
                                "http": {"threads": "2"}})
     text = "Reloading a tokenizer must never stall scoring: 12345 ünïcödé 中文"
-    q3 = next(c["ids"] for c in goldens("qwen3") if c["text"] == text and
-              not c["add_special_tokens"]) if any(c["text"] == text for c in goldens("qwen3")) \
-        else None
     body = {"model": "m", "prompt": text, "add_special_tokens": False}
     status, res = d.json("POST", "/v1/tokenize", body)
     assert status == 200
@@ -228,7 +243,7 @@ def test_sighup_swaps_tokenizer_under_load(daemon_factory, tmp_path):
     try:
         time.sleep(0.2)
         shutil.rmtree(path)
-        shutil.copytree(os.path.join(TOKREF, "qwen3"), path)
+        shutil.copytree(os.path.join(TOKREF, "deepseek_v3"), path)
         mark = d.log_mark()
         d.signal(1)  # SIGHUP
         d.wait_log(r"reload ok", timeout=20, since=mark)
@@ -242,8 +257,9 @@ def test_sighup_swaps_tokenizer_under_load(daemon_factory, tmp_path):
     status, res = d.json("POST", "/v1/tokenize", body)
     new = res["tokens"]
     assert new != old
-    if q3 is not None:
-        assert new == q3
+    # the new ids are DeepSeek-V3's: the same text through a model configured with it
+    status, ref = d.json("POST", "/v1/tokenize", dict(body, model="ref"))
+    assert status == 200 and ref["tokens"] == new, ref
     assert seen <= {tuple(old), tuple(new)}
     # a broken file on the next reload: the model keeps the tokenizer it has
     (path / "tokenizer.json").write_text("{")
