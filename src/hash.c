@@ -121,3 +121,21 @@ uint64_t kvr_hash_xk_other(uint64_t h)
 {
     return xk_fold(h, 'x', NULL, 0, false, 0);
 }
+
+void kvr_hash_fold_query(uint64_t *content, size_t n, uint32_t block_size, const char *salt,
+                         size_t salt_len, const struct kvr_hash_media *m, size_t nm)
+{
+    size_t j = 0; /* first item that does not end before the current block */
+
+    for (size_t i = 0; i < n && nm > 0; i++) {
+        uint64_t start = (uint64_t)i * block_size, end = start + block_size;
+        while (j < nm && m[j].offset + m[j].length <= start)
+            j++;
+        for (size_t k = j; k < nm && m[k].offset < end; k++)
+            if (m[k].offset + m[k].length > start)
+                content[i] = kvr_hash_xk_media(content[i], m[k].id, m[k].id_len,
+                                               (int64_t)m[k].offset - (int64_t)start);
+    }
+    if (n > 0 && salt != NULL && salt_len > 0)
+        content[0] = kvr_hash_xk_str(content[0], salt, salt_len);
+}

@@ -56,6 +56,23 @@ uint64_t kvr_hash_xk_bytes(uint64_t h, const void *b, size_t n);        /* promp
 uint64_t kvr_hash_xk_int(uint64_t h, int64_t v);                        /* an int key */
 uint64_t kvr_hash_xk_other(uint64_t h);  /* any other shape: never produced by a query */
 
+/* A query's media item, as vLLM's MultiModalFeatureSpec: identifier (the media hash the
+ * engine puts in its extra keys) and its placeholder range in the prompt's token ids. */
+struct kvr_hash_media {
+    const char *id;
+    size_t id_len;
+    uint64_t offset; /* first placeholder token */
+    uint64_t length; /* placeholder tokens, >= 1 */
+};
+
+/* Folds a query's extra keys into the content hashes of its n whole blocks, as vLLM's
+ * generate_block_hash_extra_keys keys them: block i covers tokens [i*bs, (i+1)*bs); every
+ * media item overlapping it (offset < end and offset + length > start), in the order given
+ * (sorted by offset, not overlapping: the caller validates), folds as
+ * kvr_hash_xk_media(id, offset - start); then block 0 folds the salt (NULL or empty: none). */
+void kvr_hash_fold_query(uint64_t *content, size_t n, uint32_t block_size, const char *salt,
+                         size_t salt_len, const struct kvr_hash_media *m, size_t nm);
+
 /* murmur3's 64-bit finalizer: a bijection that spreads every input bit over the output
  * (the index keys its reverse maps and namespace roots with it). */
 static inline uint64_t kvr_hash_mix64(uint64_t x)

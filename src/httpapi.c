@@ -437,8 +437,9 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
 static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
                      struct kvr_httpresp *resp)
 {
+    struct kvr_hash_media media[KVR_REQBODY_MAX_MEDIA];
     struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
-                                     KVR_HTTPAPI_MAX_PODS};
+                                     KVR_HTTPAPI_MAX_PODS, media, KVR_REQBODY_MAX_MEDIA};
     struct kvr_reqbody_query q;
     struct kvr_score_query sq;
     struct kvr_score_result res;
@@ -484,6 +485,9 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     sq.ntokens = q.ntokens;
     sq.pods = q.pods;
     sq.npods = q.npods;
+    sq.cache_salt = q.cache_salt;
+    sq.media = q.media;
+    sq.nmedia = q.nmedia;
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);

@@ -1,6 +1,7 @@
 /* reqbody.h — request bodies of the HTTP API, decoded without allocation.
  *
- * Score query: {"model": str, "token_ids": [u32], "lora_name"?: str|null, "pods"?: [str]|null}
+ * Score query: {"model": str, "token_ids": [u32], "lora_name"?: str|null, "pods"?: [str]|null,
+ * "cache_salt"?: str|null, "mm_hashes"?: [{"hash": str, "offset": u32, "length": u32}]|null}
  * as JSON (strict, any key order, unknown keys ignored, duplicate known keys rejected) or the
  * same map as msgpack (token ids of any integer width, non-negative and < 2^32).
  * Endpoint admin: {"endpoint": str, "replay_endpoint"?: str|null, "pod"?: str|null} (JSON).
@@ -20,12 +21,19 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "hash.h" /* struct kvr_hash_media */
+
+/* mm_hashes items: the engine's media identifiers (vLLM extra keys) with their placeholder
+ * ranges in token_ids, sorted by offset and not overlapping (else 400). */
+#define KVR_REQBODY_MAX_MEDIA 256
 
 struct kvr_reqbody_scratch {
     uint32_t *tokens;
     size_t max_tokens;
     const char **pods;
     size_t max_pods;
+    struct kvr_hash_media *media; /* NULL/max_media 0: a body naming media is refused */
+    size_t max_media;
 };
 
 struct kvr_reqbody_query {
@@ -35,6 +43,9 @@ struct kvr_reqbody_query {
     size_t ntokens;
     const char *const *pods; /* = scratch->pods; npods 0 = no filter */
     size_t npods;
+    const char *cache_salt;  /* NULL when absent, null or "" (vLLM: no salt) */
+    const struct kvr_hash_media *media; /* = scratch->media */
+    size_t nmedia;
 };
 
 int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,

@@ -16,7 +16,8 @@
 
 static uint32_t g_tokens[64];
 static const char *g_pods[4];
-static const struct kvr_reqbody_scratch g_sc = {g_tokens, 64, g_pods, 4};
+static struct kvr_hash_media g_media[4];
+static const struct kvr_reqbody_scratch g_sc = {g_tokens, 64, g_pods, 4, g_media, 4};
 static char *g_buf; /* last body, freed by the next call */
 
 static int qjson(const char *s, struct kvr_reqbody_query *q, struct kvr_err *e)
@@ -528,7 +529,7 @@ static void test_msgpack_levels(void **state)
         if (rand_r(&s) % 10 == 0)
             cut = (size_t)rand_r(&s) % (w.n + 1);
         for (int lv = 0; lv < 2; lv++) {
-            struct kvr_reqbody_scratch sc = {lv_tok[lv], LV_MAX, lv_pods[lv], 4};
+            struct kvr_reqbody_scratch sc = {lv_tok[lv], LV_MAX, lv_pods[lv], 4, NULL, 0};
             char *b = malloc(cut ? cut : 1);
             memcpy(b, w.b, cut);
             kvr_reqbody_force_isa(lv == 0 ? 0 : -1);
