@@ -959,6 +959,92 @@ static void test_extra_keys(void **state)
     kvr_decode_destroy(d);
 }
 
+static struct kvr_decoder *mk_ref(void);
+static size_t diff_paths(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t *b,
+                         size_t n);
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    uint8_t *b;
+    long n;
+
+    if (fp == NULL)
+        fail_msg("cannot open %s (tests run from the repository root)", path);
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    *len = (size_t)n;
+    return b;
+}
+
+/* Real captures (tests/data/realwire/README.md): vLLM 0.28.0 from an H100 (kvstat, seq 0,
+ * 223, 234: 11 + 7 + 2 events, the counts its own test asserts) and a pre-v0.14 7-element
+ * batch (ls-2018/dynamo). Every event decodes, with both paths agreeing. */
+static void test_realwire(void **state)
+{
+    static const struct {
+        const char *file;
+        uint32_t nev, stored, removed, blocks;
+    } cap[] = {
+        {"tests/data/realwire/kvstat-0.28.0-seq0.msgpack", 11, 11, 0, 0},
+        {"tests/data/realwire/kvstat-0.28.0-seq223.msgpack", 7, 0, 7, 0},
+        {"tests/data/realwire/kvstat-0.28.0-seq234.msgpack", 2, 1, 1, 0},
+        {"tests/data/realwire/ls2018-legacy7-seq5.msgpack", 1, 1, 0, 1},
+    };
+    struct kvr_decoder *d = mk(0, 0, 0, 0), *r = mk_ref();
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(cap) / sizeof(cap[0]); i++) {
+        size_t len;
+        uint8_t *b = slurp(cap[i].file, &len);
+        struct kvr_batch bt;
+        struct kvr_event ev;
+        enum kvr_skip_reason why;
+        uint32_t st = 0, rm = 0, n = 0;
+        int rc;
+
+        assert_int_equal(kvr_decode_batch(d, b, len, &bt), 0);
+        assert_int_equal(bt.nevents, cap[i].nev);
+        assert_true(bt.has_dp_rank && bt.dp_rank == 0);
+        while ((rc = next1(d, &ev, &why)) != 0) {
+            if (rc != 1)
+                fail_msg("%s: event %u skipped: %s", cap[i].file, n,
+                         kvr_decode_skip_reason_name(why));
+            n++;
+            if (ev.type == KVR_EV_STORED) {
+                st++;
+                assert_int_equal(ev.block_size, 16);
+                assert_int_equal(ev.ntokens, ev.nhashes * 16);
+                assert_null(ev.xkeys); /* text-only: extra_keys [nil, ...] */
+                assert_null(ev.salt);
+                assert_false(ev.remote);
+            } else if (ev.type == KVR_EV_REMOVED) {
+                rm++;
+                assert_int_equal(ev.nhashes, 1);
+            }
+        }
+        assert_int_equal(st, cap[i].stored);
+        assert_int_equal(rm, cap[i].removed);
+        if (cap[i].blocks) { /* the legacy batch: parent and first token as captured */
+            assert_int_equal(kvr_decode_batch(d, b, len, &bt), 0);
+            assert_int_equal(next1(d, &ev, &why), 1);
+            assert_true(ev.has_parent && ev.parent == 15722805041033817089ull);
+            assert_true(ev.hashes[0] == 17536983392627827276ull);
+            assert_int_equal(ev.tokens[0], 4217);
+            assert_null(ev.lora_name);
+        }
+        diff_paths(d, r, b, len);
+        free(b);
+    }
+    kvr_decode_destroy(d);
+    kvr_decode_destroy(r);
+}
+
 static void test_token_count(void **state)
 {
     struct kvr_decoder *d = mk(0, 0, 0, 0);
@@ -1769,6 +1855,7 @@ int main(void)
         cmocka_unit_test(test_token_count),
         cmocka_unit_test(test_sglang),
         cmocka_unit_test(test_extra_keys),
+        cmocka_unit_test(test_realwire),
         cmocka_unit_test(test_outer),
         cmocka_unit_test(test_limits_events),
         cmocka_unit_test(test_limits_tokens_hashes),
