@@ -68,8 +68,17 @@
  *   yielded BlockStored with block_size != 0, tokens cover exactly nhashes whole blocks.
  *   (Pre-v0.20 offload placeholders — tokens [] with a nonzero block_size — are therefore
  *   skipped as token_count; they carry nothing a token-hash index could use.)
- * - EAGLE-style (u32,u32) token pairs: the spec mentions them only as something Dynamo's
- *   decoder accepts, never as a shape vLLM emits, so a non-int token → KVR_SKIP_BAD_TOKENS.
+ * - EAGLE (t, t+1) token pairs (SGLang with EAGLE): every item a pair of ints →
+ *   KVR_SKIP_BIGRAM (the engine needs the token after each page to match it, which a per-block
+ *   index cannot check: docs/wire-extra-keys.md); any other non-int token → bad_tokens.
+ * - Extra keys (docs/wire-extra-keys.md): extra_keys must be nil or an array; its entries are
+ *   nil, an array of keys, or one key. A leading string equal to lora_name is dropped (the
+ *   namespace carries it); a string "dynamo-cache-salt:<s>" (SGLang) becomes the event's salt,
+ *   as do the metadata map's cache_salt (array [7] or [14]) and a map event's cache_salt key
+ *   (two different salts → bad_field). Keys left but entries not one per hash → bad_field.
+ *   xkeys/xk_first and remaining use per-event scratch: valid until the next event.
+ * - locality "REMOTE" (any case) sets ev->remote; any other value or type is local.
+ *   remaining_copy_counts (BlockRemoved): one non-negative int < 2^32 per hash, else bad_field.
  * - Group filter (hybrid models) for BlockStored: kv_cache_spec_kind present → indexed only
  *   for full_attention / mla_attention / sink_full_attention (case-insensitive); absent →
  *   indexed only if group_idx is absent or 0. Filtered events → KVR_SKIP_GROUP, with type and
@@ -81,9 +90,9 @@
  *   or apply a sliding-window group's removals to the full-attention group's blocks, which
  *   carry the same hashes when block sizes match.
  * - Types we expose are checked strictly (block_size: int in [0, 2^32); lora_id: int64;
- *   medium, lora_name, kind: str; group_idx: int in [0, 2^31)) → KVR_SKIP_BAD_FIELD. Fields
- *   we do not expose (extra_keys, kv_cache_spec_sliding_window, locality, ...) are ignored
- *   whatever their type.
+ *   medium, lora_name, kind, cache_salt: str; group_idx: int in [0, 2^31)) →
+ *   KVR_SKIP_BAD_FIELD. Fields we do not expose (kv_cache_spec_sliding_window, ownership,
+ *   session_id, ...) are ignored whatever their type.
  * - has_lora_id is set only when lora_name is absent and lora_id is an int.
  * - ts: float32/float64 or any int. dp_rank: nil or an int in [0, 2^32); anything else
  *   rejects the batch (the stream key depends on it).
