@@ -836,6 +836,8 @@ static enum kvr_skip_reason decode_extra(struct kvr_decoder *d, const struct evc
     for (uint32_t e = 0; e < a->size; e++)
         total += a->ptr[e].type == MSGPACK_OBJECT_ARRAY ? a->ptr[e].via.array.size
                  : a->ptr[e].type == MSGPACK_OBJECT_NIL ? 0 : 1;
+    if (total == 0) /* text-only: [nil, nil, ...] */
+        return KVR_SKIP_NONE;
     if (!grow((void **)&d->xk, &d->xkcap, total ? total : 1, sizeof(*d->xk)) ||
         !grow((void **)&d->xkf, &d->xkfcap, n + 1, sizeof(*d->xkf)))
         return KVR_SKIP_TOO_LARGE;
