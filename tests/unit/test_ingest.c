@@ -1607,7 +1607,9 @@ static void test_realwire_apply(void **state)
  * Requests (tokens from two families so prefixes are shared, an optional LoRA, salt and up
  * to two media items) are stored on random pods as vLLM would announce them: extra keys
  * from a literal transcription of generate_block_hash_extra_keys (below, written from
- * vLLM's source, not from hash.c), LoRA name first. Queries drawn the same way go through
+ * vLLM's source, not from hash.c), LoRA name first; half of those without LoRA or media as
+ * SGLang announces them instead (a page an event, the salt in each page's metadata). Queries
+ * drawn the same way go through
  * score with cache_salt and mm_hashes. The model's answer: per pod, the longest prefix of
  * whole blocks equal to one stored request's in tokens, LoRA and literal extra keys. */
 
@@ -1722,6 +1724,46 @@ static void dx_gen(struct dx_req *r)
     }
 }
 
+/* The same request as SGLang announces it: one page an event (BlockStoredWithMetadata, the
+ * salt in the metadata map of every page), chained by parent, signed hashes. SGLang has no
+ * media keys and no LoRA name: only requests without them are sent this way. */
+static void publish_sglang(struct fx *f, const char *topic, uint64_t seq, const struct dx_req *r)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer p;
+    bool salted = r->salt != NULL && r->salt[0] != '\0';
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&p, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, r->nb);
+    for (uint32_t b = 0; b < r->nb; b++) {
+        msgpack_pack_array(&p, salted ? 8 : 7);
+        pk_str(&p, "BlockStored");
+        msgpack_pack_array(&p, 1);
+        msgpack_pack_int64(&p, (int64_t)r->eh[b]);
+        if (b == 0)
+            msgpack_pack_nil(&p);
+        else
+            msgpack_pack_int64(&p, (int64_t)r->eh[b - 1]);
+        msgpack_pack_array(&p, DX_BS);
+        for (uint32_t t = 0; t < DX_BS; t++)
+            msgpack_pack_uint32(&p, r->tok[b * DX_BS + t]);
+        msgpack_pack_uint32(&p, DX_BS);
+        msgpack_pack_nil(&p);
+        pk_str(&p, "GPU");
+        if (salted) {
+            msgpack_pack_map(&p, 1);
+            pk_str(&p, "cache_salt");
+            pk_str(&p, r->salt);
+        }
+    }
+    msgpack_pack_nil(&p);
+    publish_raw(f->pub, topic, seq, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
 static uint32_t dx_model(const struct dx_req *st, size_t nst, const struct dx_req *q)
 {
     uint32_t best = 0;
@@ -1773,7 +1815,10 @@ static void test_extra_keys_diff(void **state)
         for (uint32_t b = 0; b < r->nb; b++)
             e.nblk[b] = dx_keys(r, b, e.blk[b]);
         snprintf(topic, sizeof(topic), "kv@dx%u@%s", pod, MODEL);
-        publish_xev(f, topic, seq[pod]++, &e);
+        if (r->lora == NULL && r->nmm == 0 && dx_rnd() % 2 == 0)
+            publish_sglang(f, topic, seq[pod]++, r);
+        else
+            publish_xev(f, topic, seq[pod]++, &e);
     }
     for (uint32_t p = 0; p < DX_PODS; p++) {
         char pod[16];
