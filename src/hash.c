@@ -122,6 +122,8 @@ uint64_t kvr_hash_xk_other(uint64_t h)
     return xk_fold(h, 'x', NULL, 0, false, 0);
 }
 
+#define SALT_PREFIX "dynamo-cache-salt:" /* decode.c reads the same prefix in events */
+
 void kvr_hash_fold_query(uint64_t *content, size_t n, uint32_t block_size, const char *salt,
                          size_t salt_len, const struct kvr_hash_media *m, size_t nm)
 {
@@ -135,6 +137,11 @@ void kvr_hash_fold_query(uint64_t *content, size_t n, uint32_t block_size, const
             if (m[k].offset + m[k].length > start)
                 content[i] = kvr_hash_xk_media(content[i], m[k].id, m[k].id_len,
                                                (int64_t)m[k].offset - (int64_t)start);
+    }
+    if (salt != NULL && salt_len > sizeof(SALT_PREFIX) - 1 &&
+        memcmp(salt, SALT_PREFIX, sizeof(SALT_PREFIX) - 1) == 0) {
+        salt += sizeof(SALT_PREFIX) - 1;
+        salt_len -= sizeof(SALT_PREFIX) - 1;
     }
     if (n > 0 && salt != NULL && salt_len > 0)
         content[0] = kvr_hash_xk_str(content[0], salt, salt_len);

@@ -69,7 +69,9 @@ struct kvr_hash_media {
  * generate_block_hash_extra_keys keys them: block i covers tokens [i*bs, (i+1)*bs); every
  * media item overlapping it (offset < end and offset + length > start), in the order given
  * (sorted by offset, not overlapping: the caller validates), folds as
- * kvr_hash_xk_media(id, offset - start); then block 0 folds the salt (NULL or empty: none). */
+ * kvr_hash_xk_media(id, offset - start); then block 0 folds the salt (NULL or empty: none).
+ * A salt written "dynamo-cache-salt:<s>" (Dynamo's and SGLang's form) folds as <s>, as the
+ * decoder reads that form in events. */
 void kvr_hash_fold_query(uint64_t *content, size_t n, uint32_t block_size, const char *salt,
                          size_t salt_len, const struct kvr_hash_media *m, size_t nm);
 

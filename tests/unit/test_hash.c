@@ -117,6 +117,11 @@ static void test_extra_keys(void **state)
     e[0] = kvr_hash_xk_str(kvr_hash_xk_media(e[0], "img", 3, 2), "s", 1);
     e[1] = kvr_hash_xk_media(e[1], "img", 3, -2);
     assert_true(c[0] == e[0] && c[1] == e[1] && c[2] == e[2]);
+    /* Dynamo's/SGLang's prefixed form folds as the bare salt */
+    uint64_t p1[1] = {10}, p2[1] = {10};
+    kvr_hash_fold_query(p1, 1, 4, "dynamo-cache-salt:t", 19, NULL, 0);
+    kvr_hash_fold_query(p2, 1, 4, "t", 1, NULL, 0);
+    assert_true(p1[0] == p2[0] && p1[0] != 10);
     /* no salt, no media: unchanged (a plain query is the plain hash) */
     kvr_hash_fold_query(c, 3, 4, "", 0, NULL, 0);
     assert_true(c[0] == e[0] && c[1] == e[1] && c[2] == e[2]);
