@@ -119,6 +119,8 @@
 #define ZONE_KEEP ((size_t)4 << 20)       /* a bigger zone shrinks back when unused */
 #define SCRATCH_KEEP ((size_t)1 << 20)    /* entries, per scratch array, likewise */
 #define EV_ZONE_SLACK ((size_t)1 << 20)   /* per-event zone allowance beyond tokens+hashes */
+#define XK_KEEP ((size_t)1 << 16)         /* extra-key / count scratch entries kept between
+                                           * batches; a bigger one (an unusual event) is freed */
 
 /* Our own invariant broke (not the peer's bytes: those are validated before this can be
  * reached). Assertions stay on in release builds (house style). */
@@ -469,6 +471,14 @@ int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct 
     d->buf = NULL;
     d->nevents = d->next = 0;
     d->hlen = d->tlen = 0;
+    if (d->xkcap > XK_KEEP || d->xkfcap > XK_KEEP || d->remcap > XK_KEEP) {
+        free(d->xk);
+        free(d->xkf);
+        free(d->rem);
+        d->xk = NULL;
+        d->xkf = d->rem = NULL;
+        d->xkcap = d->xkfcap = d->remcap = 0;
+    }
     memset(out, 0, sizeof(*out));
     if (len == 0)
         return -EBADMSG;
