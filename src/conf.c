@@ -170,7 +170,9 @@ static const char *const sections[] = {"log", "events", "index", "http", "score"
 static const struct {
     const char *name;
     double weight;
-} default_weights[] = {{"gpu", 1.0}, {"cpu", 0.8}, {"storage", 0.5}};
+} default_weights[] = {{"gpu", 1.0}, {"cpu", 0.8}, {"storage", 0.5},
+                       /* locality REMOTE blocks; SGLang's EXTERNAL (shared pool) medium */
+                       {"remote", 0.6}, {"external", 0.4}};
 
 /* Parser state shared by the line reader and the inih handler. */
 struct pstate {
@@ -371,7 +373,8 @@ static int set_weight(struct kvr_conf *c, const struct directive *d, const char 
     if (i == c->nweights) {
         if (c->nweights == KVR_CONF_MAX_TIERS)
             return set_msg(sc, -ENOSPC, "too many tiers in [score]: at most %d weight.<tier> "
-                                        "entries (including the defaults gpu, cpu, storage)",
+                                        "entries (including the defaults gpu, cpu, storage, "
+                                        "remote, external)",
                            KVR_CONF_MAX_TIERS);
         memcpy(c->weights[i].name, lower, tl + 1);
         c->nweights++;

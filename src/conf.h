@@ -119,7 +119,8 @@ struct kvr_conf {
 
     /* [score] — reloadable; weight.<tier> = number (repeatable by tier name) */
     struct kvr_conf_tier_weight weights[KVR_CONF_MAX_TIERS];
-    size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5 */
+    size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5, remote 0.6,
+                                 * external 0.4 */
     double default_weight;      /* for tiers without a weight; default 0.5 */
 
     /* [tokenizer] */

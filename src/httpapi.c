@@ -59,6 +59,7 @@ struct kvr_httpapi_thread {
     struct kvr_tokset_reader *tok; /* NULL without tokenizers */
     uint32_t *tokens;
     const char **pods;
+    struct kvr_hash_media media[KVR_REQBODY_MAX_MEDIA]; /* mm_hashes of a query */
     char decoded[KVR_HTTPREQ_URL_MAX + 1];
 };
 
@@ -455,7 +456,7 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
                       struct kvr_httpresp *resp, struct kvr_reqbody_query *q)
 {
     struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
-                                     KVR_HTTPAPI_MAX_PODS};
+                                     KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
     struct kvr_err err;
     enum body_kind kind = content_kind(req->content_type);
     int rc;
@@ -553,6 +554,9 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     sq.ntokens = q.ntokens;
     sq.pods = q.pods;
     sq.npods = q.npods;
+    sq.cache_salt = q.cache_salt;
+    sq.media = q.media;
+    sq.nmedia = q.nmedia;
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
