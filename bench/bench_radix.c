@@ -28,8 +28,9 @@
  *   RadixTree: candidates = the first node's workers, intersected with each next node's
  *   workers; a worker that drops out scores the depth reached (the seed's "intersect
  *   candidates with node's workers, track the depth where each worker drops out").
- *   KVR_RADIX_COUNT=1 adds Dynamo's later shortcut (intersect only where the child's set
- *   is smaller: sets only shrink down a path) as an extra row.
+ *   "RadixTree+count" is the same tree with Dynamo's later shortcut (radix_tree.rs today:
+ *   intersect only where the child's set is smaller, since sets only shrink down a path),
+ *   an extra column (KVR_RADIX_COUNT=0 leaves it out).
  *   ConcurrentRadixTree: each node behind its own pthread rwlock (Arc<RwLock>); find
  *   read-locks the current node to take the child (an atomic reference for the walk, as
  *   Arc::clone), releases it, read-locks the child and adds 1 to the score of every worker
@@ -995,7 +996,7 @@ int main(void)
     wl.nworkers = (uint32_t)envl("KVR_RADIX_WORKERS", 128);
     wl.iters = (uint32_t)envl("KVR_RADIX_ITERS", 1000);
     int rounds = (int)envl("KVR_RADIX_ROUNDS", 3);
-    bool count = envl("KVR_RADIX_COUNT", 0) != 0;
+    bool count = envl("KVR_RADIX_COUNT", 1) != 0;
     if (wl.depth < 2 || wl.depth > 65535 || size / wl.depth < 1 || wl.nworkers < 1 ||
         wl.iters < 10 || rounds < 1 || rounds > MAX_ROUNDS) {
         fprintf(stderr, "bench_radix: bad shape\n");

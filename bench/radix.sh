@@ -4,8 +4,8 @@
 # on the seed's workload (1M blocks, depth 1024, 128 workers), printed beside the seed's
 # published figures; fails if a tree's find answer differs from the index's. ~15 s, one core.
 # Env: BUILD (default build/release); KVR_RADIX_ROUNDS (3), KVR_RADIX_ITERS (1000),
-# KVR_RADIX_SIZE / KVR_RADIX_DEPTH / KVR_RADIX_WORKERS (shape), KVR_RADIX_COUNT=1 (also the
-# RadixTree with Dynamo's later count shortcut), KVR_BENCH_SEED.
+# KVR_RADIX_SIZE / KVR_RADIX_DEPTH / KVR_RADIX_WORKERS (shape), KVR_RADIX_COUNT=0 (leave out
+# the RadixTree with Dynamo's later count shortcut), KVR_BENCH_SEED.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
