@@ -804,24 +804,27 @@ static void workload_make(struct workload *wl)
     }
 }
 
-enum row { R_BUILD, R_STORE, R_REMOVE, R_HIT, R_PARTIAL, R_NROWS };
+enum row { R_BUILD, R_STORE, R_REMOVE, R_HIT, R_PARTIAL, R_CONC, R_NROWS };
 static const char *const rname[R_NROWS] = {"store, from empty (build)", "STORE_BLOCK (churn)",
                                            "REMOVE_BLOCK (churn)", "FIND_MATCHES (HIT)",
-                                           "FIND_MATCHES (PARTIAL)"};
-/* the seed's published figures, µs (R_BUILD: none) */
-static const double seed_rt[R_NROWS] = {0, 90, 91, 227, 216};
-static const double seed_nm[R_NROWS] = {0, 98, 233, 44, 44};
+                                           "FIND_MATCHES (PARTIAL)", "HIT, 1 writer churning"};
+/* the seed's published figures, µs (R_BUILD, R_CONC: none) */
+static const double seed_rt[R_NROWS] = {0, 90, 91, 227, 216, 0};
+static const double seed_nm[R_NROWS] = {0, 98, 233, 44, 44, 0};
 
 #define MAX_ROUNDS 15
 /* results, written by the forked child that measured them (shared memory) */
 struct results {
     double p50s[K_N][R_NROWS][MAX_ROUNDS], avgs[K_N][R_NROWS][MAX_ROUNDS];
+    double p99s[K_N][R_NROWS][MAX_ROUNDS];
+    uint64_t conc_finds[K_N][MAX_ROUNDS], conc_bad[K_N][MAX_ROUNDS];
     double bytes_pair[K_N][MAX_ROUNDS];
     long mismatches;
 };
 static struct results *res;
 #define p50s (res->p50s)
 #define avgs (res->avgs)
+#define p99s (res->p99s)
 #define bytes_pair (res->bytes_pair)
 #define mismatches (res->mismatches)
 
@@ -835,14 +838,70 @@ static void *shared_alloc(size_t n)
     return p;
 }
 
+static double last_p99; /* of the last stats() call */
+
 static void stats(double *v, size_t n, double *p50, double *avg)
 {
     double sum = 0;
+    if (!n) {
+        *p50 = *avg = last_p99 = 0;
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         sum += v[i];
     qsort(v, n, sizeof(double), cmpd);
     *p50 = v[n / 2];
     *avg = sum / (double)n;
+    last_p99 = v[(size_t)((double)n * 0.99)];
+}
+
+/* ---- find while a writer churns (the structures that allow it: positional, concurrent) -- */
+
+struct conc {
+    struct subject *s;
+    const struct workload *wl;
+    int stop;
+    double *lat;
+    size_t nlat, cap;
+    uint64_t finds, bad; /* bad: an answer no state of the index could give */
+};
+
+static void *conc_reader(void *arg)
+{
+    struct conc *c = arg;
+    uint32_t D = c->wl->depth, W = c->wl->nworkers;
+    uint64_t *qb = xmalloc(D * sizeof(uint64_t));
+    struct kvr_index_reader *rd = NULL;
+    if (c->s->k == K_POS && kvr_index_reader_create(c->s->ix, &rd) != 0) {
+        fprintf(stderr, "bench_radix: reader\n");
+        exit(1);
+    }
+    for (uint32_t i = 0; !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE); i++) {
+        memcpy(qb, &c->wl->hitq[(size_t)(i % c->wl->nseq) * D], D * sizeof(*qb));
+        const struct kvr_index_hit *hits = NULL;
+        size_t nh = 0;
+        double t0 = now_us();
+        if (rd)
+            kvr_index_find(rd, c->s->ns, qb, D, NULL, 0, NULL, &hits, &nh);
+        else
+            nh = crt_find(c->s->t, qb, D);
+        double d = now_us() - t0;
+        if (c->nlat < c->cap)
+            c->lat[c->nlat++] = d;
+        c->finds++;
+        if (nh > W)
+            c->bad++;
+        for (size_t j = 0; j < nh; j++) {
+            uint32_t m = rd ? hits[j].matched : c->s->t->hits[j].matched;
+            uint32_t w = rd ? c->s->wof[hits[j].wid] : c->s->t->hits[j].w;
+            if (m < 1 || m > D || w >= W)
+                c->bad++;
+        }
+    }
+    if (rd)
+        kvr_index_reader_destroy(rd);
+    free(qb);
+    return NULL;
 }
 
 static double median(double *v, int n)
@@ -875,14 +934,15 @@ static void check(const uint16_t *ref, const uint16_t *got, uint32_t nworkers, e
 
 /* One structure through the whole sequence of measurements of one round. ref[] holds the
  * positional answers (filled when k == K_POS, which runs first in every round). */
-static void run_one(enum kind k, int round, const struct workload *wl, uint16_t *ref[3],
-                    uint16_t *ans, double *lat)
+static void run_one(enum kind k, int round, const struct workload *wl, uint16_t *ref[3])
 {
     uint32_t W = wl->nworkers, D = wl->depth;
     /* what a timed call reads is first copied here, untimed, as Dynamo's benchmark clones an
      * event or a query before starting its clock (and our daemon's parsers leave them in
      * cache): the calls are timed, not the first read of an 8-16 MB workload array */
     struct kvr_index_block *bb = xmalloc(D * sizeof(*bb));
+    uint16_t *ans = xmalloc(W * sizeof(uint16_t));
+    double *lat = xmalloc((wl->iters > wl->nseq ? wl->iters : wl->nseq) * sizeof(double));
     uint64_t *qb = xmalloc(D * sizeof(uint64_t)), *hb = xmalloc(D * sizeof(uint64_t));
     struct subject s;
     size_t h0 = heap_in_use();
@@ -946,6 +1006,37 @@ static void run_one(enum kind k, int round, const struct workload *wl, uint16_t 
         stats(lat, n, &p50s[k][r][round], &avgs[k][r][round]);
     }
 
+    /* one reader thread asking HIT queries while this thread churns (positional and the
+     * concurrent tree only): find latency under writes, and the concurrent tree's locking
+     * and reference counts exercised for real (answers checked for sanity only: they
+     * depend on the moment) */
+    if (k == K_POS || k == K_CRT) {
+        struct conc c = {.s = &s, .wl = wl, .cap = 1u << 20};
+        c.lat = xmalloc(c.cap * sizeof(double));
+        pthread_t th;
+        if (pthread_create(&th, NULL, conc_reader, &c) != 0) {
+            fprintf(stderr, "bench_radix: pthread_create\n");
+            exit(1);
+        }
+        for (uint32_t i = 0; i < wl->iters; i++) {
+            uint32_t q = i % wl->nseq;
+            subj_remove(&s, q % W, &wl->rm[(size_t)q * D], D);
+            subj_store(&s, q % W, &wl->blk[(size_t)q * D], D);
+        }
+        __atomic_store_n(&c.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(th, NULL);
+        stats(c.lat, c.nlat, &p50s[k][R_CONC][round], &avgs[k][R_CONC][round]);
+        p99s[k][R_CONC][round] = last_p99;
+        res->conc_finds[k][round] = c.finds;
+        res->conc_bad[k][round] = c.bad;
+        if (c.bad) {
+            fprintf(stderr, "bench_radix: %s: %llu impossible answers under writes\n",
+                    kname[k], (unsigned long long)c.bad);
+            mismatches++;
+        }
+        free(c.lat);
+    }
+
     /* after the churn: every sequence's HIT query again, untimed, compared again */
     for (uint32_t q = 0; q < wl->nseq; q++) {
         const uint64_t *qq = &wl->hitq[(size_t)q * D];
@@ -959,14 +1050,15 @@ static void run_one(enum kind k, int round, const struct workload *wl, uint16_t 
     free(bb);
     free(qb);
     free(hb);
+    free(ans);
+    free(lat);
 }
 
 /* Each structure is measured in a child process of its own: a fresh heap, as Dynamo's
  * benchmark builds each index in a process of its own. In one process, whichever tree was
  * built right after the positional index was destroyed took 4-8x longer to build (malloc
  * carving the freed memory: _int_malloc and page faults in the profile), whichever it was. */
-static void run_forked(enum kind k, int round, const struct workload *wl, uint16_t *ref[3],
-                       uint16_t *ans, double *lat)
+static void run_forked(enum kind k, int round, const struct workload *wl, uint16_t *ref[3])
 {
     fflush(stdout);
     pid_t pid = fork();
@@ -975,7 +1067,7 @@ static void run_forked(enum kind k, int round, const struct workload *wl, uint16
         exit(1);
     }
     if (pid == 0) {
-        run_one(k, round, wl, ref, ans, lat);
+        run_one(k, round, wl, ref);
         exit(0); /* not _exit: a sanitizer build's leak check runs in every child */
     }
     int st;
@@ -1015,16 +1107,13 @@ int main(void)
     res = shared_alloc(sizeof(*res));
     uint16_t *ref[3] = {shared_alloc(nref * sizeof(uint16_t)), shared_alloc(nref * sizeof(uint16_t)),
                         shared_alloc(nref * sizeof(uint16_t))};
-    uint16_t *ans = xmalloc(W * sizeof(uint16_t));
-    size_t nlat = wl.iters > wl.nseq ? wl.iters : wl.nseq;
-    double *lat = xmalloc(nlat * sizeof(double));
     enum kind order[K_N] = {K_RT, K_CRT, K_RTC};
     int nk = count ? 3 : 2;
     for (int r = 0; r < rounds; r++) {
         /* the positional index first (its answers are the reference), then the trees in an
          * order rotated every round */
         for (int j = -1; j < nk; j++)
-            run_forked(j < 0 ? K_POS : order[(j + r) % nk], r, &wl, ref, ans, lat);
+            run_forked(j < 0 ? K_POS : order[(j + r) % nk], r, &wl, ref);
         printf("  round %d: HIT p50 positional %.2f, RadixTree %.1f, ConcRadixTree %.1f µs\n",
                r + 1, p50s[K_POS][R_HIT][r], p50s[K_RT][R_HIT][r], p50s[K_CRT][R_HIT][r]);
         fflush(stdout);
@@ -1047,9 +1136,11 @@ int main(void)
             m[k] = median(p50s[k][r], rounds);
             char cell[40];
             snprintf(cell, sizeof(cell), "%.2f (%.1f)", m[k], median(avgs[k][r], rounds));
-            printf(" %19s", cell);
+            printf(" %19s", r == R_CONC && k != K_POS && k != K_CRT ? "-" : cell);
         }
-        if (seed_rt[r] > 0)
+        if (r == R_CONC)
+            printf(" | %8s %9s | %11s %11s\n", "-", "-", "-", "-");
+        else if (seed_rt[r] > 0)
             printf(" | %8.0f %9.0f | %10.2fx %10.2fx\n", seed_rt[r], seed_nm[r],
                    m[K_RT] / m[K_POS], seed_rt[r] / seed_nm[r]);
         else
@@ -1066,6 +1157,11 @@ int main(void)
            median(p50s[K_CRT][R_REMOVE], rounds) / median(p50s[K_POS][R_REMOVE], rounds),
            median(p50s[K_CRT][R_HIT], rounds) / median(p50s[K_POS][R_HIT], rounds),
            median(p50s[K_CRT][R_PARTIAL], rounds) / median(p50s[K_POS][R_PARTIAL], rounds));
+    printf("HIT while 1 writer churns (%u remove + store cycles), median p99: positional %.2f, "
+           "ConcRadixTree %.1f µs; finds done: %llu and %llu in round 1\n",
+           wl.iters, median(p99s[K_POS][R_CONC], rounds), median(p99s[K_CRT][R_CONC], rounds),
+           (unsigned long long)res->conc_finds[K_POS][0],
+           (unsigned long long)res->conc_finds[K_CRT][0]);
     printf("answers compared with the positional index: %u HIT + %u PARTIAL + %u after the "
            "churn per tree per round: %ld differences\n",
            wl.iters, wl.iters, wl.nseq, mismatches);
@@ -1074,8 +1170,6 @@ int main(void)
     munmap(ref[1], nref * sizeof(uint16_t));
     munmap(ref[2], nref * sizeof(uint16_t));
     munmap(res, sizeof(*res));
-    free(ans);
-    free(lat);
     free(wl.blk);
     free(wl.rm);
     free(wl.hitq);
