@@ -50,9 +50,21 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK  # utime + stime
 
 
+def shard(pod, n):
+    """The daemon's writer for a pod (kvr_queue_shard: FNV-1a-32 of the name modulo n)."""
+    h = 2166136261
+    for b in pod.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h % n
+
+
 def writers():
-    print("-- writers 1 -> 2: %s, %d rounds (load average %s)"
-          % (os.path.basename(ib.TRACE), ROUNDS, loadavg()))
+    split = [0, 0]
+    for i in range(ib.ENGINES):  # bench_publisher's topics are kv@bench-<i>@<model>
+        split[shard("bench-%d" % i, 2)] += 1
+    print("-- writers 1 -> 2: %s, %d engines (pods per writer with 2 writers: %d / %d), %d "
+          "rounds (load average %s)" % (os.path.basename(ib.TRACE), ib.ENGINES, split[0],
+                                        split[1], ROUNDS, loadavg()))
     runs = {1: [], 2: []}
     for r in range(ROUNDS):
         for w in ((1, 2) if r % 2 == 0 else (2, 1)):
