@@ -6,9 +6,9 @@
  * NestedMap 98 / 233 / 44 / 44). Those figures come from another machine, another language
  * and Dynamo's NestedMap, not our index. This benchmark writes the two radix trees the seed
  * describes, as comparators (they are NOT index backends of the daemon), and runs them in
- * one process, on one workload and one random stream, next to the positional index
- * (kvr_index_* from src/index.h), so a reader can see on this machine why the positional
- * index was chosen.
+ * one run (one process tree), on one workload and one random stream, next to the positional
+ * index (kvr_index_* from src/index.h), so a reader can see on this machine why the
+ * positional index was chosen. Notes and figures: docs/radix.md.
  *
  * The comparators (Dynamo's RadixTree and ConcurrentRadixTree, from the seed's description
  * and lib/kv-router/src/radix_tree.rs / concurrent_radix_tree.rs):
@@ -54,12 +54,18 @@
  *   REMOVE_BLOCK    sequence i % 976 removed (timed, head first as Dynamo's remove event),
  *                   then stored again (untimed);
  *   FIND (HIT)      the 1024 local hashes of sequence i % 976;
- *   FIND (PARTIAL)  its first 512, then 512 that match nothing.
+ *   FIND (PARTIAL)  its first 512, then 512 that match nothing;
+ * and, not in the seed, the remove again with each sequence's hashes tail first (the order
+ * in which vLLM frees a sequence's blocks).
  * Each structure is built (store from empty, reported as an extra row), queried and churned
  * in a child process of its own (a fresh heap, see run_forked), one structure in memory at
  * a time; the structures run in turn, the positional index first (its answers are the
  * reference), R rounds (KVR_RADIX_ROUNDS, default 3) with the trees' order rotated, and
  * each cell prints the median over the rounds of the round's p50 (and of its average).
+ * Not in the seed: "HIT, 1 writer churning" (positional and ConcRadixTree only: a reader
+ * thread asks HIT queries while the main thread runs another 1000 remove + store cycles;
+ * p50 in the table, p99 on a line below; answers checked for sanity only, as they depend
+ * on the moment; this is also what exercises the concurrent tree's locks and references).
  *
  * Correctness: every timed find's answer (matched blocks per worker) is kept and compared
  * with the positional index's answer to the same query, and after the churn every HIT
@@ -769,6 +775,7 @@ struct workload {
     uint32_t nseq, depth, nworkers, iters, warm;
     struct kvr_index_block *blk; /* nseq x depth */
     uint64_t *rm;                /* nseq x depth: engine hashes in event order */
+    uint64_t *rmt;               /* the same, each sequence's tail first (vLLM's order) */
     uint64_t *partial;           /* iters x depth: PARTIAL queries */
     uint64_t *hitq;              /* nseq x depth: content hashes (HIT queries) */
 };
@@ -778,6 +785,7 @@ static void workload_make(struct workload *wl)
     size_t nb = (size_t)wl->nseq * wl->depth;
     wl->blk = xmalloc(nb * sizeof(*wl->blk));
     wl->rm = xmalloc(nb * sizeof(uint64_t));
+    wl->rmt = xmalloc(nb * sizeof(uint64_t));
     wl->hitq = xmalloc(nb * sizeof(uint64_t));
     uint32_t plen = (uint32_t)lround(wl->depth * 0.25);
     for (uint32_t s = 0; s < wl->nseq; s++) {
@@ -790,6 +798,7 @@ static void workload_make(struct workload *wl)
             size_t at = (size_t)s * wl->depth + i;
             wl->blk[at] = (struct kvr_index_block){eh, c};
             wl->rm[at] = eh;
+            wl->rmt[(size_t)s * wl->depth + (wl->depth - 1 - i)] = eh;
             wl->hitq[at] = c;
         }
     }
@@ -804,13 +813,14 @@ static void workload_make(struct workload *wl)
     }
 }
 
-enum row { R_BUILD, R_STORE, R_REMOVE, R_HIT, R_PARTIAL, R_CONC, R_NROWS };
-static const char *const rname[R_NROWS] = {"store, from empty (build)", "STORE_BLOCK (churn)",
-                                           "REMOVE_BLOCK (churn)", "FIND_MATCHES (HIT)",
-                                           "FIND_MATCHES (PARTIAL)", "HIT, 1 writer churning"};
-/* the seed's published figures, µs (R_BUILD, R_CONC: none) */
-static const double seed_rt[R_NROWS] = {0, 90, 91, 227, 216, 0};
-static const double seed_nm[R_NROWS] = {0, 98, 233, 44, 44, 0};
+enum row { R_BUILD, R_STORE, R_REMOVE, R_HIT, R_PARTIAL, R_RMTAIL, R_CONC, R_NROWS };
+static const char *const rname[R_NROWS] = {
+    "store, from empty (build)", "STORE_BLOCK (churn)",    "REMOVE_BLOCK (churn)",
+    "FIND_MATCHES (HIT)",        "FIND_MATCHES (PARTIAL)", "remove, tail first (churn)",
+    "HIT, 1 writer churning"};
+/* the seed's published figures, µs (the rows it does not have: 0) */
+static const double seed_rt[R_NROWS] = {0, 90, 91, 227, 216, 0, 0};
+static const double seed_nm[R_NROWS] = {0, 98, 233, 44, 44, 0, 0};
 
 #define MAX_ROUNDS 15
 /* results, written by the forked child that measured them (shared memory) */
@@ -987,12 +997,16 @@ static void run_one(enum kind k, int round, const struct workload *wl, uint16_t 
         stats(lat, n, &p50s[k][r][round], &avgs[k][r][round]);
     }
 
-    /* churn, as Dynamo's bench_store_remove_cycle: store timed, then remove timed */
-    for (int timed_store = 1; timed_store >= 0; timed_store--) {
+    /* churn, as Dynamo's bench_store_remove_cycle: store timed, then remove timed; then
+     * (not in the seed) remove timed with each sequence's hashes tail first, the order in
+     * which vLLM frees a sequence's blocks */
+    for (int pass = 0; pass < 3; pass++) {
+        int timed_store = pass == 0;
+        const uint64_t *rm = pass == 2 ? wl->rmt : wl->rm;
         size_t n = 0;
         for (uint32_t i = 0; i < wl->iters; i++) {
             uint32_t q = i % wl->nseq;
-            memcpy(hb, &wl->rm[(size_t)q * D], D * sizeof(*hb));
+            memcpy(hb, &rm[(size_t)q * D], D * sizeof(*hb));
             memcpy(bb, &wl->blk[(size_t)q * D], D * sizeof(*bb));
             double t0 = now_us(), t1, t2;
             subj_remove(&s, q % W, hb, D);
@@ -1002,7 +1016,7 @@ static void run_one(enum kind k, int round, const struct workload *wl, uint16_t 
             if (i >= wl->warm)
                 lat[n++] = timed_store ? t2 - t1 : t1 - t0;
         }
-        enum row r = timed_store ? R_STORE : R_REMOVE;
+        enum row r = pass == 0 ? R_STORE : pass == 1 ? R_REMOVE : R_RMTAIL;
         stats(lat, n, &p50s[k][r][round], &avgs[k][r][round]);
     }
 
@@ -1172,6 +1186,7 @@ int main(void)
     munmap(res, sizeof(*res));
     free(wl.blk);
     free(wl.rm);
+    free(wl.rmt);
     free(wl.hitq);
     free(wl.partial);
     if (failed) {
