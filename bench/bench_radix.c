@@ -769,6 +769,37 @@ static void subj_answer(struct subject *s, const uint64_t *q, size_t n, size_t n
         out[s->wof[hits[j].wid]] = (uint16_t)hits[j].matched;
 }
 
+/* The timed calls go through these, never inlined nor folded together (gcc's identical code
+ * folding made cg_remove_tail an alias of cg_remove_head), so that callgrind can count each
+ * kind apart (radix.sh with KVR_BENCH_CALLGRIND=1: --toggle-collect on each, one output file
+ * per structure's child process). */
+#if defined(__clang__)
+#define CG_HOOK __attribute__((noinline))
+#else
+#define CG_HOOK __attribute__((noipa))
+#endif
+CG_HOOK static void cg_store(struct subject *s, uint32_t w, const struct kvr_index_block *b,
+                             size_t n)
+{
+    subj_store(s, w, b, n);
+}
+CG_HOOK static void cg_remove_head(struct subject *s, uint32_t w, const uint64_t *h, size_t n)
+{
+    subj_remove(s, w, h, n);
+}
+CG_HOOK static void cg_remove_tail(struct subject *s, uint32_t w, const uint64_t *h, size_t n)
+{
+    subj_remove(s, w, h, n);
+}
+CG_HOOK static size_t cg_find_hit(struct subject *s, const uint64_t *q, size_t n)
+{
+    return subj_find(s, q, n);
+}
+CG_HOOK static size_t cg_find_partial(struct subject *s, const uint64_t *q, size_t n)
+{
+    return subj_find(s, q, n);
+}
+
 /* ---- workload and measurement ----------------------------------------------------------- */
 
 struct workload {
@@ -984,7 +1015,7 @@ static void run_one(enum kind k, int round, const struct workload *wl, uint16_t 
                                  : &wl->partial[(size_t)i * D], D * sizeof(*qb));
             const uint64_t *q = qb;
             double t0 = now_us();
-            size_t nh = subj_find(&s, q, D);
+            size_t nh = kind == 0 ? cg_find_hit(&s, q, D) : cg_find_partial(&s, q, D);
             double d = now_us() - t0;
             if (i >= wl->warm)
                 lat[n++] = d;
@@ -1009,9 +1040,17 @@ static void run_one(enum kind k, int round, const struct workload *wl, uint16_t 
             memcpy(hb, &rm[(size_t)q * D], D * sizeof(*hb));
             memcpy(bb, &wl->blk[(size_t)q * D], D * sizeof(*bb));
             double t0 = now_us(), t1, t2;
-            subj_remove(&s, q % W, hb, D);
+            if (pass == 0)
+                subj_remove(&s, q % W, hb, D);
+            else if (pass == 1)
+                cg_remove_head(&s, q % W, hb, D);
+            else
+                cg_remove_tail(&s, q % W, hb, D);
             t1 = now_us();
-            subj_store(&s, q % W, bb, D);
+            if (pass == 0)
+                cg_store(&s, q % W, bb, D);
+            else
+                subj_store(&s, q % W, bb, D);
             t2 = now_us();
             if (i >= wl->warm)
                 lat[n++] = timed_store ? t2 - t1 : t1 - t0;
@@ -1081,6 +1120,8 @@ static void run_forked(enum kind k, int round, const struct workload *wl, uint16
         exit(1);
     }
     if (pid == 0) {
+        if (getenv("KVR_RADIX_TAG")) /* radix.sh's callgrind mode: which child is which */
+            fprintf(stderr, "bench_radix: child %d runs %s\n", (int)getpid(), kname[k]);
         run_one(k, round, wl, ref);
         exit(0); /* not _exit: a sanitizer build's leak check runs in every child */
     }
