@@ -10,8 +10,8 @@
 # KVR_BENCH_CALLGRIND=1 also runs the benchmark under callgrind with its cache simulation
 # (a 32 MB, 16-way last-level cache: valgrind's own guess on this VM is 512 MB) and prints,
 # per structure, instructions and first-level / last-level data-read misses per timed call
-# (load-independent where the timings are not); KVR_RADIX_CG_SIZE (default 250000 pairs)
-# and KVR_RADIX_CG_ITERS (100) size that run (~5 minutes).
+# (load-independent where the timings are not); KVR_RADIX_CG_SIZE (default 1000000 pairs)
+# and KVR_RADIX_CG_ITERS (100) size that run (~5 minutes at the default 1M pairs).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -23,7 +23,7 @@ echo "== bench_radix (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 if [ "${KVR_BENCH_CALLGRIND:-0}" = 1 ] && command -v valgrind >/dev/null; then
     dir=$(mktemp -d /tmp/kvr-radix-cg.XXXXXX)
     trap 'rm -rf "$dir"' EXIT
-    size=${KVR_RADIX_CG_SIZE:-250000}
+    size=${KVR_RADIX_CG_SIZE:-1000000}
     iters=${KVR_RADIX_CG_ITERS:-100}
     echo "== callgrind, cache simulation: $size pairs, $iters timed calls of each kind per structure"
     KVR_RADIX_SIZE=$size KVR_RADIX_ITERS=$iters KVR_RADIX_ROUNDS=1 KVR_RADIX_TAG=1 \
@@ -47,8 +47,9 @@ if [ "${KVR_BENCH_CALLGRIND:-0}" = 1 ] && command -v valgrind >/dev/null; then
                     v[++k] = x
                 }
                 fn = $0; sub(/.*:cg_/, "", fn); sub(/ .*/, "", fn)
-                printf "  %-16s %-12s %12.0f %10.0f %10.0f\n", name, fn, v[1] / n,
+                o = index("store remove_head remove_tail find_hit find_partial", fn)
+                printf "%03d  %-16s %-12s %12.0f %10.0f %10.0f\n", o, name, fn, v[1] / n,
                        v[5] / n, v[8] / n
-            }'
+            }' | sort -n | cut -c4-
     done
 fi
