@@ -154,8 +154,13 @@ static int json_media(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
     return media_check(q->media, q->nmedia, err);
 }
 
-int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
-                           struct kvr_reqbody_query *q, struct kvr_err *err)
+/* Other endpoints' own keys in a query body: 1 consumed, 0 not theirs, or -errno. */
+typedef int (*json_hook)(void *arg, const char *key, size_t klen, struct kvr_jtok *j,
+                         struct kvr_err *err);
+
+static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                      struct kvr_reqbody_query *q, struct kvr_err *err, json_hook hook,
+                      void *hook_arg)
 {
     struct kvr_jtok j;
     bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
@@ -264,7 +269,10 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
             if (rc < 0)
                 return jerr(&j, err);
         } else {
-            if (kvr_jtok_skip(&j) != 0)
+            int h = hook ? hook(hook_arg, key, klen, &j, err) : 0;
+            if (h < 0)
+                return h;
+            if (h == 0 && kvr_jtok_skip(&j) != 0)
                 return jerr(&j, err);
         }
     }
@@ -273,6 +281,133 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
     if (kvr_jtok_finish(&j) != 0)
         return jerr(&j, err);
     return query_check(q, seen_model, seen_tokens, seen_prompt, err);
+}
+
+int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_err *err)
+{
+    return query_json(body, len, s, q, err, NULL, NULL);
+}
+
+/* ---- POST /v1/route: the query plus "candidates", "policy", "track" ---------------------- */
+
+struct route_ctx {
+    struct kvr_reqbody_route *rq;
+    struct kvr_reqbody_cand *cands;
+    size_t cap;
+    bool seen_cands, seen_policy, seen_track;
+};
+
+static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *err)
+{
+    struct kvr_reqbody_cand *c = &rc->cands[rc->rq->ncands];
+    int st = 0, r;
+    char *key, *str;
+    size_t klen, slen;
+    uint64_t v;
+    bool sp = false, sr = false, sq = false, stk = false;
+
+    memset(c, 0, sizeof(*c));
+    if (kvr_jtok_peek(j) != '{')
+        return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu] must be an object",
+                           rc->rq->ncands);
+    while ((r = kvr_jtok_object_next(j, &st, &key, &klen)) == 1) {
+        bool *seen = key_is(key, klen, "pod") ? &sp
+                     : key_is(key, klen, "dp_rank") ? &sr
+                     : key_is(key, klen, "active_requests") ? &sq
+                     : key_is(key, klen, "active_tokens") ? &stk
+                                                           : NULL;
+        if (seen == NULL) {
+            if (kvr_jtok_skip(j) != 0)
+                return jerr(j, err);
+            continue;
+        }
+        if (*seen)
+            return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu]: duplicate key \"%.*s\"",
+                               rc->rq->ncands, (int)klen, key);
+        *seen = true;
+        if (seen == &sp) {
+            if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0 || slen == 0 ||
+                slen > KVR_NAME_MAX)
+                return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod must be a string of "
+                                   "1..%d bytes", rc->rq->ncands, KVR_NAME_MAX);
+            c->pod = str;
+            continue;
+        }
+        if (kvr_jtok_u64(j, &v) != 0 || (seen == &sr && v > UINT32_MAX))
+            return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].%.*s must be a non-negative "
+                               "integer%s", rc->rq->ncands, (int)klen, key,
+                               seen == &sr ? " below 2^32" : "");
+        if (seen == &sr)
+            c->dp_rank = (uint32_t)v;
+        else if (seen == &sq)
+            c->active_requests = v, c->has_requests = true;
+        else
+            c->active_tokens = v, c->has_tokens = true;
+    }
+    if (r < 0)
+        return jerr(j, err);
+    if (!sp)
+        return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu] needs \"pod\"", rc->rq->ncands);
+    rc->rq->ncands++;
+    return 0;
+}
+
+static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *j,
+                      struct kvr_err *err)
+{
+    struct route_ctx *rc = arg;
+    char *str;
+    size_t slen;
+    int r, st = 0;
+
+    if (key_is(key, klen, "candidates")) {
+        if (rc->seen_cands)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"candidates\"");
+        rc->seen_cands = true;
+        if (kvr_jtok_null(j))
+            return 1;
+        if (kvr_jtok_peek(j) != '[')
+            return kvr_err_set(err, -EINVAL, "\"candidates\" must be an array of objects");
+        while ((r = kvr_jtok_array_next(j, &st)) == 1) {
+            if (rc->rq->ncands >= rc->cap)
+                return kvr_err_set(err, -EINVAL, "too many candidates (limit %zu)", rc->cap);
+            if ((r = route_cand(rc, j, err)) != 0)
+                return r;
+        }
+        return r < 0 ? jerr(j, err) : 1;
+    }
+    if (key_is(key, klen, "policy")) {
+        if (rc->seen_policy)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"policy\"");
+        rc->seen_policy = true;
+        if (kvr_jtok_null(j))
+            return 1;
+        if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0)
+            return kvr_err_set(err, -EINVAL, "\"policy\" must be a string");
+        rc->rq->policy = str;
+        return 1;
+    }
+    if (key_is(key, klen, "track")) {
+        int c = kvr_jtok_peek(j);
+        if (rc->seen_track)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"track\"");
+        rc->seen_track = true;
+        if (c != 't' && c != 'f')
+            return kvr_err_set(err, -EINVAL, "\"track\" must be true or false");
+        return kvr_jtok_bool(j, &rc->rq->track) != 0 ? jerr(j, err) : 1;
+    }
+    return 0;
+}
+
+int kvr_reqbody_route_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_reqbody_cand *cands,
+                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err)
+{
+    struct route_ctx rc = {rq, cands, cap, false, false, false};
+    memset(rq, 0, sizeof(*rq));
+    rq->cands = cands;
+    return query_json(body, len, s, q, err, route_hook, &rc);
 }
 
 static int opt_string(struct kvr_jtok *j, const char *name, const char **out, struct kvr_err *err)

@@ -61,6 +61,25 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
 int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                               struct kvr_reqbody_query *q, struct kvr_err *err);
 
+/* POST /v1/route: the query plus "candidates"?: [{"pod": str, "dp_rank"?: u32,
+ * "active_requests"?: u64, "active_tokens"?: u64}]|null (at most cap, stored in cands),
+ * "policy"?: str|null (checked by the caller), "track"?: bool. JSON only. */
+struct kvr_reqbody_cand {
+    const char *pod;
+    uint32_t dp_rank;
+    bool has_requests, has_tokens;
+    uint64_t active_requests, active_tokens;
+};
+struct kvr_reqbody_route {
+    const char *policy; /* NULL when absent or null */
+    bool track;
+    struct kvr_reqbody_cand *cands;
+    size_t ncands;      /* 0: not given */
+};
+int kvr_reqbody_route_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_reqbody_cand *cands,
+                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err);
+
 /* Tests and benchmarks: limits the msgpack token-array decoder to 0 = scalar only, 1 = + AVX-512
  * VBMI windows (x86-64; never above what the CPU has); -1 = the best available (the default).
  * Returns the level in effect. Not for concurrent use. */
