@@ -1,0 +1,338 @@
+#!/usr/bin/python3
+"""Writes tests/data/tmpl/goldens.jsonl: what Jinja2 (Debian's python3-jinja2, configured exactly
+as Hugging Face transformers configures it for chat templates) renders for
+  - the chat templates in tests/data/tmpl/*.jinja over conversations designed here (multi-turn,
+    system or not, tools and tool results, thinking on/off, reasoning_content, empty content,
+    content as parts, unicode, very long) plus seeded random conversations, and
+  - small feature templates (FEATURES below) covering the subset tmpl implements.
+Each line: {"name", "template" (file stem) or "source", "vars", "now", "output" | "error"};
+"error" is the exception message (raise_exception's is compared byte for byte by test_tmpl,
+other errors only as "an error"). Run: /usr/bin/python3 scripts/tmpl-goldens.py [--seed N]
+(apt-get install python3-jinja2). test_tmpl reads the file offline.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+from datetime import datetime, timezone
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "tests", "data", "tmpl")
+NOW = 1764000000  # 2025-11-24T16:00:00Z: strftime_now is pinned (the C side injects it too)
+
+
+def make_env(now):
+    """transformers.utils.chat_template_utils._compile_jinja_template, minus AssistantTracker
+    (the {% generation %} tag only matters for return_assistant_tokens_mask)."""
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.fromtimestamp(now, tz=timezone.utc).strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def render(source, vars_, now=NOW):
+    env = make_env(now)
+    try:
+        return {"output": env.from_string(source).render(**vars_)}
+    except jinja2.exceptions.TemplateError as e:
+        return {"error": str(e), "kind": type(e).__name__}
+    except Exception as e:  # TypeError, ValueError... from Python operations
+        return {"error": "%s: %s" % (type(e).__name__, e), "kind": type(e).__name__}
+
+
+SPECIAL = {
+    "qwen3": {"bos_token": None, "eos_token": "<|im_end|>"},
+    "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
+    "llama3_1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "deepseek_v3": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+}
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name, e.g. Zürich"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web \"quoted\" \\ backslash",
+        "parameters": {"type": "object", "properties": {
+            "q": {"type": "string"}, "max_results": {"type": "integer", "default": 5},
+            "ratio": {"type": "number", "default": 0.5}, "safe": {"type": "boolean"}}}}},
+]
+
+LONG = ("The quick brown fox jumps over the lazy dog. " * 700)  # ~31 KB
+
+
+def conversations():
+    u = lambda c: {"role": "user", "content": c}
+    a = lambda c: {"role": "assistant", "content": c}
+    s = lambda c: {"role": "system", "content": c}
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+    call_str = {"id": "call_2", "type": "function",
+                "function": {"name": "search", "arguments": "{\"q\": \"kv cache\"}"}}
+    yield "single_user", [u("Hello!")], {}
+    yield "system_user", [s("You are a helpful assistant."), u("What is 2+2?")], {}
+    yield "multi_turn", [s("Be brief."), u("Hi"), a("Hello! How can I help?"), u("Tell me a joke."),
+                         a("Why did the chicken cross the road?"), u("Why?")], {}
+    yield "no_system_multi", [u("Hi"), a("Hello"), u("Bye")], {}
+    yield "no_gen_prompt", [u("Hi"), a("Hello")], {"add_generation_prompt": False}
+    yield "empty_content", [u(""), a(""), u("")], {}
+    yield "whitespace_content", [u("  padded  \n"), a("\n\nanswer\n"), u("\tq\t")], {}
+    yield "unicode", [s("Réponds en français 🇫🇷"), u("日本語のテキスト and emoji 😀👍🏽, RTL: שלום"),
+                      a("Ça va — «très bien» ✓"), u("zero\u200bwidth and e\u0301 combining")], {}
+    yield "very_long", [s("You summarize."), u(LONG), a("Short summary."), u(LONG[:5000] + " again?")], {}
+    yield "thinking_off", [u("Solve 12*13")], {"enable_thinking": False}
+    yield "thinking_on", [u("Solve 12*13")], {"enable_thinking": True}
+    yield "reasoning_content", [u("What is 7*6?"),
+                                {"role": "assistant", "content": "42",
+                                 "reasoning_content": "7 times 6 is 42."},
+                                u("And 8*6?")], {}
+    yield "think_in_content", [u("Q1"), a("<think>\nstep one\n</think>\n\nA1"), u("Q2"),
+                               a("<think>\nmore\n</think>\n\nA2")], {}
+    yield "tools_call_result", [s("You can use tools."), u("Weather in Paris?"),
+                                {"role": "assistant", "content": "", "tool_calls": [call]},
+                                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+                                ], {"tools": TOOLS}
+    yield "tools_two_results", [u("Weather in Paris and search kv cache"),
+                                {"role": "assistant", "content": "Let me check.",
+                                 "tool_calls": [call, call_str]},
+                                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                                {"role": "tool", "tool_call_id": "call_2", "content": "results..."},
+                                a("It is sunny, and here are results.")], {"tools": TOOLS}
+    yield "tools_no_call", [u("Just say hi")], {"tools": TOOLS}
+    yield "deepseek_tool_none_content", [u("Weather?"),
+                                         {"role": "assistant", "content": None,
+                                          "tool_calls": [{"type": "function",
+                                                          "function": {"name": "get_weather",
+                                                                       "arguments": "{\"city\": \"Oslo\"}"}}]},
+                                         {"role": "tool", "content": "cold"},
+                                         a("It is cold.")], {}
+    yield "parts_content", [{"role": "system", "content": [{"type": "text", "text": "Sys part."}]},
+                            {"role": "user", "content": [{"type": "text", "text": "Part one."},
+                                                         {"type": "text", "text": "Part two."}]},
+                            {"role": "assistant", "content": [{"type": "text", "text": "Reply."}]},
+                            {"role": "user", "content": [{"type": "text", "text": "More."}]}], {}
+    yield "not_alternating", [u("a"), u("b")], {}
+    yield "assistant_first", [a("I start"), u("ok")], {}
+    yield "special_chars", [u("{{ not a tag }} {% neither %} <|im_end|> \\n literal"),
+                            a("quote ' and \" and \\")], {}
+
+
+def random_conversation(rng):
+    words = ["alpha", "beta", "γάμμα", "δέλτα", "数据", "缓存", "🙂", "route", "token", "prefix",
+             "\n", "  ", "\t", "<tag>", "'", "\"", "\\", "end"]
+
+    def text(lo, hi):
+        return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
+
+    msgs = []
+    if rng.random() < 0.5:
+        msgs.append({"role": "system", "content": text(1, 20)})
+    turns = rng.randint(1, 6)
+    for t in range(turns):
+        msgs.append({"role": "user", "content": text(0, 40)})
+        if t < turns - 1 or rng.random() < 0.3:
+            m = {"role": "assistant", "content": text(0, 40)}
+            if rng.random() < 0.3:
+                m["reasoning_content"] = text(1, 10)
+            msgs.append(m)
+    kw = {}
+    if rng.random() < 0.5:
+        kw["enable_thinking"] = rng.random() < 0.5
+    if rng.random() < 0.3:
+        kw["add_generation_prompt"] = False
+    return msgs, kw
+
+
+# Feature templates: (name, source, vars). Outputs come from Jinja2, not from here.
+FEATURES = [
+    ("ws_trim_lstrip", "a\n  {% if true %}\n    x\n  {% endif %}\nb", {}),
+    ("ws_minus", "a  {%- if true -%}  x  {%- endif -%}  b", {}),
+    ("ws_plus", "a\n  {%+ if true %}\nx{% endif +%}\nb", {}),
+    ("ws_var_minus", "a \n {{- 'x' -}} \n b", {}),
+    ("ws_comment", "a\n  {# c #}\nb {#- c -#} c", {}),
+    ("ws_trailing_newline", "x\n", {}),
+    ("ws_crlf", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\n", {}),
+    ("raw", "{% raw %}{{ x }}{% if %}{% endraw %}|{%- raw -%}  y  {%- endraw -%}|", {}),
+    ("for_loop_vars", "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}"
+                      "{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+     {"xs": ["a", "b", "c"]}),
+    ("for_else", "{% for x in xs %}{{ x }}{% else %}empty{% endfor %}", {"xs": []}),
+    ("for_filter", "{% for x in xs if x > 1 %}{{ x }}{{ loop.index }}{% endfor %}", {"xs": [1, 2, 3]}),
+    ("for_unpack", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("for_dict", "{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "y": 2}}),
+    ("for_string", "{% for c in 'héllo' %}[{{ c }}]{% endfor %}", {}),
+    ("for_prev_next", "{% for x in [1,2,3] %}{{ loop.previtem }}-{{ loop.nextitem }};{% endfor %}", {}),
+    ("for_cycle", "{% for x in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}", {}),
+    ("break_continue", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}"
+                       "{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("loop_scope", "{% set x = 0 %}{% for i in range(3) %}{% set x = x + 1 %}{{ x }}{% endfor %}{{ x }}", {}),
+    ("namespace", "{% set ns = namespace(c=0, s='') %}{% for i in range(4) %}{% set ns.c = ns.c + i %}"
+                  "{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.c }} {{ ns.s }}", {}),
+    ("reverse_slice", "{{ xs[::-1] }} {{ xs[1:] }} {{ xs[:-1] }} {{ xs[::2] }} {{ 'abcdef'[1:4] }} "
+                      "{{ 'héllo'[::-1] }} {{ xs[-1] }} {{ xs[10:] }}", {"xs": [1, 2, 3, 4, 5]}),
+    ("if_elif", "{% for x in [1,2,3] %}{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %}{% endfor %}", {}),
+    ("set_block", "{% set b %}  inner {{ 1 + 1 }}\n{% endset %}[{{ b }}]", {}),
+    ("set_block_filter", "{% set b | upper | trim %}  inner  {% endset %}[{{ b }}]", {}),
+    ("set_tuple", "{% set a, b = 1, 'x' %}{{ a }}{{ b }}", {}),
+    ("macro", "{% macro m(a, b='d', c=none) %}<{{ a }}|{{ b }}|{{ c }}>{% endmacro %}"
+              "{{ m(1) }}{{ m(1, 2) }}{{ m(1, c=3) }}{{ m(a='k') }}", {}),
+    ("macro_varargs", "{% macro m(a) %}{{ a }}{{ varargs }}{% endmacro %}{{ m(1, 2, 3) }}", {}),
+    ("macro_too_many", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", {}),
+    ("call_block", "{% macro wrap(t) %}<{{ t }}>{{ caller() }}</{{ t }}>{% endmacro %}"
+                   "{% call wrap('b') %}body {{ 1 }}{% endcall %}", {}),
+    ("call_block_args", "{% macro each(xs) %}{% for x in xs %}{{ caller(x) }}{% endfor %}{% endmacro %}"
+                        "{% call(item) each([1,2]) %}[{{ item }}]{% endcall %}", {}),
+    ("filter_block", "{% filter upper %}hello {{ 'world' }}{% endfilter %}", {}),
+    ("with", "{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}{{ a }}", {}),
+    ("ops_arith", "{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} "
+                  "{{ 2 ** 10 }} {{ 7 / 2 }} {{ 1 / 3 }} {{ 2 ** -1 }} {{ 1.5 + 1 }} {{ -3 }} {{ 10 - 2 - 3 }}", {}),
+    ("ops_str", "{{ 'a' + 'b' }} {{ 'a' ~ 1 ~ none ~ true }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1] + [2] }}", {}),
+    ("ops_compare", "{{ 1 < 2 }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 5 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} "
+                    "{{ true == 1 }} {{ [1,2] == [1,2] }} {{ 'x' != 'y' }} {{ 2 >= 2 }} {{ none == none }}", {}),
+    ("ops_logic", "{{ true and 'x' }} {{ false or 'y' }} {{ not 0 }} {{ 0 or none }} {{ '' and 1 }} "
+                  "{{ not true or true }}", {}),
+    ("ops_in", "{{ 'a' in 'cat' }} {{ 1 in [1,2] }} {{ 'k' in {'k': 1} }} {{ 'z' not in 'abc' }} "
+               "{{ 3 not in [1] }} {{ '' in 'x' }}", {}),
+    ("condexpr", "{{ 'y' if true else 'n' }} {{ 'y' if false else 'n' }} [{{ 'y' if false }}]", {}),
+    ("literals", "{{ [1, 'a', none, true, 1.5, {'k': (1, 2)}] }} {{ (1,) }} {{ () }} {{ {} }} "
+                 "{{ 1_000 }} {{ 1e3 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e-5 }} {{ 123456789.125 }}", {}),
+    ("string_escapes", "{{ 'a\\nb\\tc\\\\d\\'e\\\"f\\x41\\u00e9\\U0001F600\\101\\q' }}|{{ \"it's\" }}|"
+                       "{{ 'adj' 'acent' }}", {}),
+    ("repr_strings", "{{ ['it\\'s', \"q\\\"\", 'both\\'\"', 'nl\\n', 'tab\\t', 'bs\\\\', 'ü'] }}", {}),
+    ("str_methods", "{{ s.startswith('He') }} {{ s.endswith('!') }} {{ s.split(' ') }} {{ s.split() }} "
+                    "{{ s.split(' ', 1) }} {{ s.rsplit(' ', 1) }} {{ s.upper() }} {{ s.lower() }} "
+                    "{{ s.replace('l', 'L') }} {{ s.replace('l', 'L', 1) }} {{ s.title() }} "
+                    "{{ s.find('o') }} {{ s.rfind('o') }} {{ s.count('l') }} {{ '-'.join(['a','b']) }} "
+                    "{{ s.startswith(('x', 'H')) }} {{ 'a b'.capitalize() }}", {"s": "Hello, World wide!"}),
+    ("str_strip", "[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ 'xxhixx'.strip('x') }}]"
+                  "[{{ '\\n\\nA\\n'.lstrip('\\n') }}][{{ 'a\\u3000'.strip() }}]", {"s": "  \t hi \n "}),
+    ("str_split_edge", "{{ ''.split() }} {{ ''.split(',') }} {{ ',a,,b,'.split(',') }} {{ '  a  b  '.split(None, 1) }} "
+                       "{{ 'a b c'.rsplit(None, 1) }}", {}),
+    ("dict_methods", "{{ d.keys() | list }} {{ d.values() | list }} {{ d.items() | list }} {{ d.get('a') }} "
+                     "{{ d.get('z') }} {{ d.get('z', 5) }} {{ d['a'] }} {{ d.a }} [{{ d.z }}]", {"d": {"a": 1, "b": [2]}}),
+    ("append_refused", "{% set xs = [] %}{{ xs.append(1) }}", {}),
+    ("tests", "{{ x is defined }} {{ y is defined }} {{ y is undefined }} {{ n is none }} {{ s is string }} "
+              "{{ 1 is number }} {{ 1.5 is float }} {{ 1 is integer }} {{ true is boolean }} {{ d is mapping }} "
+              "{{ xs is iterable }} {{ s is iterable }} {{ xs is sequence }} {{ 4 is even }} {{ 3 is odd }} "
+              "{{ 9 is divisibleby 3 }} {{ 9 is divisibleby(2) }} {{ 1 is eq 1 }} {{ 'a' is in 'abc' }} "
+              "{{ true is true }} {{ false is false }} {{ n is sameas none }} {{ 1 is not string }} "
+              "{{ 'ab' is lower }} {{ 'AB' is upper }} {{ 2 is gt 1 }} {{ 2 is lt 1 }} {{ range is callable }}",
+     {"x": 1, "n": None, "s": "str", "d": {}, "xs": [1]}),
+    ("undefined", "[{{ u }}][{{ u | default('dflt') }}][{{ u | length }}][{{ u is defined }}]"
+                  "[{% for x in u %}x{% endfor %}][{{ 'k' in u }}][{{ u ~ 'c' }}][{{ not u }}][{{ d.missing }}]"
+                  "[{{ d.missing is defined }}]", {"d": {}}),
+    ("undefined_attr_error", "{{ u.attr }}", {}),
+    ("undefined_add_error", "{{ u + 1 }}", {}),
+    ("filters_basic", "[{{ '  x  ' | trim }}][{{ [1,2,3] | length }}][{{ 'héllo' | length }}][{{ [1,2] | join(', ') }}]"
+                      "[{{ [1,2] | first }}][{{ [1,2] | last }}][{{ 'ab' | list }}][{{ 'abc' | upper }}][{{ 'ABC' | lower }}]"
+                      "[{{ 'a-b' | replace('-', '+') }}][{{ 42 | string }}][{{ '42' | int + 1 }}][{{ 'x' | int }}]"
+                      "[{{ 3.7 | int }}][{{ '1.5' | float }}][{{ '<b>' | safe }}][{{ [3,1,3,2,1] | unique | list }}]"
+                      "[{{ 'hello world' | title }}][{{ 'hello' | capitalize }}][{{ -3 | abs }}][{{ [1,2] | reverse | list }}]"
+                      "[{{ [3,1,2] | sort }}][{{ [3,1,2] | sort(reverse=true) }}][{{ [1,2,3] | sum }}][{{ [4,2] | min }}][{{ [4,2] | max }}]"
+                      "[{{ 'ab' | count }}][{{ none | default('n') }}][{{ '' | default('e', true) }}][{{ 0 | d('z', boolean=true) }}]", {}),
+    ("filters_map_select", "{{ users | map(attribute='name') | list }} {{ users | selectattr('admin') | map(attribute='name') | join(',') }} "
+                           "{{ users | rejectattr('admin') | list | length }} {{ [1,2,3,4] | select('even') | list }} "
+                           "{{ [1,2,3,4] | reject('odd') | list }} {{ users | selectattr('name', 'equalto', 'b') | list | length }} "
+                           "{{ ['a','B'] | map('upper') | list }} {{ [0,1,'',None,'x'] | select | list }} "
+                           "{{ users | map(attribute='age', default=0) | list }}",
+     {"users": [{"name": "a", "admin": True, "age": 3}, {"name": "b", "admin": False}]}),
+    ("filters_items_dictsort", "{{ d | items | list }} {{ d | dictsort }} {{ d | dictsort(by='value') }} "
+                               "{{ d | dictsort(reverse=true) }}", {"d": {"b": 2, "a": 3, "C": 1}}),
+    ("filter_indent", "[{{ 'a\\nb\\n\\nc' | indent }}][{{ 'a\\nb' | indent(2, true) }}][{{ 'a\\n\\nb' | indent(2, blank=true) }}]"
+                      "[{{ 'x\\ny' | indent('> ') }}]", {}),
+    ("tojson", "{{ v | tojson }}|{{ v | tojson(indent=2) }}|{{ 'é\"\\n\\u0001\\u007f</script>' | tojson }}|"
+               "{{ [] | tojson(indent=2) }}|{{ {} | tojson }}|{{ 1.0 | tojson }}|{{ none | tojson }}",
+     {"v": {"b": [1, 2.5, True, None, "s"], "a": {"nested": {}, "list": []}, "ü": "ß"}}),
+    ("tojson_undefined", "{{ u | tojson }}", {}),
+    ("print_types", "{{ none }} {{ true }} {{ false }} {{ 1.0 }} {{ 10 / 4 }} {{ {'a': [1, 'x']} }} {{ (1, 'a') }}", {}),
+    ("globals", "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }} "
+                "{{ dict(a=1, b='x') }} {{ strftime_now('%Y-%m-%d %H:%M %d %b %Y') }}", {}),
+    ("raise", "{% if true %}{{ raise_exception('Custom message: ' ~ 42) }}{% endif %}", {}),
+    ("range_too_big", "{{ range(200000) | length }}", {}),
+    ("getitem_attr", "{{ m['role'] }} {{ m.role }} {{ m.content[0].text }} {{ xs.0 }} {{ xs[-1] }} "
+                     "[{{ xs[5] }}] {{ 'abc'[1] }} {{ 'abc'[-1] }}",
+     {"m": {"role": "user", "content": [{"text": "t"}]}, "xs": [10, 20]}),
+    ("precedence", "{{ '1' + 2 | string }} {{ -1 | abs }} {{ xs | length - 1 }} {{ not true == false }} "
+                   "{{ 'a' ~ 'b' | upper }} {{ 2 * 3 ** 2 }} {{ (xs | length) > 1 and xs[0] == 1 }}", {"xs": [1, 2]}),
+    ("nested_loops", "{% for i in range(3) %}{% for j in range(i) %}{{ loop.index }}/{{ i }} {% endfor %}{% endfor %}", {}),
+    ("type_error", "{{ 'a' + 1 }}", {}),
+    ("compare_error", "{{ 1 < 'a' }}", {}),
+    ("int_div_zero", "{{ 1 // 0 }}", {}),
+    ("none_iter", "{% for x in n %}{% endfor %}", {"n": None}),
+    ("content_parts_loop", "{% for message in messages %}{% for part in message['content'] %}{{ part.text }}"
+                           "{% endfor %}{% endfor %}", {"messages": [{"content": [{"text": "a"}, {"text": "b"}]}]}),
+    ("bool_int_arith", "{{ true + 1 }} {{ 3 * false }} {{ 5 - 1.5 }} {{ 2 ** 62 }}", {}),
+    ("set_in_if_leaks", "{% if true %}{% set v = 'in' %}{% endif %}{{ v }}", {}),
+    ("macro_scope", "{% set g = 'global' %}{% macro m() %}{{ g }}{% endmacro %}{{ m() }}", {}),
+    ("dict_literal_order", "{{ {'z': 1, 'a': 2, 'z': 3} }}", {}),
+    ("loop_in_macro_break", "{% macro m(xs) %}{% for x in xs %}{% if x > 1 %}{% break %}{% endif %}{{ x }}{% endfor %}{% endmacro %}"
+                            "{{ m([1,2,3]) }}{{ m([0]) }}", {}),
+    ("multiline_tag", "{{\n  'a' ~\n  'b'\n}}{%\n if true\n%}c{% endif %}", {}),
+    ("float_print", "{{ 1e100 }} {{ -0.0 }} {{ 3.0 * 1.1 }} {{ 100.0 }} {{ 0.0001 }} {{ 1e15 + 0.5 }}", {}),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=20261125)
+    ap.add_argument("--random", type=int, default=40, help="random conversations per template")
+    ap.add_argument("--out", default=os.path.join(DATA, "goldens.jsonl"))
+    args = ap.parse_args()
+    print("tmpl-goldens: jinja2 %s, seed %d" % (jinja2.__version__, args.seed), file=sys.stderr)
+    rng = random.Random(args.seed)
+    lines = []
+    names = sorted(n for n in SPECIAL)
+    for name in names:
+        with open(os.path.join(DATA, name + ".jinja"), encoding="utf-8") as f:
+            source = f.read()
+        convs = list(conversations())
+        for i in range(args.random):
+            msgs, kw = random_conversation(rng)
+            convs.append(("random_%d" % i, msgs, kw))
+        for cname, msgs, kw in convs:
+            vars_ = {"messages": msgs, "tools": kw.get("tools"), "documents": None,
+                     "add_generation_prompt": kw.get("add_generation_prompt", True)}
+            vars_.update(SPECIAL[name])
+            for k, v in kw.items():
+                if k not in ("tools", "add_generation_prompt"):
+                    vars_[k] = v
+            rec = {"name": "%s/%s" % (name, cname), "template": name, "vars": vars_, "now": NOW}
+            rec.update(render(source, vars_))
+            lines.append(rec)
+    for fname, source, vars_ in FEATURES:
+        rec = {"name": "feature/" + fname, "source": source, "vars": vars_, "now": NOW}
+        rec.update(render(source, vars_))
+        lines.append(rec)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"seed": args.seed, "jinja2": jinja2.__version__}) + "\n")
+        for rec in lines:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    errs = sum(1 for r in lines if "error" in r)
+    print("tmpl-goldens: %d cases (%d expected errors) -> %s" % (len(lines), errs, args.out),
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
