@@ -294,12 +294,30 @@ FEATURES = [
 ]
 
 
+def write_corpus(d, rng):
+    """fuzz_tmpl inputs: TEMPLATE '\\0' VARBYTES, from the real templates and the features."""
+    os.makedirs(d, exist_ok=True)  # other files there (fuzzer finds, regress-*) are kept
+    srcs = []
+    for name in sorted(SPECIAL):
+        with open(os.path.join(DATA, name + ".jinja"), "rb") as f:
+            srcs.append((name, f.read()))
+    for fname, source, _ in FEATURES:
+        srcs.append(("feature-" + fname, source.encode()))
+    for name, src in srcs:
+        var = bytes(rng.randrange(256) for _ in range(rng.randrange(16, 200)))
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(src + b"\0" + var)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--random", type=int, default=40, help="random conversations per template")
     ap.add_argument("--out", default=os.path.join(DATA, "goldens.jsonl"))
+    ap.add_argument("--corpus", default=os.path.join(HERE, "..", "tests", "fuzz", "corpus", "tmpl"),
+                    help="also (re)writes the fuzz_tmpl seed corpus here")
     args = ap.parse_args()
+    write_corpus(args.corpus, random.Random(args.seed))
     print("tmpl-goldens: jinja2 %s, seed %d" % (jinja2.__version__, args.seed), file=sys.stderr)
     rng = random.Random(args.seed)
     lines = []

@@ -431,6 +431,11 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         bool isint = eqs(name, nn, "int");
         tval *dv = ARG(0, "default");
         if (x->type == TV_INT || x->type == TV_BOOL || x->type == TV_FLOAT) {
+            if (isint && x->type == TV_FLOAT && !(fabs(x->u.d) < 9.2e18)) {
+                if (isnan(x->u.d) || isinf(x->u.d))
+                    goto use_default; /* Python: ValueError/OverflowError -> the default */
+                return terr(r, n, -EINVAL, "integer overflow (integers are 64-bit here)");
+            }
             if (isint)
                 *out = tv_int(r->a, x->type == TV_FLOAT ? (int64_t)x->u.d
                                                         : x->type == TV_INT ? x->u.i : x->u.b);
@@ -457,11 +462,14 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
                 double d = strtod(tmp, &end);
                 if (*end == 0 && !isnan(d) && !isinf(d) && strchr(tmp, 'x') == NULL &&
                     strchr(tmp, 'X') == NULL) {
+                    if (isint && !(fabs(d) < 9.2e18))
+                        return terr(r, n, -EINVAL, "integer overflow (integers are 64-bit here)");
                     *out = isint ? tv_int(r->a, (int64_t)d) : tv_float(r->a, d);
                     return *out ? 0 : oom(r, n);
                 }
             }
         }
+    use_default:
         if (dv) {
             *out = dv;
             return 0;

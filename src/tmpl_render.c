@@ -504,6 +504,12 @@ static int do_slice(struct rstate *S, struct tframe *f, const struct tnode *n, t
         return terr(r, n, -EINVAL, "'%s' object is not subscriptable", tv_typename(obj));
     }
     int64_t L = (int64_t)len;
+    /* a step longer than the sequence selects at most one item: clamp it so that index
+     * arithmetic below cannot overflow */
+    if (step > L)
+        step = L + 1;
+    else if (step < -L - 1)
+        step = -L - 1;
     /* Python's PySlice_AdjustIndices */
     if (!hs)
         st = step < 0 ? L - 1 : 0;

@@ -321,30 +321,28 @@ const char *tv_typename(const tval *v)
 }
 
 /* ---- UTF-8 ---- */
+/* Decodes one code point at i; invalid or truncated sequences decode as one raw byte (so
+ * every walk over a string, with tu8_next or tu8_len, sees the same boundaries). */
 uint32_t tu8_dec(const char *s, size_t n, size_t i, size_t *adv)
 {
     const unsigned char *p = (const unsigned char *)s + i;
     size_t left = n - i;
     uint32_t c = p[0];
-    if (c < 0x80 || left < 2) {
-        *adv = 1;
-        return c;
-    }
-    if ((c & 0xE0) == 0xC0) {
-        *adv = 2;
-        return ((c & 0x1F) << 6) | (p[1] & 0x3F);
-    }
-    if ((c & 0xF0) == 0xE0 && left >= 3) {
-        *adv = 3;
-        return ((c & 0x0F) << 12) | ((uint32_t)(p[1] & 0x3F) << 6) | (p[2] & 0x3F);
-    }
-    if ((c & 0xF8) == 0xF0 && left >= 4) {
-        *adv = 4;
-        return ((c & 0x07) << 18) | ((uint32_t)(p[1] & 0x3F) << 12) |
-               ((uint32_t)(p[2] & 0x3F) << 6) | (p[3] & 0x3F);
-    }
+    size_t need = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2
+                : (c & 0xF8) == 0xF0 ? 3 : 9;
     *adv = 1;
-    return c;
+    if (need == 0 || need == 9 || left < need + 1)
+        return c;
+    for (size_t k = 1; k <= need; k++)
+        if ((p[k] & 0xC0) != 0x80)
+            return c;
+    *adv = need + 1;
+    if (need == 1)
+        return ((c & 0x1F) << 6) | (p[1] & 0x3F);
+    if (need == 2)
+        return ((c & 0x0F) << 12) | ((uint32_t)(p[1] & 0x3F) << 6) | (p[2] & 0x3F);
+    return ((c & 0x07) << 18) | ((uint32_t)(p[1] & 0x3F) << 12) | ((uint32_t)(p[2] & 0x3F) << 6) |
+           (p[3] & 0x3F);
 }
 
 size_t tu8_next(const char *s, size_t n, size_t i)
@@ -357,9 +355,16 @@ size_t tu8_next(const char *s, size_t n, size_t i)
 size_t tu8_len(const char *s, size_t n)
 {
     size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        if (((unsigned char)s[i] & 0xC0) != 0x80)
+    for (size_t i = 0; i < n; i = tu8_next(s, n, i)) {
+        /* ASCII runs are the common case */
+        while (i < n && (unsigned char)s[i] < 0x80) {
+            i++;
             c++;
+        }
+        if (i >= n)
+            break;
+        c++;
+    }
     return c;
 }
 
