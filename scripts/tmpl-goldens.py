@@ -64,6 +64,10 @@ SPECIAL = {
     "llama3_1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "deepseek_v3": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    # written for these tests (see each file's opening comment), not vendor files
+    "tools_llama_style": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "mistral_style": {"bos_token": "<s>", "eos_token": "</s>"},
+    "harmony_style": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
 }
 
 TOOLS = [
@@ -80,7 +84,7 @@ TOOLS = [
             "ratio": {"type": "number", "default": 0.5}, "safe": {"type": "boolean"}}}}},
 ]
 
-LONG = ("The quick brown fox jumps over the lazy dog. " * 700)  # ~31 KB
+LONG = ("The quick brown fox jumps over the lazy dog. " * 400)  # ~18 KB
 
 
 def conversations():
@@ -135,6 +139,23 @@ def conversations():
                             {"role": "user", "content": [{"type": "text", "text": "More."}]}], {}
     yield "not_alternating", [u("a"), u("b")], {}
     yield "assistant_first", [a("I start"), u("ok")], {}
+    mcall = {"id": "abcDEF123", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Lyon"}}}
+    yield "tool_ids_9", [s("Use tools."), u("Weather in Lyon?"),
+                         {"role": "assistant", "content": None, "tool_calls": [mcall]},
+                         {"role": "tool", "tool_call_id": "abcDEF123", "content": "rainy"},
+                         a("Rainy."), u("Thanks")], {"tools": TOOLS}
+    yield "thinking_field", [{"role": "developer", "content": "Answer tersely."}, u("2+2?"),
+                             {"role": "assistant", "content": "", "thinking": "Add them.",
+                              "tool_calls": [call]},
+                             {"role": "tool", "content": "{\"temp\": 3}"},
+                             {"role": "assistant", "content": "4", "thinking": "Done."}], \
+        {"tools": TOOLS, "reasoning_effort": "high", "add_generation_prompt": False}
+    yield "kwargs_date_identity", [u("What day is it?")], \
+        {"date_string": "01 Jan 2025", "model_identity": "You are Kv.", "tools_in_user_message": False,
+         "tools": TOOLS}
+    yield "ipython_mapping", [u("run"), {"role": "assistant", "content": None, "tool_calls": [call]},
+                              {"role": "ipython", "content": {"result": [1, 2], "ok": True}}], {"tools": TOOLS}
     yield "special_chars", [u("{{ not a tag }} {% neither %} <|im_end|> \\n literal"),
                             a("quote ' and \" and \\")], {}
 
