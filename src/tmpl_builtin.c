@@ -185,6 +185,10 @@ static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
         }
         return 0;
     }
+    if (attr->type != TV_STR) {
+        *out = &tv_undef_const; /* Jinja2 looks it up as an item: no string key matches */
+        return 0;
+    }
     const char *p = attr->u.s.p, *e = p + attr->u.s.n;
     tval *cur = x;
     while (p <= e) {
@@ -423,6 +427,9 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
                        out);
     }
     if (eqs(name, nn, "indent")) {
+        if (x->type == TV_UNDEF) /* s += "\n" fails on Undefined */
+            return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)x->u.s.n,
+                        x->u.s.p ? x->u.s.p : "");
         tval *s, *w = ARG(0, "width"), *first = ARG(1, "first"), *blank = ARG(2, "blank");
         TRY(to_str_val(r, n, x, &s));
         return do_indent(r, n, s, w, first && tv_truthy(first), blank && tv_truthy(blank), out);
@@ -430,6 +437,9 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
     if (eqs(name, nn, "int") || eqs(name, nn, "float")) {
         bool isint = eqs(name, nn, "int");
         tval *dv = ARG(0, "default");
+        if (x->type == TV_UNDEF) /* int(Undefined) raises in Jinja2 */
+            return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)x->u.s.n,
+                        x->u.s.p ? x->u.s.p : "");
         if (x->type == TV_INT || x->type == TV_BOOL || x->type == TV_FLOAT) {
             if (isint && x->type == TV_FLOAT && !(fabs(x->u.d) < 9.2e18)) {
                 if (isnan(x->u.d) || isinf(x->u.d))
@@ -448,19 +458,30 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
             size_t off, len;
             tu_strip(x->u.s.p, x->u.s.n, NULL, 0, 3, &off, &len);
             if (len > 0 && len < sizeof(tmp)) {
-                memcpy(tmp, x->u.s.p + off, len);
-                tmp[len] = 0;
+                /* Python's int()/float() take single underscores between digits */
+                const char *q = x->u.s.p + off;
+                size_t tl = 0;
+                bool ok = true;
+                for (size_t k = 0; k < len; k++) {
+                    if (q[k] == '_') {
+                        ok &= k > 0 && k + 1 < len && q[k - 1] >= '0' && q[k - 1] <= '9' &&
+                              q[k + 1] >= '0' && q[k + 1] <= '9';
+                        continue;
+                    }
+                    tmp[tl++] = q[k];
+                }
+                tmp[ok ? tl : 0] = 0;
                 char *end;
                 errno = 0;
                 if (isint) {
                     long long v = strtoll(tmp, &end, 10);
-                    if (*end == 0 && errno == 0) {
+                    if (*end == 0 && errno == 0 && end != tmp) {
                         *out = tv_int(r->a, v);
                         return *out ? 0 : oom(r, n);
                     }
                 }
                 double d = strtod(tmp, &end);
-                if (*end == 0 && !isnan(d) && !isinf(d) && strchr(tmp, 'x') == NULL &&
+                if (*end == 0 && end != tmp && !isnan(d) && !isinf(d) && strchr(tmp, 'x') == NULL &&
                     strchr(tmp, 'X') == NULL) {
                     if (isint && !(fabs(d) < 9.2e18))
                         return terr(r, n, -EINVAL, "integer overflow (integers are 64-bit here)");
