@@ -59,7 +59,7 @@ def render(source, vars_, now=NOW):
 
 
 SPECIAL = {
-    "qwen3": {"bos_token": None, "eos_token": "<|im_end|>"},
+    "qwen3": {"eos_token": "<|im_end|>"},  # bos_token null: transformers does not pass it
     "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
     "llama3_1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
