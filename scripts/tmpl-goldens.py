@@ -348,6 +348,10 @@ FEATURES = [
     ("dict_get_default", "{{ d.get('a', 'z') }} {{ d.get('b', 'z') }} {{ d.get('c') is none }} {{ d['b'] is none }}", {"d": {"a": 1, "b": None}}),
     ("loop_index_in_filter_head", "{% for x in xs if x.keep %}{{ loop.index }}:{{ x.v }} {% endfor %}", {"xs": [{"keep": True, "v": 1}, {"keep": False, "v": 2}, {"keep": True, "v": 3}]}),
     ("recursion_macro", "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n * (fact(n - 1) | int) }}{% endif %}{% endmacro %}{{ fact(10) }}", {}),
+    ("tojson_options", "{{ v | tojson(sort_keys=true) }}|{{ v | tojson(separators=(',', ':')) }}|{{ v | tojson(indent=2, separators=(', ', ': ')) }}|"
+                       "{{ v | tojson(ensure_ascii=true) }}|{{ v | tojson(true) }}|{{ v | tojson(false, 1, none, true) }}",
+     {"v": {"b": [1, {"z": 1, "y": "é😀"}], "a": "ß", "c": {}}}),
+    ("undefined_in_container", "{{ [u, 1] }} {{ {'a': u} }} {{ (u,) }}", {}),
     ("float_print", "{{ 1e100 }} {{ -0.0 }} {{ 3.0 * 1.1 }} {{ 100.0 }} {{ 0.0001 }} {{ 1e15 + 0.5 }}", {}),
 ]
 

@@ -318,19 +318,33 @@ static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *wi
     return *out ? 0 : oom(r, n);
 }
 
-static int json_filter(struct trender *r, const struct tnode *n, tval *x, tval *indent,
-                       tval *sortk, tval **out)
+/* transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+ * note the positional order (ensure_ascii first), unlike Jinja2's own tojson(indent) */
+static int json_filter(struct trender *r, const struct tnode *n, tval *x, tval *ascii,
+                       tval *indent, tval *seps, tval *sortk, tval **out)
 {
-    int ind = -1;
+    struct tjson_opt o = {.indent = -1, .item_sep = ", ", .key_sep = ": "};
     if (indent && indent->type != TV_NONE) {
         if (indent->type != TV_INT || indent->u.i < 0 || indent->u.i > 64)
             return terr(r, n, -EINVAL, "tojson indent must be an int (0..64)");
-        ind = (int)indent->u.i;
+        o.indent = (int)indent->u.i;
+        o.item_sep = ",";
     }
-    if (sortk && tv_truthy(sortk))
-        return terr(r, n, -EINVAL, "tojson sort_keys is not supported");
+    if (seps && seps->type != TV_NONE) {
+        if (seps->type != TV_LIST || seps->u.l.n != 2 || seps->u.l.v[0]->type != TV_STR ||
+            seps->u.l.v[1]->type != TV_STR)
+            return terr(r, n, -EINVAL, "tojson separators must be a pair of strings");
+        o.item_sep = tarena_strdup(r->a, seps->u.l.v[0]->u.s.p, seps->u.l.v[0]->u.s.n);
+        o.key_sep = tarena_strdup(r->a, seps->u.l.v[1]->u.s.p, seps->u.l.v[1]->u.s.n);
+        if (o.item_sep == NULL || o.key_sep == NULL)
+            return oom(r, n);
+    }
+    o.sort_keys = sortk && tv_truthy(sortk);
+    o.ascii = ascii && tv_truthy(ascii);
     struct tbuf b = {.a = r->a};
-    int rc = tv_json(&b, x, ind, 0, 0);
+    int rc = tv_json(&b, x, &o, 0, 0);
+    if (rc == -ENOMEM)
+        return oom(r, n);
     if (rc)
         return terr(r, n, -EINVAL, "Object of type %s is not JSON serializable", tv_typename(x));
     *out = mkstr(r, &b);
@@ -388,13 +402,14 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         return *out ? 0 : oom(r, n);
     }
     if (eqs(name, nn, "tojson")) {
-        tval *ind = ARG(0, "indent"), *sk = NULL;
-        kwarg(kn, knl, kv, nkw, "sort_keys", &sk);
+        if (nargs > 4)
+            return terr(r, n, -EINVAL, "tojson takes at most 4 arguments");
         for (size_t i = 0; i < nkw; i++)
             if (!eqs(kn[i], knl[i], "indent") && !eqs(kn[i], knl[i], "sort_keys") &&
-                !eqs(kn[i], knl[i], "ensure_ascii"))
-                return terr(r, n, -EINVAL, "tojson: unsupported argument '%.*s'", (int)knl[i], kn[i]);
-        return json_filter(r, n, x, ind, sk, out);
+                !eqs(kn[i], knl[i], "ensure_ascii") && !eqs(kn[i], knl[i], "separators"))
+                return terr(r, n, -EINVAL, "tojson: unexpected argument '%.*s'", (int)knl[i], kn[i]);
+        return json_filter(r, n, x, ARG(0, "ensure_ascii"), ARG(1, "indent"), ARG(2, "separators"),
+                           ARG(3, "sort_keys"), out);
     }
     if (eqs(name, nn, "length") || eqs(name, nn, "count")) {
         int64_t len;

@@ -104,8 +104,15 @@ const char *tv_typename(const tval *v);
 int tv_to_str(struct tbuf *b, const tval *v);
 int tv_repr(struct tbuf *b, const tval *v);
 void tv_float_repr(struct tbuf *b, double d);
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), separators default). */
-int tv_json(struct tbuf *b, const tval *v, int indent, int level, int depth);
+/* json.dumps(v, ensure_ascii=False, indent, separators, sort_keys) */
+struct tjson_opt {
+    int indent;           /* < 0: None */
+    const char *item_sep; /* ", " (or "," with an indent) unless separators= */
+    const char *key_sep;  /* ": " */
+    int sort_keys;
+    int ascii;            /* ensure_ascii */
+};
+int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level, int depth);
 /* Python ==; and ordering: 0 ok with *cmp set, -EINVAL when the types do not order. */
 bool tv_eq(const tval *a, const tval *b);
 int tv_cmp(const tval *a, const tval *b, int *cmp);

@@ -1156,15 +1156,19 @@ static int parse_stmt(struct parser *P, struct nvec *body)
 /* ---- content format detection (vLLM _detect_content_format) ---- */
 struct nlist {
     struct tnode **v;
-    size_t n, cap;
+    size_t n;
 };
 
+/* appends the nodes of a kind under n to out (out->v NULL: only counts them in out->n) */
 static void collect(struct tnode *n, int kind, struct nlist *out)
 {
     if (n == NULL)
         return;
-    if (n->kind == kind && out->n < out->cap)
-        out->v[out->n++] = n;
+    if (n->kind == kind) {
+        if (out->v)
+            out->v[out->n] = n;
+        out->n++;
+    }
     collect(n->a, kind, out);
     collect(n->b, kind, out);
     collect(n->c, kind, out);
@@ -1204,11 +1208,13 @@ static bool var_or_elems(const struct tnode *n, const char *v, size_t vl, const 
 static int detect_parts(struct parser *P, struct tnode *root)
 {
     struct nlist sets = {0}, fors = {0};
-    sets.cap = fors.cap = 4096;
-    sets.v = tarena_alloc(P->a, sets.cap * sizeof(void *));
-    fors.v = tarena_alloc(P->a, fors.cap * sizeof(void *));
+    collect(root, N_SET, &sets);
+    collect(root, N_FOR, &fors);
+    sets.v = tarena_alloc(P->a, (sets.n + 1) * sizeof(void *));
+    fors.v = tarena_alloc(P->a, (fors.n + 1) * sizeof(void *));
     if (sets.v == NULL || fors.v == NULL)
         return 0;
+    sets.n = fors.n = 0;
     collect(root, N_SET, &sets);
     collect(root, N_FOR, &fors);
     /* names bound to messages (or its elements through slices/filters) */

@@ -576,7 +576,9 @@ static int repr_in(struct tbuf *b, const tval *v, int depth)
         tbuf_putc(b, '}');
         return 0;
     case TV_UNDEF:
-        return 0; /* str(Undefined) == '' (inside a container Python would print "Undefined") */
+        if (depth > 0) /* repr(Undefined) inside a container */
+            tbuf_put(b, "Undefined", 9);
+        return 0;
     default:
         return tv_to_str(b, v);
     }
@@ -604,12 +606,29 @@ int tv_to_str(struct tbuf *b, const tval *v)
 }
 
 /* ---- JSON (json.dumps, ensure_ascii=False) ---- */
-static void json_str(struct tbuf *b, const char *s, size_t n)
+static void json_str(struct tbuf *b, const char *s, size_t n, bool ascii)
 {
     tbuf_putc(b, '"');
     size_t st = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80 && ascii) { /* ensure_ascii: \uXXXX, surrogate pairs above the BMP */
+            size_t adv;
+            uint32_t cp = tu8_dec(s, n, i, &adv);
+            tbuf_put(b, s + st, i - st);
+            char t[16];
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                snprintf(t, sizeof(t), "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+                tbuf_put(b, t, 12);
+            } else {
+                snprintf(t, sizeof(t), "\\u%04x", cp);
+                tbuf_put(b, t, 6);
+            }
+            i += adv - 1;
+            st = i + 1;
+            continue;
+        }
         if (c >= 0x20 && c != '"' && c != '\\')
             continue;
         tbuf_put(b, s + st, i - st);
@@ -639,7 +658,14 @@ static void json_nl(struct tbuf *b, int indent, int level)
         tbuf_putc(b, ' ');
 }
 
-int tv_json(struct tbuf *b, const tval *v, int indent, int level, int depth)
+static int key_cmp(const struct tkv *x, const struct tkv *y)
+{
+    size_t n = x->kn < y->kn ? x->kn : y->kn;
+    int c = n ? memcmp(x->k, y->k, n) : 0;
+    return c ? c : (x->kn > y->kn) - (x->kn < y->kn);
+}
+
+int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level, int depth)
 {
     if (depth > 200)
         return -ELOOP;
@@ -655,7 +681,7 @@ int tv_json(struct tbuf *b, const tval *v, int indent, int level, int depth)
         else
             tv_float_repr(b, v->u.d);
         return 0;
-    case TV_STR: json_str(b, v->u.s.p, v->u.s.n); return 0;
+    case TV_STR: json_str(b, v->u.s.p, v->u.s.n, o->ascii); return 0;
     case TV_LIST:
         if (v->u.l.n == 0) {
             tbuf_put(b, "[]", 2);
@@ -664,38 +690,67 @@ int tv_json(struct tbuf *b, const tval *v, int indent, int level, int depth)
         tbuf_putc(b, '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
             if (i)
-                tbuf_put(b, indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2);
-            if (indent >= 0)
-                json_nl(b, indent, level + 1);
-            int rc = tv_json(b, v->u.l.v[i], indent, level + 1, depth + 1);
+                tbuf_put(b, o->item_sep, strlen(o->item_sep));
+            if (o->indent >= 0)
+                json_nl(b, o->indent, level + 1);
+            int rc = tv_json(b, v->u.l.v[i], o, level + 1, depth + 1);
             if (rc)
                 return rc;
         }
-        if (indent >= 0)
-            json_nl(b, indent, level);
+        if (o->indent >= 0)
+            json_nl(b, o->indent, level);
         tbuf_putc(b, ']');
         return 0;
-    case TV_DICT:
+    case TV_DICT: {
         if (v->u.o.n == 0) {
             tbuf_put(b, "{}", 2);
             return 0;
         }
-        tbuf_putc(b, '{');
-        for (size_t i = 0; i < v->u.o.n; i++) {
-            if (i)
-                tbuf_put(b, indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2);
-            if (indent >= 0)
-                json_nl(b, indent, level + 1);
-            json_str(b, v->u.o.e[i].k, v->u.o.e[i].kn);
-            tbuf_put(b, ": ", 2);
-            int rc = tv_json(b, v->u.o.e[i].v, indent, level + 1, depth + 1);
+        const struct tkv *e = v->u.o.e;
+        if (o->sort_keys && v->u.o.n > 1) {
+            struct tkv *se = malloc(v->u.o.n * sizeof(*se)); /* freed below, no arena growth */
+            if (se == NULL)
+                return -ENOMEM;
+            memcpy(se, e, v->u.o.n * sizeof(*se));
+            for (size_t i = 1; i < v->u.o.n; i++) /* insertion sort: dicts are small */
+                for (size_t j = i; j > 0 && key_cmp(&se[j - 1], &se[j]) > 0; j--) {
+                    struct tkv t = se[j];
+                    se[j] = se[j - 1];
+                    se[j - 1] = t;
+                }
+            int rc = 0;
+            tbuf_putc(b, '{');
+            for (size_t i = 0; i < v->u.o.n && rc == 0; i++) {
+                if (i)
+                    tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                if (o->indent >= 0)
+                    json_nl(b, o->indent, level + 1);
+                json_str(b, se[i].k, se[i].kn, o->ascii);
+                tbuf_put(b, o->key_sep, strlen(o->key_sep));
+                rc = tv_json(b, se[i].v, o, level + 1, depth + 1);
+            }
+            free(se);
             if (rc)
                 return rc;
+        } else {
+            tbuf_putc(b, '{');
+            for (size_t i = 0; i < v->u.o.n; i++) {
+                if (i)
+                    tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                if (o->indent >= 0)
+                    json_nl(b, o->indent, level + 1);
+                json_str(b, e[i].k, e[i].kn, o->ascii);
+                tbuf_put(b, o->key_sep, strlen(o->key_sep));
+                int rc = tv_json(b, e[i].v, o, level + 1, depth + 1);
+                if (rc)
+                    return rc;
+            }
         }
-        if (indent >= 0)
-            json_nl(b, indent, level);
+        if (o->indent >= 0)
+            json_nl(b, o->indent, level);
         tbuf_putc(b, '}');
         return 0;
+    }
     default:
         return -EINVAL; /* Undefined, namespaces, macros: "not JSON serializable" */
     }
