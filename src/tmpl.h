@@ -15,6 +15,11 @@
  * every value and string a render makes, lives in it until kvr_tmpl_ctx_reset or _destroy.
  * A ctx is used by one thread at a time. Values are immutable once passed to a render.
  *
+ * Stack: a render recurses at most ~1,000 evaluation frames deep (templates are refused at
+ * compile time beyond 256 levels of nesting; recursive macros stop at max_depth or at that
+ * frame cap with -ELOOP): about 0.5 MB in a release build, so any thread with the usual 2-8 MB
+ * stack may render.
+ *
  * Errors are negative errno values: -EINVAL (bad template or a render error such as
  * raise_exception or a type error; the message is in err), -ENOMEM (allocation, or the ctx's
  * memory cap), -E2BIG (output past max_bytes), -ELOOP (recursion depth or loop iteration

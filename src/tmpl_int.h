@@ -212,7 +212,8 @@ struct trender {
     const kvr_tmpl *t;
     char *err;
     size_t errlen;
-    uint32_t depth;
+    uint32_t depth;  /* nested macro calls */
+    uint32_t frames; /* eval/exec_stmt frames on the stack */
     uint64_t iters;
     int ctl; /* 1 break, 2 continue */
 };

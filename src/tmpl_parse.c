@@ -24,6 +24,7 @@ struct parser {
     int depth;
     int loops;            /* for-loops around the current statement (break/continue) */
     struct tnode *macro;  /* macro being parsed (varargs detection) */
+    size_t nodes;         /* nodes made (sizes the height pass's stack) */
 };
 
 static int perr(struct parser *P, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -81,6 +82,7 @@ static struct tnode *node(struct parser *P, int kind)
 {
     struct tnode *n = tarena_alloc(P->a, sizeof(*n));
     if (n) {
+        P->nodes++;
         memset(n, 0, sizeof(*n));
         n->kind = (uint16_t)kind;
         n->line = cur(P)->line;
@@ -1153,6 +1155,71 @@ static int parse_stmt(struct parser *P, struct nvec *body)
     return nvec_push(P, body, n);
 }
 
+/* ---- tree height ----
+ * The parser's loops build left-deep chains (a.b.c..., 1+1+1..., x|f|f...) that no recursion
+ * counter sees, and a render walks the tree recursively: refuse trees taller than MAX_HEIGHT
+ * here, with an explicit stack (this pass must not recurse either). */
+#define MAX_HEIGHT 256
+
+static struct tnode *child(const struct tnode *n, size_t k)
+{
+    struct tnode *fixed[4] = {n->a, n->b, n->c, n->d};
+    if (k < 4)
+        return fixed[k];
+    k -= 4;
+    if (k < n->nv)
+        return n->v[k];
+    k -= n->nv;
+    if (k < n->nw)
+        return n->w[k];
+    return NULL;
+}
+
+static int check_height(struct parser *P, struct tnode *root)
+{
+    struct hf {
+        struct tnode *n;
+        size_t k;
+        int h;
+    };
+    size_t cap = P->nodes + 2;
+    struct hf *st = malloc(cap * sizeof(*st));
+    if (st == NULL)
+        return -ENOMEM;
+    size_t sp = 0;
+    int rc = 0;
+    st[sp++] = (struct hf){root, 0, 0};
+    while (sp && rc == 0) {
+        struct hf *f = &st[sp - 1];
+        size_t total = 4 + f->n->nv + f->n->nw;
+        struct tnode *c = NULL;
+        while (f->k < total && (c = child(f->n, f->k)) == NULL)
+            f->k++;
+        if (f->k >= total) { /* done: report height to the parent */
+            int h = f->h + 1;
+            sp--;
+            if (sp && st[sp - 1].h < h)
+                st[sp - 1].h = h;
+            continue;
+        }
+        f->k++;
+        if (sp > MAX_HEIGHT) {
+            rc = -EINVAL;
+            if (P->errlen && P->err[0] == 0)
+                snprintf(P->err, P->errlen, "line %d: template nested too deep (more than %d levels)",
+                         c->line, MAX_HEIGHT);
+            break;
+        }
+        if (sp >= cap) { /* a node reached twice cannot happen in a tree; stay safe */
+            rc = -EINVAL;
+            break;
+        }
+        st[sp++] = (struct hf){c, 0, 0};
+    }
+    free(st);
+    return rc;
+}
+
 /* ---- content format detection (vLLM _detect_content_format) ---- */
 struct nlist {
     struct tnode **v;
@@ -1295,6 +1362,9 @@ int kvr_tmpl_compile(const char *src, size_t len, kvr_tmpl **out, char *err, siz
     }
     t->root->v = body.v;
     t->root->nv = body.n;
+    rc = check_height(&P, t->root);
+    if (rc)
+        goto fail;
     t->content_parts = detect_parts(&P, t->root);
     *out = t;
     return 0;

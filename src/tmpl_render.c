@@ -135,6 +135,10 @@ static int undef_error(struct trender *r, const struct tnode *n, const tval *u)
     return terr(r, n, -EINVAL, "undefined value used");
 }
 
+/* Recursion guard: eval and exec_stmt count their frames (the compiled tree's height is
+ * bounded, but macros recurse); past MAX_FRAMES the render fails instead of the stack. */
+#define MAX_FRAMES 1000
+
 static int eval(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out);
 static int exec_body(struct rstate *S, struct tframe *f, struct tnode *const *v, size_t nv,
                      struct tbuf *out);
@@ -666,7 +670,12 @@ static int eval_call(struct rstate *S, struct tframe *f, const struct tnode *n, 
     return tb_call(r, n, fn, A.pos, A.np, n->names, n->namelens, A.kw, A.nk, out);
 }
 
-static int eval(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
+static int eval_filter(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
+    __attribute__((noinline));
+static int eval_test(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
+    __attribute__((noinline));
+
+static int eval_inner(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
 {
     struct trender *r = &S->r;
     tval *a, *b;
@@ -695,25 +704,10 @@ static int eval(struct rstate *S, struct tframe *f, const struct tnode *n, tval 
         return do_slice(S, f, n, out);
     case N_CALL:
         return eval_call(S, f, n, NULL, out);
-    case N_FILTER: {
-        if (n->a)
-            TRY(eval(S, f, n->a, &a));
-        else
-            a = S->placeholder;
-        struct args A;
-        TRY(eval_args(S, f, n, &A));
-        return tb_filter(r, n, n->s, n->sn, a, A.pos, A.np, n->names, n->namelens, A.kw, A.nk,
-                         out);
-    }
-    case N_TEST: {
-        TRY(eval(S, f, n->a, &a));
-        struct args A;
-        TRY(eval_args(S, f, n, &A));
-        bool res;
-        TRY(tb_test(r, n, n->s, n->sn, a, A.pos, A.np, &res));
-        *out = tv_bool(n->op ? !res : res);
-        return 0;
-    }
+    case N_FILTER:
+        return eval_filter(S, f, n, out);
+    case N_TEST:
+        return eval_test(S, f, n, out);
     case N_BINOP:
         TRY(eval(S, f, n->a, &a));
         TRY(eval(S, f, n->b, &b));
@@ -821,6 +815,42 @@ static int eval(struct rstate *S, struct tframe *f, const struct tnode *n, tval 
     }
 }
 
+static int eval_filter(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
+{
+    tval *a;
+    if (n->a)
+        TRY(eval(S, f, n->a, &a));
+    else
+        a = S->placeholder;
+    struct args A;
+    TRY(eval_args(S, f, n, &A));
+    return tb_filter(&S->r, n, n->s, n->sn, a, A.pos, A.np, n->names, n->namelens, A.kw, A.nk,
+                     out);
+}
+
+static int eval_test(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
+{
+    tval *a;
+    TRY(eval(S, f, n->a, &a));
+    struct args A;
+    TRY(eval_args(S, f, n, &A));
+    bool res;
+    TRY(tb_test(&S->r, n, n->s, n->sn, a, A.pos, A.np, &res));
+    *out = tv_bool(n->op ? !res : res);
+    return 0;
+}
+
+static int eval(struct rstate *S, struct tframe *f, const struct tnode *n, tval **out)
+{
+    if (++S->r.frames > MAX_FRAMES) {
+        S->r.frames--;
+        return terr(&S->r, n, -ELOOP, "template recursion too deep");
+    }
+    int rc = eval_inner(S, f, n, out);
+    S->r.frames--;
+    return rc;
+}
+
 /* ---- statements ---- */
 static int assign(struct rstate *S, struct tframe *f, const struct tnode *n, tval *v)
 {
@@ -920,7 +950,8 @@ static int output(struct trender *r, const struct tnode *n, tval *v, struct tbuf
     return 0;
 }
 
-static int exec_stmt(struct rstate *S, struct tframe *f, const struct tnode *n, struct tbuf *out)
+static int exec_stmt_inner(struct rstate *S, struct tframe *f, const struct tnode *n,
+                           struct tbuf *out)
 {
     struct trender *r = &S->r;
     tval *v;
@@ -994,6 +1025,17 @@ static int exec_stmt(struct rstate *S, struct tframe *f, const struct tnode *n, 
     default:
         return terr(r, n, -EINVAL, "internal: not a statement");
     }
+}
+
+static int exec_stmt(struct rstate *S, struct tframe *f, const struct tnode *n, struct tbuf *out)
+{
+    if (++S->r.frames > MAX_FRAMES) {
+        S->r.frames--;
+        return terr(&S->r, n, -ELOOP, "template recursion too deep");
+    }
+    int rc = exec_stmt_inner(S, f, n, out);
+    S->r.frames--;
+    return rc;
 }
 
 static int exec_body(struct rstate *S, struct tframe *f, struct tnode *const *v, size_t nv,

@@ -757,8 +757,19 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
 }
 
 /* ---- comparison ---- */
+static bool eq_in(const tval *a, const tval *b, int depth);
+
+/* Python ==; containers nested deeper than 200 compare unequal (a template can build them in
+ * a loop; the recursion stays bounded) */
 bool tv_eq(const tval *a, const tval *b)
 {
+    return eq_in(a, b, 0);
+}
+
+static bool eq_in(const tval *a, const tval *b, int depth)
+{
+    if (depth > 200)
+        return false;
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a->type == TV_FLOAT || b->type == TV_FLOAT)
             return tv_num(a) == tv_num(b);
@@ -774,7 +785,7 @@ bool tv_eq(const tval *a, const tval *b)
         if (a->u.l.n != b->u.l.n || a->tuple != b->tuple)
             return false;
         for (size_t i = 0; i < a->u.l.n; i++)
-            if (!tv_eq(a->u.l.v[i], b->u.l.v[i]))
+            if (!eq_in(a->u.l.v[i], b->u.l.v[i], depth + 1))
                 return false;
         return true;
     case TV_DICT:
@@ -782,7 +793,7 @@ bool tv_eq(const tval *a, const tval *b)
             return false;
         for (size_t i = 0; i < a->u.o.n; i++) {
             tval *o = tv_dict_get(b, a->u.o.e[i].k, a->u.o.e[i].kn);
-            if (o == NULL || !tv_eq(a->u.o.e[i].v, o))
+            if (o == NULL || !eq_in(a->u.o.e[i].v, o, depth + 1))
                 return false;
         }
         return true;
@@ -791,8 +802,17 @@ bool tv_eq(const tval *a, const tval *b)
     }
 }
 
+static int cmp_in(const tval *a, const tval *b, int *cmp, int depth);
+
 int tv_cmp(const tval *a, const tval *b, int *cmp)
 {
+    return cmp_in(a, b, cmp, 0);
+}
+
+static int cmp_in(const tval *a, const tval *b, int *cmp, int depth)
+{
+    if (depth > 200)
+        return -EINVAL;
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a->type == TV_FLOAT || b->type == TV_FLOAT) {
             double x = tv_num(a), y = tv_num(b);
@@ -814,9 +834,9 @@ int tv_cmp(const tval *a, const tval *b, int *cmp)
     }
     if (a->type == TV_LIST && b->type == TV_LIST && a->tuple == b->tuple) {
         for (size_t i = 0; i < a->u.l.n && i < b->u.l.n; i++) {
-            if (tv_eq(a->u.l.v[i], b->u.l.v[i]))
+            if (eq_in(a->u.l.v[i], b->u.l.v[i], depth + 1))
                 continue;
-            return tv_cmp(a->u.l.v[i], b->u.l.v[i], cmp);
+            return cmp_in(a->u.l.v[i], b->u.l.v[i], cmp, depth + 1);
         }
         *cmp = a->u.l.n < b->u.l.n ? -1 : a->u.l.n > b->u.l.n ? 1 : 0;
         return 0;

@@ -259,6 +259,29 @@ static void test_refusals(void **state)
     deep[k] = 0;
     strcat(deep, "1 }}");
     expect_refused(deep, "nested too deep");
+    /* left-deep chains the parser builds in loops are bounded too (by the tree's height) */
+    static const char *units[] = {"+1", ".a", "|trim", "[0]", " ~ 'a'", " or 1", "(1)",
+                                  " is defined and 1"};
+    for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+        size_t ul = strlen(units[u]);
+        char *s = malloc(20000 * ul + 16);
+        size_t n = (size_t)sprintf(s, "{{ x");
+        for (int i = 0; i < 20000; i++) {
+            memcpy(s + n, units[u], ul);
+            n += ul;
+        }
+        memcpy(s + n, " }}", 4);
+        expect_refused(s, "nested too deep");
+        free(s);
+    }
+    /* statements nest within the same bound */
+    char *s = malloc(20 * 300 + 16);
+    size_t n = 0;
+    for (int i = 0; i < 300; i++)
+        n += (size_t)sprintf(s + n, "{%% if 1 %%}");
+    s[n] = 0;
+    expect_refused(s, "nested too deep");
+    free(s);
 }
 
 static int render_src(const char *src, const struct kvr_tmpl_limits *lim, size_t max_bytes,
@@ -291,6 +314,28 @@ static void test_limits(void **state)
     assert_int_equal(render_src("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", &lim, 0,
                                 err, sizeof err), -ELOOP);
     assert_non_null(strstr(err, "nested too deep"));
+    /* deep expressions inside deep macro recursion, at the default limits: the frame cap
+     * stops it (and ASan builds see no stack overflow) */
+    char deep[2048];
+    size_t k = (size_t)sprintf(deep, "{%% macro m(n) %%}{{ ");
+    for (int i = 0; i < 40; i++)
+        deep[k++] = '[';
+    k += (size_t)sprintf(deep + k, "m(n + 1)");
+    for (int i = 0; i < 40; i++)
+        deep[k++] = ']';
+    sprintf(deep + k, " }}{%% endmacro %%}{{ m(0) }}");
+    assert_int_equal(render_src(deep, NULL, 0, err, sizeof err), -ELOOP);
+    assert_non_null(strstr(err, "template recursion too deep"));
+    /* containers nested deeper than any recursion bound, built at render time */
+    assert_int_equal(render_src("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}"
+                                "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x == ns.x }}"
+                                "{{ [ns.x] < [ns.x] }}", NULL, 0, err, sizeof err), -EINVAL);
+    assert_int_equal(render_src("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}"
+                                "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}", NULL, 0, err,
+                                sizeof err), -EINVAL);
+    assert_int_equal(render_src("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}"
+                                "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}", NULL, 0,
+                                err, sizeof err), -EINVAL);
     assert_int_equal(render_src("{% for i in range(100) %}{% for j in range(100) %}{% for k in "
                                 "range(100) %}{% endfor %}{% endfor %}{% endfor %}", &lim, 0, err,
                                 sizeof err), -ELOOP);
