@@ -11,6 +11,7 @@ other errors only as "an error"). Run: /usr/bin/python3 scripts/tmpl-goldens.py 
 (apt-get install python3-jinja2). test_tmpl reads the file offline.
 """
 import argparse
+import copy
 import json
 import os
 import random
@@ -50,6 +51,9 @@ def make_env(now):
 
 def render(source, vars_, now=NOW):
     env = make_env(now)
+    # a deep copy: Jinja2 can mutate what it is given (`x|indent` does `s += "\n"`, which
+    # extends a list in place), and the record must hold the variables as they were
+    vars_ = copy.deepcopy(vars_)
     try:
         return {"output": env.from_string(source).render(**vars_)}
     except jinja2.exceptions.TemplateError as e:
@@ -352,8 +356,137 @@ FEATURES = [
                        "{{ v | tojson(ensure_ascii=true) }}|{{ v | tojson(true) }}|{{ v | tojson(false, 1, none, true) }}",
      {"v": {"b": [1, {"z": 1, "y": "é😀"}], "a": "ß", "c": {}}}),
     ("undefined_in_container", "{{ [u, 1] }} {{ {'a': u} }} {{ (u,) }}", {}),
+    ("percent_format", "{{ '%s-%d|%5s|%-4d|%.2f|%r|%x|%%|%05d|%+d|%s' % ('a', 3.9, 'é', 7, 2.345, 'q', 255, 42, 5, [1]) }}"
+                       "{{ '%.1s|%3.1f|%X|%o|%i' % ('ab', 2.25, 255, 8, -3) }}{{ '%x' % -255 }}{{ '<%s>' % u }}{{ 'n=%d' % n }}", {"n": 4}),
+    ("percent_format_errors", "{{ 'x' % 1 }}", {}),
+    ("percent_format_too_few", "{{ '%s %s' % 1 }}", {}),
+    ("falsy_map_select", "[{{ none | map('string') | list }}][{{ '' | select | list }}][{{ 0 | selectattr('a') | list }}]", {}),
+    ("odd_even_floats", "{{ 2.5 is odd }} {{ 3.0 is odd }} {{ 4.0 is divisibleby 2 }} {{ true is odd }} {{ -3 is odd }} {{ 7 is divisibleby(-7) }}", {}),
+    ("unhashable", "{{ [[1], [1]] | unique | list }}", {}),
+    ("unhashable_in", "{{ [1] in {'a': 1} }}", {}),
+    ("markup", "{{ '<' + ('x'|safe) }} {{ '<' ~ ('x'|safe) }} {{ ('x'|safe) + '<' }} {{ ['<'|safe, 'a'] }} {{ ('<a>'|safe)|upper }} "
+               "{{ ('<%s>'|safe) % '&' }} {{ ('a'|safe) == 'a' }} {{ ('a'|safe) is string }} {{ ['a'|safe]|join(',') }} "
+               "{{ [(' b '|safe)|trim, (' c '|safe).strip()] }} {{ ('q'|safe)|tojson }} {{ (5|safe) + '&' }}", {}),
+    ("mod_sign_mapping", "{{ 1 % -0.5 }} {{ -1 % 0.5 }} {{ 0.0 % 2 }} {{ 'x' % u }} {{ 'x' % [1] }} {{ 'x' % {'a': 1} }} {{ 'x%s' % [1] }}", {}),
     ("float_print", "{{ 1e100 }} {{ -0.0 }} {{ 3.0 * 1.1 }} {{ 100.0 }} {{ 0.0001 }} {{ 1e15 + 0.5 }}", {}),
 ]
+
+
+# Random feature templates: expressions and statements drawn from a small grammar over fixed
+# variables, so the subset is exercised in combinations nobody wrote by hand. The grammar keeps
+# to what both sides define the same way (small ints, ASCII case mapping, no printing of
+# methods); whatever Jinja2 does with the result (output or error) is the golden.
+RVARS = {"n": 3, "f": 2.5, "s": "Hello World", "e": "", "u8": "héllo wörld", "t": True,
+         "z": None, "xs": [3, 1, 2], "ws": ["b", "a", "C"], "d": {"k": "v", "n": 2, "l": [1, 2]},
+         "ms": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "x": 1},
+                {"role": "tool", "content": None}]}
+
+
+def random_template(rng, depth=0):
+    def atom():
+        c = rng.randrange(10)
+        if c == 0:
+            return str(rng.randrange(-5, 20))
+        if c == 1:
+            return rng.choice(["1.5", "0.25", "-2.0", "1e3", "3.0"])
+        if c == 2:
+            return rng.choice(["'a'", "\"b c\"", "''", "'x\\ny'", "'Ab'", "' pad '"])
+        if c == 3:
+            return rng.choice(["true", "false", "none"])
+        if c == 4:
+            return rng.choice(["[1, 2]", "['x', 'y']", "[]", "(1, 'a')", "{'a': 1}", "{}"])
+        if c == 5:
+            return rng.choice(["undef", "d.missing", "ms[5]"])
+        return rng.choice(list(RVARS) + ["d.k", "d['n']", "ms[0].role", "ms[-1].content", "xs[1]",
+                                         "ms[1]['x']", "d.l", "s[1:4]", "xs[::-1]", "ws|length"])
+
+    def expr(k=0):
+        if k > 2 or rng.random() < 0.35:
+            return atom()
+        c = rng.randrange(12)
+        a, b = expr(k + 1), expr(k + 1)
+        if c == 0:
+            return "(%s %s %s)" % (a, rng.choice(["+", "-", "*", "//", "%", "/"]), b)
+        if c == 1:
+            return "(%s ~ %s)" % (a, b)
+        if c == 2:
+            return "(%s %s %s)" % (a, rng.choice(["==", "!=", "<", ">=", "in", "not in"]), b)
+        if c == 3:
+            return "(%s %s %s)" % (a, rng.choice(["and", "or"]), b)
+        if c == 4:
+            return "(not %s)" % a
+        if c == 5:
+            return "(%s if %s else %s)" % (a, b, expr(k + 1))
+        if c == 6:
+            return "(%s is %s)" % (a, rng.choice(["defined", "undefined", "none", "string", "number",
+                                                  "integer", "mapping", "iterable", "sequence",
+                                                  "odd", "even", "not none", "divisibleby 2",
+                                                  "eq 3", "in [1, 2, 3]", "true", "boolean"]))
+        if c == 7:
+            return "(%s | %s)" % (a, rng.choice(["length", "string", "trim", "first", "last", "list",
+                                                 "default('dflt')", "default(1, true)", "join('-')",
+                                                 "tojson", "int", "float",
+                                                 "reverse | list", "unique | list", "sort",
+                                                 "items | list", "dictsort", "abs", "count",
+                                                 "replace('l', 'L')", "indent(2)",
+                                                 "select('odd') | list", "map('string') | join",
+                                                 "selectattr('content') | list | length",
+                                                 "map(attribute='role') | join(',')", "sum",
+                                                 "min", "max", "safe"]))
+        if c == 8:
+            return "%s.%s" % (rng.choice(["s", "e", "d.k", "ms[0].role", "' x y '"]),
+                              rng.choice(["upper()", "lower()", "strip()", "split()", "split('l')",
+                                          "startswith('H')", "endswith('d')", "replace('o', '0')",
+                                          "title()", "find('o')", "count('l')", "lstrip('H')",
+                                          "rsplit(' ', 1)", "capitalize()"]))
+        if c == 9:
+            return "%s.%s" % (rng.choice(["d", "ms[1]", "{'b': 1, 'a': 2}"]),
+                              rng.choice(["keys() | list", "values() | list", "items() | list",
+                                          "get('k')", "get('zz', 0)", "get('x')"]))
+        if c == 10:
+            return "[%s, %s]" % (a, b)
+        # subscripts of variables only: Jinja2's optimizer folds constant subscripts through
+        # its lenient getitem (a constant `(none)[::2]` prints '', a variable one raises)
+        return "(%s)[%s]" % (rng.choice(list(RVARS) + ["d.l", "ms[0]", "d.k"]),
+                             rng.choice(["0", "-1", "1:", ":1", "::2", "'k'", "a" if False else "1"]))
+
+    def stmt(k=0):
+        if k > 2 or rng.random() < 0.3:
+            return "{{ %s }}" % expr()
+        c = rng.randrange(7)
+        if c == 0:
+            return "{%% if %s %%}%s{%% elif %s %%}%s{%% else %%}%s{%% endif %%}" % (
+                expr(), body(k + 1), expr(), body(k + 1), body(k + 1))
+        if c == 1:
+            it = rng.choice(["xs", "ws", "ms", "d", "s", "range(3)", "[]", "undef", "d.l", "ms[1:]"])
+            flt = " if %s" % expr() if rng.random() < 0.2 else ""
+            els = "{%% else %%}%s" % body(k + 1) if rng.random() < 0.3 else ""
+            return "{%% for it in %s%s %%}{{ loop.index }}{{ loop.first }}{{ loop.last }}[{{ it }}]%s%s{%% endfor %%}" % (
+                it, flt, body(k + 1), els)
+        if c == 2:
+            return "{%% set v%d = %s %%}{{ v%d }}" % (k, expr(), k)
+        if c == 3:
+            return "{%% set ns = namespace(a=%s) %%}{%% for i in range(2) %%}{%% set ns.a = ns.a ~ i %%}{%% endfor %%}{{ ns.a }}" % expr()
+        if c == 4:
+            return "{%% macro mm(p, q=%s) %%}<{{ p }}|{{ q }}>%s{%% endmacro %%}{{ mm(%s) }}{{ mm(%s, q=%s) }}" % (
+                atom(), body(k + 1), expr(), expr(), atom())
+        # filter blocks: string filters only (Jinja2 writes a block's filter result without
+        # str(), so `{% filter length %}` fails there); no upper/lower: case mapping is
+        # ASCII-only here (docs/chat-templates.md)
+        if c == 5:
+            return "{%% filter %s %%}%s{%% endfilter %%}" % (
+                rng.choice(["trim", "replace('l', 'L')", "indent(2)"]), body(k + 1))
+        return "{%% for a in range(4) %%}{%% if a == 2 %%}{%% break %%}{%% endif %%}%s{%% endfor %%}" % body(k + 1)
+
+    def body(k):
+        ws = rng.choice(["", " ", "\n", "\n  ", " - "])
+        return ws.join(stmt(k) for _ in range(rng.randint(1, 3)))
+
+    src = body(depth)
+    # whitespace control sprinkled on the tags
+    if rng.random() < 0.5:
+        src = src.replace("{%", rng.choice(["{%-", "{%", "\n  {%"])).replace("%}", rng.choice(["-%}", "%}", "%}\n"]))
+    return src
 
 
 def write_corpus(d, rng):
@@ -375,6 +508,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--random", type=int, default=40, help="random conversations per template")
+    ap.add_argument("--random-templates", type=int, default=400, help="random feature templates")
     ap.add_argument("--out", default=os.path.join(DATA, "goldens.jsonl"))
     ap.add_argument("--corpus", default=os.path.join(HERE, "..", "tests", "fuzz", "corpus", "tmpl"),
                     help="also (re)writes the fuzz_tmpl seed corpus here")
@@ -404,6 +538,12 @@ def main():
     for fname, source, vars_ in FEATURES:
         rec = {"name": "feature/" + fname, "source": source, "vars": vars_, "now": NOW}
         rec.update(render(source, vars_))
+        lines.append(rec)
+    trng = random.Random(args.seed + 1)
+    for i in range(args.random_templates):
+        source = random_template(trng)
+        rec = {"name": "random-template/%d" % i, "source": source, "vars": RVARS, "now": NOW}
+        rec.update(render(source, RVARS))
         lines.append(rec)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(json.dumps({"seed": args.seed, "jinja2": jinja2.__version__}) + "\n")

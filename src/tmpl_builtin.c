@@ -106,7 +106,20 @@ static tval *case_map(struct trender *r, tval *s, int mode)
         }
     }
     p[s->u.s.n] = 0;
-    return tv_str_nocopy(r->a, p, s->u.s.n);
+    tval *v = tv_str_nocopy(r->a, p, s->u.s.n);
+    if (v)
+        v->markup = s->markup; /* Markup's methods return Markup */
+    return v;
+}
+
+tval *tb_markup(struct trender *r, tval *s)
+{
+    if (s->markup)
+        return s;
+    tval *v = tv_str_nocopy(r->a, s->u.s.p, s->u.s.n);
+    if (v)
+        v->markup = 1;
+    return v;
 }
 
 static bool kwarg(const char **kn, size_t *knl, tval **kv, size_t nkw, const char *name,
@@ -315,6 +328,8 @@ static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *wi
         tbuf_put(&b, sb.p + st[i], ln[i]);
     }
     *out = mkstr(r, &b);
+    if (*out)
+        (*out)->markup = s->markup;
     return *out ? 0 : oom(r, n);
 }
 
@@ -386,7 +401,10 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
     if (x->type == TV_UNDEF && x->undef_err)
         return terr(r, n, -EINVAL, "%s", x->undef_err);
     if (eqs(name, nn, "safe")) {
-        return to_str_val(r, n, x, out);
+        tval *sv;
+        TRY(to_str_val(r, n, x, &sv));
+        *out = tb_markup(r, sv);
+        return *out ? 0 : oom(r, n);
     }
     if (eqs(name, nn, "string"))
         return to_str_val(r, n, x, out);
@@ -399,6 +417,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         bool c = chars && chars->type == TV_STR;
         tu_strip(s->u.s.p, s->u.s.n, c ? chars->u.s.p : NULL, c ? chars->u.s.n : 0, 3, &off, &len);
         *out = tv_str_nocopy(r->a, s->u.s.p + off, len);
+        if (*out)
+            (*out)->markup = s->markup;
         return *out ? 0 : oom(r, n);
     }
     if (eqs(name, nn, "tojson")) {
@@ -445,9 +465,10 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         if (x->type == TV_UNDEF) /* s += "\n" fails on Undefined */
             return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)x->u.s.n,
                         x->u.s.p ? x->u.s.p : "");
-        tval *s, *w = ARG(0, "width"), *first = ARG(1, "first"), *blank = ARG(2, "blank");
-        TRY(to_str_val(r, n, x, &s));
-        return do_indent(r, n, s, w, first && tv_truthy(first), blank && tv_truthy(blank), out);
+        tval *w = ARG(0, "width"), *first = ARG(1, "first"), *blank = ARG(2, "blank");
+        if (x->type != TV_STR) /* Jinja2 does s += "\n" without str(): only strings indent */
+            return terr(r, n, -EINVAL, "indent: a string is required, not %s", tv_typename(x));
+        return do_indent(r, n, x, w, first && tv_truthy(first), blank && tv_truthy(blank), out);
     }
     if (eqs(name, nn, "int") || eqs(name, nn, "float")) {
         bool isint = eqs(name, nn, "int");
@@ -570,6 +591,12 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         *out = items;
         return 0;
     }
+    if (!tv_truthy(x) && (eqs(name, nn, "map") || eqs(name, nn, "select") ||
+                          eqs(name, nn, "reject") || eqs(name, nn, "selectattr") ||
+                          eqs(name, nn, "rejectattr"))) {
+        *out = tv_list(r->a, 0); /* these start with `if value:` in Jinja2: none/''/0 -> empty */
+        return *out ? 0 : oom(r, n);
+    }
     TRY(to_items(r, n, x, &items));
     if (eqs(name, nn, "list")) {
         tval *l = tv_list(r->a, items->u.l.n);
@@ -581,8 +608,6 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         return 0;
     }
     if (eqs(name, nn, "first") || eqs(name, nn, "last")) {
-        if (x->type == TV_DICT && eqs(name, nn, "last"))
-            return terr(r, n, -EINVAL, "'dict' object is not reversible");
         if (items->u.l.n == 0)
             *out = &tv_undef_const;
         else
@@ -741,6 +766,9 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
             return 0;
         }
         if (eqs(name, nn, "unique")) {
+            for (size_t i = 0; i < cnt; i++)
+                if ((keys[i]->type == TV_LIST && !keys[i]->tuple) || keys[i]->type == TV_DICT)
+                    return terr(r, n, -EINVAL, "unhashable type: '%s'", tv_typename(keys[i]));
             tval *l = tv_list(r->a, 0);
             if (l == NULL)
                 return oom(r, n);
@@ -788,20 +816,31 @@ int tb_test(struct trender *r, const struct tnode *n, const char *name, size_t n
     case 9: *out = x->type == TV_STR || x->type == TV_LIST || x->type == TV_DICT ||
                    x->type == TV_UNDEF || x->type == TV_LOOP;
         return 0;
-    case 10: *out = x->type == TV_STR || x->type == TV_LIST || x->type == TV_DICT; return 0;
+    case 10: /* len() and __getitem__: Undefined has both (its __getitem__ fails when called) */
+        *out = x->type == TV_STR || x->type == TV_LIST || x->type == TV_DICT || x->type == TV_UNDEF;
+        return 0;
     case 11: *out = x->type == TV_BOOL; return 0;
     case 12: *out = x->type == TV_BOOL && x->u.b; return 0;
     case 13: *out = x->type == TV_BOOL && !x->u.b; return 0;
-    case 14: case 15: case 16: {
-        if (x->type != TV_INT && x->type != TV_BOOL)
-            return terr(r, n, -EINVAL, "test '%.*s' needs an integer", (int)nn, name);
-        int64_t v = x->type == TV_INT ? x->u.i : x->u.b;
-        if (t == 16) {
-            if (a0 == NULL || a0->type != TV_INT || a0->u.i == 0)
-                return terr(r, n, -EINVAL, "divisibleby needs a non-zero integer");
-            *out = v % a0->u.i == 0;
+    case 14: case 15: case 16: { /* value % 2 == 1 / value % num == 0, as Python computes */
+        if (!tv_is_num(x))
+            return terr(r, n, -EINVAL, "test '%.*s' needs a number", (int)nn, name);
+        tval two = {.type = TV_INT, .u.i = 2};
+        tval *m = t == 16 ? a0 : &two;
+        if (m == NULL || !tv_is_num(m) || tv_num(m) == 0)
+            return terr(r, n, -EINVAL, "divisibleby needs a non-zero number");
+        if (x->type == TV_FLOAT || m->type == TV_FLOAT) {
+            double md = tv_num(m), rem = fmod(tv_num(x), md);
+            if (rem != 0 && ((rem < 0) != (md < 0)))
+                rem += md;
+            *out = t == 15 ? rem == 1 : rem == 0;
         } else {
-            *out = ((v % 2) == 0) == (t == 14);
+            int64_t v = x->type == TV_INT ? x->u.i : x->u.b;
+            int64_t d = m->type == TV_INT ? m->u.i : m->u.b;
+            int64_t rem = (d == -1) ? 0 : v % d;
+            if (rem != 0 && ((rem < 0) != (d < 0)))
+                rem += d;
+            *out = t == 15 ? rem == 1 : rem == 0;
         }
         return 0;
     }
@@ -831,6 +870,8 @@ int tb_test(struct trender *r, const struct tnode *n, const char *name, size_t n
             for (size_t i = 0; i < a0->u.l.n && !*out; i++)
                 *out = tv_eq(x, a0->u.l.v[i]);
         } else if (a0->type == TV_DICT || a0->type == TV_NS) {
+            if ((x->type == TV_LIST && !x->tuple) || x->type == TV_DICT)
+                return terr(r, n, -EINVAL, "unhashable type: '%s'", tv_typename(x));
             *out = x->type == TV_STR && tv_dict_get(a0, x->u.s.p, x->u.s.n) != NULL;
         } else if (a0->type == TV_UNDEF) {
             *out = false;
@@ -1136,6 +1177,8 @@ static int call_str_method(struct trender *r, const struct tnode *n, tval *s, co
         size_t off, len;
         tu_strip(s->u.s.p, s->u.s.n, c ? a0->u.s.p : NULL, c ? a0->u.s.n : 0, mode, &off, &len);
         *out = tv_str_nocopy(r->a, s->u.s.p + off, len);
+        if (*out)
+            (*out)->markup = s->markup;
         return *out ? 0 : oom(r, n);
     }
     if (eqs(m, mn, "replace")) {
@@ -1453,4 +1496,168 @@ int tb_call(struct trender *r, const struct tnode *n, tval *fn, tval **args, siz
         return *out ? 0 : oom(r, n);
     }
     return terr(r, n, -EINVAL, "method %s is not supported", m);
+}
+
+/* ---- printf-style formatting: str % value ----
+ * Python's %-operator for what templates use: %s %r %d %i %f %F %x %X %o %e %g %c? no: %s %r
+ * %d %i %f %x %%, with flags '-', '0', ' ', '+', a width and a precision. Arguments: a tuple,
+ * or any other value as the single argument. %(name)s mappings are refused. */
+int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tval **out)
+{
+    tval **av = &arg;
+    size_t ac = 1, ai = 0;
+    if (arg->type == TV_LIST && arg->tuple) {
+        av = arg->u.l.v;
+        ac = arg->u.l.n;
+    }
+    struct tbuf b = {.a = r->a};
+    const char *p = fmt->u.s.p, *e = p + fmt->u.s.n;
+    while (p < e) {
+        const char *pc = memchr(p, '%', (size_t)(e - p));
+        if (pc == NULL) {
+            tbuf_put(&b, p, (size_t)(e - p));
+            break;
+        }
+        tbuf_put(&b, p, (size_t)(pc - p));
+        p = pc + 1;
+        char flags[8];
+        size_t nf = 0;
+        while (p < e && strchr("-0 +#", *p) && nf < sizeof flags - 1)
+            flags[nf++] = *p++;
+        flags[nf] = 0;
+        int width = -1, prec = -1;
+        if (p < e && *p == '(')
+            return terr(r, n, -EINVAL, "%%(name) formatting is not supported");
+        if (p < e && *p == '*')
+            return terr(r, n, -EINVAL, "* widths are not supported");
+        if (p < e && *p >= '0' && *p <= '9') {
+            width = 0;
+            while (p < e && *p >= '0' && *p <= '9' && width < 1000)
+                width = width * 10 + (*p++ - '0');
+        }
+        if (p < e && *p == '.') {
+            p++;
+            prec = 0;
+            while (p < e && *p >= '0' && *p <= '9' && prec < 1000)
+                prec = prec * 10 + (*p++ - '0');
+        }
+        if (p >= e)
+            return terr(r, n, -EINVAL, "incomplete format");
+        char conv = *p++;
+        if (conv == '%') {
+            tbuf_putc(&b, '%');
+            continue;
+        }
+        if (ai >= ac)
+            return terr(r, n, -EINVAL, "not enough arguments for format string");
+        tval *v = av[ai++];
+        struct tbuf piece = {.a = r->a};
+        char t[512], spec[32];
+        switch (conv) {
+        case 's':
+        case 'r': {
+            int rc = conv == 's' ? tv_to_str(&piece, v) : tv_repr(&piece, v);
+            if (rc)
+                return terr(r, n, -EINVAL, "cannot format a %s", tv_typename(v));
+            if (fmt->markup && !(conv == 's' && v->type == TV_STR && v->markup) && piece.n) {
+                struct tbuf esc = {.a = r->a}; /* Markup % x escapes x */
+                tv_html_escape(&esc, piece.p, piece.n);
+                if (esc.err)
+                    return oom(r, n);
+                piece = esc;
+            }
+            size_t len = piece.n;
+            if (prec >= 0) { /* precision counts characters */
+                size_t k = 0, chars = 0;
+                while (k < piece.n && chars < (size_t)prec) {
+                    k = tu8_next(piece.p, piece.n, k);
+                    chars++;
+                }
+                len = k;
+            }
+            size_t chars = tu8_len(piece.p ? piece.p : "", len);
+            bool left = strchr(flags, '-') != NULL;
+            if (!left)
+                for (int k = (int)chars; k < width; k++)
+                    tbuf_putc(&b, ' ');
+            tbuf_put(&b, piece.p ? piece.p : "", len);
+            if (left)
+                for (int k = (int)chars; k < width; k++)
+                    tbuf_putc(&b, ' ');
+            continue;
+        }
+        case 'd': case 'i': case 'x': case 'X': case 'o': {
+            int64_t iv;
+            if (v->type == TV_INT || v->type == TV_BOOL)
+                iv = v->type == TV_INT ? v->u.i : v->u.b;
+            else if (v->type == TV_FLOAT && (conv == 'd' || conv == 'i') && fabs(v->u.d) < 9.2e18)
+                iv = (int64_t)v->u.d;
+            else
+                return terr(r, n, -EINVAL, "%%%c format: a number is required, not %s", conv,
+                            tv_typename(v));
+            if (conv != 'd' && conv != 'i' && strchr(flags, '#'))
+                return terr(r, n, -EINVAL, "the '#' flag is not supported");
+            snprintf(spec, sizeof spec, "%%%s%s%s%s%s%s",
+                     strchr(flags, '-') ? "-" : "", strchr(flags, '0') ? "0" : "",
+                     strchr(flags, '+') ? "+" : "", strchr(flags, ' ') ? " " : "",
+                     width >= 0 ? "*" : "", prec >= 0 ? ".*" : "");
+            size_t sl = strlen(spec);
+            const char *lc = conv == 'x' ? "llx" : conv == 'X' ? "llX" : conv == 'o' ? "llo" : "lld";
+            memcpy(spec + sl, lc, 4);
+            long long val = iv;
+            if ((conv == 'x' || conv == 'X' || conv == 'o') && iv < 0) {
+                /* Python prints -0x..: sign, then the magnitude */
+                tbuf_putc(&b, '-');
+                val = iv == INT64_MIN ? INT64_MAX : -iv;
+            }
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+            int k;
+            if (width >= 0 && prec >= 0)
+                k = snprintf(t, sizeof t, spec, width, prec, val);
+            else if (width >= 0)
+                k = snprintf(t, sizeof t, spec, width, val);
+            else if (prec >= 0)
+                k = snprintf(t, sizeof t, spec, prec, val);
+            else
+                k = snprintf(t, sizeof t, spec, val);
+#pragma GCC diagnostic pop
+            if (k < 0 || (size_t)k >= sizeof t)
+                return terr(r, n, -EINVAL, "format width too large");
+            tbuf_put(&b, t, (size_t)k);
+            continue;
+        }
+        case 'f': case 'F': {
+            if (!tv_is_num(v))
+                return terr(r, n, -EINVAL, "%%f format: a real number is required, not %s",
+                            tv_typename(v));
+            if (prec > 100 || width > 400)
+                return terr(r, n, -EINVAL, "format precision too large");
+            snprintf(spec, sizeof spec, "%%%s%s%s%s*.*f", strchr(flags, '-') ? "-" : "",
+                     strchr(flags, '0') ? "0" : "", strchr(flags, '+') ? "+" : "",
+                     strchr(flags, ' ') ? " " : "");
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+            int k = snprintf(t, sizeof t, spec, width < 0 ? 0 : width, prec < 0 ? 6 : prec,
+                             tv_num(v));
+#pragma GCC diagnostic pop
+            if (k < 0 || (size_t)k >= sizeof t)
+                return terr(r, n, -EINVAL, "format width too large");
+            tbuf_put(&b, t, (size_t)k);
+            continue;
+        }
+        default:
+            return terr(r, n, -EINVAL, "unsupported format character '%c'", conv);
+        }
+    }
+    /* Python skips this check when the argument could be a mapping (it has __getitem__ and is
+     * not a tuple or str): lists, dicts, and Jinja2's Undefined */
+    bool mapping = arg->type == TV_DICT || arg->type == TV_UNDEF || arg->type == TV_NS ||
+                   (arg->type == TV_LIST && !arg->tuple);
+    if (ai < ac && !mapping)
+        return terr(r, n, -EINVAL, "not all arguments converted during string formatting");
+    *out = mkstr(r, &b);
+    if (*out)
+        (*out)->markup = fmt->markup;
+    return *out ? 0 : oom(r, n);
 }

@@ -55,6 +55,8 @@ struct tloop;
 struct kvr_tmpl_val {
     uint8_t type;
     uint8_t tuple;  /* TV_LIST: a tuple (repr differs) */
+    uint8_t markup; /* TV_STR: a markupsafe.Markup (from |safe): `+` and `%` escape the other
+                     * side, repr is Markup('...') */
     union {
         int b;
         int64_t i;
@@ -103,6 +105,8 @@ const char *tv_typename(const tval *v);
 /* str() and repr() as Python prints them; 0 or -EINVAL (a value that cannot print). */
 int tv_to_str(struct tbuf *b, const tval *v);
 int tv_repr(struct tbuf *b, const tval *v);
+/* markupsafe.escape: & < > ' " */
+void tv_html_escape(struct tbuf *b, const char *s, size_t n);
 void tv_float_repr(struct tbuf *b, double d);
 /* json.dumps(v, ensure_ascii=False, indent, separators, sort_keys) */
 struct tjson_opt {
@@ -226,6 +230,10 @@ int tb_test(struct trender *r, const struct tnode *n, const char *name, size_t n
             tval **args, size_t nargs, bool *out);
 int tb_call(struct trender *r, const struct tnode *n, tval *fn, tval **args, size_t nargs,
             const char **kn, size_t *knl, tval **kv, size_t nkw, tval **out);
+/* str % value (printf-style), the subset documented in tmpl_builtin.c */
+int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tval **out);
+/* a Markup copy of the string s (shares its bytes) */
+tval *tb_markup(struct trender *r, tval *s);
 /* attribute lookup as Jinja2's sandboxed getattr: methods of str/dict, keys of dicts */
 tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn);
 int tb_known_filter(const char *name, size_t nn);

@@ -267,6 +267,8 @@ static int num_binop(struct trender *r, const struct tnode *n, int op, tval *a, 
         z = fmod(x, y);
         if (z != 0 && ((z < 0) != (y < 0)))
             z += y;
+        else if (z == 0)
+            z = copysign(0.0, y); /* Python: a zero remainder takes the divisor's sign */
         break;
     case OP_POW: z = pow(x, y); break;
     default: return terr(r, n, -EINVAL, "bad operator");
@@ -306,12 +308,32 @@ static int repeat(struct trender *r, const struct tnode *n, tval *seq, int64_t k
 
 static int binop(struct trender *r, const struct tnode *n, int op, tval *a, tval *b, tval **out)
 {
+    if (op == OP_MOD && a->type == TV_STR) /* formatting: an Undefined argument prints '' */
+        return tb_format(r, n, a, b, out);
     if (a->type == TV_UNDEF)
         return undef_error(r, n, a);
     if (b->type == TV_UNDEF)
         return undef_error(r, n, b);
     if (tv_is_num(a) && tv_is_num(b))
         return num_binop(r, n, op, a, b, out);
+    if (op == OP_ADD && a->type == TV_STR && b->type == TV_STR && (a->markup || b->markup)) {
+        /* Markup + str escapes the str */
+        struct tbuf bb = {.a = r->a};
+        if (a->markup)
+            tbuf_put(&bb, a->u.s.p, a->u.s.n);
+        else
+            tv_html_escape(&bb, a->u.s.p, a->u.s.n);
+        if (b->markup)
+            tbuf_put(&bb, b->u.s.p, b->u.s.n);
+        else
+            tv_html_escape(&bb, b->u.s.p, b->u.s.n);
+        if (bb.err)
+            return oom(r, n);
+        *out = tv_str_nocopy(r->a, bb.p ? bb.p : "", bb.n);
+        if (*out)
+            (*out)->markup = 1;
+        return *out ? 0 : oom(r, n);
+    }
     if (op == OP_ADD && a->type == TV_STR && b->type == TV_STR) {
         char *p = tarena_alloc(r->a, a->u.s.n + b->u.s.n + 1);
         if (p == NULL)
@@ -341,7 +363,7 @@ static int binop(struct trender *r, const struct tnode *n, int op, tval *a, tval
         (a->type == TV_INT || a->type == TV_BOOL))
         return repeat(r, n, b, a->type == TV_INT ? a->u.i : a->u.b, out);
     if (op == OP_MOD && a->type == TV_STR)
-        return terr(r, n, -EINVAL, "printf-style string formatting ('%%') is not supported");
+        return tb_format(r, n, a, b, out);
     static const char *ops[] = {"+", "-", "*", "/", "//", "%", "**"};
     return terr(r, n, -EINVAL, "unsupported operand type(s) for %s: '%s' and '%s'", ops[op],
                 tv_typename(a), tv_typename(b));
@@ -367,6 +389,8 @@ static int contains(struct trender *r, const struct tnode *n, tval *x, tval *c, 
         return 0;
     case TV_DICT:
     case TV_NS:
+        if ((x->type == TV_LIST && !x->tuple) || x->type == TV_DICT)
+            return terr(r, n, -EINVAL, "unhashable type: '%s'", tv_typename(x));
         *out = x->type == TV_STR && tv_dict_get(c, x->u.s.p, x->u.s.n) != NULL;
         return 0;
     case TV_UNDEF:

@@ -540,13 +540,37 @@ static void str_repr(struct tbuf *b, const char *s, size_t n)
     tbuf_putc(b, q);
 }
 
+void tv_html_escape(struct tbuf *b, const char *s, size_t n)
+{
+    size_t st = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *rep;
+        switch (s[i]) {
+        case '&': rep = "&amp;"; break;
+        case '<': rep = "&lt;"; break;
+        case '>': rep = "&gt;"; break;
+        case '\'': rep = "&#39;"; break;
+        case '"': rep = "&#34;"; break;
+        default: continue;
+        }
+        tbuf_put(b, s + st, i - st);
+        tbuf_put(b, rep, strlen(rep));
+        st = i + 1;
+    }
+    tbuf_put(b, s + st, n - st);
+}
+
 static int repr_in(struct tbuf *b, const tval *v, int depth)
 {
     if (depth > 200)
         return -ELOOP;
     switch (v->type) {
     case TV_STR:
+        if (v->markup)
+            tbuf_put(b, "Markup(", 7);
         str_repr(b, v->u.s.p, v->u.s.n);
+        if (v->markup)
+            tbuf_putc(b, ')');
         return 0;
     case TV_LIST: {
         tbuf_putc(b, v->tuple ? '(' : '[');
