@@ -72,6 +72,9 @@ int kvr_tmpl_list_push(kvr_tmpl_ctx *ctx, kvr_tmpl_val *list, kvr_tmpl_val *v);
 /* Sets dict[key] = v; a new key goes last (insertion order is kept, as in Python). */
 int kvr_tmpl_dict_set(kvr_tmpl_ctx *ctx, kvr_tmpl_val *dict, const char *key, size_t klen,
                       kvr_tmpl_val *v);
+/* Sets every key of src into dst, in src's order (as Python's dict.update; keys live in the
+ * same ctx). 0, -EINVAL (not dicts), -ENOMEM. */
+int kvr_tmpl_dict_merge(kvr_tmpl_ctx *ctx, kvr_tmpl_val *dst, const kvr_tmpl_val *src);
 /* Borrowed lookup: NULL when absent or dict is not a dict. */
 const kvr_tmpl_val *kvr_tmpl_dict_get(const kvr_tmpl_val *dict, const char *key, size_t klen);
 

@@ -285,6 +285,19 @@ const kvr_tmpl_val *kvr_tmpl_dict_get(const kvr_tmpl_val *dict, const char *key,
     return tv_dict_get(dict, key, klen);
 }
 
+int kvr_tmpl_dict_merge(kvr_tmpl_ctx *ctx, kvr_tmpl_val *dst, const kvr_tmpl_val *src)
+{
+    if (dst == NULL || src == NULL || dst->type != TV_DICT || src->type != TV_DICT)
+        return -EINVAL;
+    for (size_t i = 0; i < src->u.o.n; i++) {
+        int rc = tv_dict_set(&ctx->arena, dst, src->u.o.e[i].k, src->u.o.e[i].kn,
+                             src->u.o.e[i].v);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* ---- predicates ---- */
 bool tv_is_str(const tval *v) { return v->type == TV_STR; }
 bool tv_is_num(const tval *v)

@@ -82,7 +82,7 @@ struct kvr_tokset {
     pthread_mutex_t lock; /* readers list */
     struct kvr_tokset_reader *readers;
     kvr_tok_cache *cache; /* [tokenizer] prefix_cache; NULL = off */
-    _Atomic uint64_t reloads, reload_failures, encodes;
+    _Atomic uint64_t reloads, reload_failures, encodes, chats;
 };
 
 static void fid_of(const char *path, struct fid *f)
@@ -602,6 +602,90 @@ int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char
     return rc;
 }
 
+kvr_tmpl_ctx *kvr_tokset_reader_ctx(struct kvr_tokset_reader *r)
+{
+    return r->ctx;
+}
+
+static int render(const struct mtext *mt, kvr_tmpl_ctx *ctx, const struct kvr_tokset_chat *c,
+                  const char **out, size_t *outlen, char *err, size_t errlen)
+{
+    bool tools = c->tools != NULL && mt->chat_tools != NULL;
+    const kvr_tmpl *t = tools ? mt->chat_tools : mt->chat;
+    bool parts = tools ? mt->parts_tools : mt->parts;
+    kvr_tmpl_val *vars = kvr_tmpl_dict(ctx), *none = kvr_tmpl_none(ctx);
+    kvr_tmpl_val *agp = kvr_tmpl_bool(ctx, c->add_generation_prompt);
+    int rc;
+
+    if (vars == NULL || none == NULL || agp == NULL)
+        return -ENOMEM;
+    /* transformers: render(messages=, tools=, documents=, add_generation_prompt=,
+     * **special_tokens_map, **chat_template_kwargs) */
+    if (kvr_tmpl_dict_set(ctx, vars, "messages", 8, parts ? c->messages_parts : c->messages_str) ||
+        kvr_tmpl_dict_set(ctx, vars, "tools", 5, c->tools ? c->tools : none) ||
+        kvr_tmpl_dict_set(ctx, vars, "documents", 9, c->documents ? c->documents : none) ||
+        kvr_tmpl_dict_set(ctx, vars, "add_generation_prompt", 21, agp))
+        return -ENOMEM;
+    for (int i = 0; i < 4; i++) {
+        kvr_tmpl_val *v;
+        if (mt->special[i] == NULL)
+            continue;
+        if ((v = kvr_tmpl_str(ctx, mt->special[i], strlen(mt->special[i]))) == NULL ||
+            kvr_tmpl_dict_set(ctx, vars, special_names[i], strlen(special_names[i]), v))
+            return -ENOMEM;
+    }
+    if (c->kwargs != NULL && (rc = kvr_tmpl_dict_merge(ctx, vars, c->kwargs)) != 0)
+        return rc;
+    return kvr_tmpl_render(t, ctx, vars, c->max_render_bytes, out, outlen, err, errlen);
+}
+
+/* transformers' continue_final_message: the output up to the end of the final message's
+ * (stripped) text, which must occur in it. */
+static int cut_final(const char *out, size_t *outlen, const char *ft, size_t fl, char *err,
+                     size_t errlen)
+{
+    while (fl > 0 && (*ft == ' ' || (*ft >= '\t' && *ft <= '\r')))
+        ft++, fl--;
+    while (fl > 0 && (ft[fl - 1] == ' ' || (ft[fl - 1] >= '\t' && ft[fl - 1] <= '\r')))
+        fl--;
+    for (size_t i = *outlen >= fl ? *outlen - fl + 1 : 0; i-- > 0;) {
+        if (memcmp(out + i, ft, fl) == 0) {
+            *outlen = i + fl;
+            return 0;
+        }
+    }
+    snprintf(err, errlen, "continue_final_message: the final message's content is not in the "
+                          "rendered chat");
+    return -EINVAL;
+}
+
+int kvr_tokset_chat(struct kvr_tokset_reader *r, const char *model,
+                    const struct kvr_tokset_chat *c, const uint32_t **ids, char *err,
+                    size_t errlen)
+{
+    struct kvr_tokset *ts = r->ts;
+    const char *out;
+    size_t outlen;
+    int rc;
+
+    err[0] = '\0';
+    atomic_store(&r->active, atomic_load(&ts->epoch));
+    const struct entry *e = lookup(atomic_load(&ts->table), model);
+    if (e == NULL)
+        rc = -ENOENT;
+    else if (e->mt->chat == NULL)
+        rc = -ENOTSUP;
+    else if ((rc = render(e->mt, r->ctx, c, &out, &outlen, err, errlen)) == 0 &&
+             (!c->continue_final_message ||
+              (rc = cut_final(out, &outlen, c->final_text, c->final_len, err, errlen)) == 0))
+        rc = kvr_tok_encode_cached(e->mt->tok, ts->cache, r->scratch, out, outlen,
+                                   c->add_special_tokens, ids);
+    atomic_store_explicit(&r->active, 0, memory_order_release);
+    if (rc >= 0)
+        atomic_fetch_add_explicit(&ts->chats, 1, memory_order_relaxed);
+    return rc;
+}
+
 void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out)
 {
     kvr_metrics_gauge(out, "tokenizer_models", "Models with a tokenizer loaded", NULL,
@@ -613,6 +697,9 @@ void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out)
                         "previous one)", NULL, atomic_load(&ts->reload_failures));
     kvr_metrics_counter(out, "tokenizer_encodes_total", "Prompts tokenized", NULL,
                         atomic_load(&ts->encodes));
+    kvr_metrics_counter(out, "tokenizer_chats_total",
+                        "Chat requests rendered with the model's chat template and tokenized",
+                        NULL, atomic_load(&ts->chats));
     if (ts->cache == NULL)
         return;
     struct kvr_tok_cache_stats st;

@@ -147,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 5: {
         static struct kvr_reqbody_cand cands[8];
         struct kvr_reqbody_route rt;
-        rc = kvr_reqbody_route_json(buf, len, &sc, &q, cands, 8, &rt, &err);
+        rc = kvr_reqbody_query_ext(buf, len, &sc, &q, NULL, NULL, cands, 8, &rt, &err);
         if (rc == 0 && (q.model == NULL || rt.ncands > 8))
             abort();
         for (size_t i = 0; rc == 0 && i < rt.ncands; i++)
