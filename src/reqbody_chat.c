@@ -223,7 +223,7 @@ static int content_value(struct kvr_jtok *j, kvr_tmpl_ctx *ctx, size_t msg_index
         if (kvr_jtok_string(j, &s, &n) != 0)
             return jfail(j, err);
         co->str = kvr_tmpl_str(ctx, s, n);
-        t = kvr_tmpl_str(ctx, s, n);
+        t = co->str; /* values are immutable: both forms share the text */
         ty = kvr_tmpl_str(ctx, "text", 4);
         if (!part || !co->str || !t || !ty || kvr_tmpl_dict_set(ctx, part, "type", 4, ty) ||
             kvr_tmpl_dict_set(ctx, part, "text", 4, t) || kvr_tmpl_list_push(ctx, co->parts, part))
