@@ -166,3 +166,19 @@ def test_conversation_prefix_cache_and_scores(daemon_factory):
     # each turn resumed from the previous ones
     assert metric(d, "tokenizer_prefix_cache_hits_total") >= 5
     assert metric(d, "tokenizer_chats_total") >= 12
+
+
+def test_template_outside_the_subset_fails_at_load(tmp_path):
+    need_tokref()
+    from kvrharness import run_kvr
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }}{% endfor %}\n"
+                   "{% include 'other.jinja' %}\n")
+    conf = tmp_path / "k.conf"
+    conf.write_text('[events]\nbind = tcp://127.0.0.1:*\n[http]\nlisten = 127.0.0.1:0\n'
+                    '[model "m"]\ntokenizer = %s\nchat_template = bad.jinja\n'
+                    % os.path.join(TOKREF, "llama2"))
+    r = run_kvr(["-t", "-c", str(conf)], timeout=30)
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.strip()
+    assert err.startswith('%s:7: [model "m"] chat template %s: line 2:' % (conf, bad)), err
