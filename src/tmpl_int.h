@@ -16,6 +16,61 @@
 
 #include "tmpl.h"
 
+/* The module's internal functions are global across its files: they link as kvr_tmpl_*
+ * (house style: every exported name carries the module prefix) and read short here. */
+#define tarena_alloc kvr_tmpl_tarena_alloc
+#define tarena_free kvr_tmpl_tarena_free
+#define tarena_reset kvr_tmpl_tarena_reset
+#define tarena_strdup kvr_tmpl_tarena_strdup
+#define tb_call kvr_tmpl_tb_call
+#define tb_filter kvr_tmpl_tb_filter
+#define tb_format kvr_tmpl_tb_format
+#define tb_getattr kvr_tmpl_tb_getattr
+#define tb_global kvr_tmpl_tb_global
+#define tb_known_filter kvr_tmpl_tb_known_filter
+#define tb_known_test kvr_tmpl_tb_known_test
+#define tb_markup kvr_tmpl_tb_markup
+#define tb_test kvr_tmpl_tb_test
+#define tbuf_put kvr_tmpl_tbuf_put
+#define tbuf_putc kvr_tmpl_tbuf_putc
+#define terr kvr_tmpl_terr
+#define tmpl_lex kvr_tmpl_tmpl_lex
+#define tr_call_macro kvr_tmpl_tr_call_macro
+#define tr_count_iter kvr_tmpl_tr_count_iter
+#define tu8_dec kvr_tmpl_tu8_dec
+#define tu8_enc kvr_tmpl_tu8_enc
+#define tu8_len kvr_tmpl_tu8_len
+#define tu8_next kvr_tmpl_tu8_next
+#define tu_isspace kvr_tmpl_tu_isspace
+#define tu_strip kvr_tmpl_tu_strip
+#define tv_bool kvr_tmpl_tv_bool
+#define tv_cmp kvr_tmpl_tv_cmp
+#define tv_dict kvr_tmpl_tv_dict
+#define tv_dict_get kvr_tmpl_tv_dict_get
+#define tv_dict_set kvr_tmpl_tv_dict_set
+#define tv_eq kvr_tmpl_tv_eq
+#define tv_false_const kvr_tmpl_tv_false_const
+#define tv_float kvr_tmpl_tv_float
+#define tv_float_repr kvr_tmpl_tv_float_repr
+#define tv_html_escape kvr_tmpl_tv_html_escape
+#define tv_int kvr_tmpl_tv_int
+#define tv_is_num kvr_tmpl_tv_is_num
+#define tv_is_str kvr_tmpl_tv_is_str
+#define tv_json kvr_tmpl_tv_json
+#define tv_list kvr_tmpl_tv_list
+#define tv_list_push kvr_tmpl_tv_list_push
+#define tv_new kvr_tmpl_tv_new
+#define tv_none_const kvr_tmpl_tv_none_const
+#define tv_num kvr_tmpl_tv_num
+#define tv_repr kvr_tmpl_tv_repr
+#define tv_str kvr_tmpl_tv_str
+#define tv_str_nocopy kvr_tmpl_tv_str_nocopy
+#define tv_to_str kvr_tmpl_tv_to_str
+#define tv_true_const kvr_tmpl_tv_true_const
+#define tv_truthy kvr_tmpl_tv_truthy
+#define tv_typename kvr_tmpl_tv_typename
+#define tv_undef_const kvr_tmpl_tv_undef_const
+
 /* ---- arena ---- */
 struct tarena_chunk {
     struct tarena_chunk *next;
