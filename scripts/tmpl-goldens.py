@@ -368,6 +368,10 @@ FEATURES = [
                "{{ ('<%s>'|safe) % '&' }} {{ ('a'|safe) == 'a' }} {{ ('a'|safe) is string }} {{ ['a'|safe]|join(',') }} "
                "{{ [(' b '|safe)|trim, (' c '|safe).strip()] }} {{ ('q'|safe)|tojson }} {{ (5|safe) + '&' }}", {}),
     ("mod_sign_mapping", "{{ 1 % -0.5 }} {{ -1 % 0.5 }} {{ 0.0 % 2 }} {{ 'x' % u }} {{ 'x' % [1] }} {{ 'x' % {'a': 1} }} {{ 'x%s' % [1] }}", {}),
+    ("case_unicode", "{{ 'héllo wörld ß'|upper }}|{{ 'ÀÉÎÕÜ ĞİŞ Ÿ'|lower }}|{{ 'ΟΔΟΣ ΣΑΣ Σ'|lower }}|{{ 'привет мир'|title }}|"
+                     "{{ 'éCOLE'|capitalize }}|{{ 'straße'|title }}|{{ 'a中b x-y (z) they\\'re'|title }}|{{ 'a中b they\\'re'.title() }}|"
+                     "{{ 'Ωμέγα Ϊ'|upper }}|{{ 'ĳ ŉ ſ ı'|upper }}|{{ 'Việt Nam ỨNG'|lower }}|{{ 'Ａｂｃ'|upper }}|{{ 'Արմ'|upper }}|"
+                     "{{ 'straße'.upper() }}|{{ 'ÉCOLE'.lower() }}|{{ 'ärger' is lower }}|{{ 'ÄRGER' is upper }}|{{ 'ß' is lower }}", {}),
     ("float_print", "{{ 1e100 }} {{ -0.0 }} {{ 3.0 * 1.1 }} {{ 100.0 }} {{ 0.0001 }} {{ 1e15 + 0.5 }}", {}),
 ]
 
@@ -425,16 +429,16 @@ def random_template(rng, depth=0):
         if c == 7:
             return "(%s | %s)" % (a, rng.choice(["length", "string", "trim", "first", "last", "list",
                                                  "default('dflt')", "default(1, true)", "join('-')",
-                                                 "tojson", "int", "float",
+                                                 "tojson", "int", "float", "lower", "upper",
                                                  "reverse | list", "unique | list", "sort",
                                                  "items | list", "dictsort", "abs", "count",
-                                                 "replace('l', 'L')", "indent(2)",
+                                                 "replace('l', 'L')", "indent(2)", "capitalize",
                                                  "select('odd') | list", "map('string') | join",
                                                  "selectattr('content') | list | length",
                                                  "map(attribute='role') | join(',')", "sum",
-                                                 "min", "max", "safe"]))
+                                                 "min", "max", "title", "safe"]))
         if c == 8:
-            return "%s.%s" % (rng.choice(["s", "e", "d.k", "ms[0].role", "' x y '"]),
+            return "%s.%s" % (rng.choice(["s", "e", "u8", "d.k", "ms[0].role", "' x y '", "'ΣΟΦΊΑ Über'"]),
                               rng.choice(["upper()", "lower()", "strip()", "split()", "split('l')",
                                           "startswith('H')", "endswith('d')", "replace('o', '0')",
                                           "title()", "find('o')", "count('l')", "lstrip('H')",

@@ -76,37 +76,164 @@ static int to_str_val(struct trender *r, const struct tnode *n, tval *x, tval **
     return *out ? 0 : oom(r, n);
 }
 
-/* ASCII case mapping; mode 0 lower, 1 upper, 2 title, 3 capitalize */
+/* Simple case mapping of the scripts chat text mostly uses: ASCII, Latin-1, Latin Extended-A,
+ * Greek, Cyrillic, Armenian, Latin Extended Additional (Vietnamese), fullwidth Latin; with
+ * Python's special cases there (ß -> SS, final sigma, İ -> i̇). Other code points are caseless
+ * here (Python knows more: docs/chat-templates.md). */
+static uint32_t cp_upper(uint32_t c)
+{
+    if (c < 0x80)
+        return c >= 'a' && c <= 'z' ? c - 32 : c;
+    if (c == 0xB5) return 0x39C;
+    if (c >= 0xE0 && c <= 0xFE && c != 0xF7) return c - 32;
+    if (c == 0xFF) return 0x178;
+    if (c == 0x131) return 'I';
+    if (c == 0x17F) return 'S';
+    if (c >= 0x100 && c <= 0x137) return (c & 1) ? c - 1 : c;
+    if (c >= 0x139 && c <= 0x148) return (c & 1) ? c : c - 1;
+    if (c >= 0x14A && c <= 0x177) return (c & 1) ? c - 1 : c;
+    if (c >= 0x179 && c <= 0x17E) return (c & 1) ? c : c - 1;
+    if (c == 0x3C2) return 0x3A3;
+    if ((c >= 0x3B1 && c <= 0x3C1) || (c >= 0x3C3 && c <= 0x3CB)) return c - 32;
+    if (c == 0x3AC) return 0x386;
+    if (c >= 0x3AD && c <= 0x3AF) return c - 37;
+    if (c == 0x3CC) return 0x38C;
+    if (c >= 0x3CD && c <= 0x3CE) return c - 63;
+    if (c >= 0x430 && c <= 0x44F) return c - 32;
+    if (c >= 0x450 && c <= 0x45F) return c - 80;
+    if ((c >= 0x460 && c <= 0x481) || (c >= 0x48A && c <= 0x4BF) || (c >= 0x4D0 && c <= 0x52F))
+        return (c & 1) ? c - 1 : c;
+    if (c >= 0x4C1 && c <= 0x4CE) return (c & 1) ? c : c - 1;
+    if (c == 0x4CF) return 0x4C0;
+    if (c >= 0x561 && c <= 0x586) return c - 48;
+    if ((c >= 0x1E00 && c <= 0x1E95) || (c >= 0x1EA0 && c <= 0x1EFF)) return (c & 1) ? c - 1 : c;
+    if (c >= 0xFF41 && c <= 0xFF5A) return c - 32;
+    return c;
+}
+
+static uint32_t cp_lower(uint32_t c)
+{
+    if (c < 0x80)
+        return c >= 'A' && c <= 'Z' ? c + 32 : c;
+    if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 32;
+    if (c == 0x178) return 0xFF;
+    if (c >= 0x100 && c <= 0x137 && c != 0x130) return (c & 1) ? c : c + 1;
+    if (c >= 0x139 && c <= 0x148) return (c & 1) ? c + 1 : c;
+    if (c >= 0x14A && c <= 0x177) return (c & 1) ? c : c + 1;
+    if (c >= 0x179 && c <= 0x17E) return (c & 1) ? c + 1 : c;
+    if ((c >= 0x391 && c <= 0x3A1) || (c >= 0x3A3 && c <= 0x3AB)) return c + 32;
+    if (c == 0x386) return 0x3AC;
+    if (c >= 0x388 && c <= 0x38A) return c + 37;
+    if (c == 0x38C) return 0x3CC;
+    if (c >= 0x38E && c <= 0x38F) return c + 63;
+    if (c >= 0x410 && c <= 0x42F) return c + 32;
+    if (c >= 0x400 && c <= 0x40F) return c + 80;
+    if ((c >= 0x460 && c <= 0x481) || (c >= 0x48A && c <= 0x4BF) || (c >= 0x4D0 && c <= 0x52F))
+        return (c & 1) ? c : c + 1;
+    if (c == 0x4C0) return 0x4CF;
+    if (c >= 0x4C1 && c <= 0x4CE) return (c & 1) ? c + 1 : c;
+    if (c >= 0x531 && c <= 0x556) return c + 48;
+    if (c == 0x1E9E) return 0xDF;
+    if ((c >= 0x1E00 && c <= 0x1E95) || (c >= 0x1EA0 && c <= 0x1EFF)) return (c & 1) ? c : c + 1;
+    if (c >= 0xFF21 && c <= 0xFF3A) return c + 32;
+    return c;
+}
+
+static bool cp_cased(uint32_t c)
+{
+    return cp_upper(c) != c || cp_lower(c) != c || c == 0xDF || c == 0x130 || c == 0x138 ||
+           c == 0x149 || c == 0xAA || c == 0xBA;
+}
+
+/* upper of c into b (ß -> SS, ŉ -> ʼN); title: ß -> Ss */
+static void put_upper(struct tbuf *b, uint32_t c, bool title)
+{
+    if (c == 0xDF)
+        tbuf_put(b, title ? "Ss" : "SS", 2);
+    else if (c == 0x149) {
+        tu8_enc(b, 0x2BC);
+        tbuf_putc(b, 'N');
+    } else
+        tu8_enc(b, cp_upper(c));
+}
+
+static void put_lower(struct tbuf *b, const char *s, size_t n, size_t i, uint32_t c)
+{
+    if (c == 0x130) { /* İ -> i + combining dot above */
+        tbuf_putc(b, 'i');
+        tu8_enc(b, 0x307);
+        return;
+    }
+    if (c == 0x3A3) { /* final sigma: after a cased letter and not before one */
+        bool before = false, after = false;
+        for (size_t k = i; k > 0;) {
+            size_t st = k - 1, adv;
+            while (st > 0 && ((unsigned char)s[st] & 0xC0) == 0x80)
+                st--;
+            uint32_t pc = tu8_dec(s, n, st, &adv);
+            before = cp_cased(pc);
+            break;
+        }
+        size_t adv;
+        (void)tu8_dec(s, n, i, &adv);
+        if (i + adv < n) {
+            size_t a2;
+            after = cp_cased(tu8_dec(s, n, i + adv, &a2));
+        }
+        tu8_enc(b, before && !after ? 0x3C2 : 0x3C3);
+        return;
+    }
+    tu8_enc(b, cp_lower(c));
+}
+
+/* Jinja2's title filter (not str.title): words start after runs of whitespace, '-', '(',
+ * '{', '[' or '<'; each word is word[0].upper() + word[1:].lower() */
+static tval *title_filter(struct trender *r, tval *s)
+{
+    struct tbuf b = {.a = r->a};
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    bool at_start = true;
+    for (size_t i = 0; i < n;) {
+        size_t adv;
+        uint32_t c = tu8_dec(p, n, i, &adv);
+        bool sep = tu_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+        if (sep) {
+            tbuf_put(&b, p + i, adv);
+            at_start = true;
+        } else if (at_start) {
+            put_upper(&b, c, false);
+            at_start = false;
+        } else {
+            put_lower(&b, p, n, i, c);
+        }
+        i += adv;
+    }
+    return mkstr(r, &b);
+}
+
+/* mode 0 lower, 1 upper, 2 title, 3 capitalize (Python str methods) */
 static tval *case_map(struct trender *r, tval *s, int mode)
 {
-    char *p = tarena_alloc(r->a, s->u.s.n + 1);
-    if (p == NULL)
-        return NULL;
+    struct tbuf b = {.a = r->a};
     bool prev_cased = false;
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        char c = s->u.s.p[i];
-        bool up = c >= 'A' && c <= 'Z', lo = c >= 'a' && c <= 'z';
-        int want; /* 0 lower 1 upper */
-        if (mode == 0)
-            want = 0;
-        else if (mode == 1)
-            want = 1;
-        else if (mode == 2)
-            want = prev_cased ? 0 : 1;
-        else
-            want = i == 0 ? 1 : 0;
-        if (want == 1 && lo)
-            c = (char)(c - 32);
-        else if (want == 0 && up)
-            c = (char)(c + 32);
-        p[i] = c;
-        if (mode == 2) {
-            unsigned char uc = (unsigned char)s->u.s.p[i];
-            prev_cased = up || lo || uc >= 0x80;
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    for (size_t i = 0; i < n;) {
+        size_t adv;
+        uint32_t c = tu8_dec(p, n, i, &adv);
+        if (c < 0x80 && mode < 2) { /* fast path */
+            char ch = (char)(mode == 1 ? cp_upper(c) : cp_lower(c));
+            tbuf_putc(&b, ch);
+        } else if (mode == 0 || (mode == 2 && prev_cased) || (mode == 3 && i > 0)) {
+            put_lower(&b, p, n, i, c);
+        } else if (mode == 1 || mode == 2 || mode == 3) {
+            put_upper(&b, c, mode >= 2);
         }
+        prev_cased = cp_cased(c);
+        i += adv;
     }
-    p[s->u.s.n] = 0;
-    tval *v = tv_str_nocopy(r->a, p, s->u.s.n);
+    tval *v = mkstr(r, &b);
     if (v)
         v->markup = s->markup; /* Markup's methods return Markup */
     return v;
@@ -187,8 +314,10 @@ static int to_items(struct trender *r, const struct tnode *n, tval *x, tval **ou
 }
 
 /* attribute path "a.b.0" as Jinja's make_attrgetter */
-static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
+static int attr_path(struct trender *r, const struct tnode *n, tval *x, tval *attr, tval **out)
 {
+    if (x->type == TV_UNDEF) /* environment.getitem(Undefined, ...) raises */
+        return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)x->u.s.n, x->u.s.p ? x->u.s.p : "");
     if (attr->type == TV_INT) {
         if (x->type == TV_LIST) {
             int64_t i = attr->u.i < 0 ? attr->u.i + (int64_t)x->u.l.n : attr->u.i;
@@ -210,10 +339,9 @@ static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
         bool isnum = len > 0;
         for (size_t k = 0; k < len; k++)
             isnum &= p[k] >= '0' && p[k] <= '9';
-        if (cur->type == TV_UNDEF) {
-            *out = cur;
-            return 0;
-        }
+        if (cur->type == TV_UNDEF)
+            return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)cur->u.s.n,
+                        cur->u.s.p ? cur->u.s.p : "");
         if (isnum && cur->type == TV_LIST) {
             size_t i = (size_t)strtoull(p, NULL, 10);
             cur = i < cur->u.l.n ? cur->u.l.v[i] : &tv_undef_const;
@@ -224,7 +352,7 @@ static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
             cur = tb_getattr(r, cur, p, len);
         }
         if (cur == NULL)
-            return -ENOMEM;
+            return oom(r, n);
         if (!dot)
             break;
         p = dot + 1;
@@ -447,8 +575,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         eqs(name, nn, "capitalize")) {
         tval *s;
         TRY(to_str_val(r, n, x, &s));
-        *out = case_map(r, s, eqs(name, nn, "lower") ? 0 : eqs(name, nn, "upper") ? 1
-                              : eqs(name, nn, "title") ? 2 : 3);
+        *out = eqs(name, nn, "title") ? title_filter(r, s)
+               : case_map(r, s, eqs(name, nn, "lower") ? 0 : eqs(name, nn, "upper") ? 1 : 3);
         return *out ? 0 : oom(r, n);
     }
     if (eqs(name, nn, "replace")) {
@@ -637,8 +765,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         struct tbuf b = {.a = r->a};
         for (size_t i = 0; i < items->u.l.n; i++) {
             tval *it = items->u.l.v[i];
-            if (attr && attr_path(r, it, attr, &it))
-                return oom(r, n);
+            if (attr)
+                TRY(attr_path(r, n, it, attr, &it));
             if (i && sep)
                 tbuf_put(&b, sep->u.s.p, sep->u.s.n);
             if (tv_to_str(&b, it))
@@ -658,8 +786,7 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
             TRY(tr_count_iter(r, n));
             tval *it = items->u.l.v[i], *res;
             if (attr) {
-                if (attr_path(r, it, attr, &res))
-                    return oom(r, n);
+                TRY(attr_path(r, n, it, attr, &res));
                 if (res->type == TV_UNDEF && dflt)
                     res = dflt;
             } else {
@@ -694,8 +821,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         for (size_t i = 0; i < items->u.l.n; i++) {
             TRY(tr_count_iter(r, n));
             tval *it = items->u.l.v[i], *v = it;
-            if (attr && attr_path(r, it, attr, &v))
-                return oom(r, n);
+            if (attr)
+                TRY(attr_path(r, n, it, attr, &v));
             bool res;
             TRY(apply_test(r, n, test, v, args + ai, nargs - ai, &res));
             if (res == keep_true && tv_list_push(r->a, l, it))
@@ -736,8 +863,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         for (size_t i = 0; i < cnt; i++) {
             its[i] = items->u.l.v[i];
             tval *k = its[i];
-            if (attr && attr_path(r, k, attr, &k))
-                return oom(r, n);
+            if (attr)
+                TRY(attr_path(r, n, k, attr, &k));
             if (eqs(name, nn, "sum"))
                 keys[i] = k;
             else if (key_lower(r, k, cs && tv_truthy(cs), &keys[i]))
@@ -900,10 +1027,12 @@ int tb_test(struct trender *r, const struct tnode *n, const char *name, size_t n
         }
         /* str.islower()/isupper(): at least one cased char and none of the other case */
         bool lo = false, up = false;
-        for (size_t i = 0; i < x->u.s.n; i++) {
-            char c = x->u.s.p[i];
-            lo |= c >= 'a' && c <= 'z';
-            up |= c >= 'A' && c <= 'Z';
+        for (size_t i = 0; i < x->u.s.n;) {
+            size_t adv;
+            uint32_t c = tu8_dec(x->u.s.p, x->u.s.n, i, &adv);
+            up |= cp_lower(c) != c || c == 0x130;
+            lo |= cp_upper(c) != c || c == 0xDF || c == 0x138 || c == 0x149;
+            i += adv;
         }
         *out = t == 29 ? (lo && !up) : (up && !lo);
         return 0;
