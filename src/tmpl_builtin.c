@@ -1505,12 +1505,17 @@ static int call_global(struct trender *r, const struct tnode *n, int g, tval **a
     }
     case F_RAISE: {
         struct tbuf b = {.a = r->a};
-        if (nargs > 0 && tv_to_str(&b, args[0]))
+        if (nargs != 1 || nkw)
+            return terr(r, n, -EINVAL, "raise_exception() takes exactly one argument");
+        if (tv_to_str(&b, args[0]))
             return terr(r, n, -EINVAL, "raise_exception with an unprintable message");
         if (b.err)
             return oom(r, n);
-        /* the model's own message, without a line prefix */
-        return terr(r, NULL, -EINVAL, "%s", b.p ? b.p : "");
+        /* the model's own message, without a line prefix (never empty: err always says
+         * something) */
+        if (b.n == 0)
+            return terr(r, n, -EINVAL, "raise_exception with an empty message");
+        return terr(r, NULL, -EINVAL, "%s", b.p);
     }
     case F_STRFTIME: {
         if (nargs != 1 || args[0]->type != TV_STR)
