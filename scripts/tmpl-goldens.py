@@ -372,6 +372,9 @@ FEATURES = [
                      "{{ 'éCOLE'|capitalize }}|{{ 'straße'|title }}|{{ 'a中b x-y (z) they\\'re'|title }}|{{ 'a中b they\\'re'.title() }}|"
                      "{{ 'Ωμέγα Ϊ'|upper }}|{{ 'ĳ ŉ ſ ı'|upper }}|{{ 'Việt Nam ỨNG'|lower }}|{{ 'Ａｂｃ'|upper }}|{{ 'Արմ'|upper }}|"
                      "{{ 'straße'.upper() }}|{{ 'ÉCOLE'.lower() }}|{{ 'ärger' is lower }}|{{ 'ÄRGER' is upper }}|{{ 'ß' is lower }}", {}),
+    ("format_filter", "{{ '%s=%d' | format('a', 3) }} {{ '%s' | format({'k': [1]}) }} {{ '%.2f%%' | format(12.345) }} "
+                      "{% for k in d %}{{ k }}=\"{{ '%s' | format(d[k]) }}\"{% if not loop.last %}, {% endif %}{% endfor %}",
+     {"d": {"city": "Paris", "n": 2, "ok": True, "l": [1, "x"]}}),
     ("float_print", "{{ 1e100 }} {{ -0.0 }} {{ 3.0 * 1.1 }} {{ 100.0 }} {{ 0.0001 }} {{ 1e15 + 0.5 }}", {}),
 ]
 

@@ -39,7 +39,7 @@ static const char *const filters[] = {
     "trim", "tojson", "length", "count", "default", "d", "join", "first", "last", "list",
     "map", "select", "reject", "selectattr", "rejectattr", "string", "int", "float", "lower",
     "upper", "replace", "indent", "safe", "unique", "items", "dictsort", "capitalize", "title",
-    "abs", "reverse", "sort", "min", "max", "sum", "round", NULL};
+    "abs", "reverse", "sort", "min", "max", "sum", "round", "format", NULL};
 static const char *const tests[] = {
     "defined", "undefined", "none", "string", "number", "integer", "float", "mapping",
     "iterable", "sequence", "boolean", "true", "false", "even", "odd", "divisibleby", "eq",
@@ -536,6 +536,19 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
     }
     if (eqs(name, nn, "string"))
         return to_str_val(r, n, x, out);
+    if (eqs(name, nn, "format")) { /* soft_str(value) % (kwargs or args) */
+        tval *fs;
+        if (nkw)
+            return terr(r, n, -EINVAL, "format: keyword arguments are not supported");
+        TRY(to_str_val(r, n, x, &fs));
+        tval *t = tv_list(r->a, nargs);
+        if (t == NULL)
+            return oom(r, n);
+        t->tuple = 1;
+        for (size_t i = 0; i < nargs; i++)
+            t->u.l.v[t->u.l.n++] = args[i];
+        return tb_format(r, n, fs, t, out);
+    }
     if (eqs(name, nn, "trim")) {
         tval *s, *chars = ARG(0, "chars");
         TRY(to_str_val(r, n, x, &s));
