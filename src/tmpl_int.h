@@ -3,7 +3,8 @@
  *   tmpl_lex.c      source -> tokens (Jinja2's whitespace control applied here)
  *   tmpl_parse.c    tokens -> AST (compile), the content-format detector
  *   tmpl_render.c   AST evaluation: statements, expressions, scopes, limits
- *   tmpl_builtin.c  filters, tests, methods, globals
+ *   tmpl_builtin.c  filters, tests, attributes, dict/list methods, globals
+ *   tmpl_str.c      str methods, case mapping, `%` formatting, Markup
  * The AST and its literal values belong to the compiled template and are never written
  * during a render; everything a render makes lives in the ctx arena.
  */
@@ -18,6 +19,13 @@
 
 /* The module's internal functions are global across its files: they link as kvr_tmpl_*
  * (house style: every exported name carries the module prefix) and read short here. */
+#define tb_call_str_method kvr_tmpl_tb_call_str_method
+#define tb_case_map kvr_tmpl_tb_case_map
+#define tb_cp_lower kvr_tmpl_tb_cp_lower
+#define tb_cp_upper kvr_tmpl_tb_cp_upper
+#define tb_splitlines kvr_tmpl_tb_splitlines
+#define tb_title_filter kvr_tmpl_tb_title_filter
+#define tb_to_items kvr_tmpl_tb_to_items
 #define tarena_alloc kvr_tmpl_tarena_alloc
 #define tarena_free kvr_tmpl_tarena_free
 #define tarena_reset kvr_tmpl_tarena_reset
@@ -289,6 +297,17 @@ int tb_call(struct trender *r, const struct tnode *n, tval *fn, tval **args, siz
 int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tval **out);
 /* a Markup copy of the string s (shares its bytes) */
 tval *tb_markup(struct trender *r, tval *s);
+/* tmpl_str.c: str methods and case mapping */
+uint32_t tb_cp_upper(uint32_t c); /* simple case mapping of one code point (tables there) */
+uint32_t tb_cp_lower(uint32_t c);
+int tb_call_str_method(struct trender *r, const struct tnode *n, tval *s, const char *m,
+                       tval **args, size_t nargs, tval **out);
+tval *tb_case_map(struct trender *r, tval *s, int mode); /* 0 lower 1 upper 2 title 3 capitalize */
+tval *tb_title_filter(struct trender *r, tval *s);       /* Jinja2's title filter */
+void tb_splitlines(const char *s, size_t n, size_t *starts, size_t *lens, size_t *cnt,
+                   size_t cap);
+/* the items a for loop would see (lists as they are, dict keys, characters) */
+int tb_to_items(struct trender *r, const struct tnode *n, tval *x, tval **out);
 /* attribute lookup as Jinja2's sandboxed getattr: methods of str/dict, keys of dicts */
 tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn);
 int tb_known_filter(const char *name, size_t nn);
