@@ -3,7 +3,7 @@
  * Each follows the Python it stands for (jinja2/filters.py, jinja2/tests.py, str methods) as
  * far as chat templates can tell; the sandbox's refusals (list.append, dict.update...) are
  * kept: they return an Undefined that fails when called, as ImmutableSandboxedEnvironment does.
- * Case mapping (upper/lower/title/capitalize) is ASCII-only: docs/chat-templates.md.
+ * The string side (str methods, case mapping, `%` formatting, Markup) is in tmpl_str.c.
  */
 #include <errno.h>
 #include <math.h>
@@ -39,7 +39,7 @@ static const char *const filters[] = {
     "trim", "tojson", "length", "count", "default", "d", "join", "first", "last", "list",
     "map", "select", "reject", "selectattr", "rejectattr", "string", "int", "float", "lower",
     "upper", "replace", "indent", "safe", "unique", "items", "dictsort", "capitalize", "title",
-    "abs", "reverse", "sort", "min", "max", "sum", "round", NULL};
+    "abs", "reverse", "sort", "min", "max", "sum", "round", "format", NULL};
 static const char *const tests[] = {
     "defined", "undefined", "none", "string", "number", "integer", "float", "mapping",
     "iterable", "sequence", "boolean", "true", "false", "even", "odd", "divisibleby", "eq",
@@ -76,52 +76,6 @@ static int to_str_val(struct trender *r, const struct tnode *n, tval *x, tval **
     return *out ? 0 : oom(r, n);
 }
 
-/* ASCII case mapping; mode 0 lower, 1 upper, 2 title, 3 capitalize */
-static tval *case_map(struct trender *r, tval *s, int mode)
-{
-    char *p = tarena_alloc(r->a, s->u.s.n + 1);
-    if (p == NULL)
-        return NULL;
-    bool prev_cased = false;
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        char c = s->u.s.p[i];
-        bool up = c >= 'A' && c <= 'Z', lo = c >= 'a' && c <= 'z';
-        int want; /* 0 lower 1 upper */
-        if (mode == 0)
-            want = 0;
-        else if (mode == 1)
-            want = 1;
-        else if (mode == 2)
-            want = prev_cased ? 0 : 1;
-        else
-            want = i == 0 ? 1 : 0;
-        if (want == 1 && lo)
-            c = (char)(c - 32);
-        else if (want == 0 && up)
-            c = (char)(c + 32);
-        p[i] = c;
-        if (mode == 2) {
-            unsigned char uc = (unsigned char)s->u.s.p[i];
-            prev_cased = up || lo || uc >= 0x80;
-        }
-    }
-    p[s->u.s.n] = 0;
-    tval *v = tv_str_nocopy(r->a, p, s->u.s.n);
-    if (v)
-        v->markup = s->markup; /* Markup's methods return Markup */
-    return v;
-}
-
-tval *tb_markup(struct trender *r, tval *s)
-{
-    if (s->markup)
-        return s;
-    tval *v = tv_str_nocopy(r->a, s->u.s.p, s->u.s.n);
-    if (v)
-        v->markup = 1;
-    return v;
-}
-
 static bool kwarg(const char **kn, size_t *knl, tval **kv, size_t nkw, const char *name,
                   tval **out)
 {
@@ -153,7 +107,7 @@ static int need_str(struct trender *r, const struct tnode *n, tval *v, const cha
     return 0;
 }
 
-static int to_items(struct trender *r, const struct tnode *n, tval *x, tval **out)
+int tb_to_items(struct trender *r, const struct tnode *n, tval *x, tval **out)
 {
     /* same as a for loop's view of x */
     switch (x->type) {
@@ -187,8 +141,10 @@ static int to_items(struct trender *r, const struct tnode *n, tval *x, tval **ou
 }
 
 /* attribute path "a.b.0" as Jinja's make_attrgetter */
-static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
+static int attr_path(struct trender *r, const struct tnode *n, tval *x, tval *attr, tval **out)
 {
+    if (x->type == TV_UNDEF) /* environment.getitem(Undefined, ...) raises */
+        return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)x->u.s.n, x->u.s.p ? x->u.s.p : "");
     if (attr->type == TV_INT) {
         if (x->type == TV_LIST) {
             int64_t i = attr->u.i < 0 ? attr->u.i + (int64_t)x->u.l.n : attr->u.i;
@@ -210,10 +166,9 @@ static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
         bool isnum = len > 0;
         for (size_t k = 0; k < len; k++)
             isnum &= p[k] >= '0' && p[k] <= '9';
-        if (cur->type == TV_UNDEF) {
-            *out = cur;
-            return 0;
-        }
+        if (cur->type == TV_UNDEF)
+            return terr(r, n, -EINVAL, "'%.*s' is undefined", (int)cur->u.s.n,
+                        cur->u.s.p ? cur->u.s.p : "");
         if (isnum && cur->type == TV_LIST) {
             size_t i = (size_t)strtoull(p, NULL, 10);
             cur = i < cur->u.l.n ? cur->u.l.v[i] : &tv_undef_const;
@@ -224,7 +179,7 @@ static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
             cur = tb_getattr(r, cur, p, len);
         }
         if (cur == NULL)
-            return -ENOMEM;
+            return oom(r, n);
         if (!dot)
             break;
         p = dot + 1;
@@ -236,7 +191,7 @@ static int attr_path(struct trender *r, tval *x, tval *attr, tval **out)
 static int key_lower(struct trender *r, tval *v, bool cs, tval **out)
 {
     if (!cs && v->type == TV_STR) {
-        *out = case_map(r, v, 0);
+        *out = tb_case_map(r, v, 0);
         return *out ? 0 : -ENOMEM;
     }
     *out = v;
@@ -267,31 +222,6 @@ static int sort_vals(struct trender *r, const struct tnode *n, tval **items, tva
     return 0;
 }
 
-static void splitlines(const char *s, size_t n, size_t *starts, size_t *lens, size_t *cnt,
-                       size_t cap)
-{
-    size_t k = 0, st = 0;
-    for (size_t i = 0; i < n && k < cap;) {
-        size_t adv;
-        uint32_t c = tu8_dec(s, n, i, &adv);
-        bool br = c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || c == 0x1c || c == 0x1d ||
-                  c == 0x1e || c == 0x85 || c == 0x2028 || c == 0x2029;
-        if (br) {
-            starts[k] = st;
-            lens[k++] = i - st;
-            if (c == '\r' && i + 1 < n && s[i + 1] == '\n')
-                adv++;
-            st = i + adv;
-        }
-        i += adv;
-    }
-    if (st < n && k < cap) {
-        starts[k] = st;
-        lens[k++] = n - st;
-    }
-    *cnt = k;
-}
-
 static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *width, bool first,
                      bool blank, tval **out)
 {
@@ -305,7 +235,7 @@ static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *wi
             tbuf_putc(&ind, ' ');
     else
         return terr(r, n, -EINVAL, "indent width must be an int or a string");
-    /* s += "\n"; lines = s.splitlines() */
+    /* s += "\n"; lines = s.tb_splitlines() */
     struct tbuf sb = {.a = r->a};
     tbuf_put(&sb, s->u.s.p, s->u.s.n);
     tbuf_putc(&sb, '\n');
@@ -316,7 +246,7 @@ static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *wi
     if (st == NULL || ln == NULL)
         return oom(r, n);
     size_t cnt;
-    splitlines(sb.p, sb.n, st, ln, &cnt, cap);
+    tb_splitlines(sb.p, sb.n, st, ln, &cnt, cap);
     if (first)
         tbuf_put(&b, ind.p, ind.n);
     for (size_t i = 0; i < cnt; i++) {
@@ -408,6 +338,19 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
     }
     if (eqs(name, nn, "string"))
         return to_str_val(r, n, x, out);
+    if (eqs(name, nn, "format")) { /* soft_str(value) % (kwargs or args) */
+        tval *fs;
+        if (nkw)
+            return terr(r, n, -EINVAL, "format: keyword arguments are not supported");
+        TRY(to_str_val(r, n, x, &fs));
+        tval *t = tv_list(r->a, nargs);
+        if (t == NULL)
+            return oom(r, n);
+        t->tuple = 1;
+        for (size_t i = 0; i < nargs; i++)
+            t->u.l.v[t->u.l.n++] = args[i];
+        return tb_format(r, n, fs, t, out);
+    }
     if (eqs(name, nn, "trim")) {
         tval *s, *chars = ARG(0, "chars");
         TRY(to_str_val(r, n, x, &s));
@@ -447,8 +390,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         eqs(name, nn, "capitalize")) {
         tval *s;
         TRY(to_str_val(r, n, x, &s));
-        *out = case_map(r, s, eqs(name, nn, "lower") ? 0 : eqs(name, nn, "upper") ? 1
-                              : eqs(name, nn, "title") ? 2 : 3);
+        *out = eqs(name, nn, "title") ? tb_title_filter(r, s)
+               : tb_case_map(r, s, eqs(name, nn, "lower") ? 0 : eqs(name, nn, "upper") ? 1 : 3);
         return *out ? 0 : oom(r, n);
     }
     if (eqs(name, nn, "replace")) {
@@ -597,7 +540,7 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         *out = tv_list(r->a, 0); /* these start with `if value:` in Jinja2: none/''/0 -> empty */
         return *out ? 0 : oom(r, n);
     }
-    TRY(to_items(r, n, x, &items));
+    TRY(tb_to_items(r, n, x, &items));
     if (eqs(name, nn, "list")) {
         tval *l = tv_list(r->a, items->u.l.n);
         if (l == NULL)
@@ -637,8 +580,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         struct tbuf b = {.a = r->a};
         for (size_t i = 0; i < items->u.l.n; i++) {
             tval *it = items->u.l.v[i];
-            if (attr && attr_path(r, it, attr, &it))
-                return oom(r, n);
+            if (attr)
+                TRY(attr_path(r, n, it, attr, &it));
             if (i && sep)
                 tbuf_put(&b, sep->u.s.p, sep->u.s.n);
             if (tv_to_str(&b, it))
@@ -658,8 +601,7 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
             TRY(tr_count_iter(r, n));
             tval *it = items->u.l.v[i], *res;
             if (attr) {
-                if (attr_path(r, it, attr, &res))
-                    return oom(r, n);
+                TRY(attr_path(r, n, it, attr, &res));
                 if (res->type == TV_UNDEF && dflt)
                     res = dflt;
             } else {
@@ -694,8 +636,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         for (size_t i = 0; i < items->u.l.n; i++) {
             TRY(tr_count_iter(r, n));
             tval *it = items->u.l.v[i], *v = it;
-            if (attr && attr_path(r, it, attr, &v))
-                return oom(r, n);
+            if (attr)
+                TRY(attr_path(r, n, it, attr, &v));
             bool res;
             TRY(apply_test(r, n, test, v, args + ai, nargs - ai, &res));
             if (res == keep_true && tv_list_push(r->a, l, it))
@@ -736,8 +678,8 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
         for (size_t i = 0; i < cnt; i++) {
             its[i] = items->u.l.v[i];
             tval *k = its[i];
-            if (attr && attr_path(r, k, attr, &k))
-                return oom(r, n);
+            if (attr)
+                TRY(attr_path(r, n, k, attr, &k));
             if (eqs(name, nn, "sum"))
                 keys[i] = k;
             else if (key_lower(r, k, cs && tv_truthy(cs), &keys[i]))
@@ -900,10 +842,12 @@ int tb_test(struct trender *r, const struct tnode *n, const char *name, size_t n
         }
         /* str.islower()/isupper(): at least one cased char and none of the other case */
         bool lo = false, up = false;
-        for (size_t i = 0; i < x->u.s.n; i++) {
-            char c = x->u.s.p[i];
-            lo |= c >= 'a' && c <= 'z';
-            up |= c >= 'A' && c <= 'Z';
+        for (size_t i = 0; i < x->u.s.n;) {
+            size_t adv;
+            uint32_t c = tu8_dec(x->u.s.p, x->u.s.n, i, &adv);
+            up |= tb_cp_lower(c) != c || c == 0x130;
+            lo |= tb_cp_upper(c) != c || c == 0xDF || c == 0x138 || c == 0x149;
+            i += adv;
         }
         *out = t == 29 ? (lo && !up) : (up && !lo);
         return 0;
@@ -1019,294 +963,6 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
 }
 
 /* ---- calls ---- */
-static int str_split(struct trender *r, const struct tnode *n, tval *s, tval *sep, int64_t maxs,
-                     bool right, tval **out)
-{
-    tval *l = tv_list(r->a, 0);
-    if (l == NULL)
-        return oom(r, n);
-    const char *p = s->u.s.p;
-    size_t len = s->u.s.n;
-    if (sep == NULL || sep->type == TV_NONE) {
-        /* runs of whitespace; no empty strings */
-        if (right) {
-            /* collect all then merge leading ones beyond maxsplit */
-            tval *all;
-            TRY(str_split(r, n, s, NULL, -1, false, &all));
-            if (maxs < 0 || (size_t)maxs >= all->u.l.n) {
-                *out = all;
-                return 0;
-            }
-            size_t keep = all->u.l.n - (size_t)maxs; /* first `keep` words stay joined */
-            const char *start = all->u.l.v[0]->u.s.p;
-            const char *end = all->u.l.v[keep - 1]->u.s.p + all->u.l.v[keep - 1]->u.s.n;
-            tval *first = tv_str_nocopy(r->a, start, (size_t)(end - start));
-            if (first == NULL || tv_list_push(r->a, l, first))
-                return oom(r, n);
-            for (size_t i = keep; i < all->u.l.n; i++)
-                if (tv_list_push(r->a, l, all->u.l.v[i]))
-                    return oom(r, n);
-            *out = l;
-            return 0;
-        }
-        size_t i = 0;
-        int64_t splits = 0;
-        for (;;) {
-            while (i < len) {
-                size_t adv;
-                if (!tu_isspace(tu8_dec(p, len, i, &adv)))
-                    break;
-                i += adv;
-            }
-            if (i >= len)
-                break;
-            size_t st = i;
-            if (maxs >= 0 && splits >= maxs) { /* the rest, trailing whitespace kept */
-                tval *w = tv_str_nocopy(r->a, p + st, len - st);
-                if (w == NULL || tv_list_push(r->a, l, w))
-                    return oom(r, n);
-                break;
-            }
-            while (i < len) {
-                size_t adv;
-                if (tu_isspace(tu8_dec(p, len, i, &adv)))
-                    break;
-                i += adv;
-            }
-            tval *w = tv_str_nocopy(r->a, p + st, i - st);
-            if (w == NULL || tv_list_push(r->a, l, w))
-                return oom(r, n);
-            splits++;
-        }
-        *out = l;
-        return 0;
-    }
-    if (sep->type != TV_STR)
-        return terr(r, n, -EINVAL, "must be str or None, not %s", tv_typename(sep));
-    if (sep->u.s.n == 0)
-        return terr(r, n, -EINVAL, "empty separator");
-    size_t sl = sep->u.s.n;
-    /* positions of all separators (left to right, non-overlapping) */
-    size_t cnt = 0, cap = 16;
-    size_t *pos = tarena_alloc(r->a, cap * sizeof(size_t));
-    if (pos == NULL)
-        return oom(r, n);
-    for (size_t i = 0; i + sl <= len;) {
-        const char *m = memmem(p + i, len - i, sep->u.s.p, sl);
-        if (m == NULL)
-            break;
-        if (cnt == cap) {
-            size_t *np = tarena_alloc(r->a, cap * 2 * sizeof(size_t));
-            if (np == NULL)
-                return oom(r, n);
-            memcpy(np, pos, cnt * sizeof(size_t));
-            pos = np;
-            cap *= 2;
-        }
-        pos[cnt++] = (size_t)(m - p);
-        i = (size_t)(m - p) + sl;
-    }
-    size_t use_from = 0, use_to = cnt;
-    if (maxs >= 0 && (size_t)maxs < cnt) {
-        if (right)
-            use_from = cnt - (size_t)maxs;
-        else
-            use_to = (size_t)maxs;
-    }
-    size_t st = 0;
-    for (size_t k = use_from; k < use_to; k++) {
-        size_t e = pos[k];
-        if (right && k == use_from)
-            st = 0;
-        tval *w = tv_str_nocopy(r->a, p + st, e - st);
-        if (w == NULL || tv_list_push(r->a, l, w))
-            return oom(r, n);
-        st = e + sl;
-    }
-    tval *w = tv_str_nocopy(r->a, p + st, len - st);
-    if (w == NULL || tv_list_push(r->a, l, w))
-        return oom(r, n);
-    *out = l;
-    return 0;
-}
-
-static bool prefix_match(tval *s, tval *pfx, bool end)
-{
-    if (pfx->u.s.n > s->u.s.n)
-        return false;
-    const char *at = end ? s->u.s.p + s->u.s.n - pfx->u.s.n : s->u.s.p;
-    return memcmp(at, pfx->u.s.p, pfx->u.s.n) == 0;
-}
-
-static int call_str_method(struct trender *r, const struct tnode *n, tval *s, const char *m,
-                           tval **args, size_t nargs, tval **out)
-{
-    size_t mn = strlen(m);
-    tval *a0 = nargs > 0 ? args[0] : NULL, *a1 = nargs > 1 ? args[1] : NULL;
-    if (eqs(m, mn, "startswith") || eqs(m, mn, "endswith")) {
-        bool end = m[0] == 'e';
-        if (a0 == NULL || nargs > 1)
-            return terr(r, n, -EINVAL, "%s takes one argument here", m);
-        if (a0->type == TV_LIST && a0->tuple) {
-            bool any = false;
-            for (size_t i = 0; i < a0->u.l.n; i++) {
-                TRY(need_str(r, n, a0->u.l.v[i], m));
-                any |= prefix_match(s, a0->u.l.v[i], end);
-            }
-            *out = tv_bool(any);
-            return 0;
-        }
-        TRY(need_str(r, n, a0, m));
-        *out = tv_bool(prefix_match(s, a0, end));
-        return 0;
-    }
-    if (eqs(m, mn, "split") || eqs(m, mn, "rsplit")) {
-        int64_t maxs = -1;
-        if (a1) {
-            if (a1->type != TV_INT)
-                return terr(r, n, -EINVAL, "maxsplit must be an int");
-            maxs = a1->u.i;
-        }
-        return str_split(r, n, s, a0, maxs, m[0] == 'r', out);
-    }
-    if (eqs(m, mn, "strip") || eqs(m, mn, "lstrip") || eqs(m, mn, "rstrip")) {
-        int mode = m[0] == 'l' ? 1 : m[0] == 'r' ? 2 : 3;
-        bool c = a0 && a0->type != TV_NONE;
-        if (c)
-            TRY(need_str(r, n, a0, m));
-        size_t off, len;
-        tu_strip(s->u.s.p, s->u.s.n, c ? a0->u.s.p : NULL, c ? a0->u.s.n : 0, mode, &off, &len);
-        *out = tv_str_nocopy(r->a, s->u.s.p + off, len);
-        if (*out)
-            (*out)->markup = s->markup;
-        return *out ? 0 : oom(r, n);
-    }
-    if (eqs(m, mn, "replace")) {
-        TRY(need_str(r, n, a0, "replace: old"));
-        TRY(need_str(r, n, a1, "replace: new"));
-        int64_t cnt = -1;
-        if (nargs > 2) {
-            if (args[2]->type != TV_INT)
-                return terr(r, n, -EINVAL, "replace: count must be an int");
-            cnt = args[2]->u.i;
-        }
-        struct tbuf b = {.a = r->a};
-        const char *p = s->u.s.p;
-        size_t len = s->u.s.n, i = 0;
-        int64_t done = 0;
-        if (a0->u.s.n == 0) {
-            /* Python inserts `new` between every character and at both ends */
-            for (size_t k = 0; k <= len;) {
-                if (cnt < 0 || done < cnt) {
-                    tbuf_put(&b, a1->u.s.p, a1->u.s.n);
-                    done++;
-                }
-                if (k == len)
-                    break;
-                size_t e = tu8_next(p, len, k);
-                tbuf_put(&b, p + k, e - k);
-                k = e;
-            }
-        } else {
-            while (i < len && (cnt < 0 || done < cnt)) {
-                const char *hit = memmem(p + i, len - i, a0->u.s.p, a0->u.s.n);
-                if (hit == NULL)
-                    break;
-                tbuf_put(&b, p + i, (size_t)(hit - (p + i)));
-                tbuf_put(&b, a1->u.s.p, a1->u.s.n);
-                i = (size_t)(hit - p) + a0->u.s.n;
-                done++;
-            }
-            tbuf_put(&b, p + i, len - i);
-        }
-        *out = mkstr(r, &b);
-        return *out ? 0 : oom(r, n);
-    }
-    if (eqs(m, mn, "upper") || eqs(m, mn, "lower") || eqs(m, mn, "title") ||
-        eqs(m, mn, "capitalize")) {
-        *out = case_map(r, s, m[0] == 'l' ? 0 : m[0] == 'u' ? 1 : m[0] == 't' ? 2 : 3);
-        return *out ? 0 : oom(r, n);
-    }
-    if (eqs(m, mn, "find") || eqs(m, mn, "rfind") || eqs(m, mn, "count")) {
-        TRY(need_str(r, n, a0, m));
-        if (nargs > 1)
-            return terr(r, n, -EINVAL, "%s: start/end are not supported", m);
-        int64_t res = -1, cnt = 0;
-        const char *p = s->u.s.p;
-        size_t len = s->u.s.n;
-        if (a0->u.s.n == 0) {
-            cnt = (int64_t)tu8_len(p, len) + 1;
-            res = m[0] == 'r' ? (int64_t)tu8_len(p, len) : 0;
-        } else {
-            for (size_t i = 0; i + a0->u.s.n <= len;) {
-                const char *hit = memmem(p + i, len - i, a0->u.s.p, a0->u.s.n);
-                if (hit == NULL)
-                    break;
-                size_t at = (size_t)(hit - p);
-                if (res < 0 || m[0] == 'r')
-                    res = (int64_t)tu8_len(p, at);
-                cnt++;
-                if (m[0] == 'f')
-                    break;
-                i = at + (m[0] == 'c' ? a0->u.s.n : 1);
-            }
-        }
-        *out = tv_int(r->a, m[0] == 'c' ? cnt : res);
-        return *out ? 0 : oom(r, n);
-    }
-    if (eqs(m, mn, "join")) {
-        tval *items;
-        if (a0 == NULL)
-            return terr(r, n, -EINVAL, "join takes one argument");
-        TRY(to_items(r, n, a0, &items));
-        struct tbuf b = {.a = r->a};
-        for (size_t i = 0; i < items->u.l.n; i++) {
-            TRY(need_str(r, n, items->u.l.v[i], "join item"));
-            if (i)
-                tbuf_put(&b, s->u.s.p, s->u.s.n);
-            tbuf_put(&b, items->u.l.v[i]->u.s.p, items->u.l.v[i]->u.s.n);
-        }
-        *out = mkstr(r, &b);
-        return *out ? 0 : oom(r, n);
-    }
-    if (eqs(m, mn, "splitlines")) {
-        size_t cap = s->u.s.n + 1;
-        size_t *st = tarena_alloc(r->a, cap * sizeof(size_t)), *ln = tarena_alloc(r->a, cap * sizeof(size_t));
-        tval *l = tv_list(r->a, 0);
-        if (st == NULL || ln == NULL || l == NULL)
-            return oom(r, n);
-        size_t cnt;
-        splitlines(s->u.s.p, s->u.s.n, st, ln, &cnt, cap);
-        for (size_t i = 0; i < cnt; i++) {
-            tval *w = tv_str_nocopy(r->a, s->u.s.p + st[i], ln[i]);
-            if (w == NULL || tv_list_push(r->a, l, w))
-                return oom(r, n);
-        }
-        *out = l;
-        return 0;
-    }
-    if (mn > 2 && m[0] == 'i' && m[1] == 's') {
-        bool all = s->u.s.n > 0, lo = false, up = false;
-        for (size_t i = 0; i < s->u.s.n; i++) {
-            unsigned char c = (unsigned char)s->u.s.p[i];
-            bool d = c >= '0' && c <= '9', a = (c | 32) >= 'a' && (c | 32) <= 'z';
-            lo |= c >= 'a' && c <= 'z';
-            up |= c >= 'A' && c <= 'Z';
-            if (eqs(m, mn, "isdigit")) all &= d;
-            else if (eqs(m, mn, "isalpha")) all &= a;
-            else if (eqs(m, mn, "isalnum")) all &= a || d;
-            else if (eqs(m, mn, "isspace")) all &= c == ' ' || (c >= 9 && c <= 13);
-        }
-        if (eqs(m, mn, "islower"))
-            all = lo && !up;
-        else if (eqs(m, mn, "isupper"))
-            all = up && !lo;
-        *out = tv_bool(all);
-        return 0;
-    }
-    return terr(r, n, -EINVAL, "str.%s is not supported", m);
-}
-
 static int call_global(struct trender *r, const struct tnode *n, int g, tval **args,
                        size_t nargs, const char **kn, size_t *knl, tval **kv, size_t nkw,
                        tval **out)
@@ -1376,12 +1032,17 @@ static int call_global(struct trender *r, const struct tnode *n, int g, tval **a
     }
     case F_RAISE: {
         struct tbuf b = {.a = r->a};
-        if (nargs > 0 && tv_to_str(&b, args[0]))
+        if (nargs != 1 || nkw)
+            return terr(r, n, -EINVAL, "raise_exception() takes exactly one argument");
+        if (tv_to_str(&b, args[0]))
             return terr(r, n, -EINVAL, "raise_exception with an unprintable message");
         if (b.err)
             return oom(r, n);
-        /* the model's own message, without a line prefix */
-        return terr(r, NULL, -EINVAL, "%s", b.p ? b.p : "");
+        /* the model's own message, without a line prefix (never empty: err always says
+         * something) */
+        if (b.n == 0)
+            return terr(r, n, -EINVAL, "raise_exception with an empty message");
+        return terr(r, NULL, -EINVAL, "%s", b.p);
     }
     case F_STRFTIME: {
         if (nargs != 1 || args[0]->type != TV_STR)
@@ -1427,7 +1088,7 @@ int tb_call(struct trender *r, const struct tnode *n, tval *fn, tval **args, siz
     if (self->type == TV_STR) {
         if (nkw)
             return terr(r, n, -EINVAL, "str.%s: keyword arguments are not supported", m);
-        return call_str_method(r, n, self, m, args, nargs, out);
+        return tb_call_str_method(r, n, self, m, args, nargs, out);
     }
     if (self->type == TV_DICT) {
         if (eqs(m, mn, "get")) {
@@ -1496,168 +1157,4 @@ int tb_call(struct trender *r, const struct tnode *n, tval *fn, tval **args, siz
         return *out ? 0 : oom(r, n);
     }
     return terr(r, n, -EINVAL, "method %s is not supported", m);
-}
-
-/* ---- printf-style formatting: str % value ----
- * Python's %-operator for what templates use: %s %r %d %i %f %F %x %X %o %e %g %c? no: %s %r
- * %d %i %f %x %%, with flags '-', '0', ' ', '+', a width and a precision. Arguments: a tuple,
- * or any other value as the single argument. %(name)s mappings are refused. */
-int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tval **out)
-{
-    tval **av = &arg;
-    size_t ac = 1, ai = 0;
-    if (arg->type == TV_LIST && arg->tuple) {
-        av = arg->u.l.v;
-        ac = arg->u.l.n;
-    }
-    struct tbuf b = {.a = r->a};
-    const char *p = fmt->u.s.p, *e = p + fmt->u.s.n;
-    while (p < e) {
-        const char *pc = memchr(p, '%', (size_t)(e - p));
-        if (pc == NULL) {
-            tbuf_put(&b, p, (size_t)(e - p));
-            break;
-        }
-        tbuf_put(&b, p, (size_t)(pc - p));
-        p = pc + 1;
-        char flags[8];
-        size_t nf = 0;
-        while (p < e && strchr("-0 +#", *p) && nf < sizeof flags - 1)
-            flags[nf++] = *p++;
-        flags[nf] = 0;
-        int width = -1, prec = -1;
-        if (p < e && *p == '(')
-            return terr(r, n, -EINVAL, "%%(name) formatting is not supported");
-        if (p < e && *p == '*')
-            return terr(r, n, -EINVAL, "* widths are not supported");
-        if (p < e && *p >= '0' && *p <= '9') {
-            width = 0;
-            while (p < e && *p >= '0' && *p <= '9' && width < 1000)
-                width = width * 10 + (*p++ - '0');
-        }
-        if (p < e && *p == '.') {
-            p++;
-            prec = 0;
-            while (p < e && *p >= '0' && *p <= '9' && prec < 1000)
-                prec = prec * 10 + (*p++ - '0');
-        }
-        if (p >= e)
-            return terr(r, n, -EINVAL, "incomplete format");
-        char conv = *p++;
-        if (conv == '%') {
-            tbuf_putc(&b, '%');
-            continue;
-        }
-        if (ai >= ac)
-            return terr(r, n, -EINVAL, "not enough arguments for format string");
-        tval *v = av[ai++];
-        struct tbuf piece = {.a = r->a};
-        char t[512], spec[32];
-        switch (conv) {
-        case 's':
-        case 'r': {
-            int rc = conv == 's' ? tv_to_str(&piece, v) : tv_repr(&piece, v);
-            if (rc)
-                return terr(r, n, -EINVAL, "cannot format a %s", tv_typename(v));
-            if (fmt->markup && !(conv == 's' && v->type == TV_STR && v->markup) && piece.n) {
-                struct tbuf esc = {.a = r->a}; /* Markup % x escapes x */
-                tv_html_escape(&esc, piece.p, piece.n);
-                if (esc.err)
-                    return oom(r, n);
-                piece = esc;
-            }
-            size_t len = piece.n;
-            if (prec >= 0) { /* precision counts characters */
-                size_t k = 0, chars = 0;
-                while (k < piece.n && chars < (size_t)prec) {
-                    k = tu8_next(piece.p, piece.n, k);
-                    chars++;
-                }
-                len = k;
-            }
-            size_t chars = tu8_len(piece.p ? piece.p : "", len);
-            bool left = strchr(flags, '-') != NULL;
-            if (!left)
-                for (int k = (int)chars; k < width; k++)
-                    tbuf_putc(&b, ' ');
-            tbuf_put(&b, piece.p ? piece.p : "", len);
-            if (left)
-                for (int k = (int)chars; k < width; k++)
-                    tbuf_putc(&b, ' ');
-            continue;
-        }
-        case 'd': case 'i': case 'x': case 'X': case 'o': {
-            int64_t iv;
-            if (v->type == TV_INT || v->type == TV_BOOL)
-                iv = v->type == TV_INT ? v->u.i : v->u.b;
-            else if (v->type == TV_FLOAT && (conv == 'd' || conv == 'i') && fabs(v->u.d) < 9.2e18)
-                iv = (int64_t)v->u.d;
-            else
-                return terr(r, n, -EINVAL, "%%%c format: a number is required, not %s", conv,
-                            tv_typename(v));
-            if (conv != 'd' && conv != 'i' && strchr(flags, '#'))
-                return terr(r, n, -EINVAL, "the '#' flag is not supported");
-            snprintf(spec, sizeof spec, "%%%s%s%s%s%s%s",
-                     strchr(flags, '-') ? "-" : "", strchr(flags, '0') ? "0" : "",
-                     strchr(flags, '+') ? "+" : "", strchr(flags, ' ') ? " " : "",
-                     width >= 0 ? "*" : "", prec >= 0 ? ".*" : "");
-            size_t sl = strlen(spec);
-            const char *lc = conv == 'x' ? "llx" : conv == 'X' ? "llX" : conv == 'o' ? "llo" : "lld";
-            memcpy(spec + sl, lc, 4);
-            long long val = iv;
-            if ((conv == 'x' || conv == 'X' || conv == 'o') && iv < 0) {
-                /* Python prints -0x..: sign, then the magnitude */
-                tbuf_putc(&b, '-');
-                val = iv == INT64_MIN ? INT64_MAX : -iv;
-            }
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
-            int k;
-            if (width >= 0 && prec >= 0)
-                k = snprintf(t, sizeof t, spec, width, prec, val);
-            else if (width >= 0)
-                k = snprintf(t, sizeof t, spec, width, val);
-            else if (prec >= 0)
-                k = snprintf(t, sizeof t, spec, prec, val);
-            else
-                k = snprintf(t, sizeof t, spec, val);
-#pragma GCC diagnostic pop
-            if (k < 0 || (size_t)k >= sizeof t)
-                return terr(r, n, -EINVAL, "format width too large");
-            tbuf_put(&b, t, (size_t)k);
-            continue;
-        }
-        case 'f': case 'F': {
-            if (!tv_is_num(v))
-                return terr(r, n, -EINVAL, "%%f format: a real number is required, not %s",
-                            tv_typename(v));
-            if (prec > 100 || width > 400)
-                return terr(r, n, -EINVAL, "format precision too large");
-            snprintf(spec, sizeof spec, "%%%s%s%s%s*.*f", strchr(flags, '-') ? "-" : "",
-                     strchr(flags, '0') ? "0" : "", strchr(flags, '+') ? "+" : "",
-                     strchr(flags, ' ') ? " " : "");
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
-            int k = snprintf(t, sizeof t, spec, width < 0 ? 0 : width, prec < 0 ? 6 : prec,
-                             tv_num(v));
-#pragma GCC diagnostic pop
-            if (k < 0 || (size_t)k >= sizeof t)
-                return terr(r, n, -EINVAL, "format width too large");
-            tbuf_put(&b, t, (size_t)k);
-            continue;
-        }
-        default:
-            return terr(r, n, -EINVAL, "unsupported format character '%c'", conv);
-        }
-    }
-    /* Python skips this check when the argument could be a mapping (it has __getitem__ and is
-     * not a tuple or str): lists, dicts, and Jinja2's Undefined */
-    bool mapping = arg->type == TV_DICT || arg->type == TV_UNDEF || arg->type == TV_NS ||
-                   (arg->type == TV_LIST && !arg->tuple);
-    if (ai < ac && !mapping)
-        return terr(r, n, -EINVAL, "not all arguments converted during string formatting");
-    *out = mkstr(r, &b);
-    if (*out)
-        (*out)->markup = fmt->markup;
-    return *out ? 0 : oom(r, n);
 }

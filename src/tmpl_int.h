@@ -3,7 +3,8 @@
  *   tmpl_lex.c      source -> tokens (Jinja2's whitespace control applied here)
  *   tmpl_parse.c    tokens -> AST (compile), the content-format detector
  *   tmpl_render.c   AST evaluation: statements, expressions, scopes, limits
- *   tmpl_builtin.c  filters, tests, methods, globals
+ *   tmpl_builtin.c  filters, tests, attributes, dict/list methods, globals
+ *   tmpl_str.c      str methods, case mapping, `%` formatting, Markup
  * The AST and its literal values belong to the compiled template and are never written
  * during a render; everything a render makes lives in the ctx arena.
  */
@@ -15,6 +16,68 @@
 #include <stdint.h>
 
 #include "tmpl.h"
+
+/* The module's internal functions are global across its files: they link as kvr_tmpl_*
+ * (house style: every exported name carries the module prefix) and read short here. */
+#define tb_call_str_method kvr_tmpl_tb_call_str_method
+#define tb_case_map kvr_tmpl_tb_case_map
+#define tb_cp_lower kvr_tmpl_tb_cp_lower
+#define tb_cp_upper kvr_tmpl_tb_cp_upper
+#define tb_splitlines kvr_tmpl_tb_splitlines
+#define tb_title_filter kvr_tmpl_tb_title_filter
+#define tb_to_items kvr_tmpl_tb_to_items
+#define tarena_alloc kvr_tmpl_tarena_alloc
+#define tarena_free kvr_tmpl_tarena_free
+#define tarena_reset kvr_tmpl_tarena_reset
+#define tarena_strdup kvr_tmpl_tarena_strdup
+#define tb_call kvr_tmpl_tb_call
+#define tb_filter kvr_tmpl_tb_filter
+#define tb_format kvr_tmpl_tb_format
+#define tb_getattr kvr_tmpl_tb_getattr
+#define tb_global kvr_tmpl_tb_global
+#define tb_known_filter kvr_tmpl_tb_known_filter
+#define tb_known_test kvr_tmpl_tb_known_test
+#define tb_markup kvr_tmpl_tb_markup
+#define tb_test kvr_tmpl_tb_test
+#define tbuf_put kvr_tmpl_tbuf_put
+#define tbuf_putc kvr_tmpl_tbuf_putc
+#define terr kvr_tmpl_terr
+#define tmpl_lex kvr_tmpl_tmpl_lex
+#define tr_call_macro kvr_tmpl_tr_call_macro
+#define tr_count_iter kvr_tmpl_tr_count_iter
+#define tu8_dec kvr_tmpl_tu8_dec
+#define tu8_enc kvr_tmpl_tu8_enc
+#define tu8_len kvr_tmpl_tu8_len
+#define tu8_next kvr_tmpl_tu8_next
+#define tu_isspace kvr_tmpl_tu_isspace
+#define tu_strip kvr_tmpl_tu_strip
+#define tv_bool kvr_tmpl_tv_bool
+#define tv_cmp kvr_tmpl_tv_cmp
+#define tv_dict kvr_tmpl_tv_dict
+#define tv_dict_get kvr_tmpl_tv_dict_get
+#define tv_dict_set kvr_tmpl_tv_dict_set
+#define tv_eq kvr_tmpl_tv_eq
+#define tv_false_const kvr_tmpl_tv_false_const
+#define tv_float kvr_tmpl_tv_float
+#define tv_float_repr kvr_tmpl_tv_float_repr
+#define tv_html_escape kvr_tmpl_tv_html_escape
+#define tv_int kvr_tmpl_tv_int
+#define tv_is_num kvr_tmpl_tv_is_num
+#define tv_is_str kvr_tmpl_tv_is_str
+#define tv_json kvr_tmpl_tv_json
+#define tv_list kvr_tmpl_tv_list
+#define tv_list_push kvr_tmpl_tv_list_push
+#define tv_new kvr_tmpl_tv_new
+#define tv_none_const kvr_tmpl_tv_none_const
+#define tv_num kvr_tmpl_tv_num
+#define tv_repr kvr_tmpl_tv_repr
+#define tv_str kvr_tmpl_tv_str
+#define tv_str_nocopy kvr_tmpl_tv_str_nocopy
+#define tv_to_str kvr_tmpl_tv_to_str
+#define tv_true_const kvr_tmpl_tv_true_const
+#define tv_truthy kvr_tmpl_tv_truthy
+#define tv_typename kvr_tmpl_tv_typename
+#define tv_undef_const kvr_tmpl_tv_undef_const
 
 /* ---- arena ---- */
 struct tarena_chunk {
@@ -234,6 +297,17 @@ int tb_call(struct trender *r, const struct tnode *n, tval *fn, tval **args, siz
 int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tval **out);
 /* a Markup copy of the string s (shares its bytes) */
 tval *tb_markup(struct trender *r, tval *s);
+/* tmpl_str.c: str methods and case mapping */
+uint32_t tb_cp_upper(uint32_t c); /* simple case mapping of one code point (tables there) */
+uint32_t tb_cp_lower(uint32_t c);
+int tb_call_str_method(struct trender *r, const struct tnode *n, tval *s, const char *m,
+                       tval **args, size_t nargs, tval **out);
+tval *tb_case_map(struct trender *r, tval *s, int mode); /* 0 lower 1 upper 2 title 3 capitalize */
+tval *tb_title_filter(struct trender *r, tval *s);       /* Jinja2's title filter */
+void tb_splitlines(const char *s, size_t n, size_t *starts, size_t *lens, size_t *cnt,
+                   size_t cap);
+/* the items a for loop would see (lists as they are, dict keys, characters) */
+int tb_to_items(struct trender *r, const struct tnode *n, tval *x, tval **out);
 /* attribute lookup as Jinja2's sandboxed getattr: methods of str/dict, keys of dicts */
 tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn);
 int tb_known_filter(const char *name, size_t nn);
