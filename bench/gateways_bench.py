@@ -91,15 +91,18 @@ def latency(gw, prompts, seconds):
 
 def throughput(gw, prompts, seconds, conns):
     counts = [0] * conns
+    errors = [0] * conns
     end = time.monotonic() + seconds
 
     def worker(k):
         conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
         i = k
         while time.monotonic() < end:
-            gw.post("/v1/completions", {"model": MODEL, "prompt": prompts[i % len(prompts)]},
-                    conn=conn)
+            status, _, _ = gw.post("/v1/completions",
+                                   {"model": MODEL, "prompt": prompts[i % len(prompts)]},
+                                   conn=conn)
             counts[k] += 1
+            errors[k] += status != 200
             i += conns
         conn.close()
 
@@ -109,6 +112,9 @@ def throughput(gw, prompts, seconds, conns):
         t.start()
     for t in ts:
         t.join()
+    if sum(errors):
+        raise RuntimeError("%d of %d requests failed through %s" % (sum(errors), sum(counts),
+                                                                    gw.kind))
     return sum(counts) / (time.monotonic() - t0)
 
 
@@ -125,7 +131,7 @@ def main():
         "KVR_TRACE", "/work/shared/traces/synthetic_trace.jsonl"))
     args = ap.parse_args()
     tok_dir = os.path.join(REPO, "build", "tokref", "qwen3")
-    cfg = {'model "%s"' % MODEL: {"tokenizer": tok_dir}, "log": {"level": "warn"}}
+    cfg = {'model "%s"' % MODEL: {"tokenizer": tok_dir}, "log": {"level": "info"}}
     tok = Daemon(config=cfg, ready_timeout=60)
     router = Daemon(config=cfg, ready_timeout=60)
     engines = []

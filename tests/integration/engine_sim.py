@@ -22,6 +22,7 @@ ZeroMQ/msgpack batches); this file only adds the HTTP face and the tokenizer.
 
 import http.client
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -113,6 +114,17 @@ class _Handler(BaseHTTPRequestHandler):
                               "X-Engine-Query-Blocks": query})
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+            return  # a gateway closing a kept-alive connection is no engine error
+        super().handle_error(request, client_address)
+
+
 class EngineSim:
     """One simulated engine: HTTP on 127.0.0.1:<port>, KV events to `event_endpoints`
     (kvrouterd's bound SUB endpoints; the emulator connects to them)."""
@@ -121,8 +133,7 @@ class EngineSim:
                  port=0):
         self.model = model
         self.tokenize_port = tokenize_port
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", port), _Handler)
         self.httpd.sim = self
         self.port = self.httpd.server_address[1]
         self.pod = "127.0.0.1:%d" % self.port

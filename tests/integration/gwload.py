@@ -59,8 +59,8 @@ def render_nginx(tmp, port, engines, route_url, mode, fetch_timeout_ms):
     t = _sub(t, r'^\s*set \$kvr_engines ".*";', '        set $kvr_engines "%s";' % " ".join(engines))
     t = _sub(t, r"js_fetch_timeout \d+ms;", "js_fetch_timeout %dms;" % fetch_timeout_ms, 2)
     if mode == "rr":
-        t = _sub(t, r"js_content kvr\.route;", "proxy_pass http://kvr_engines; "
-                 "add_header X-Kvr-Route round-robin always;", 2)
+        # straight to the fallback location (same proxy settings), no njs at all
+        t = _sub(t, r"js_content kvr\.route;", "error_page 418 = @kvr_rr; return 418;", 2)
     return t
 
 
