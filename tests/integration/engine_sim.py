@@ -85,6 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._send(400, {"error": "body is not JSON"})
             return
+        if not isinstance(body, dict):
+            self._send(400, {"error": "body is not a JSON object"})
+            return
         path = self.path.split("?", 1)[0]
         if path == "/v1/completions":
             text, chat = body.get("prompt"), False
@@ -172,6 +175,11 @@ class EngineSim:
         with self.lock:
             return {"pod": self.pod, "requests": self.requests, "hit_blocks": self.hit_blocks,
                     "query_blocks": self.query_blocks}
+
+    def announce(self):
+        """Publishes an empty batch: makes the stream known to a (re)started router."""
+        with self.lock:
+            self.engine.rank(0).publish()
 
     def wait_subscriber(self, timeout=10.0):
         self.engine.wait_subscriber(timeout)

@@ -19,15 +19,18 @@ keep serving when kvrouterd is gone. Per gateway:
 The seeds are printed; KVR_GW_SEED=<n> replays one.
 """
 
+import http.client
+import json
 import os
 import random
 import shutil
 import signal
+import socket
 import time
 
 import pytest
 
-from kvrharness import REPO, DaemonError
+from kvrharness import REPO
 import gwload
 from engine_sim import EngineSim
 
@@ -58,6 +61,22 @@ def start_router(daemon_factory, http_port, events_port, tmpdir=None):
     return daemon_factory(cfg, check_exit=False, ready_timeout=60, tmpdir=tmpdir)
 
 
+def wait_known(router, engines, timeout=15):
+    """Until the router lists every engine's stream (the engines announce themselves with
+    empty batches: ZeroMQ reconnects by itself, but a batch sent before the new SUB is
+    attached is lost)."""
+    want = {e.pod for e in engines}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in engines:
+            e.announce()
+        status, body = router.json("GET", "/v1/pods", admin=True)
+        if status == 200 and want <= {p["pod"] for p in body["pods"]}:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the router never listed %s: %r" % (sorted(want), body))
+
+
 def route_ok(d):
     status, res = d.json("POST", "/v1/route", {"model": MODEL, "prompt": "hello",
                                               "candidates": [{"pod": "127.0.0.1:1"}]})
@@ -72,10 +91,10 @@ def fleet(daemon_factory):
     router = start_router(daemon_factory, http_port, events_port)
     status, res = route_ok(router)
     assert status == 200 and res["pod"] == "127.0.0.1:1", (status, res)
-    engines = [EngineSim(MODEL, router.events, tok.http_port) for _ in range(N_ENGINES)]
+    engines = [EngineSim(MODEL, router.events, tok.http_port, num_blocks=8192)
+               for _ in range(N_ENGINES)]
     try:
-        for e in engines:
-            e.wait_subscriber()
+        wait_known(router, engines)
         yield {"router": router, "tok": tok, "engines": engines, "http_port": http_port,
                "events_port": events_port, "factory": daemon_factory}
     finally:
@@ -135,8 +154,7 @@ def test_gateway_routes_by_prefix_and_survives_router_loss(fleet, kind):
         if i == 20:
             events["router"] = start_router(fleet["factory"], fleet["http_port"],
                                             fleet["events_port"])
-            for e in fleet["engines"]:
-                e.wait_subscriber()
+            wait_known(events["router"], fleet["engines"])
             events["restarted"] = i
 
     try:
@@ -162,3 +180,66 @@ def test_gateway_routes_by_prefix_and_survives_router_loss(fleet, kind):
     assert after and all(r["route"] == "kvrouterd" for r in after), log
     assert gwload.stick_rate(after, min_turn=0) >= 0.9
     assert gwload.hit_rate(after, min_turn=0) >= 0.7
+
+
+@pytest.mark.parametrize("kind", ["nginx", "haproxy"])
+def test_gateway_falls_back_on_bodies_and_answers_it_cannot_route(fleet, kind):
+    """Bodies kvrouterd cannot route, and a kvrouterd that never answers: the request still
+    reaches an engine unchanged (the engine's own answer comes back), round-robin."""
+    engines = [e.pod for e in fleet["engines"]]
+    url = "http://127.0.0.1:%d/v1/route" % fleet["http_port"]
+    gw = gwload.Gateway(kind, engines, url, mode="kvr", fetch_timeout_ms=200)
+    try:
+        cases = [
+            ("not JSON", b"this is not json", 400),
+            ("empty object", b"{}", 400),
+            ("a model kvrouterd does not know", json.dumps(
+                {"model": "other/model", "prompt": "hi"}).encode(), 200),
+            ("a JSON array", b"[1, 2]", 400),
+        ]
+        if kind == "haproxy":  # larger than tune.bufsize: never complete in one buffer
+            big = {"model": MODEL, "prompt": "word " * 60000}
+            cases.append(("a body larger than the buffer", json.dumps(big).encode(), 200))
+        for what, body, engine_status in cases:
+            status, hdr, data = raw_post(gw, body)
+            assert status == engine_status, (what, status, data[:200], gw.log())
+            assert hdr.get("x-engine-pod") in engines or status == 400, what
+            assert hdr.get("x-kvr-route") == "round-robin", (what, hdr, gw.log())
+        # a chat body: routed by kvrouterd once it tokenizes messages (#15), round-robin
+        # before; an engine answers either way
+        status, hdr, data = raw_post(gw, json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}).encode(),
+            path="/v1/chat/completions")
+        assert status == 200 and json.loads(data)["object"] == "chat.completion"
+        assert hdr.get("x-kvr-route") in ("kvrouterd", "round-robin")
+    finally:
+        gw.close()
+
+    # kvrouterd "hangs": a socket that accepts connections (the kernel's backlog) and never
+    # answers. The routing budget (50 ms here) bounds the added latency.
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(64)
+    gw = gwload.Gateway(kind, engines, "http://127.0.0.1:%d/v1/route" % hang.getsockname()[1],
+                        mode="kvr", fetch_timeout_ms=50)
+    try:
+        for i in range(3):
+            t0 = time.monotonic()
+            status, hdr, data = raw_post(gw, json.dumps(
+                {"model": MODEL, "prompt": "hang %d" % i}).encode())
+            dt = time.monotonic() - t0
+            assert status == 200 and hdr.get("x-kvr-route") == "round-robin", gw.log()
+            assert 0.04 <= dt < 1.5, dt
+    finally:
+        gw.close()
+        hang.close()
+
+
+def raw_post(gw, body, path="/v1/completions"):
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
