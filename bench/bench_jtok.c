@@ -108,7 +108,7 @@ int main(int argc, char **argv)
     char *body = malloc(cap), *work = malloc(cap);
     unsigned char *mp = malloc(n * 5 + 64);
     const char *pods[4];
-    struct kvr_reqbody_scratch sc = {out, n, pods, 4};
+    struct kvr_reqbody_scratch sc = {out, n, pods, 4, NULL, 0};
     struct kvr_reqbody_query q;
     unsigned seed = 42;
     volatile uint64_t sink = 0;

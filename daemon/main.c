@@ -24,6 +24,7 @@
 #include "notify.h"
 #include "score.h"
 #include "snap.h"
+#include "route.h"
 #include "tokset.h"
 #include "zsub.h"
 
@@ -42,6 +43,7 @@ struct app {
     struct kvr_http *http;
     struct kvr_snap *snap;     /* snapshots ([state]): periodic thread, GET /v1/snapshot */
     struct kvr_tokset *tokset; /* [model] tokenizers; reloaded on SIGHUP */
+    struct kvr_route *route;   /* [route]: decisions and tracked loads */
     bool running;              /* app_start succeeded: a shutdown snapshot is worth writing */
 };
 
@@ -78,6 +80,8 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
         kvr_ingest_set_max_memory(a->ingest, live->max_memory > 0 ? (uint64_t)live->max_memory : 0);
     if (a->http != NULL && kvr_http_set_admin_token(a->http, live->admin_token) != 0)
         kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");
+    if (a->route != NULL)
+        kvr_route_set_conf(a->route, live);
     if (a->tokset != NULL) {
         struct kvr_err err;
         size_t n = 0;
@@ -107,6 +111,9 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_tokset_create(&a->conf, &a->tokset, err);
     if (rc != 0)
         return rc;
+    rc = kvr_route_create(&a->conf, &a->route);
+    if (rc != 0)
+        return kvr_err_set(err, rc, "route: %s", strerror(-rc));
     rc = kvr_index_create(&io, &a->index);
     if (rc != 0)
         return kvr_err_set(err, rc, "index: %s", strerror(-rc));
@@ -149,7 +156,7 @@ static int app_start(struct app *a, struct kvr_err *err)
         return rc;
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
                                 .zsub = a->zsub, .index = a->index, .snap = a->snap,
-                                .tokset = a->tokset};
+                                .tokset = a->tokset, .route = a->route};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
@@ -199,6 +206,8 @@ static void app_stop(struct app *a)
     }
     kvr_tokset_destroy(a->tokset); /* after http: its loop threads held the readers */
     a->tokset = NULL;
+    kvr_route_destroy(a->route);
+    a->route = NULL;
 }
 
 static void app_ready(struct app *a)

@@ -151,6 +151,19 @@ static const struct directive directives[] = {
     {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
     {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
 
+    {"route", "policy", T_STRING, "cost", 1, 32, F_RELOADABLE, OFF(route_policy)},
+    {"route", "overlap_weight", T_DOUBLE, "1.0", 0, 1000, F_RELOADABLE, OFF(route_overlap_weight)},
+    {"route", "temperature", T_DOUBLE, "0", 0, 100, F_RELOADABLE, OFF(route_temperature)},
+    {"route", "balance_abs_threshold", T_U32, "64", 0, 1000000000, F_RELOADABLE,
+     OFF(route_balance_abs_threshold)},
+    {"route", "balance_rel_threshold", T_DOUBLE, "1.5", 1, 1000, F_RELOADABLE,
+     OFF(route_balance_rel_threshold)},
+    {"route", "cache_threshold", T_DOUBLE, "0.3", 0, 1, F_RELOADABLE, OFF(route_cache_threshold)},
+    {"route", "max_request_age", T_DURATION, "10m", 1000, 24 * MS_H, F_RELOADABLE,
+     OFF(route_max_request_age_ms)},
+    {"route", "max_tracked", T_U32, "100000", 1, 100000000, F_RELOADABLE, OFF(route_max_tracked)},
+    {"route", "seed", T_U32, "0", 0, 4294967295.0, 0, OFF(route_seed)},
+
     {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
     {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
 
@@ -164,13 +177,15 @@ static const struct directive directives[] = {
 };
 #define NDIRECTIVES (sizeof(directives) / sizeof(directives[0]))
 
-static const char *const sections[] = {"log", "events", "index", "http", "score", "tokenizer",
-                                       "state", "daemon"};
+static const char *const sections[] = {"log", "events", "index", "http", "score", "route",
+                                       "tokenizer", "state", "daemon"};
 
 static const struct {
     const char *name;
     double weight;
-} default_weights[] = {{"gpu", 1.0}, {"cpu", 0.8}, {"storage", 0.5}};
+} default_weights[] = {{"gpu", 1.0}, {"cpu", 0.8}, {"storage", 0.5},
+                       /* locality REMOTE blocks; SGLang's EXTERNAL (shared pool) medium */
+                       {"remote", 0.6}, {"external", 0.4}};
 
 /* Parser state shared by the line reader and the inih handler. */
 struct pstate {
@@ -371,7 +386,8 @@ static int set_weight(struct kvr_conf *c, const struct directive *d, const char 
     if (i == c->nweights) {
         if (c->nweights == KVR_CONF_MAX_TIERS)
             return set_msg(sc, -ENOSPC, "too many tiers in [score]: at most %d weight.<tier> "
-                                        "entries (including the defaults gpu, cpu, storage)",
+                                        "entries (including the defaults gpu, cpu, storage, "
+                                        "remote, external)",
                            KVR_CONF_MAX_TIERS);
         memcpy(c->weights[i].name, lower, tl + 1);
         c->nweights++;
@@ -711,8 +727,8 @@ static void check_section_line(struct pstate *st, const char *line)
     name[n] = '\0';
     if (!known_section(name)) {
         fail(st, st->lineno, -EINVAL, "unknown section [%s] (expected one of [log], [events], "
-                                      "[index], [http], [score], [tokenizer], [state], "
-                                      "[daemon], [model \"NAME\"])",
+                                      "[index], [http], [score], [route], [tokenizer], "
+                                      "[state], [daemon], [model \"NAME\"])",
              name);
         return;
     }
@@ -945,6 +961,12 @@ static void cross_check(struct pstate *st)
             }
         }
     }
+    if (strcmp(c->route_policy, "cost") != 0 && strcmp(c->route_policy, "cache_aware") != 0 &&
+        strcmp(c->route_policy, "score") != 0) {
+        fail(st, seen_line(st, "route", "policy"), -EINVAL,
+             "[route] policy = %.100s: expected cost, cache_aware or score", c->route_policy);
+        return;
+    }
     c->state_dir_line = seen_line(st, "state", "dir");
     c->curve_secret_key_line = seen_line(st, "events", "curve_secret_key_file");
     c->curve_public_key_line = seen_line(st, "events", "curve_public_key_file");
@@ -1088,6 +1110,7 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->listen);
     free(c->admin_listen);
     free(c->admin_token);
+    free(c->route_policy);
     kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));
 }

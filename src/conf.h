@@ -119,12 +119,24 @@ struct kvr_conf {
 
     /* [score] — reloadable; weight.<tier> = number (repeatable by tier name) */
     struct kvr_conf_tier_weight weights[KVR_CONF_MAX_TIERS];
-    size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5 */
+    size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5, remote 0.6,
+                                 * external 0.4 */
     double default_weight;      /* for tiers without a weight; default 0.5 */
 
     /* [tokenizer] */
     int64_t prefix_cache;      /* bytes of the shared text-prefix cache; default 64MiB; 0 = off */
     int64_t max_prompt_bytes;  /* a prompt (text) longer than this: 413; default 1MiB */
+
+    /* [route] — POST /v1/route (route.h); reloadable except seed */
+    char *route_policy;               /* cost | cache_aware | score; default cost */
+    double route_overlap_weight;      /* cost: weight of blocks to prefill; default 1.0 */
+    double route_temperature;         /* cost: softmax sampling; default 0 (argmin) */
+    uint32_t route_balance_abs_threshold; /* cache_aware; default 64 */
+    double route_balance_rel_threshold;   /* cache_aware; default 1.5 */
+    double route_cache_threshold;     /* cache_aware: match rate; default 0.3 */
+    int64_t route_max_request_age_ms; /* tracked requests end after; default 10m */
+    uint32_t route_max_tracked;       /* tracked requests at once; default 100000 */
+    uint32_t route_seed;              /* tie-break random stream; 0 = from the clock */
 
     /* [model "NAME"] sections — reloadable (SIGHUP loads changed tokenizers) */
     struct kvr_conf_model *models;

@@ -68,8 +68,17 @@
  *   yielded BlockStored with block_size != 0, tokens cover exactly nhashes whole blocks.
  *   (Pre-v0.20 offload placeholders — tokens [] with a nonzero block_size — are therefore
  *   skipped as token_count; they carry nothing a token-hash index could use.)
- * - EAGLE-style (u32,u32) token pairs: the spec mentions them only as something Dynamo's
- *   decoder accepts, never as a shape vLLM emits, so a non-int token → KVR_SKIP_BAD_TOKENS.
+ * - EAGLE (t, t+1) token pairs (SGLang with EAGLE): every item a pair of ints →
+ *   KVR_SKIP_BIGRAM (the engine needs the token after each page to match it, which a per-block
+ *   index cannot check: docs/wire-extra-keys.md); any other non-int token → bad_tokens.
+ * - Extra keys (docs/wire-extra-keys.md): extra_keys must be nil or an array; its entries are
+ *   nil, an array of keys, or one key. A leading string equal to lora_name is dropped (the
+ *   namespace carries it); a string "dynamo-cache-salt:<s>" (SGLang) becomes the event's salt,
+ *   as do the metadata map's cache_salt (array [7] or [14]) and a map event's cache_salt key
+ *   (two different salts → bad_field). Keys left but entries not one per hash → bad_field.
+ *   xkeys/xk_first and remaining use per-event scratch: valid until the next event.
+ * - locality "REMOTE" (any case) sets ev->remote; any other value or type is local.
+ *   remaining_copy_counts (BlockRemoved): one non-negative int < 2^32 per hash, else bad_field.
  * - Group filter (hybrid models) for BlockStored: kv_cache_spec_kind present → indexed only
  *   for full_attention / mla_attention / sink_full_attention (case-insensitive); absent →
  *   indexed only if group_idx is absent or 0. Filtered events → KVR_SKIP_GROUP, with type and
@@ -81,9 +90,9 @@
  *   or apply a sliding-window group's removals to the full-attention group's blocks, which
  *   carry the same hashes when block sizes match.
  * - Types we expose are checked strictly (block_size: int in [0, 2^32); lora_id: int64;
- *   medium, lora_name, kind: str; group_idx: int in [0, 2^31)) → KVR_SKIP_BAD_FIELD. Fields
- *   we do not expose (extra_keys, kv_cache_spec_sliding_window, locality, ...) are ignored
- *   whatever their type.
+ *   medium, lora_name, kind, cache_salt: str; group_idx: int in [0, 2^31)) →
+ *   KVR_SKIP_BAD_FIELD. Fields we do not expose (kv_cache_spec_sliding_window, ownership,
+ *   session_id, ...) are ignored whatever their type.
  * - has_lora_id is set only when lora_name is absent and lora_id is an int.
  * - ts: float32/float64 or any int. dp_rank: nil or an int in [0, 2^32); anything else
  *   rejects the batch (the stream key depends on it).
@@ -110,6 +119,8 @@
 #define ZONE_KEEP ((size_t)4 << 20)       /* a bigger zone shrinks back when unused */
 #define SCRATCH_KEEP ((size_t)1 << 20)    /* entries, per scratch array, likewise */
 #define EV_ZONE_SLACK ((size_t)1 << 20)   /* per-event zone allowance beyond tokens+hashes */
+#define XK_KEEP ((size_t)1 << 16)         /* extra-key / count scratch entries kept between
+                                           * batches; a bigger one (an unusual event) is freed */
 
 /* Our own invariant broke (not the peer's bytes: those are validated before this can be
  * reached). Assertions stay on in release builds (house style). */
@@ -202,6 +213,9 @@ void kvr_decode_destroy(struct kvr_decoder *d)
     free(d->cbuf);
     free(d->hashes);
     free(d->tokens);
+    free(d->xk);
+    free(d->xkf);
+    free(d->rem);
     free(d);
 }
 
@@ -210,7 +224,7 @@ void kvr_decode_destroy(struct kvr_decoder *d)
 struct fields {
     enum kvr_event_type type;
     const msgpack_object *hashes, *parent, *tokens, *block_size, *lora_id, *medium,
-        *lora_name, *group_idx, *kind;
+        *lora_name, *group_idx, *kind, *extra, *meta, *salt, *locality, *remaining;
 };
 
 static enum kvr_event_type tag_type(const msgpack_object_str *s)
@@ -230,7 +244,11 @@ static enum kvr_event_type tag_type(const msgpack_object_str *s)
  *                [8] extra_keys (v0.17) [9] group_idx (v0.20) [10] kv_cache_spec_kind
  *                [11] kv_cache_spec_sliding_window (v0.22)
  *   BlockRemoved [1] block_hashes [2] medium (v0.10.2) [3] group_idx (v0.20)
- *   AllBlocksCleared: no fields. */
+ *   AllBlocksCleared: no fields.
+ * SGLang writes the same layout: 7 elements up to medium (no lora_name); older versions put
+ * a `metadata` map {cache_salt} at [7] (BlockStoredWithMetadata), recent ones write the full
+ * vLLM layout plus [12] locality [13] ownership (BlockRemoved: [6] locality [7] ownership)
+ * and the metadata map at [14]. A map at [7] or [14] is read as that metadata. */
 static void locate_array(const msgpack_object_array *a, struct fields *f)
 {
 #define AT(i) ((i) < a->size ? opt(&a->ptr[i]) : NULL)
@@ -242,12 +260,21 @@ static void locate_array(const msgpack_object_array *a, struct fields *f)
         f->lora_id = AT(5);
         f->medium = AT(6);
         f->lora_name = AT(7);
+        if (f->lora_name && f->lora_name->type == MSGPACK_OBJECT_MAP) {
+            f->meta = f->lora_name;
+            f->lora_name = NULL;
+        }
+        f->extra = AT(8);
         f->group_idx = AT(9);
         f->kind = AT(10);
+        f->locality = AT(12);
+        if (AT(14) && AT(14)->type == MSGPACK_OBJECT_MAP)
+            f->meta = AT(14);
     } else if (f->type == KVR_EV_REMOVED) {
         f->hashes = AT(1);
         f->medium = AT(2);
         f->group_idx = AT(3);
+        f->locality = AT(6);
     }
 #undef AT
 }
@@ -260,6 +287,12 @@ static void locate_map_key(const msgpack_object_str *k, const msgpack_object *v,
     case 6:
         if (STR_EQ(k, "medium"))
             f->medium = v;
+        break;
+    case 8:
+        if (STR_EQ(k, "locality"))
+            f->locality = v;
+        else if (STR_EQ(k, "metadata"))
+            f->meta = v;
         break;
     case 7:
         if (STR_EQ(k, "lora_id"))
@@ -276,6 +309,10 @@ static void locate_map_key(const msgpack_object_str *k, const msgpack_object *v,
     case 10:
         if (STR_EQ(k, "block_size"))
             f->block_size = v;
+        else if (STR_EQ(k, "extra_keys"))
+            f->extra = v;
+        else if (STR_EQ(k, "cache_salt"))
+            f->salt = v;
         break;
     case 12:
         if (STR_EQ(k, "block_hashes"))
@@ -288,6 +325,10 @@ static void locate_map_key(const msgpack_object_str *k, const msgpack_object *v,
     case 18:
         if (STR_EQ(k, "kv_cache_spec_kind"))
             f->kind = v;
+        break;
+    case 21:
+        if (STR_EQ(k, "remaining_copy_counts"))
+            f->remaining = v;
         break;
     default:
         break;
@@ -327,7 +368,8 @@ static enum kvr_skip_reason locate(const msgpack_object *o, struct fields *f)
         /* keep only the fields this event type has */
         if (f->type == KVR_EV_REMOVED) {
             struct fields r = {.type = KVR_EV_REMOVED, .hashes = f->hashes,
-                               .medium = f->medium, .group_idx = f->group_idx};
+                               .medium = f->medium, .group_idx = f->group_idx,
+                               .locality = f->locality, .remaining = f->remaining};
             *f = r;
         } else if (f->type == KVR_EV_CLEARED) {
             memset(f, 0, sizeof(*f));
@@ -429,6 +471,14 @@ int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct 
     d->buf = NULL;
     d->nevents = d->next = 0;
     d->hlen = d->tlen = 0;
+    if (d->xkcap > XK_KEEP || d->xkfcap > XK_KEEP || d->remcap > XK_KEEP) {
+        free(d->xk);
+        free(d->xkf);
+        free(d->rem);
+        d->xk = NULL;
+        d->xkf = d->rem = NULL;
+        d->xkcap = d->xkfcap = d->remcap = 0;
+    }
     memset(out, 0, sizeof(*out));
     if (len == 0)
         return -EBADMSG;
@@ -672,6 +722,273 @@ static const uint32_t *arr_tokens(struct kvr_decoder *d, const struct arr *a)
     return out;
 }
 
+/* ---- extra keys, salts, locality, remaining counts ------------------------------------- */
+
+#define SALT_PREFIX "dynamo-cache-salt:" /* SGLang's (and Dynamo's) salt extra key */
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    size_t nc;
+    void *q;
+
+    if (need <= *cap)
+        return true;
+    nc = *cap ? *cap : 64;
+    while (nc < need)
+        nc *= 2;
+    q = realloc(*p, nc * elem);
+    if (q == NULL)
+        return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+/* The event-level salt: the first one found; another, different one → false. */
+static bool set_salt(struct kvr_event *ev, const char *p, size_t n)
+{
+    if (ev->salt == NULL) {
+        ev->salt = p;
+        ev->salt_len = n;
+        return true;
+    }
+    return ev->salt_len == n && memcmp(ev->salt, p, n) == 0;
+}
+
+static bool is_int64(const msgpack_object *o, int64_t *v)
+{
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *v = o->via.i64;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX) {
+        *v = (int64_t)o->via.u64;
+        return true;
+    }
+    return false;
+}
+
+static void xkey_of(const struct kvr_decoder *d, const struct evctx *cx, const msgpack_object *o,
+                    struct kvr_xkey *k)
+{
+    memset(k, 0, sizeof(*k));
+    switch (o->type) {
+    case MSGPACK_OBJECT_STR:
+        k->kind = KVR_XK_STR;
+        k->s = orig_ptr(cx, d, o->via.str.ptr);
+        k->len = o->via.str.size;
+        return;
+    case MSGPACK_OBJECT_BIN:
+        k->kind = KVR_XK_BYTES;
+        k->s = orig_ptr(cx, d, o->via.bin.ptr);
+        k->len = o->via.bin.size;
+        return;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        k->kind = is_int64(o, &k->i) ? KVR_XK_INT : KVR_XK_OTHER;
+        return;
+    case MSGPACK_OBJECT_ARRAY:
+        if (o->via.array.size == 2 && o->via.array.ptr[0].type == MSGPACK_OBJECT_STR &&
+            is_int64(&o->via.array.ptr[1], &k->i)) {
+            k->kind = KVR_XK_MEDIA;
+            k->s = orig_ptr(cx, d, o->via.array.ptr[0].via.str.ptr);
+            k->len = o->via.array.ptr[0].via.str.size;
+            return;
+        }
+        k->kind = KVR_XK_OTHER;
+        return;
+    default:
+        k->kind = KVR_XK_OTHER;
+        return;
+    }
+}
+
+static bool is_salt_key(const msgpack_object *o)
+{
+    return o->type == MSGPACK_OBJECT_STR && o->via.str.size >= sizeof(SALT_PREFIX) - 1 &&
+           memcmp(o->via.str.ptr, SALT_PREFIX, sizeof(SALT_PREFIX) - 1) == 0;
+}
+
+/* BlockStored: cache_salt (metadata map, map key), extra_keys. */
+static enum kvr_skip_reason decode_extra(struct kvr_decoder *d, const struct evctx *cx,
+                                         const struct fields *f, struct kvr_event *ev)
+{
+    const msgpack_object *salt = f->salt;
+    size_t total = 0, nitems = 0, n = ev->nhashes;
+    const msgpack_object_array *a;
+
+    if (f->meta) {
+        if (f->meta->type != MSGPACK_OBJECT_MAP)
+            return KVR_SKIP_BAD_FIELD;
+        for (uint32_t i = 0; i < f->meta->via.map.size; i++) {
+            const msgpack_object_kv *kv = &f->meta->via.map.ptr[i];
+            if (kv->key.type == MSGPACK_OBJECT_STR && STR_EQ(&kv->key.via.str, "cache_salt") &&
+                kv->val.type != MSGPACK_OBJECT_NIL) {
+                if (salt != NULL && salt->type == MSGPACK_OBJECT_STR &&
+                    kv->val.type == MSGPACK_OBJECT_STR &&
+                    !str_eq(&salt->via.str, kv->val.via.str.ptr, kv->val.via.str.size))
+                    return KVR_SKIP_BAD_FIELD; /* two different salts */
+                salt = &kv->val;
+            }
+        }
+    }
+    if (salt) {
+        if (salt->type != MSGPACK_OBJECT_STR)
+            return KVR_SKIP_BAD_FIELD;
+        if (salt->via.str.size > 0)
+            set_salt(ev, orig_ptr(cx, d, salt->via.str.ptr), salt->via.str.size);
+    }
+    if (!f->extra)
+        return KVR_SKIP_NONE;
+    if (f->extra->type != MSGPACK_OBJECT_ARRAY)
+        return KVR_SKIP_BAD_FIELD;
+    a = &f->extra->via.array;
+    for (uint32_t e = 0; e < a->size; e++)
+        total += a->ptr[e].type == MSGPACK_OBJECT_ARRAY ? a->ptr[e].via.array.size
+                 : a->ptr[e].type == MSGPACK_OBJECT_NIL ? 0 : 1;
+    if (total == 0) /* text-only: [nil, nil, ...] */
+        return KVR_SKIP_NONE;
+    if (!grow((void **)&d->xk, &d->xkcap, total ? total : 1, sizeof(*d->xk)) ||
+        !grow((void **)&d->xkf, &d->xkfcap, n + 1, sizeof(*d->xkf)))
+        return KVR_SKIP_TOO_LARGE;
+    d->xkf[0] = 0;
+    for (uint32_t e = 0; e < a->size; e++) {
+        const msgpack_object *en = &a->ptr[e];
+        const msgpack_object *items = en;
+        uint32_t m = 1;
+        if (en->type == MSGPACK_OBJECT_ARRAY) {
+            items = en->via.array.ptr;
+            m = en->via.array.size;
+        } else if (en->type == MSGPACK_OBJECT_NIL) {
+            m = 0;
+        }
+        for (uint32_t j = 0; j < m; j++) {
+            const msgpack_object *it = &items[j];
+            if (is_salt_key(it)) {
+                size_t pl = sizeof(SALT_PREFIX) - 1;
+                if (it->via.str.size > pl &&
+                    !set_salt(ev, orig_ptr(cx, d, it->via.str.ptr) + pl, it->via.str.size - pl))
+                    return KVR_SKIP_BAD_FIELD;
+                continue;
+            }
+            /* vLLM puts the LoRA name first in every block of a LoRA request; the namespace
+             * (model, lora_name) already separates it */
+            if (j == 0 && it->type == MSGPACK_OBJECT_STR && ev->lora_name != NULL &&
+                ev->lora_name_len > 0 &&
+                str_eq(&it->via.str, ev->lora_name, ev->lora_name_len))
+                continue;
+            xkey_of(d, cx, it, &d->xk[nitems++]);
+        }
+        if (a->size == n)
+            d->xkf[e + 1] = (uint32_t)nitems;
+    }
+    if (nitems == 0)
+        return KVR_SKIP_NONE;
+    if (a->size != n) /* keys we cannot attribute to blocks: indexing them plain would lie */
+        return KVR_SKIP_BAD_FIELD;
+    ev->xkeys = d->xk;
+    ev->xk_first = d->xkf;
+    return KVR_SKIP_NONE;
+}
+
+static void decode_locality(const struct fields *f, struct kvr_event *ev)
+{
+    /* any other value or type is taken as local: the field is advisory, never a skip */
+    if (f->locality && f->locality->type == MSGPACK_OBJECT_STR &&
+        f->locality->via.str.size == 6 && strncasecmp(f->locality->via.str.ptr, "REMOTE", 6) == 0)
+        ev->remote = true;
+}
+
+static enum kvr_skip_reason decode_remaining(struct kvr_decoder *d, const struct fields *f,
+                                             struct kvr_event *ev)
+{
+    const msgpack_object_array *a;
+
+    if (!f->remaining)
+        return KVR_SKIP_NONE;
+    if (f->remaining->type != MSGPACK_OBJECT_ARRAY ||
+        f->remaining->via.array.size != ev->nhashes)
+        return KVR_SKIP_BAD_FIELD;
+    a = &f->remaining->via.array;
+    if (!grow((void **)&d->rem, &d->remcap, a->size ? a->size : 1, sizeof(*d->rem)))
+        return KVR_SKIP_TOO_LARGE;
+    for (uint32_t i = 0; i < a->size; i++) {
+        if (a->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER || a->ptr[i].via.u64 > UINT32_MAX)
+            return KVR_SKIP_BAD_FIELD;
+        d->rem[i] = (uint32_t)a->ptr[i].via.u64;
+    }
+    ev->remaining = d->rem;
+    return KVR_SKIP_NONE;
+}
+
+/* EAGLE bigram tokens: every item a [t, t'] pair of ints in [0, 2^32). */
+static bool raw_tok(const uint8_t **pp, const uint8_t *end)
+{
+    const uint8_t *p = *pp;
+    static const uint8_t w[8] = {1, 2, 4, 8, 1, 2, 4, 8}; /* cc..cf, d0..d3 */
+    uint64_t v;
+    unsigned k;
+
+    if (p >= end)
+        return false;
+    if (*p <= 0x7f) {
+        *pp = p + 1;
+        return true;
+    }
+    if (*p < 0xcc || *p > 0xd3)
+        return false;
+    k = *p - 0xcc;
+    if ((size_t)(end - p) < 1u + w[k])
+        return false;
+    v = be_n(p + 1, w[k]);
+    if (k >= 4) { /* signed: non-negative values only */
+        int64_t sv = w[k] == 1 ? (int8_t)v : w[k] == 2 ? (int16_t)v : w[k] == 4 ? (int32_t)v
+                                                                      : (int64_t)v;
+        if (sv < 0)
+            return false;
+        v = (uint64_t)sv;
+    }
+    if (v > UINT32_MAX)
+        return false;
+    *pp = p + 1 + w[k];
+    return true;
+}
+
+static bool token_pairs(const struct kvr_decoder *d, const struct arr *ta)
+{
+    if (ta->n == 0)
+        return false;
+    if (ta->c == NULL) {
+        for (uint32_t i = 0; i < ta->n; i++) {
+            const msgpack_object *o = &ta->obj[i];
+            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2)
+                return false;
+            for (int j = 0; j < 2; j++)
+                if (o->via.array.ptr[j].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                    o->via.array.ptr[j].via.u64 > UINT32_MAX)
+                    return false;
+        }
+        return true;
+    }
+    const uint8_t *p = d->buf + ta->c->start, *end = d->buf + ta->c->end;
+    if (*p >= 0x90 && *p <= 0x9f)
+        p += 1;
+    else if (*p == 0xdc)
+        p += 3;
+    else if (*p == 0xdd)
+        p += 5;
+    else
+        return false;
+    for (uint32_t i = 0; i < ta->n; i++) {
+        if (p >= end || *p != 0x92)
+            return false;
+        p++;
+        if (!raw_tok(&p, end) || !raw_tok(&p, end))
+            return false;
+    }
+    return p == end;
+}
+
 static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const struct evctx *cx,
                                          const msgpack_object *o, struct kvr_event *ev)
 {
@@ -717,7 +1034,7 @@ static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const struct evc
         ev->has_parent = true;
     }
     if (has_ta && (ts = arr_tokens(d, &ta)) == NULL)
-        return KVR_SKIP_BAD_TOKENS;
+        return token_pairs(d, &ta) ? KVR_SKIP_BIGRAM : KVR_SKIP_BAD_TOKENS;
     if (f.type == KVR_EV_STORED && f.block_size &&
         (uint64_t)(has_ta ? ta.n : 0) != (uint64_t)ha.n * ev->block_size)
         return KVR_SKIP_TOKEN_COUNT;
@@ -728,7 +1045,10 @@ static enum kvr_skip_reason decode_event(struct kvr_decoder *d, const struct evc
         ev->tokens = ts;
         ev->ntokens = ta.n;
     }
-    return KVR_SKIP_NONE;
+    decode_locality(&f, ev);
+    if (f.type == KVR_EV_STORED)
+        return decode_extra(d, cx, &f, ev);
+    return decode_remaining(d, &f, ev);
 }
 
 /* Copies event [off, end) into d->cbuf with each carved array replaced by a placeholder
@@ -814,6 +1134,7 @@ const char *kvr_decode_skip_reason_name(enum kvr_skip_reason r)
     case KVR_SKIP_TOKEN_COUNT: return "token_count";
     case KVR_SKIP_TOO_LARGE: return "too_large";
     case KVR_SKIP_GROUP: return "group_filtered";
+    case KVR_SKIP_BIGRAM: return "eagle_bigram";
     case KVR_SKIP_REASON_COUNT: break;
     }
     return "invalid";

@@ -70,9 +70,27 @@ enum kvr_skip_reason {
     KVR_SKIP_TOO_LARGE,      /* over max_tokens / max_hashes */
     KVR_SKIP_GROUP,          /* BlockStored of a group that is not full attention (hybrid
                               * models): filtered; ev->type and ev->group_idx are set */
+    KVR_SKIP_BIGRAM,         /* SGLang EAGLE token pairs [t, t+1]: the engine matches a block
+                              * only with the token after it, which a per-block index cannot
+                              * check (docs/wire-extra-keys.md) */
     KVR_SKIP_REASON_COUNT
 };
 const char *kvr_decode_skip_reason_name(enum kvr_skip_reason r); /* "unknown_tag", ... */
+
+/* One item of a block's extra keys (vLLM extra_keys, v0.17+), as the engine hashed it. */
+enum kvr_xkey_kind {
+    KVR_XK_STR = 1,  /* a string: cache_salt (block 0), or a pre-v0.19 bare media id */
+    KVR_XK_MEDIA,    /* [identifier, offset]: s/len the id, i the offset in the block */
+    KVR_XK_BYTES,    /* bin: prompt-embeddings digest */
+    KVR_XK_INT,      /* an int (i) */
+    KVR_XK_OTHER,    /* any other shape (never matched by a query) */
+};
+struct kvr_xkey {
+    enum kvr_xkey_kind kind;
+    const char *s;   /* STR, MEDIA, BYTES: borrowed bytes */
+    uint32_t len;
+    int64_t i;       /* MEDIA offset, INT value */
+};
 
 /* One decoded event. Strings are borrowed, not NUL-terminated; NULL means nil/absent. */
 struct kvr_event {
@@ -93,6 +111,20 @@ struct kvr_event {
     int64_t lora_id;
     int32_t group_idx;      /* 0 when absent. BlockRemoved is yielded for every group: the
                              * consumer filters it with the kinds learned from BlockStored */
+    /* BlockStored extra keys without the LoRA name (the namespace carries it): block i's
+     * items are xkeys[xk_first[i] .. xk_first[i + 1]); NULL when no block has any. Valid
+     * until the next kvr_decode_next() (not the next batch). */
+    const struct kvr_xkey *xkeys;
+    const uint32_t *xk_first; /* nhashes + 1 entries */
+    /* BlockStored event-level cache_salt (SGLang: `metadata` {cache_salt}, map key
+     * cache_salt, or an extra key "dynamo-cache-salt:<salt>", prefix removed): it keys the
+     * request's first block, so it applies to blocks[0] when there is no parent. */
+    const char *salt;
+    size_t salt_len;
+    bool remote;            /* locality "REMOTE" (case-insensitive); other values: local */
+    /* BlockRemoved remaining_copy_counts (nhashes entries) or NULL; valid until the next
+     * kvr_decode_next(). */
+    const uint32_t *remaining;
 };
 
 /* Next event of the open batch: returns 1 with *ev filled, 0 at the end of the batch, or 2

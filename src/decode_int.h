@@ -63,6 +63,13 @@ struct kvr_decoder {
     uint32_t *tokens;
     size_t tcap, tlen;
 
+    struct kvr_xkey *xk;     /* the current event's extra keys; grow-only */
+    size_t xkcap;
+    uint32_t *xkf;           /* its per-block first-item offsets (nhashes + 1) */
+    size_t xkfcap;
+    uint32_t *rem;           /* its remaining_copy_counts */
+    size_t remcap;
+
     const uint8_t *buf;      /* open batch (NULL when none) */
     uint32_t nevents, next;
 };

@@ -30,6 +30,7 @@ struct kvr_http_deps {
     struct kvr_index *index; /* only for kvr_index_stats() gauges in /metrics */
     struct kvr_snap *snap;   /* GET /v1/snapshot, kvrouter_snapshot_* metrics; may be NULL */
     struct kvr_tokset *tokset; /* prompts to token ids; NULL: text answers 400 */
+    struct kvr_route *route;   /* POST /v1/route; NULL: 503 */
 };
 
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err);

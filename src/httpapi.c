@@ -40,6 +40,7 @@ struct kvr_httpapi {
     struct kvr_index *index;
     struct kvr_snap *snap;
     struct kvr_tokset *tokset;
+    struct kvr_route *route;
     uint64_t max_prompt_bytes;
     bool admin_listener;
     bool public_introspection;
@@ -59,6 +60,8 @@ struct kvr_httpapi_thread {
     struct kvr_tokset_reader *tok; /* NULL without tokenizers */
     uint32_t *tokens;
     const char **pods;
+    struct kvr_hash_media media[KVR_REQBODY_MAX_MEDIA]; /* mm_hashes of a query */
+    struct route_scratch *rs; /* POST /v1/route, allocated on first use */
     char decoded[KVR_HTTPREQ_URL_MAX + 1];
 };
 
@@ -78,6 +81,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->index = deps->index;
     api->snap = deps->snap;
     api->tokset = deps->tokset;
+    api->route = deps->route;
     api->max_prompt_bytes = deps->conf->max_prompt_bytes > 0 ? (uint64_t)deps->conf->max_prompt_bytes
                                                              : 1u << 20;
     api->admin_listener = deps->admin_listener;
@@ -179,6 +183,7 @@ void kvr_httpapi_thread_destroy(struct kvr_httpapi_thread *t)
         return;
     kvr_score_ctx_destroy(t->sctx);
     kvr_tokset_reader_destroy(t->tok);
+    free(t->rs);
     free(t->tokens);
     free(t->pods);
     free(t);
@@ -455,7 +460,7 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
                       struct kvr_httpresp *resp, struct kvr_reqbody_query *q)
 {
     struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
-                                     KVR_HTTPAPI_MAX_PODS};
+                                     KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
     struct kvr_err err;
     enum body_kind kind = content_kind(req->content_type);
     int rc;
@@ -553,6 +558,9 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     sq.ntokens = q.ntokens;
     sq.pods = q.pods;
     sq.npods = q.npods;
+    sq.cache_salt = q.cache_salt;
+    sq.media = q.media;
+    sq.nmedia = q.nmedia;
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
@@ -599,12 +607,190 @@ static void ep_tokenize(struct kvr_httpapi_thread *t, const struct kvr_httpreq *
     put(b, "}\n");
 }
 
+/* ---- POST /v1/route -------------------------------------------------------------------- */
+
+struct route_scratch {
+    struct kvr_reqbody_cand in[KVR_HTTPAPI_MAX_PODS];
+    struct kvr_route_cand c[KVR_HTTPAPI_MAX_PODS];
+    const char *pods[KVR_HTTPAPI_MAX_PODS];
+    char names[KVR_HTTPAPI_MAX_PODS * 32]; /* default candidates' pod names, copied */
+    size_t nnames, n;
+    bool full;
+};
+
+static void add_worker(void *arg, const char *pod, uint32_t dp_rank)
+{
+    struct route_scratch *rs = arg;
+    size_t l = strlen(pod) + 1;
+    if (rs->n >= KVR_HTTPAPI_MAX_PODS || rs->nnames + l > sizeof(rs->names)) {
+        rs->full = true;
+        return;
+    }
+    memcpy(rs->names + rs->nnames, pod, l);
+    rs->in[rs->n] = (struct kvr_reqbody_cand){.pod = rs->names + rs->nnames, .dp_rank = dp_rank};
+    rs->nnames += l;
+    rs->n++;
+}
+
+static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                     struct kvr_httpresp *resp)
+{
+    struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
+                                     KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
+    struct kvr_reqbody_query q;
+    struct kvr_reqbody_route rq;
+    struct kvr_score_query sq;
+    struct kvr_score_result res;
+    struct kvr_route_query rqy;
+    struct kvr_route_decision d;
+    struct kvr_err err;
+    struct kvr_buf *b = resp->body;
+    char id[17];
+    int rc, policy = -1;
+
+    if (content_kind(req->content_type) != BODY_JSON) {
+        fail(resp, 415, "POST /v1/route takes application/json");
+        return;
+    }
+    if (req->body_len == 0) {
+        fail(resp, req->has_length ? 400 : 411, req->has_length ? "empty request body"
+                                                                 : "request body required "
+                                                                   "(Content-Length)");
+        resp->close = !req->has_length;
+        return;
+    }
+    if (t->rs == NULL && (t->rs = malloc(sizeof(*t->rs))) == NULL) {
+        fail(resp, 500, "out of memory");
+        return;
+    }
+    struct route_scratch *rs = t->rs;
+    rs->n = rs->nnames = 0;
+    rs->full = false;
+    err.msg[0] = '\0';
+    rc = kvr_reqbody_route_json(req->body, req->body_len, &sc, &q, rs->in, KVR_HTTPAPI_MAX_PODS,
+                                &rq, &err);
+    if (rc == -E2BIG) {
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "%s", err.msg);
+        return;
+    }
+    if (rc != 0) {
+        fail(resp, 400, "%s", err.msg[0] ? err.msg : "invalid body");
+        return;
+    }
+    if (rq.policy != NULL && (policy = kvr_route_policy_parse(rq.policy)) < 0) {
+        fail(resp, 400, "unknown policy \"%.100s\" (cost, cache_aware or score)", rq.policy);
+        return;
+    }
+    if (!q.has_tokens && tokenize_prompt(t, &q, resp) != 0)
+        return;
+    if (t->sctx == NULL) {
+        fail(resp, 503, "scoring is not available");
+        return;
+    }
+    rs->n = rq.ncands;
+    if (rs->n == 0 && t->api->ingest != NULL)
+        kvr_ingest_model_workers(t->api->ingest, q.model, add_worker, rs);
+    if (rs->n == 0) {
+        fail(resp, 503, "no candidate: no worker of model \"%.300s\" has published events "
+                        "(send \"candidates\")", q.model);
+        return;
+    }
+    /* score only the candidates' pods */
+    for (size_t i = 0; i < rs->n; i++)
+        rs->pods[i] = rs->in[i].pod;
+    sq = (struct kvr_score_query){.model = q.model, .lora_name = q.lora_name,
+                                  .tokens = q.tokens, .ntokens = q.ntokens, .pods = rs->pods,
+                                  .npods = rs->n, .cache_salt = q.cache_salt,
+                                  .media = q.media, .nmedia = q.nmedia};
+    rc = kvr_score_query(t->sctx, &sq, &res);
+    if (rc != 0) {
+        fail(resp, rc == -E2BIG ? 413 : 500, "scoring failed: %s", strerror(-rc));
+        return;
+    }
+    for (size_t i = 0; i < rs->n; i++) {
+        const struct kvr_reqbody_cand *in = &rs->in[i];
+        struct kvr_route_cand *c = &rs->c[i];
+        *c = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
+                                     .has_requests = in->has_requests,
+                                     .has_tokens = in->has_tokens,
+                                     .active_requests = in->active_requests,
+                                     .active_tokens = in->active_tokens};
+        for (size_t k = 0; k < res.nentries; k++) {
+            if (res.entries[k].dp_rank == in->dp_rank && strcmp(res.entries[k].pod, in->pod) == 0) {
+                c->matched_blocks = res.entries[k].matched_blocks;
+                c->score = res.entries[k].score;
+                break;
+            }
+        }
+    }
+    rqy = (struct kvr_route_query){.query_blocks = res.query_blocks,
+                                   .block_size = res.block_size, .prompt_tokens = q.ntokens,
+                                   .policy = policy, .cands = rs->c, .ncands = rs->n};
+    kvr_route_decide(t->api->route, &rqy, &d);
+    const struct kvr_route_cand *ch = &rs->c[d.chosen];
+    id[0] = '\0';
+    if (rq.track && (rc = kvr_route_track(t->api->route, ch->pod, ch->dp_rank, q.ntokens, id)) != 0) {
+        fail(resp, rc == -ENOSPC ? 503 : 500, "cannot track the request: %s",
+             rc == -ENOSPC ? "[route] max_tracked requests are active" : strerror(-rc));
+        return;
+    }
+    put(b, "{\"model\":");
+    put_json_str(b, q.model);
+    put(b, ",\"pod\":");
+    put_json_str(b, ch->pod);
+    put(b, ",\"dp_rank\":");
+    put_u64(b, ch->dp_rank);
+    put(b, ",\"matched_blocks\":");
+    put_u64(b, ch->matched_blocks);
+    put(b, ",\"query_blocks\":");
+    put_u64(b, res.query_blocks);
+    put(b, ",\"block_size\":");
+    if (res.block_size)
+        put_u64(b, res.block_size);
+    else
+        put(b, "null");
+    if (!q.has_tokens) {
+        put(b, ",\"tokens\":");
+        put_u64(b, q.ntokens);
+    }
+    put(b, ",\"policy\":");
+    put_json_str(b, kvr_route_policy_name(d.policy));
+    put(b, ",\"reason\":");
+    put_json_str(b, d.reason);
+    if (id[0]) {
+        put(b, ",\"route_id\":");
+        put_json_str(b, id);
+    }
+    put(b, ",\"candidates\":[");
+    for (size_t i = 0; i < rs->n; i++) {
+        const struct kvr_route_cand *c = &rs->c[i];
+        put(b, i ? ",{\"pod\":" : "{\"pod\":");
+        put_json_str(b, c->pod);
+        put(b, ",\"dp_rank\":");
+        put_u64(b, c->dp_rank);
+        put(b, ",\"matched_blocks\":");
+        put_u64(b, c->matched_blocks);
+        put(b, ",\"active_requests\":");
+        put_u64(b, c->active_requests);
+        put(b, ",\"active_tokens\":");
+        put_u64(b, c->active_tokens);
+        put(b, d.policy == KVR_ROUTE_COST ? ",\"cost\":"
+               : d.policy == KVR_ROUTE_CACHE_AWARE ? ",\"match_rate\":"
+                                                   : ",\"score\":");
+        kvr_httpapi_put_double(b, c->cost);
+        put(b, "}");
+    }
+    put(b, rs->full ? "],\"candidates_truncated\":true}\n" : "]}\n");
+}
+
 /* ---- pods -------------------------------------------------------------------------------- */
 
 /* A JSON array written by an iteration callback: the buffer and the elements so far. */
 struct json_list {
     struct kvr_buf *b;
     size_t n;
+    struct kvr_route *route; /* pods: the tracked loads beside each stream */
 };
 
 static void pod_cb(const struct kvr_stream_info *s, void *arg)
@@ -646,12 +832,20 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     put_u64(b, s->orphans);
     put(b, ",\"last_event_age_ms\":");
     put_i64(b, s->last_event_age_ms);
+    if (pc->route != NULL) {
+        uint64_t rq, tk;
+        kvr_route_load(pc->route, s->pod ? s->pod : "", s->dp_rank, &rq, &tk);
+        put(b, ",\"active_requests\":");
+        put_u64(b, rq);
+        put(b, ",\"active_tokens\":");
+        put_u64(b, tk);
+    }
     put(b, "}");
 }
 
 static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct json_list pc = {resp->body, 0};
+    struct json_list pc = {resp->body, 0, t->api->route};
 
     put(resp->body, "{\"pods\":[");
     kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
@@ -711,7 +905,7 @@ static void ep_cb(const struct kvr_zsub_endpoint *e, void *arg)
 
 static void ep_endpoints_get(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct json_list ec = {resp->body, 0};
+    struct json_list ec = {resp->body, 0, NULL};
 
     put(resp->body, "{\"endpoints\":[");
     kvr_zsub_endpoints(t->api->zsub, ep_cb, &ec);
@@ -845,6 +1039,8 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         kvr_score_metrics(api->score, b);
     if (api->tokset != NULL)
         kvr_tokset_metrics(api->tokset, b);
+    if (api->route != NULL)
+        kvr_route_metrics(api->route, b);
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
     if (api->server_metrics != NULL)
@@ -930,6 +1126,25 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
         if (m != HTTP_POST)
             RET_VOID(method_not_allowed(resp, ALLOW_POST));
         RET_VOID(ep_tokenize(t, req, resp));
+    }
+    if (path_is(req, "/v1/route")) {
+        resp->endpoint = KVR_EP_ROUTE;
+        if (m != HTTP_POST)
+            RET_VOID(method_not_allowed(resp, ALLOW_POST));
+        if (api->route == NULL)
+            RET_VOID(fail(resp, 503, "routing is not available"));
+        RET_VOID(ep_route(t, req, resp));
+    }
+    if (req->path_len > 11 && memcmp(req->path, "/v1/routes/", 11) == 0) {
+        resp->endpoint = KVR_EP_ROUTE;
+        if (m != HTTP_DELETE)
+            RET_VOID(method_not_allowed(resp, ALLOW_DELETE));
+        if (api->route == NULL)
+            RET_VOID(fail(resp, 503, "routing is not available"));
+        if (kvr_route_end(api->route, req->path + 11, req->path_len - 11) != 0)
+            RET_VOID(fail(resp, 404, "no such route (unknown, ended or expired)"));
+        put(resp->body, "{\"ended\":true}\n");
+        return;
     }
     if (path_is(req, "/healthz")) {
         resp->endpoint = KVR_EP_HEALTHZ;

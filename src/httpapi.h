@@ -5,6 +5,8 @@
  * Routes (see openapi.yaml):
  *   POST   /v1/score           both listeners (token ids, or a prompt tokenized here)
  *   POST   /v1/tokenize        both listeners (vLLM's route: prompt -> token ids)
+ *   POST   /v1/route           both listeners (a score query + candidates -> one worker)
+ *   DELETE /v1/routes/{id}     both listeners (ends a tracked request)
  *   GET    /v1/pods            admin **
  *   DELETE /v1/pods/{pod}      admin *
  *   GET    /v1/endpoints       admin **
@@ -45,6 +47,7 @@
 #include "index.h"
 #include "ingest.h"
 #include "score.h"
+#include "route.h"
 #include "snap.h"
 #include "tokset.h"
 #include "zsub.h"
@@ -62,6 +65,7 @@ struct kvr_httpapi_deps {
                                 * endpoint add/remove/list and its /metrics lines go to it */
     struct kvr_index *index;   /* index gauges in /metrics when ingest is NULL */
     struct kvr_snap *snap;     /* GET /v1/snapshot and its /metrics lines; NULL: 503 */
+    struct kvr_route *route;   /* POST /v1/route, DELETE /v1/routes/{id}; NULL: 503 */
     struct kvr_tokset *tokset; /* POST /v1/tokenize, "prompt" in /v1/score; NULL: no
                                 * tokenizers (text gets 400 "no tokenizer for model") */
     bool admin_listener;       /* an admin listener exists (mutations only there) */

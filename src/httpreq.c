@@ -39,7 +39,7 @@ enum { HDR_NONE = 0, HDR_CTYPE, HDR_AUTH, HDR_EXPECT };
 
 static const char *const ep_names[KVR_EP_COUNT] = {
     "other", "score", "pods", "pod_delete", "endpoints", "healthz", "readyz", "metrics",
-    "tokenize",
+    "tokenize", "route",
 };
 
 static const char *const limit_names[KVR_LIMIT_COUNT] = {

@@ -62,6 +62,7 @@ enum kvr_http_ep {
     KVR_EP_READYZ,
     KVR_EP_METRICS,
     KVR_EP_TOKENIZE,
+    KVR_EP_ROUTE,
     KVR_EP_COUNT
 };
 const char *kvr_httpreq_ep_name(enum kvr_http_ep ep);

@@ -117,6 +117,11 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
 int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uint64_t *hashes,
                      size_t n, struct kvr_index_wres *res);
 
+/* Copies of an engine hash the holder (wid, tier) has now (0: none). For a producer's
+ * authoritative remaining count (remaining_copy_counts): the caller removes the difference
+ * with kvr_index_remove. Same thread rule as store. */
+uint32_t kvr_index_copies(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint64_t hash);
+
 /* AllBlocksCleared: drops the worker's blocks in one tier, or all tiers with tier < 0.
  * Cost proportional to that worker's blocks. */
 int kvr_index_clear(struct kvr_index *ix, uint32_t wid, int tier, struct kvr_index_wres *res);

@@ -680,6 +680,24 @@ out:
     return rc;
 }
 
+uint32_t kvr_index_copies(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint64_t hash)
+{
+    struct worker *w;
+    struct holder *H;
+    struct rec *r;
+    uint64_t n;
+
+    if (ix == NULL || tier >= KVR_TIER_MAX || (w = worker_get(ix, wid)) == NULL)
+        return 0;
+    H = w->h[tier];
+    if (H == NULL || H->recs.s == NULL || (r = recmap_get_key(&H->recs, rec_key(hash))) == NULL)
+        return 0;
+    n = REC_COPIES(r);
+    if (n == COPIES_MAX && H->extra.n)
+        n += kvr_ix_cmap_get(&H->extra, r->key);
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 #define RM_WIN 32 /* remove: blocks looked up per window, in stages */
 
 /* A record looked up ahead by remove, if it is still eh's (not deleted since; the caller

@@ -104,6 +104,13 @@ struct kvr_stream_info {
 void kvr_ingest_streams(struct kvr_ingest *ing,
                         void (*cb)(const struct kvr_stream_info *s, void *arg), void *arg);
 
+/* The workers (pod, dp_rank) of a model's streams that have applied a batch and whose pod
+ * is not forgotten, for routing candidates: cb under the registry lock (writers take it only
+ * to register a new stream). Returns their number. */
+size_t kvr_ingest_model_workers(struct kvr_ingest *ing, const char *model,
+                                void (*cb)(void *arg, const char *pod, uint32_t dp_rank),
+                                void *arg);
+
 /* ---- the memory cap ([index] max_memory) --------------------------------------------- */
 
 /* A BlockStored is refused (not indexed, skip reason over_budget) when the index's bytes

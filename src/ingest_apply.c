@@ -23,6 +23,16 @@
  * AllBlocksCleared (here), an engine restart or a purge (kvr_ingest_clear_worker), or a new
  * baseline after the pod was forgotten (a batch applied without a previous one). A replay
  * cannot help: the refused batches were applied, so no gap is seen to replay.
+ *
+ * EXTRA KEYS, TIERS, REMAINING COUNTS (docs/wire-extra-keys.md)
+ * A block stored with extra keys (media, cache_salt, prompt embeddings) gets the content hash
+ * folded with them through hash.h, as score folds a query's; an event-level salt (SGLang)
+ * keys the request's first block, so it is folded into blocks[0] of an event without a
+ * parent. Tiers: locality REMOTE → the "remote" tier (both events); SGLang's mediums are
+ * aliased onto ours (CPU_PINNED, CPU_TIER1, CPU_TIER2 → cpu; DISK → storage; EXTERNAL keeps
+ * its own "external" tier). A BlockRemoved with remaining_copy_counts sets the holder's copies
+ * of each hash to that count (removing the difference) instead of removing one copy: a
+ * producer that reports only the last copy's removal cannot leave entries behind.
  */
 #include "ingest_int.h"
 
@@ -31,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "hash.h"
 
@@ -84,6 +95,23 @@ static void add_wres(struct writer *w, const struct kvr_index_wres *r)
         KVR_CNT_OWN_ADD(w->st.unknown_removes, r->unknown_removes);
 }
 
+/* SGLang's StorageMedium names (and its older CPU tiers) onto our tiers. */
+static void tier_alias(const char **medium, size_t *len)
+{
+    static const struct {
+        const char *from, *to;
+    } alias[] = {{"CPU_PINNED", "cpu"}, {"CPU_TIER1", "cpu"}, {"CPU_TIER2", "cpu"},
+                 {"DISK", "storage"}};
+    for (size_t i = 0; i < sizeof(alias) / sizeof(alias[0]); i++) {
+        size_t n = strlen(alias[i].from);
+        if (*len == n && strncasecmp(*medium, alias[i].from, n) == 0) {
+            *medium = alias[i].to;
+            *len = strlen(alias[i].to);
+            return;
+        }
+    }
+}
+
 static int tier_of(struct writer *w, const char *medium, size_t len, uint8_t *tier)
 {
     int rc;
@@ -92,6 +120,7 @@ static int tier_of(struct writer *w, const char *medium, size_t len, uint8_t *ti
         *tier = KVR_TIER_GPU;
         return 0;
     }
+    tier_alias(&medium, &len);
     for (unsigned i = 0; i < w->ntiers; i++) {
         if (w->tiers[i].len == len && memcmp(w->tiers[i].s, medium, len) == 0) {
             *tier = w->tiers[i].tier;
@@ -162,6 +191,26 @@ static int ns_of(struct writer *w, struct ing_topic *it, const struct kvr_event 
     sl->ns = *ns;
     sl->seed = *seed;
     return 0;
+}
+
+/* The event's tier: its medium's, or "remote" for blocks held at another location. */
+static int ev_tier(struct writer *w, const struct kvr_event *ev, uint8_t *tier)
+{
+    if (ev->remote)
+        return tier_of(w, "remote", 6, tier);
+    return tier_of(w, ev->medium, ev->medium_len, tier);
+}
+
+/* Folds one extra key into a content hash, as score folds a query's (hash.h). */
+static uint64_t fold_xkey(uint64_t h, const struct kvr_xkey *k)
+{
+    switch (k->kind) {
+    case KVR_XK_STR: return kvr_hash_xk_str(h, k->s, k->len);
+    case KVR_XK_MEDIA: return kvr_hash_xk_media(h, k->s, k->len, k->i);
+    case KVR_XK_BYTES: return kvr_hash_xk_bytes(h, k->s, k->len);
+    case KVR_XK_INT: return kvr_hash_xk_int(h, k->i);
+    default: return kvr_hash_xk_other(h);
+    }
 }
 
 static bool ensure_scratch(struct writer *w, size_t n)
@@ -254,7 +303,7 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
         skip(w, s, KVR_SKIP_TOKEN_COUNT);
         return;
     }
-    if (tier_of(w, ev->medium, ev->medium_len, &tier) != 0) {
+    if (ev_tier(w, ev, &tier) != 0) {
         skip(w, s, SKIP_TIER);
         return;
     }
@@ -265,6 +314,12 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
         return;
     }
     kvr_hash_blocks(seed, ev->tokens, n, bs, w->content);
+    if (ev->xkeys != NULL)
+        for (size_t i = 0; i < n; i++)
+            for (uint32_t k = ev->xk_first[i]; k < ev->xk_first[i + 1]; k++)
+                w->content[i] = fold_xkey(w->content[i], &ev->xkeys[k]);
+    if (ev->salt != NULL && !ev->has_parent)
+        w->content[0] = kvr_hash_xk_str(w->content[0], ev->salt, ev->salt_len);
     for (size_t i = 0; i < n; i++) {
         w->blocks[i].engine_hash = ev->hashes[i];
         w->blocks[i].content_hash = w->content[i];
@@ -316,6 +371,25 @@ static bool removal_indexed(const struct ing_stream *s, int32_t g)
     return g == 0 && !(s->groups_other & 1ull);
 }
 
+/* remaining_copy_counts: each hash keeps exactly that many copies (more are never made up:
+ * a store we missed cannot be rebuilt from a count). A count for a hash the holder does not
+ * have is an unknown removal, as without counts. */
+static void apply_remaining(struct writer *w, struct ing_stream *s, const struct kvr_event *ev,
+                            uint8_t tier)
+{
+    struct kvr_index_wres res = {0};
+
+    flush_removed(w, s); /* the copies read below must include every earlier removal */
+    for (size_t i = 0; i < ev->nhashes; i++) {
+        uint32_t have = kvr_index_copies(w->ing->ix, s->wid, tier, ev->hashes[i]);
+        uint32_t drop = have == 0 ? 1 : have > ev->remaining[i] ? have - ev->remaining[i] : 0;
+        for (uint32_t k = 0; k < drop; k++)
+            if (kvr_index_remove(w->ing->ix, s->wid, tier, &ev->hashes[i], 1, &res) != 0)
+                skip(w, s, SKIP_INDEX);
+    }
+    add_wres(w, &res);
+}
+
 static void apply_removed(struct writer *w, struct ing_stream *s, const struct kvr_event *ev)
 {
     uint8_t tier;
@@ -326,8 +400,12 @@ static void apply_removed(struct writer *w, struct ing_stream *s, const struct k
     }
     if (ev->nhashes == 0)
         return;
-    if (tier_of(w, ev->medium, ev->medium_len, &tier) != 0) {
+    if (ev_tier(w, ev, &tier) != 0) {
         skip(w, s, SKIP_TIER);
+        return;
+    }
+    if (ev->remaining != NULL) {
+        apply_remaining(w, s, ev, tier);
         return;
     }
     if (w->nrm > 0 && tier != w->rm_tier)

@@ -95,6 +95,24 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
     pthread_mutex_unlock(&ing->reg_mu);
 }
 
+size_t kvr_ingest_model_workers(struct kvr_ingest *ing, const char *model,
+                                void (*cb)(void *arg, const char *pod, uint32_t dp_rank),
+                                void *arg)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&ing->reg_mu);
+    for (size_t i = 0; i < ing->nstreams; i++) {
+        struct ing_stream *s = ing->streams[i];
+        if (!atomic_load_explicit(&s->p_has_last, memory_order_acquire) || s->wid == NO_WID ||
+            strcmp(s->it->t->model, model) != 0)
+            continue;
+        cb(arg, s->it->t->pod, s->dp_rank);
+        n++;
+    }
+    pthread_mutex_unlock(&ing->reg_mu);
+    return n;
+}
+
 uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing)
 {
     uint64_t n = 0;

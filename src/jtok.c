@@ -321,6 +321,31 @@ static int skip_number(struct kvr_jtok *j)
     return 0;
 }
 
+int kvr_jtok_u64(struct kvr_jtok *j, uint64_t *v)
+{
+    char *p;
+    uint64_t x = 0;
+
+    kvr_jtok_peek(j);
+    p = j->p;
+    if (p >= j->end || !is_digit((unsigned char)*p))
+        return fail_at(j, p, -EINVAL, "expected a non-negative integer");
+    if (*p == '0' && p + 1 < j->end && is_digit((unsigned char)p[1]))
+        return fail_at(j, p, -EINVAL, "leading zero in integer");
+    while (p < j->end && is_digit((unsigned char)*p)) {
+        unsigned d = (unsigned)(*p - '0');
+        if (x > (UINT64_MAX - d) / 10)
+            return fail_at(j, p, -EINVAL, "integer too large");
+        x = x * 10 + d;
+        p++;
+    }
+    if (p < j->end && (*p == '.' || *p == 'e' || *p == 'E'))
+        return fail_at(j, p, -EINVAL, "expected an integer");
+    j->p = p;
+    *v = x;
+    return 0;
+}
+
 static int skip_value(struct kvr_jtok *j, int depth)
 {
     int c = kvr_jtok_peek(j), rc, st = 0;

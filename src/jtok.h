@@ -49,6 +49,9 @@ int kvr_jtok_finish(struct kvr_jtok *j);
 int kvr_jtok_string(struct kvr_jtok *j, char **s, size_t *len);
 /* 1 and consumes "null" when the next value is null, 0 when it is something else. */
 int kvr_jtok_null(struct kvr_jtok *j);
+/* A non-negative integer (no fraction, exponent or leading zero) at the cursor into *v: 0,
+ * or -EINVAL. */
+int kvr_jtok_u64(struct kvr_jtok *j, uint64_t *v);
 /* true or false at the cursor into *v: 0, or -EINVAL. */
 int kvr_jtok_bool(struct kvr_jtok *j, bool *v);
 /* Validates and skips any value; nesting deeper than KVR_JTOK_MAX_DEPTH is -EINVAL. Strings

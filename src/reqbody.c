@@ -51,14 +51,121 @@ static int query_check(struct kvr_reqbody_query *q, bool model, bool tokens, boo
     return 0;
 }
 
+/* mm_hashes items after parsing: what the engine's hashing assumes (reqbody.h). */
+static int media_check(const struct kvr_hash_media *m, size_t n, struct kvr_err *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].id_len == 0 || m[i].id_len > KVR_NAME_MAX)
+            return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].hash must be 1..%d bytes", i,
+                               KVR_NAME_MAX);
+        if (m[i].length == 0)
+            return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].length must be >= 1", i);
+        if (i > 0 && m[i].offset < m[i - 1].offset + m[i - 1].length)
+            return kvr_err_set(err, -EINVAL, "\"mm_hashes\" must be sorted by offset and not "
+                                             "overlap (item %zu)", i);
+    }
+    return 0;
+}
+
 /* ---- JSON ------------------------------------------------------------------------------- */
 
-int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
-                           struct kvr_reqbody_query *q, struct kvr_err *err)
+/* An unsigned integer in [0, 2^32) at the cursor (no sign, fraction or exponent). */
+static int json_u32(struct kvr_jtok *j, uint64_t *v)
+{
+    uint64_t x = 0;
+    char *p;
+
+    if (kvr_jtok_peek(j) < '0' || kvr_jtok_peek(j) > '9')
+        return -EINVAL;
+    p = j->p;
+    if (*p == '0' && p + 1 < j->end && p[1] >= '0' && p[1] <= '9')
+        return -EINVAL;
+    while (p < j->end && *p >= '0' && *p <= '9') {
+        x = x * 10 + (uint64_t)(*p++ - '0');
+        if (x > UINT32_MAX)
+            return -EINVAL;
+    }
+    if (p < j->end && (*p == '.' || *p == 'e' || *p == 'E'))
+        return -EINVAL;
+    j->p = p;
+    *v = x;
+    return 0;
+}
+
+/* "mm_hashes": [{"hash": str, "offset": u32, "length": u32}, ...] or null. */
+static int json_media(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
+                      struct kvr_reqbody_query *q, struct kvr_err *err)
+{
+    int ast = 0, rc;
+
+    q->media = s->media;
+    if (kvr_jtok_null(j))
+        return 0;
+    if (kvr_jtok_peek(j) != '[')
+        return kvr_err_set(err, -EINVAL, "\"mm_hashes\" must be an array of objects");
+    while ((rc = kvr_jtok_array_next(j, &ast)) == 1) {
+        struct kvr_hash_media *m;
+        bool sh = false, so = false, sl = false;
+        int ost = 0, orc;
+        char *key, *str;
+        size_t klen, slen;
+
+        if (kvr_jtok_peek(j) != '{')
+            return kvr_err_set(err, -EINVAL, "\"mm_hashes\" must be an array of objects");
+        if (q->nmedia >= s->max_media)
+            return kvr_err_set(err, -EINVAL, "too many \"mm_hashes\" items (limit %zu)",
+                               s->max_media);
+        m = &s->media[q->nmedia];
+        memset(m, 0, sizeof(*m));
+        while ((orc = kvr_jtok_object_next(j, &ost, &key, &klen)) == 1) {
+            bool *seen = key_is(key, klen, "hash") ? &sh : key_is(key, klen, "offset") ? &so
+                       : key_is(key, klen, "length") ? &sl : NULL;
+            if (seen == NULL) {
+                if (kvr_jtok_skip(j) != 0)
+                    return jerr(j, err);
+                continue;
+            }
+            if (*seen)
+                return kvr_err_set(err, -EINVAL, "duplicate key in \"mm_hashes\" item %zu",
+                                   q->nmedia);
+            *seen = true;
+            if (seen == &sh) {
+                if (kvr_jtok_peek(j) != '"')
+                    return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].hash must be a string",
+                                       q->nmedia);
+                if (kvr_jtok_string(j, &str, &slen) != 0)
+                    return jerr(j, err);
+                m->id = str;
+                m->id_len = slen;
+            } else if (json_u32(j, seen == &so ? &m->offset : &m->length) != 0) {
+                return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].%s must be an integer in "
+                                   "[0, 2^32)", q->nmedia, seen == &so ? "offset" : "length");
+            }
+        }
+        if (orc < 0)
+            return jerr(j, err);
+        if (!sh || !so || !sl)
+            return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu] needs \"hash\", \"offset\" "
+                               "and \"length\"", q->nmedia);
+        q->nmedia++;
+    }
+    if (rc < 0)
+        return jerr(j, err);
+    return media_check(q->media, q->nmedia, err);
+}
+
+/* Other endpoints' own keys in a query body: 1 consumed, 0 not theirs, or -errno. */
+typedef int (*json_hook)(void *arg, const char *key, size_t klen, struct kvr_jtok *j,
+                         struct kvr_err *err);
+
+static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                      struct kvr_reqbody_query *q, struct kvr_err *err, json_hook hook,
+                      void *hook_arg)
 {
     struct kvr_jtok j;
     bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
     bool seen_prompt = false, seen_special = false;
+    bool seen_salt = false, seen_media = false;
     int st = 0, rc;
     char *key, *str;
     size_t klen, slen;
@@ -124,6 +231,23 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
                 return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
                                    KVR_NAME_MAX);
             q->lora_name = slen ? str : NULL;
+        } else if (key_is(key, klen, "cache_salt")) {
+            if (seen_salt)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"cache_salt\"");
+            seen_salt = true;
+            if (kvr_jtok_null(&j))
+                continue;
+            if (kvr_jtok_peek(&j) != '"')
+                return kvr_err_set(err, -EINVAL, "\"cache_salt\" must be a string or null");
+            if (kvr_jtok_string(&j, &str, &slen) != 0)
+                return jerr(&j, err);
+            q->cache_salt = slen ? str : NULL;
+        } else if (key_is(key, klen, "mm_hashes")) {
+            if (seen_media)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"mm_hashes\"");
+            seen_media = true;
+            if ((rc = json_media(&j, s, q, err)) != 0)
+                return rc;
         } else if (key_is(key, klen, "pods")) {
             int ast = 0;
             if (seen_pods)
@@ -145,7 +269,10 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
             if (rc < 0)
                 return jerr(&j, err);
         } else {
-            if (kvr_jtok_skip(&j) != 0)
+            int h = hook ? hook(hook_arg, key, klen, &j, err) : 0;
+            if (h < 0)
+                return h;
+            if (h == 0 && kvr_jtok_skip(&j) != 0)
                 return jerr(&j, err);
         }
     }
@@ -154,6 +281,133 @@ int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scra
     if (kvr_jtok_finish(&j) != 0)
         return jerr(&j, err);
     return query_check(q, seen_model, seen_tokens, seen_prompt, err);
+}
+
+int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_err *err)
+{
+    return query_json(body, len, s, q, err, NULL, NULL);
+}
+
+/* ---- POST /v1/route: the query plus "candidates", "policy", "track" ---------------------- */
+
+struct route_ctx {
+    struct kvr_reqbody_route *rq;
+    struct kvr_reqbody_cand *cands;
+    size_t cap;
+    bool seen_cands, seen_policy, seen_track;
+};
+
+static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *err)
+{
+    struct kvr_reqbody_cand *c = &rc->cands[rc->rq->ncands];
+    int st = 0, r;
+    char *key, *str;
+    size_t klen, slen;
+    uint64_t v;
+    bool sp = false, sr = false, sq = false, stk = false;
+
+    memset(c, 0, sizeof(*c));
+    if (kvr_jtok_peek(j) != '{')
+        return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu] must be an object",
+                           rc->rq->ncands);
+    while ((r = kvr_jtok_object_next(j, &st, &key, &klen)) == 1) {
+        bool *seen = key_is(key, klen, "pod") ? &sp
+                     : key_is(key, klen, "dp_rank") ? &sr
+                     : key_is(key, klen, "active_requests") ? &sq
+                     : key_is(key, klen, "active_tokens") ? &stk
+                                                           : NULL;
+        if (seen == NULL) {
+            if (kvr_jtok_skip(j) != 0)
+                return jerr(j, err);
+            continue;
+        }
+        if (*seen)
+            return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu]: duplicate key \"%.*s\"",
+                               rc->rq->ncands, (int)klen, key);
+        *seen = true;
+        if (seen == &sp) {
+            if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0 || slen == 0 ||
+                slen > KVR_NAME_MAX)
+                return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod must be a string of "
+                                   "1..%d bytes", rc->rq->ncands, KVR_NAME_MAX);
+            c->pod = str;
+            continue;
+        }
+        if (kvr_jtok_u64(j, &v) != 0 || (seen == &sr && v > UINT32_MAX))
+            return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].%.*s must be a non-negative "
+                               "integer%s", rc->rq->ncands, (int)klen, key,
+                               seen == &sr ? " below 2^32" : "");
+        if (seen == &sr)
+            c->dp_rank = (uint32_t)v;
+        else if (seen == &sq)
+            c->active_requests = v, c->has_requests = true;
+        else
+            c->active_tokens = v, c->has_tokens = true;
+    }
+    if (r < 0)
+        return jerr(j, err);
+    if (!sp)
+        return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu] needs \"pod\"", rc->rq->ncands);
+    rc->rq->ncands++;
+    return 0;
+}
+
+static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *j,
+                      struct kvr_err *err)
+{
+    struct route_ctx *rc = arg;
+    char *str;
+    size_t slen;
+    int r, st = 0;
+
+    if (key_is(key, klen, "candidates")) {
+        if (rc->seen_cands)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"candidates\"");
+        rc->seen_cands = true;
+        if (kvr_jtok_null(j))
+            return 1;
+        if (kvr_jtok_peek(j) != '[')
+            return kvr_err_set(err, -EINVAL, "\"candidates\" must be an array of objects");
+        while ((r = kvr_jtok_array_next(j, &st)) == 1) {
+            if (rc->rq->ncands >= rc->cap)
+                return kvr_err_set(err, -EINVAL, "too many candidates (limit %zu)", rc->cap);
+            if ((r = route_cand(rc, j, err)) != 0)
+                return r;
+        }
+        return r < 0 ? jerr(j, err) : 1;
+    }
+    if (key_is(key, klen, "policy")) {
+        if (rc->seen_policy)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"policy\"");
+        rc->seen_policy = true;
+        if (kvr_jtok_null(j))
+            return 1;
+        if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0)
+            return kvr_err_set(err, -EINVAL, "\"policy\" must be a string");
+        rc->rq->policy = str;
+        return 1;
+    }
+    if (key_is(key, klen, "track")) {
+        int c = kvr_jtok_peek(j);
+        if (rc->seen_track)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"track\"");
+        rc->seen_track = true;
+        if (c != 't' && c != 'f')
+            return kvr_err_set(err, -EINVAL, "\"track\" must be true or false");
+        return kvr_jtok_bool(j, &rc->rq->track) != 0 ? jerr(j, err) : 1;
+    }
+    return 0;
+}
+
+int kvr_reqbody_route_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_reqbody_cand *cands,
+                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err)
+{
+    struct route_ctx rc = {rq, cands, cap, false, false, false};
+    memset(rq, 0, sizeof(*rq));
+    rq->cands = cands;
+    return query_json(body, len, s, q, err, route_hook, &rc);
 }
 
 static int opt_string(struct kvr_jtok *j, const char *name, const char **out, struct kvr_err *err)
@@ -494,12 +748,112 @@ static int mp_tokens(struct mp *m, const struct kvr_reqbody_scratch *s, size_t *
     return 0;
 }
 
+/* An unsigned integer in [0, 2^32) (any msgpack int width). */
+static int mp_u32(struct mp *m, uint64_t *v)
+{
+    static const unsigned char w[8] = {1, 2, 4, 8, 1, 2, 4, 8}; /* cc..cf, d0..d3 */
+    unsigned char b;
+    unsigned k;
+    uint64_t x;
+
+    if (!mp_has(m, 1))
+        return -EINVAL;
+    b = m->p[0];
+    if (b <= 0x7f) {
+        *v = b;
+        m->p++;
+        return 0;
+    }
+    if (b < 0xcc || b > 0xd3)
+        return -EINVAL;
+    k = b - 0xcc;
+    if (!mp_has(m, 1u + w[k]))
+        return -EINVAL;
+    x = be(m->p + 1, w[k]);
+    if (k >= 4 && (x >> (8 * w[k] - 1)) & 1) /* a negative signed int */
+        return -EINVAL;
+    if (x > UINT32_MAX)
+        return -EINVAL;
+    m->p += 1 + w[k];
+    *v = x;
+    return 0;
+}
+
+static int mp_media(struct mp *m, const struct kvr_reqbody_scratch *s,
+                    struct kvr_reqbody_query *q, struct kvr_err *err)
+{
+    uint64_t n;
+    size_t hdr;
+    int rc;
+
+    q->media = s->media;
+    if (mp_nil(m))
+        return 0;
+    if (mp_header(m, MP_ARRAY, &n, &hdr) != 0)
+        return kvr_err_set(err, -EINVAL, "msgpack: \"mm_hashes\" must be an array of maps");
+    m->p += hdr;
+    if (n > s->max_media)
+        return kvr_err_set(err, -EINVAL, "too many \"mm_hashes\" items (limit %zu)",
+                           s->max_media);
+    for (uint64_t i = 0; i < n; i++) {
+        struct kvr_hash_media *md = &s->media[i];
+        bool sh = false, so = false, sl = false;
+        uint64_t nk;
+
+        memset(md, 0, sizeof(*md));
+        if (mp_header(m, MP_MAP, &nk, &hdr) != 0)
+            return kvr_err_set(err, -EINVAL, "msgpack: \"mm_hashes\" must be an array of maps");
+        m->p += hdr;
+        if (!mp_has(m, nk * 2))
+            return mp_fail(m, "truncated map");
+        for (uint64_t k = 0; k < nk; k++) {
+            uint64_t klen;
+            size_t khdr;
+            const char *key;
+            char *str;
+            size_t slen;
+            bool *seen;
+
+            if (mp_header(m, MP_STR, &klen, &khdr) != 0 || !mp_has(m, khdr + klen))
+                return mp_fail(m, "map key must be a string");
+            key = (const char *)m->p + khdr;
+            m->p += khdr + klen;
+            seen = key_is(key, klen, "hash") ? &sh : key_is(key, klen, "offset") ? &so
+                 : key_is(key, klen, "length") ? &sl : NULL;
+            if (seen == NULL) {
+                if (mp_skip(m, 1) != 0)
+                    return -EINVAL;
+                continue;
+            }
+            if (*seen)
+                return kvr_err_set(err, -EINVAL, "duplicate key in \"mm_hashes\" item %zu",
+                                   (size_t)i);
+            *seen = true;
+            if (seen == &sh) {
+                if ((rc = mp_string(m, "mm_hashes[].hash", &str, &slen)) != 0)
+                    return rc;
+                md->id = str;
+                md->id_len = slen;
+            } else if (mp_u32(m, seen == &so ? &md->offset : &md->length) != 0) {
+                return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].%s must be an integer in "
+                                   "[0, 2^32)", (size_t)i, seen == &so ? "offset" : "length");
+            }
+        }
+        if (!sh || !so || !sl)
+            return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu] needs \"hash\", \"offset\" "
+                               "and \"length\"", (size_t)i);
+        q->nmedia++;
+    }
+    return media_check(q->media, q->nmedia, err);
+}
+
 int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                               struct kvr_reqbody_query *q, struct kvr_err *err)
 {
     struct mp m = {(unsigned char *)body, (unsigned char *)body + len, (unsigned char *)body, err};
     bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
     bool seen_prompt = false, seen_special = false;
+    bool seen_salt = false, seen_media = false;
     uint64_t nkeys;
     size_t hdr;
     int rc;
@@ -566,6 +920,21 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
                 return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
                                    KVR_NAME_MAX);
             q->lora_name = slen ? str : NULL;
+        } else if (key_is(key, klen, "cache_salt")) {
+            if (seen_salt)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"cache_salt\"");
+            seen_salt = true;
+            if (mp_nil(&m))
+                continue;
+            if ((rc = mp_string(&m, "cache_salt", &str, &slen)) != 0)
+                return rc;
+            q->cache_salt = slen ? str : NULL;
+        } else if (key_is(key, klen, "mm_hashes")) {
+            if (seen_media)
+                return kvr_err_set(err, -EINVAL, "duplicate key \"mm_hashes\"");
+            seen_media = true;
+            if ((rc = mp_media(&m, s, q, err)) != 0)
+                return rc;
         } else if (key_is(key, klen, "pods")) {
             uint64_t n;
             if (seen_pods)

@@ -1,6 +1,7 @@
 /* reqbody.h — request bodies of the HTTP API, decoded without allocation.
  *
- * Score query: {"model": str, "token_ids": [u32], "lora_name"?: str|null, "pods"?: [str]|null}
+ * Score query: {"model": str, "token_ids": [u32], "lora_name"?: str|null, "pods"?: [str]|null,
+ * "cache_salt"?: str|null, "mm_hashes"?: [{"hash": str, "offset": u32, "length": u32}]|null}
  * or the same with "prompt": str (text the daemon tokenizes) in place of "token_ids", and
  * "add_special_tokens"?: bool (default true; meaningful with a prompt). The same map serves
  * /v1/tokenize ({"model", "prompt", "add_special_tokens"?}).
@@ -24,12 +25,19 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "hash.h" /* struct kvr_hash_media */
+
+/* mm_hashes items: the engine's media identifiers (vLLM extra keys) with their placeholder
+ * ranges in token_ids, sorted by offset and not overlapping (else 400). */
+#define KVR_REQBODY_MAX_MEDIA 256
 
 struct kvr_reqbody_scratch {
     uint32_t *tokens;
     size_t max_tokens;
     const char **pods;
     size_t max_pods;
+    struct kvr_hash_media *media; /* NULL/max_media 0: a body naming media is refused */
+    size_t max_media;
 };
 
 struct kvr_reqbody_query {
@@ -43,12 +51,34 @@ struct kvr_reqbody_query {
     const char *prompt;      /* NULL when absent (decoded in place; may hold NUL bytes) */
     size_t prompt_len;
     bool add_special_tokens; /* default true */
+    const char *cache_salt;  /* NULL when absent, null or "" (vLLM: no salt) */
+    const struct kvr_hash_media *media; /* = scratch->media */
+    size_t nmedia;
 };
 
 int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                            struct kvr_reqbody_query *q, struct kvr_err *err);
 int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                               struct kvr_reqbody_query *q, struct kvr_err *err);
+
+/* POST /v1/route: the query plus "candidates"?: [{"pod": str, "dp_rank"?: u32,
+ * "active_requests"?: u64, "active_tokens"?: u64}]|null (at most cap, stored in cands),
+ * "policy"?: str|null (checked by the caller), "track"?: bool. JSON only. */
+struct kvr_reqbody_cand {
+    const char *pod;
+    uint32_t dp_rank;
+    bool has_requests, has_tokens;
+    uint64_t active_requests, active_tokens;
+};
+struct kvr_reqbody_route {
+    const char *policy; /* NULL when absent or null */
+    bool track;
+    struct kvr_reqbody_cand *cands;
+    size_t ncands;      /* 0: not given */
+};
+int kvr_reqbody_route_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                           struct kvr_reqbody_query *q, struct kvr_reqbody_cand *cands,
+                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err);
 
 /* Tests and benchmarks: limits the msgpack token-array decoder to 0 = scalar only, 1 = + AVX-512
  * VBMI windows (x86-64; never above what the CPU has); -1 = the best available (the default).

@@ -257,6 +257,8 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
     }
 
     kvr_hash_blocks(seed, q->tokens, nblocks, bs, c->hashes);
+    kvr_hash_fold_query(c->hashes, nblocks, bs, q->cache_salt,
+                        q->cache_salt ? strlen(q->cache_salt) : 0, q->media, q->nmedia);
     rc = kvr_index_find(c->reader, ns, c->hashes, nblocks, pod_filter, npods, c->weights, &hits,
                         &nhits);
     if (rc != 0)

@@ -1,7 +1,8 @@
 /* score.h — a query (model, lora, token ids, pod filter) → ranked worker scores.
  *
  * The prompt is cut into the model's block size (learned from its events; a partial tail
- * block does not count), hashed with hash.h exactly as ingest hashes events, and looked up
+ * block does not count), hashed with hash.h exactly as ingest hashes events (a cache_salt
+ * and media items fold in as the engine's extra keys: kvr_hash_fold_query), and looked up
  * with kvr_index_find(). score = sum over the matched blocks of the best tier weight the
  * worker holds each at. Entries are sorted by score desc, then pod, then dp_rank.
  *
@@ -18,6 +19,7 @@
 #include <stdint.h>
 
 #include "conf.h"
+#include "hash.h"
 #include "index.h"
 #include "metrics.h"
 
@@ -39,6 +41,9 @@ struct kvr_score_query {
     size_t ntokens;
     const char *const *pods; /* NULL/npods 0 = all pods */
     size_t npods;
+    const char *cache_salt;  /* NULL/"" = none; keys block 0 as the engine does */
+    const struct kvr_hash_media *media; /* sorted by offset, not overlapping */
+    size_t nmedia;
 };
 
 struct kvr_score_entry {

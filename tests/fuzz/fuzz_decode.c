@@ -66,6 +66,22 @@ static void run_batch(struct kvr_decoder *d, const uint8_t *p, size_t n)
         if (ev.lora_name)
             check((const uint8_t *)ev.lora_name >= p &&
                   (const uint8_t *)ev.lora_name + ev.lora_name_len <= p + n);
+        if (ev.salt)
+            check((const uint8_t *)ev.salt >= p && (const uint8_t *)ev.salt + ev.salt_len <= p + n);
+        /* extra keys: per-block ranges in order, borrowed bytes inside the payload */
+        if (ev.xkeys) {
+            check(ev.xk_first[0] == 0);
+            for (size_t i = 0; i < ev.nhashes; i++)
+                check(ev.xk_first[i] <= ev.xk_first[i + 1]);
+            for (uint32_t k = 0; k < ev.xk_first[ev.nhashes]; k++) {
+                const struct kvr_xkey *x = &ev.xkeys[k];
+                check(x->kind >= KVR_XK_STR && x->kind <= KVR_XK_OTHER);
+                if (x->len)
+                    check((const uint8_t *)x->s >= p && (const uint8_t *)x->s + x->len <= p + n);
+            }
+        }
+        for (size_t i = 0; ev.remaining && i < ev.nhashes; i++)
+            sink += ev.remaining[i];
     }
     check(seen == bt.nevents);
     (void)sink; /* the sums only make every array element be read */
@@ -104,6 +120,16 @@ static void run_diff(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t
         check(ea.lora_name == er.lora_name && ea.lora_name_len == er.lora_name_len);
         check(ea.nhashes == 0 || memcmp(ea.hashes, er.hashes, ea.nhashes * 8) == 0);
         check(ea.ntokens == 0 || memcmp(ea.tokens, er.tokens, ea.ntokens * 4) == 0);
+        check(ea.salt == er.salt && ea.salt_len == er.salt_len && ea.remote == er.remote);
+        check((ea.xkeys == NULL) == (er.xkeys == NULL));
+        if (ea.xkeys) {
+            check(memcmp(ea.xk_first, er.xk_first, (ea.nhashes + 1) * 4) == 0);
+            for (uint32_t k = 0; k < ea.xk_first[ea.nhashes]; k++)
+                check(ea.xkeys[k].kind == er.xkeys[k].kind && ea.xkeys[k].s == er.xkeys[k].s &&
+                      ea.xkeys[k].len == er.xkeys[k].len && ea.xkeys[k].i == er.xkeys[k].i);
+        }
+        check((ea.remaining == NULL) == (er.remaining == NULL));
+        check(ea.remaining == NULL || memcmp(ea.remaining, er.remaining, ea.nhashes * 4) == 0);
     } while (ra != 0);
 }
 

@@ -77,7 +77,8 @@ static int ref_parse(const char *s, size_t len, uint32_t *out, size_t cap, size_
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct kvr_reqbody_scratch sc = {toks, MAXTOK, pods, 16};
+    static struct kvr_hash_media media[4], rmedia[4];
+    struct kvr_reqbody_scratch sc = {toks, MAXTOK, pods, 16, media, 4};
     struct kvr_reqbody_query q;
     struct kvr_reqbody_endpoint ep;
     struct kvr_jtok j;
@@ -109,12 +110,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     case 1:
         rc = kvr_reqbody_query_json(buf, len, &sc, &q, &err);
-        if (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK))
+        if (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK || q.nmedia > 4))
             abort();
+        for (size_t i = 0; rc == 0 && i < q.nmedia; i++) /* sorted, not overlapping */
+            if (q.media[i].id_len == 0 || q.media[i].length == 0 ||
+                (i > 0 && q.media[i].offset < q.media[i - 1].offset + q.media[i - 1].length))
+                abort();
         break;
     case 2: {
         /* the level data[1] picks against the scalar path, each on its own copy */
-        struct kvr_reqbody_scratch rs = {ref, MAXTOK, rpods, 16};
+        struct kvr_reqbody_scratch rs = {ref, MAXTOK, rpods, 16, rmedia, 4};
         struct kvr_reqbody_query rq;
         struct kvr_err rerr;
         char *rbuf = malloc(len ? len : 1);

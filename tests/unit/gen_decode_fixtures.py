@@ -116,7 +116,7 @@ F["mixed"] = pk([TS, [
     ["BlockStored", [6], None, [1, 2], 2, None, 5],                      # 11 bad_field medium
     ["BlockStored", [7], None, [-1, 2], 2],                              # 12 bad_tokens
     ["BlockStored", [8], None, [1, 2**32], 2],                           # 13 bad_tokens
-    ["BlockStored", [9], None, [[1, 2], [3, 4]], 2],                     # 14 bad_tokens (EAGLE)
+    ["BlockStored", [9], None, [[1, 2], [3, 4]], 2],                     # 14 eagle_bigram
     ["BlockStored", [10], None, [1, 2], -2],                             # 15 bad_field
     ["BlockStored", [11], None, [1, 2], 2, None, "GPU", None, None, 0,
      "mamba"],                                                           # 16 group
@@ -130,6 +130,58 @@ F["mixed"] = pk([TS, [
     ["BlockStored"],                                                     # 24 bad_field
     ["BlockRemoved", [18], "GPU", -1],                                   # 25 bad_field
     ], 5])
+# SGLang (python/sglang/srt/disaggregation/kv_events.py): msgspec array_like structs without
+# omit_defaults, so every field is written. EventBatch [ts, events, attn_dp_rank];
+# BlockStored [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium];
+# BlockStoredWithMetadata adds metadata: BlockStoredMetadata {cache_salt} (a map) at [7];
+# BlockRemoved [tag, block_hashes, medium]; AllBlocksCleared [tag]. Hashes are signed i64
+# (hash_str_to_int64). StorageMedium: GPU, CPU_PINNED, DISK, EXTERNAL (older: CPU_TIER1/2).
+# EAGLE pages carry (t, t+1) tuples. Recent versions write the vLLM layout plus locality and
+# ownership ([12], [13]; BlockRemoved [6], [7]; AllBlocksCleared [1]), the salt as an extra
+# key "dynamo-cache-salt:<salt>" and the metadata map at [14]; tagged maps carry cache_salt
+# and session_id.
+SG_TOK = list(range(500, 516))
+F["sglang"] = pk([TS, [
+    ["BlockStored", [-7, 2**62], None, SG_TOK + SG_TOK, 16, None, "GPU"],          # 0
+    ["BlockStored", [-9], -7, SG_TOK, 16, None, "CPU_PINNED",
+     {"cache_salt": "tenant-a"}],                                                   # 1
+    ["BlockStored", [-11], None, SG_TOK, 16, None, "DISK", None,
+     [["dynamo-cache-salt:tenant-a"]], None, None, None, "REMOTE", None,
+     {"cache_salt": "tenant-a"}],                                                   # 2
+    ["BlockRemoved", [-7], "CPU_TIER1"],                                            # 3
+    ["BlockRemoved", [-9], "EXTERNAL", None, None, None, "REMOTE", None],           # 4
+    ["AllBlocksCleared", None],                                                     # 5
+    {"type": "BlockStored", "block_hashes": [-13], "parent_block_hash": None,
+     "token_ids": SG_TOK, "block_size": 16, "lora_id": None, "medium": "CPU_TIER2",
+     "cache_salt": "tenant-b", "session_id": "sess-1"},                            # 6
+    ["BlockStored", [-15], None, [[t, t + 1] for t in range(4)], 4, None, "GPU"],  # 7 EAGLE
+    ["BlockStored", [-17, -19], None, SG_TOK + SG_TOK, 16, None, "GPU", None,
+     [["dynamo-cache-salt:tenant-a"]], None, None, None, None, None,
+     {"cache_salt": "tenant-a"}],                                                   # 8 coalesced
+    ], None])
+# vLLM extra keys (v0.17+) and the newest fields: LoRA name first on every block, media as
+# [identifier, offset in block], cache_salt on block 0, prompt-embeds digests as bin;
+# locality/ownership/session_id on BlockStored; BlockRemoved with remaining_copy_counts.
+F["extra_keys"] = pk([TS, [
+    {"type": "BlockStored", "block_hashes": [31, 32], "parent_block_hash": None,
+     "token_ids": list(range(32)), "block_size": 16, "lora_id": 4, "medium": "GPU",
+     "lora_name": "ad", "extra_keys": [["ad", ["img0", 3], "s1"], ["ad", ["img0", -13]]],
+     "group_idx": 0, "kv_cache_spec_kind": "full_attention", "locality": "REMOTE",
+     "ownership": "tier-7", "session_id": "sess-9"},                                # 0
+    ["BlockStored", [33, 34], None, list(range(32)), 16, None, "GPU", None,
+     [["s1"], None], 0, "full_attention", None],                                    # 1
+    {"type": "BlockStored", "block_hashes": [35], "token_ids": list(range(16)),
+     "block_size": 16, "extra_keys": [[bytes(range(32)), 7, 1.5]]},                # 2
+    {"type": "BlockStored", "block_hashes": [36, 37], "token_ids": list(range(32)),
+     "block_size": 16, "extra_keys": [["x"]]},                                      # 3 bad_field
+    {"type": "BlockRemoved", "block_hashes": [31, 32], "medium": "GPU",
+     "remaining_copy_counts": [0, 2], "locality": "remote", "ownership": "tier-7"}, # 4
+    {"type": "BlockRemoved", "block_hashes": [31], "remaining_copy_counts": [1, 2]},  # 5 bad
+    {"type": "BlockStored", "block_hashes": [38], "token_ids": list(range(16)),
+     "block_size": 16, "extra_keys": 5},                                            # 6 bad_field
+    {"type": "BlockStored", "block_hashes": [39], "token_ids": list(range(16)),
+     "block_size": 16, "extra_keys": [None], "future_field": [1, {"a": 2}]},       # 7 plain
+    ], 0])
 # Token-count mismatch with nil tokens, and block_size omitted (no check).
 F["token_count"] = pk([TS, [
     ["BlockStored", [1, 2], None, list(range(31)), 16, None, "GPU"],

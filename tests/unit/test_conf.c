@@ -26,9 +26,9 @@ static const struct bad_case bad_cases[] = {
     /* unknown key / section */
     {EV "[log]\nfoo = 1\n", "t.conf:4: unknown key 'foo' in section [log]"},
     {EV "[bar]\n", "t.conf:3: unknown section [bar] (expected one of [log], [events], [index], "
-                   "[http], [score], [tokenizer], [state], [daemon], [model \"NAME\"])"},
+                   "[http], [score], [route], [tokenizer], [state], [daemon], [model \"NAME\"])"},
     {"[ log ]\nlevel = info\n", "t.conf:1: unknown section [ log ] (expected one of [log], "
-                                "[events], [index], [http], [score], [tokenizer], [state], [daemon], [model \"NAME\"])"},
+                                "[events], [index], [http], [score], [route], [tokenizer], [state], [daemon], [model \"NAME\"])"},
     {"level = info\n" EV, "t.conf:1: key 'level' outside of any section"},
     {EV "[events]\nbind.x = 1\n", "t.conf:4: unknown key 'bind.x' in section [events]"},
     /* syntax */
@@ -202,10 +202,9 @@ static const struct bad_case bad_cases[] = {
                                   "1..31 characters of [a-z0-9_-]"},
     {EV "[score]\nweight.g/pu = 1\n", "t.conf:4: invalid tier name 'g/pu' in [score] "
                                       "weight.g/pu: expected 1..31 characters of [a-z0-9_-]"},
-    {EV "[score]\nweight.t1 = 1\nweight.t2 = 1\nweight.t3 = 1\nweight.t4 = 1\nweight.t5 = 1\n"
-        "weight.t6 = 1\n",
-     "t.conf:9: too many tiers in [score]: at most 8 weight.<tier> entries (including the "
-     "defaults gpu, cpu, storage)"},
+    {EV "[score]\nweight.t1 = 1\nweight.t2 = 1\nweight.t3 = 1\nweight.t4 = 1\n",
+     "t.conf:7: too many tiers in [score]: at most 8 weight.<tier> entries (including the "
+     "defaults gpu, cpu, storage, remote, external)"},
     {EV "[score]\ndefault_weight = inf\n", "t.conf:4: invalid value 'inf' for [score] "
                                            "default_weight: expected a number (e.g. 0.5)"},
     {EV "[score]\ndefault_weight = 1001\n", "t.conf:4: [score] default_weight = 1001 is out of "
@@ -303,8 +302,10 @@ static void test_defaults(void **state)
     assert_int_equal(c.probe_connections, 16);
     assert_false(c.public_introspection);
     assert_false(c.access_log);
-    assert_int_equal(c.nweights, 3);
+    assert_int_equal(c.nweights, 5);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 1.0);
+    assert_true(kvr_conf_tier_weight(&c, "remote") == 0.6);
+    assert_true(kvr_conf_tier_weight(&c, "external") == 0.4);
     assert_true(kvr_conf_tier_weight(&c, "CPU") == 0.8);
     assert_true(kvr_conf_tier_weight(&c, "storage") == 0.5);
     assert_true(kvr_conf_tier_weight(&c, "disk") == 0.5);
@@ -376,7 +377,7 @@ static void test_values_units(void **state)
     assert_int_equal(c.max_headers, 8);
     assert_int_equal(c.idle_timeout_ms, 120000);
     assert_int_equal(c.request_timeout_ms, 250);
-    assert_int_equal(c.nweights, 4);
+    assert_int_equal(c.nweights, 6);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 2.0);
     assert_true(kvr_conf_tier_weight(&c, "NVME_1") == 0.3);
     assert_true(kvr_conf_tier_weight(&c, "cpu") == 0.8);

@@ -77,6 +77,61 @@ static void test_chain(void **state)
     }
 }
 
+
+/* Extra-key folds: the documented xxh3 encoding (tag, le64 length, bytes, le64 offset),
+ * kinds and order matter, and the query fold follows vLLM's overlap rule. */
+static void test_extra_keys(void **state)
+{
+    uint64_t h = 0x1234, want;
+    unsigned char b[64];
+    (void)state;
+
+    /* 's', le64(3), "abc" seeded with h */
+    b[0] = 's';
+    memset(b + 1, 0, 8);
+    b[1] = 3;
+    memcpy(b + 9, "abc", 3);
+    want = XXH3_64bits_withSeed(b, 12, h);
+    assert_true(kvr_hash_xk_str(h, "abc", 3) == want);
+    /* 'm', le64(2), "id", le64(-3) */
+    b[0] = 'm';
+    memset(b + 1, 0, 8);
+    b[1] = 2;
+    memcpy(b + 9, "id", 2);
+    memset(b + 11, 0xff, 8);
+    b[11] = 0xfd;
+    want = XXH3_64bits_withSeed(b, 19, h);
+    assert_true(kvr_hash_xk_media(h, "id", 2, -3) == want);
+    /* kinds and order are part of the key */
+    assert_true(kvr_hash_xk_str(h, "id", 2) != kvr_hash_xk_bytes(h, "id", 2));
+    assert_true(kvr_hash_xk_str(h, "id", 2) != h);
+    assert_true(kvr_hash_xk_media(h, "id", 2, 0) != kvr_hash_xk_media(h, "id", 2, 1));
+    assert_true(kvr_hash_xk_str(kvr_hash_xk_str(h, "a", 1), "b", 1) !=
+                kvr_hash_xk_str(kvr_hash_xk_str(h, "b", 1), "a", 1));
+    assert_true(kvr_hash_xk_int(h, 1) != kvr_hash_xk_other(h));
+
+    /* query fold: 3 blocks of 4; media [2, 7) covers blocks 0 and 1; salt on block 0 */
+    uint64_t c[3] = {10, 20, 30}, e[3] = {10, 20, 30};
+    struct kvr_hash_media m = {"img", 3, 2, 5};
+    kvr_hash_fold_query(c, 3, 4, "s", 1, &m, 1);
+    e[0] = kvr_hash_xk_str(kvr_hash_xk_media(e[0], "img", 3, 2), "s", 1);
+    e[1] = kvr_hash_xk_media(e[1], "img", 3, -2);
+    assert_true(c[0] == e[0] && c[1] == e[1] && c[2] == e[2]);
+    /* Dynamo's/SGLang's prefixed form folds as the bare salt */
+    uint64_t p1[1] = {10}, p2[1] = {10};
+    kvr_hash_fold_query(p1, 1, 4, "dynamo-cache-salt:t", 19, NULL, 0);
+    kvr_hash_fold_query(p2, 1, 4, "t", 1, NULL, 0);
+    assert_true(p1[0] == p2[0] && p1[0] != 10);
+    /* no salt, no media: unchanged (a plain query is the plain hash) */
+    kvr_hash_fold_query(c, 3, 4, "", 0, NULL, 0);
+    assert_true(c[0] == e[0] && c[1] == e[1] && c[2] == e[2]);
+    /* two media in one block, in order */
+    uint64_t d[1] = {5};
+    struct kvr_hash_media mm[2] = {{"a", 1, 0, 1}, {"b", 1, 2, 9}};
+    kvr_hash_fold_query(d, 1, 4, NULL, 0, mm, 2);
+    assert_true(d[0] == kvr_hash_xk_media(kvr_hash_xk_media(5, "a", 1, 0), "b", 1, 2));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -84,6 +139,7 @@ int main(void)
         cmocka_unit_test(test_blocks_matches_block),
         cmocka_unit_test(test_ns_seed),
         cmocka_unit_test(test_chain),
+        cmocka_unit_test(test_extra_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

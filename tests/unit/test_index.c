@@ -158,7 +158,12 @@ static void test_duplicates_refcounted(void **state)
     uint64_t b[KVR_TIER_MAX];
     kvr_index_worker_blocks(f.ix, f.w0, b);
     assert_int_equal(b[0], 40); /* distinct blocks */
+    assert_int_equal(kvr_index_copies(f.ix, f.w0, 0, E(0, 7)), 2);
+    assert_int_equal(kvr_index_copies(f.ix, f.w0, 1, E(0, 7)), 0); /* another tier */
+    assert_int_equal(kvr_index_copies(f.ix, f.w1, 0, E(0, 7)), 0); /* another worker */
+    assert_int_equal(kvr_index_copies(f.ix, f.w0, 0, E(9, 7)), 0); /* unknown hash */
     r = rmv(&f, f.w0, 0, 0, 0, 40);
+    assert_int_equal(kvr_index_copies(f.ix, f.w0, 0, E(0, 7)), 1);
     assert_int_equal(r.removed, 0); /* one copy left */
     assert_int_equal(matched(&f, f.ns, 0, 40, f.w0), 40);
     r = rmv(&f, f.w0, 0, 0, 0, 40);
@@ -179,8 +184,10 @@ static void test_duplicates_refcounted(void **state)
     assert_int_equal(kvr_index_store(f.ix, f.w1, 0, f.ns, NULL, bl, many, &r), 0);
     assert_int_equal(r.stored, 1);
     assert_int_equal(r.duplicates, many - 1);
+    assert_int_equal(kvr_index_copies(f.ix, f.w1, 0, E(5, 0)), many); /* past 0xffff */
     r = (struct kvr_index_wres){0};
     assert_int_equal(kvr_index_remove(f.ix, f.w1, 0, hh, many - 1, &r), 0);
+    assert_int_equal(kvr_index_copies(f.ix, f.w1, 0, E(5, 0)), 1);
     assert_int_equal(r.removed, 0);
     assert_int_equal(matched(&f, f.ns, 5, 1, f.w1), 1);
     r = (struct kvr_index_wres){0};
@@ -194,6 +201,42 @@ static void test_duplicates_refcounted(void **state)
     kvr_index_stats(f.ix, &stt);
     assert_int_equal(stt.entries, 0);
     assert_int_equal(stt.holders, 0);
+    rm_fx(&f);
+}
+
+
+/* Extra keys at the index: a salted (or media-keyed) block 0 has its own content hash, and
+ * the chain carries it, so the same tokens' later blocks are other entries too: a plain query
+ * finds nothing of the salted chain, the same salt all of it, a different salt nothing. */
+static void test_extra_keys_chain(void **state)
+{
+    (void)state;
+    struct fx f;
+    mk(&f, 32, 0);
+    struct kvr_index_block b[8];
+    uint64_t plain[8], salted[8], other[8];
+    struct kvr_index_wres r = {0};
+    for (int i = 0; i < 8; i++) {
+        plain[i] = salted[i] = other[i] = C(3, i);
+        b[i] = (struct kvr_index_block){E(3, i), C(3, i)};
+    }
+    salted[0] = kvr_hash_xk_str(plain[0], "tenant-a", 8);
+    other[0] = kvr_hash_xk_str(plain[0], "tenant-b", 8);
+    b[0].content_hash = salted[0];
+    assert_int_equal(kvr_index_store(f.ix, f.w0, 0, f.ns, NULL, b, 8, &r), 0);
+    st(&f, f.w2, 0, f.ns, 3, 0, 8); /* the plain chain on pod-b */
+    const struct kvr_index_hit *hits;
+    size_t nh;
+    uint32_t got[3] = {0, 0, 0};
+    const uint64_t *qs[3] = {plain, salted, other};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(kvr_index_find(f.r, f.ns, qs[k], 8, NULL, 0, W1, &hits, &nh), 0);
+        for (size_t i = 0; i < nh; i++)
+            got[k] |= (hits[i].wid == f.w0 ? 1u : 2u) << (hits[i].matched == 8 ? 0 : 4);
+    }
+    assert_int_equal(got[0], 2); /* plain: pod-b only, whole chain */
+    assert_int_equal(got[1], 1); /* salted: pod-a only, whole chain */
+    assert_int_equal(got[2], 0); /* another salt: nobody */
     rm_fx(&f);
 }
 
@@ -777,6 +820,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_find_basic),
         cmocka_unit_test(test_duplicates_refcounted),
+        cmocka_unit_test(test_extra_keys_chain),
         cmocka_unit_test(test_orphans),
         cmocka_unit_test(test_remove_mixed_unknown),
         cmocka_unit_test(test_clear_and_purge),

@@ -11,8 +11,10 @@
 
 #include <stdatomic.h>
 
+#include "decode.h"
 #include "queue.h"
 #include "queue_msg.h"
+#include "score.h"
 
 /* ---- the producer side, without sockets ---------------------------------------------- */
 
@@ -1071,6 +1073,777 @@ static void test_budget_model(void **state)
     fx_free(f);
 }
 
+/* ---- the rest of the wire: extra keys, SGLang, newest vLLM fields ------------------------ */
+
+/* One raw payload (bytes as an engine sent them) into the topic's queue. */
+static void publish_raw(void *pub, const char *topic, uint64_t seq, const void *b, size_t n)
+{
+    struct feeder *fd = pub;
+    struct kvr_queue_msg m = {.kind = KVR_QUEUE_LIVE, .seq = seq, .source = fd->source,
+                              .can_replay = fd->can_replay};
+
+    m.topic = feeder_topic(fd, topic);
+    m.recv_ns = kvr_now_ns();
+    m.payload = payload_of(b, n);
+    feed(fd, &m);
+}
+
+/* A literal extra key, as vLLM's generate_block_hash_extra_keys returns it. */
+struct lit {
+    int kind; /* 1 str (salt), 2 media [id, offset] */
+    const char *s;
+    int64_t off;
+};
+
+/* A vLLM BlockStored (map form) with extra keys; blk[i] are block i's keys after the LoRA
+ * name (which is put first on every block when lora is set, as vLLM does). */
+struct xev {
+    uint64_t h[16];
+    size_t n;
+    bool has_parent;
+    uint64_t parent;
+    const uint32_t *tok;
+    uint32_t bs;
+    const char *lora;
+    const char *medium;
+    const char *locality;
+    struct lit blk[16][6];
+    int nblk[16];
+};
+
+static void pk_xev(msgpack_packer *p, const struct xev *e)
+{
+    msgpack_pack_map(p, 9 + (e->locality != NULL));
+    pk_str(p, "type");
+    pk_str(p, "BlockStored");
+    pk_str(p, "block_hashes");
+    pk_hashes(p, e->h, e->n);
+    pk_str(p, "parent_block_hash");
+    if (e->has_parent)
+        msgpack_pack_uint64(p, e->parent);
+    else
+        msgpack_pack_nil(p);
+    pk_str(p, "token_ids");
+    msgpack_pack_array(p, e->n * e->bs);
+    for (size_t i = 0; i < e->n * e->bs; i++)
+        msgpack_pack_uint32(p, e->tok[i]);
+    pk_str(p, "block_size");
+    msgpack_pack_uint32(p, e->bs);
+    pk_str(p, "lora_id");
+    msgpack_pack_nil(p);
+    pk_str(p, "medium");
+    pk_str(p, e->medium ? e->medium : "GPU");
+    pk_str(p, "lora_name");
+    if (e->lora)
+        pk_str(p, e->lora);
+    else
+        msgpack_pack_nil(p);
+    pk_str(p, "extra_keys");
+    msgpack_pack_array(p, e->n);
+    for (size_t i = 0; i < e->n; i++) {
+        int k = e->nblk[i] + (e->lora != NULL);
+        if (k == 0) {
+            msgpack_pack_nil(p);
+            continue;
+        }
+        msgpack_pack_array(p, k);
+        if (e->lora)
+            pk_str(p, e->lora);
+        for (int j = 0; j < e->nblk[i]; j++) {
+            const struct lit *l = &e->blk[i][j];
+            if (l->kind == 1) {
+                pk_str(p, l->s);
+            } else {
+                msgpack_pack_array(p, 2);
+                pk_str(p, l->s);
+                msgpack_pack_int64(p, l->off);
+            }
+        }
+    }
+    if (e->locality) {
+        pk_str(p, "locality");
+        pk_str(p, e->locality);
+    }
+}
+
+static void publish_xev(struct fx *f, const char *topic, uint64_t seq, const struct xev *e)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer p;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&p, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, 1);
+    pk_xev(&p, e);
+    msgpack_pack_uint32(&p, 0);
+    publish_raw(f->pub, topic, seq, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+struct scorer {
+    struct kvr_score *s;
+    struct kvr_score_ctx *c;
+};
+
+static void scorer_new(struct fx *f, struct scorer *sc)
+{
+    assert_int_equal(kvr_score_create(f->ix, &f->conf, &sc->s), 0);
+    assert_int_equal(kvr_score_ctx_create(sc->s, 4096, &sc->c), 0);
+}
+
+static void scorer_free(struct scorer *sc)
+{
+    kvr_score_ctx_destroy(sc->c);
+    kvr_score_destroy(sc->s);
+}
+
+/* matched_blocks of pod (rank 0) for a query through score (cache_salt, media). */
+static uint32_t sc_matched(struct scorer *sc, const char *lora, const uint32_t *tok, size_t n,
+                           const char *salt, const struct kvr_hash_media *m, size_t nm,
+                           const char *pod)
+{
+    struct kvr_score_query q = {MODEL, lora, tok, n, NULL, 0, salt, m, nm};
+    struct kvr_score_result r;
+
+    assert_int_equal(kvr_score_query(sc->c, &q, &r), 0);
+    for (size_t i = 0; i < r.nentries; i++)
+        if (strcmp(r.entries[i].pod, pod) == 0 && r.entries[i].dp_rank == 0)
+            return r.entries[i].matched_blocks;
+    return 0;
+}
+
+/* Salted and multimodal blocks never match a plain query, and match a query with the same
+ * salt / media (at the same offsets) only; the LoRA name in extra keys is the namespace's. */
+static void test_extra_keys_no_false_hits(void **state)
+{
+    struct fx *f = fx_new();
+    struct scorer sc;
+    uint32_t tok[32];
+    (void)state;
+
+    warm_up(f);
+    scorer_new(f, &sc);
+    tokens_seq(tok, 32, 500);
+    /* vLLM, cache_salt "tenant-a": the salt keys block 0 only */
+    struct xev a = {.h = {11, 12}, .n = 2, .tok = tok, .bs = 16,
+                    .blk = {{{1, "tenant-a", 0}}}, .nblk = {1, 0}};
+    /* plain */
+    struct xev b = {.h = {21, 22}, .n = 2, .tok = tok, .bs = 16};
+    /* an image at tokens [4, 24): on both blocks, offsets 4 and 4 - 16 */
+    struct xev c = {.h = {31, 32}, .n = 2, .tok = tok, .bs = 16,
+                    .blk = {{{2, "img0", 4}}, {{2, "img0", -12}}}, .nblk = {1, 1}};
+    /* LoRA "ad": its name first on every block, nothing else */
+    struct xev e = {.h = {51, 52}, .n = 2, .tok = tok, .bs = 16, .lora = "ad"};
+    /* LoRA "ad" and the salt */
+    struct xev g = {.h = {61, 62}, .n = 2, .tok = tok, .bs = 16, .lora = "ad",
+                    .blk = {{{1, "tenant-a", 0}}}, .nblk = {1, 0}};
+    publish_xev(f, "kv@pod-a@" MODEL, 0, &a);
+    publish_xev(f, "kv@pod-b@" MODEL, 0, &b);
+    publish_xev(f, "kv@pod-c@" MODEL, 0, &c);
+    publish_xev(f, "kv@pod-e@" MODEL, 0, &e);
+    publish_xev(f, "kv@pod-g@" MODEL, 0, &g);
+    /* SGLang: a salted page chain (BlockStoredWithMetadata, metadata at [7]), one page an
+     * event, each carrying the salt */
+    {
+        msgpack_sbuffer sb;
+        msgpack_packer p;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&p, &sb, msgpack_sbuffer_write);
+        msgpack_pack_array(&p, 3);
+        msgpack_pack_double(&p, 1.5);
+        msgpack_pack_array(&p, 2);
+        for (int i = 0; i < 2; i++) {
+            msgpack_pack_array(&p, 8);
+            pk_str(&p, "BlockStored");
+            msgpack_pack_array(&p, 1);
+            msgpack_pack_int64(&p, -41 - i);
+            if (i == 0)
+                msgpack_pack_nil(&p);
+            else
+                msgpack_pack_int64(&p, -41);
+            msgpack_pack_array(&p, 16);
+            for (int t = 0; t < 16; t++)
+                msgpack_pack_uint32(&p, tok[16 * i + t]);
+            msgpack_pack_uint32(&p, 16);
+            msgpack_pack_nil(&p);
+            pk_str(&p, "CPU_PINNED");
+            msgpack_pack_map(&p, 1);
+            pk_str(&p, "cache_salt");
+            pk_str(&p, "tenant-a");
+        }
+        msgpack_pack_nil(&p);
+        publish_raw(f->pub, "kv@pod-d@" MODEL, 0, sb.data, sb.size);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    const char *pods[] = {"pod-a", "pod-b", "pod-c", "pod-d", "pod-e", "pod-g"};
+    for (size_t i = 0; i < 6; i++)
+        wait_seq(f, pods[i], 0, 0, KVR_STREAM_SYNCED);
+    assert_true(metric(f, "events_skipped_total", "reason=\"bad_field\"") <= 0);
+    assert_int_equal(worker_tier_blocks(f, "pod-d", 0, KVR_TIER_CPU), 2);
+
+    struct kvr_hash_media img0 = {"img0", 4, 4, 20}, img1 = {"img1", 4, 4, 20},
+                          img0_moved = {"img0", 4, 5, 20}, img0_short = {"img0", 4, 4, 10};
+    /* plain query: the plain blocks only (the LoRA ones are another namespace) */
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, NULL, 0, "pod-b"), 2);
+    for (size_t i = 0; i < 6; i++)
+        if (strcmp(pods[i], "pod-b") != 0)
+            assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, NULL, 0, pods[i]), 0);
+    /* the tenant's salt: its blocks on both engines, nothing else */
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-a", NULL, 0, "pod-a"), 2);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-a", NULL, 0, "pod-d"), 2);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-a", NULL, 0, "pod-b"), 0);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-a", NULL, 0, "pod-c"), 0);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-b", NULL, 0, "pod-a"), 0);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-b", NULL, 0, "pod-d"), 0);
+    /* "" is no salt (vLLM: a falsy salt adds no key) */
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "", NULL, 0, "pod-b"), 2);
+    /* media: same id at the same offsets only */
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, &img0, 1, "pod-c"), 2);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, &img0, 1, "pod-b"), 0);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, &img1, 1, "pod-c"), 0);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, &img0_moved, 1, "pod-c"), 0);
+    /* the image ends inside block 0: block 1 carries no key, so only block 0 matches */
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, &img0_short, 1, "pod-c"), 1);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, "tenant-a", &img0, 1, "pod-c"), 0);
+    /* LoRA: the name in extra keys is the namespace's */
+    assert_int_equal(sc_matched(&sc, "ad", tok, 32, NULL, NULL, 0, "pod-e"), 2);
+    assert_int_equal(sc_matched(&sc, "ad", tok, 32, NULL, NULL, 0, "pod-g"), 0);
+    assert_int_equal(sc_matched(&sc, "ad", tok, 32, "tenant-a", NULL, 0, "pod-g"), 2);
+    assert_int_equal(sc_matched(&sc, "ad", tok, 32, "tenant-a", NULL, 0, "pod-e"), 0);
+    scorer_free(&sc);
+    fx_free(f);
+}
+
+/* remaining_copy_counts is authoritative: an engine that reports only the last copy's
+ * removal (one BlockRemoved, count 0) leaves nothing behind, where per-copy counting would
+ * keep the block forever; a count above 0 keeps exactly that many copies. */
+static void test_remaining_copy_counts(void **state)
+{
+    struct fx *f = fx_new();
+    uint32_t tok[16];
+    uint64_t h[1] = {71};
+    (void)state;
+
+    warm_up(f);
+    tokens_seq(tok, 16, 900);
+    struct tev st = {.type = EV_STORED, .hashes = h, .n = 1, .tokens = tok, .ntok = 16, .bs = 16,
+                     .lora_id = -1};
+    struct tev three[3] = {st, st, st}; /* three physical copies of one block */
+    publish(f->pub, "kv@pod-r@" MODEL, 0, three, 3, 0);
+    publish(f->pub, "kv@pod-l@" MODEL, 0, three, 3, 0);
+    wait_seq(f, "pod-r", 0, 0, KVR_STREAM_SYNCED);
+    wait_seq(f, "pod-l", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(kvr_index_copies(f->ix, wid_of(f, "pod-r", 0), KVR_TIER_GPU, 71), 3);
+
+    /* without counts, one removal drops one copy: the leak a last-copy-only engine causes */
+    struct tev rm = {.type = EV_REMOVED, .hashes = h, .n = 1};
+    publish(f->pub, "kv@pod-l@" MODEL, 1, &rm, 1, 0);
+    wait_seq(f, "pod-l", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 16, "pod-l", 0), 1);
+
+    /* with counts: [2] keeps two copies, then [0] removes the block */
+    static const uint8_t rm2[] = {
+        0x93, 0x00, 0x91, 0x83, 0xa4, 't', 'y', 'p', 'e', 0xac, 'B', 'l', 'o', 'c', 'k', 'R',
+        'e', 'm', 'o', 'v', 'e', 'd', 0xac, 'b', 'l', 'o', 'c', 'k', '_', 'h', 'a', 's', 'h',
+        'e', 's', 0x91, 71, 0xb5, 'r', 'e', 'm', 'a', 'i', 'n', 'i', 'n', 'g', '_', 'c', 'o',
+        'p', 'y', '_', 'c', 'o', 'u', 'n', 't', 's', 0x91, 2, 0x00};
+    uint8_t rm0[sizeof(rm2)];
+    memcpy(rm0, rm2, sizeof(rm2));
+    rm0[sizeof(rm0) - 2] = 0; /* remaining_copy_counts [0] */
+    publish_raw(f->pub, "kv@pod-r@" MODEL, 1, rm2, sizeof(rm2));
+    wait_seq(f, "pod-r", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(kvr_index_copies(f->ix, wid_of(f, "pod-r", 0), KVR_TIER_GPU, 71), 2);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 16, "pod-r", 0), 1);
+    publish_raw(f->pub, "kv@pod-r@" MODEL, 2, rm0, sizeof(rm0));
+    wait_seq(f, "pod-r", 0, 2, KVR_STREAM_SYNCED);
+    assert_int_equal(kvr_index_copies(f->ix, wid_of(f, "pod-r", 0), KVR_TIER_GPU, 71), 0);
+    assert_int_equal(matched(f, MODEL, NULL, tok, 16, 16, "pod-r", 0), 0);
+    assert_int_equal(worker_tier_blocks(f, "pod-r", 0, KVR_TIER_GPU), 0);
+    /* a count for a hash no longer held: an unknown removal, as without counts */
+    double unknown = metric(f, "events_unknown_removes_total", NULL);
+    publish_raw(f->pub, "kv@pod-r@" MODEL, 3, rm0, sizeof(rm0));
+    wait_seq(f, "pod-r", 0, 3, KVR_STREAM_SYNCED);
+    assert_true(metric(f, "events_unknown_removes_total", NULL) == unknown + 1);
+    fx_free(f);
+}
+
+static uint8_t *slurp_file(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    uint8_t *b;
+    long n;
+
+    if (fp == NULL)
+        fail_msg("cannot open %s (tests run from the repository root)", path);
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    *len = (size_t)n;
+    return b;
+}
+
+/* Every SGLang form (from its msgspec structs: 7-element BlockStored with signed hashes and a
+ * nil attn_dp_rank, BlockStoredWithMetadata, the recent vLLM-like layout with locality,
+ * BlockRemoved of 3 and 8 elements, AllBlocksCleared with its slot, tagged maps with
+ * cache_salt and session_id) applies with no skipped event; mediums land on our tiers. */
+static void test_sglang_forms(void **state)
+{
+    struct fx *f = fx_new();
+    struct scorer sc;
+    uint32_t tok[32];
+    msgpack_sbuffer sb;
+    msgpack_packer p;
+    (void)state;
+
+    warm_up(f);
+    scorer_new(f, &sc);
+    tokens_seq(tok, 32, 3000);
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&p, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, 7);
+    /* 7 elements: two GPU pages */
+    msgpack_pack_array(&p, 7);
+    pk_str(&p, "BlockStored");
+    msgpack_pack_array(&p, 2);
+    msgpack_pack_int64(&p, -1);
+    msgpack_pack_int64(&p, -2);
+    msgpack_pack_nil(&p);
+    msgpack_pack_array(&p, 32);
+    for (int t = 0; t < 32; t++)
+        msgpack_pack_uint32(&p, tok[t]);
+    msgpack_pack_uint32(&p, 16);
+    msgpack_pack_nil(&p);
+    pk_str(&p, "GPU");
+    /* the same pages on the host (CPU_PINNED), then on disk (DISK), older CPU_TIER2 */
+    const char *med[3] = {"CPU_PINNED", "DISK", "CPU_TIER2"};
+    for (int m = 0; m < 3; m++) {
+        msgpack_pack_array(&p, 7);
+        pk_str(&p, "BlockStored");
+        msgpack_pack_array(&p, 2);
+        msgpack_pack_int64(&p, -1);
+        msgpack_pack_int64(&p, -2);
+        msgpack_pack_nil(&p);
+        msgpack_pack_array(&p, 32);
+        for (int t = 0; t < 32; t++)
+            msgpack_pack_uint32(&p, tok[t]);
+        msgpack_pack_uint32(&p, 16);
+        msgpack_pack_nil(&p);
+        pk_str(&p, med[m]);
+    }
+    /* recent layout, EXTERNAL pool, locality REMOTE, one page */
+    msgpack_pack_array(&p, 14);
+    pk_str(&p, "BlockStored");
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_int64(&p, -1);
+    msgpack_pack_nil(&p);
+    msgpack_pack_array(&p, 16);
+    for (int t = 0; t < 16; t++)
+        msgpack_pack_uint32(&p, tok[t]);
+    msgpack_pack_uint32(&p, 16);
+    msgpack_pack_nil(&p);
+    pk_str(&p, "EXTERNAL");
+    for (int k = 0; k < 5; k++)
+        msgpack_pack_nil(&p);
+    pk_str(&p, "REMOTE");
+    msgpack_pack_nil(&p);
+    /* BlockRemoved (3 elements) of the disk copy of page 2, (8 elements) of the host one */
+    msgpack_pack_array(&p, 3);
+    pk_str(&p, "BlockRemoved");
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_int64(&p, -2);
+    pk_str(&p, "DISK");
+    msgpack_pack_array(&p, 8);
+    pk_str(&p, "BlockRemoved");
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_int64(&p, -2);
+    pk_str(&p, "CPU_PINNED");
+    for (int k = 0; k < 5; k++)
+        msgpack_pack_nil(&p);
+    msgpack_pack_nil(&p); /* attn_dp_rank */
+    publish_raw(f->pub, "kv@sg@" MODEL, 0, sb.data, sb.size);
+    wait_seq(f, "sg", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(worker_tier_blocks(f, "sg", 0, KVR_TIER_GPU), 2);
+    /* CPU_PINNED and CPU_TIER2 are both cpu: the same two hashes twice (two copies each);
+     * one copy of page 2 removed, both blocks still held */
+    assert_int_equal(worker_tier_blocks(f, "sg", 0, KVR_TIER_CPU), 2);
+    assert_int_equal(kvr_index_copies(f->ix, wid_of(f, "sg", 0), KVR_TIER_CPU, (uint64_t)-2), 1);
+    assert_int_equal(worker_tier_blocks(f, "sg", 0, KVR_TIER_STORAGE), 1);
+    {
+        uint8_t t;
+        assert_int_equal(kvr_index_tier_intern(f->ix, "remote", 6, &t), 0);
+        assert_int_equal(worker_tier_blocks(f, "sg", 0, t), 1);
+        assert_int_equal(kvr_index_tier_intern(f->ix, "external", 8, &t), 0);
+        assert_int_equal(worker_tier_blocks(f, "sg", 0, t), 0); /* remote wins */
+    }
+    /* a tagged map with cache_salt and session_id, then AllBlocksCleared [tag, nil] */
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_map(&p, 9);
+    pk_str(&p, "type");
+    pk_str(&p, "BlockStored");
+    pk_str(&p, "block_hashes");
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_int64(&p, -9);
+    pk_str(&p, "parent_block_hash");
+    msgpack_pack_nil(&p);
+    pk_str(&p, "token_ids");
+    msgpack_pack_array(&p, 16);
+    for (int t = 0; t < 16; t++)
+        msgpack_pack_uint32(&p, tok[t]);
+    pk_str(&p, "block_size");
+    msgpack_pack_uint32(&p, 16);
+    pk_str(&p, "lora_id");
+    msgpack_pack_nil(&p);
+    pk_str(&p, "medium");
+    pk_str(&p, "GPU");
+    pk_str(&p, "cache_salt");
+    pk_str(&p, "tenant-s");
+    pk_str(&p, "session_id");
+    pk_str(&p, "sess-1");
+    msgpack_pack_nil(&p);
+    publish_raw(f->pub, "kv@sg2@" MODEL, 0, sb.data, sb.size);
+    wait_seq(f, "sg2", 0, 0, KVR_STREAM_SYNCED);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 16, "tenant-s", NULL, 0, "sg2"), 1);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 16, NULL, NULL, 0, "sg2"), 0);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 32, NULL, NULL, 0, "sg"), 2);
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_array(&p, 2);
+    pk_str(&p, "AllBlocksCleared");
+    msgpack_pack_nil(&p);
+    msgpack_pack_nil(&p);
+    publish_raw(f->pub, "kv@sg@" MODEL, 1, sb.data, sb.size);
+    wait_seq(f, "sg", 0, 1, KVR_STREAM_SYNCED);
+    assert_int_equal(worker_tier_blocks(f, "sg", 0, KVR_TIER_GPU), 0);
+    /* none of the above was skipped */
+    for (int r = 1; r < KVR_SKIP_REASON_COUNT; r++) {
+        char lab[64];
+        snprintf(lab, sizeof(lab), "reason=\"%s\"",
+                 kvr_decode_skip_reason_name((enum kvr_skip_reason)r));
+        assert_true(metric(f, "events_skipped_total", lab) <= 0);
+    }
+    /* EAGLE pages ((t, t+1) tuples): counted under their own reason, never indexed */
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_array(&p, 7);
+    pk_str(&p, "BlockStored");
+    msgpack_pack_array(&p, 1);
+    msgpack_pack_int64(&p, -5);
+    msgpack_pack_nil(&p);
+    msgpack_pack_array(&p, 16);
+    for (int t = 0; t < 16; t++) {
+        msgpack_pack_array(&p, 2);
+        msgpack_pack_uint32(&p, tok[t]);
+        msgpack_pack_uint32(&p, tok[t + 1]);
+    }
+    msgpack_pack_uint32(&p, 16);
+    msgpack_pack_nil(&p);
+    pk_str(&p, "GPU");
+    msgpack_pack_nil(&p);
+    publish_raw(f->pub, "kv@sg@" MODEL, 2, sb.data, sb.size);
+    wait_seq(f, "sg", 0, 2, KVR_STREAM_SYNCED);
+    assert_true(metric(f, "events_skipped_total", "reason=\"eagle_bigram\"") == 1);
+    assert_int_equal(sc_matched(&sc, NULL, tok, 16, NULL, NULL, 0, "sg"), 0);
+    msgpack_sbuffer_destroy(&sb);
+    scorer_free(&sc);
+    fx_free(f);
+}
+
+/* The real captures end to end through ingest: vLLM 0.28.0 (seq 0, 223, 234 of one stream:
+ * a gap, then removals; every event applied) and the pre-v0.14 7-element batch. */
+static void test_realwire_apply(void **state)
+{
+    static const char *const files[] = {
+        "tests/data/realwire/kvstat-0.28.0-seq0.msgpack",
+        "tests/data/realwire/kvstat-0.28.0-seq223.msgpack",
+        "tests/data/realwire/kvstat-0.28.0-seq234.msgpack",
+    };
+    static const uint64_t seqs[] = {0, 223, 234};
+    struct fx *f = fx_new();
+    size_t len;
+    uint8_t *b;
+    (void)state;
+
+    warm_up(f);
+    for (int i = 0; i < 3; i++) {
+        b = slurp_file(files[i], &len);
+        publish_raw(f->pub, "kv@h100@Qwen/Qwen3-8B", seqs[i], b, len);
+        free(b);
+        wait_seq(f, "h100", 0, seqs[i], -1);
+    }
+    b = slurp_file("tests/data/realwire/ls2018-legacy7-seq5.msgpack", &len);
+    publish_raw(f->pub, "kv@legacy@Qwen/Qwen3-0.6B", 5, b, len);
+    free(b);
+    wait_seq(f, "legacy", 0, 5, -1);
+    for (int r = 1; r < KVR_SKIP_REASON_COUNT; r++) {
+        char lab[64];
+        snprintf(lab, sizeof(lab), "reason=\"%s\"",
+                 kvr_decode_skip_reason_name((enum kvr_skip_reason)r));
+        assert_true(metric(f, "events_skipped_total", lab) <= 0);
+    }
+    assert_true(metric(f, "events_total", "type=\"BlockStored\"") == 12 + 1);
+    assert_true(metric(f, "events_total", "type=\"BlockRemoved\"") == 8);
+    assert_true(worker_tier_blocks(f, "h100", 0, KVR_TIER_GPU) > 100);
+    assert_int_equal(worker_tier_blocks(f, "legacy", 0, KVR_TIER_GPU), 0); /* orphan: its
+                                                                             * parent unseen */
+    fx_free(f);
+}
+
+/* ---- randomized differential test: extra keys against a literal model -------------------
+ * Requests (tokens from two families so prefixes are shared, an optional LoRA, salt and up
+ * to two media items) are stored on random pods as vLLM would announce them: extra keys
+ * from a literal transcription of generate_block_hash_extra_keys (below, written from
+ * vLLM's source, not from hash.c), LoRA name first; half of those without LoRA or media as
+ * SGLang announces them instead (a page an event, the salt in each page's metadata). Queries
+ * drawn the same way go through
+ * score with cache_salt and mm_hashes. The model's answer: per pod, the longest prefix of
+ * whole blocks equal to one stored request's in tokens, LoRA and literal extra keys. */
+
+#define DX_BS 4
+#define DX_MAXB 6
+#define DX_PODS 3
+
+struct dx_req {
+    uint32_t tok[DX_BS * DX_MAXB];
+    uint32_t nb;
+    const char *lora, *salt;
+    struct kvr_hash_media mm[2];
+    size_t nmm;
+    uint64_t eh[DX_MAXB]; /* engine hashes (a literal FNV chain: independent of ours) */
+};
+
+static uint64_t dx_s;
+static uint64_t dx_rnd(void)
+{
+    uint64_t z = (dx_s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* vLLM's _gen_mm_extra_hash_keys + cache salt for one block, literally. */
+static int dx_keys(const struct dx_req *r, uint32_t blk, struct lit *out)
+{
+    int64_t start = (int64_t)blk * DX_BS, end = start + DX_BS;
+    int n = 0;
+    size_t curr = 0;
+    while (curr < r->nmm) {
+        int64_t off = (int64_t)r->mm[curr].offset, len = (int64_t)r->mm[curr].length;
+        if (end > off) {
+            if (start >= off + len) {
+                curr++;
+                continue;
+            }
+            out[n].kind = 2;
+            out[n].s = r->mm[curr].id;
+            out[n].off = off - start;
+            n++;
+            if (end >= off + len)
+                curr++;
+            else
+                break;
+        } else {
+            break;
+        }
+    }
+    if (start == 0 && r->salt != NULL && r->salt[0] != '\0') {
+        out[n].kind = 1;
+        out[n].s = r->salt;
+        out[n].off = 0;
+        n++;
+    }
+    return n;
+}
+
+static bool dx_same_keys(const struct lit *a, int na, const struct lit *b, int nb)
+{
+    if (na != nb)
+        return false;
+    for (int i = 0; i < na; i++)
+        if (a[i].kind != b[i].kind || strcmp(a[i].s, b[i].s) != 0 || a[i].off != b[i].off)
+            return false;
+    return true;
+}
+
+static void dx_gen(struct dx_req *r)
+{
+    static const char *const loras[] = {NULL, NULL, "ad"};
+    static const char *const salts[] = {NULL, NULL, "a", "b", ""};
+    static const char *const ids[] = {"img0", "img1"};
+    uint32_t fam = (uint32_t)(dx_rnd() % 2);
+
+    memset(r, 0, sizeof(*r));
+    r->nb = 1 + (uint32_t)(dx_rnd() % DX_MAXB);
+    for (uint32_t i = 0; i < r->nb * DX_BS; i++) /* a late divergence now and then */
+        r->tok[i] = fam * 1000 + i + (i > 10 && dx_rnd() % 16 == 0 ? 500 : 0);
+    r->lora = loras[dx_rnd() % 3];
+    r->salt = salts[dx_rnd() % 5];
+    r->nmm = (size_t)(dx_rnd() % 3);
+    uint64_t at = dx_rnd() % 6, total = (uint64_t)r->nb * DX_BS;
+    for (size_t k = 0; k < r->nmm; k++) {
+        uint64_t len = 1 + dx_rnd() % 7;
+        if (at + len > total) {
+            r->nmm = k;
+            break;
+        }
+        r->mm[k] = (struct kvr_hash_media){ids[dx_rnd() % 2], 4, at, len};
+        at += len + dx_rnd() % 5;
+    }
+    /* engine hashes: FNV-1a over the literal block contents, chained */
+    uint64_t h = 14695981039346656037ull;
+    for (uint32_t b = 0; b < r->nb; b++) {
+        struct lit ks[6];
+        int nk = dx_keys(r, b, ks);
+#define FNV(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+        for (uint32_t t = 0; t < DX_BS; t++)
+            FNV(r->tok[b * DX_BS + t]);
+        for (const char *c = r->lora ? r->lora : ""; *c; c++)
+            FNV(*c);
+        for (int k = 0; k < nk; k++) {
+            FNV(ks[k].kind);
+            FNV(ks[k].off);
+            for (const char *c = ks[k].s; *c; c++)
+                FNV(*c);
+        }
+#undef FNV
+        r->eh[b] = h;
+    }
+}
+
+/* The same request as SGLang announces it: one page an event (BlockStoredWithMetadata, the
+ * salt in the metadata map of every page), chained by parent, signed hashes. SGLang has no
+ * media keys and no LoRA name: only requests without them are sent this way. */
+static void publish_sglang(struct fx *f, const char *topic, uint64_t seq, const struct dx_req *r)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer p;
+    bool salted = r->salt != NULL && r->salt[0] != '\0';
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&p, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&p, 3);
+    msgpack_pack_double(&p, 1.5);
+    msgpack_pack_array(&p, r->nb);
+    for (uint32_t b = 0; b < r->nb; b++) {
+        msgpack_pack_array(&p, salted ? 8 : 7);
+        pk_str(&p, "BlockStored");
+        msgpack_pack_array(&p, 1);
+        msgpack_pack_int64(&p, (int64_t)r->eh[b]);
+        if (b == 0)
+            msgpack_pack_nil(&p);
+        else
+            msgpack_pack_int64(&p, (int64_t)r->eh[b - 1]);
+        msgpack_pack_array(&p, DX_BS);
+        for (uint32_t t = 0; t < DX_BS; t++)
+            msgpack_pack_uint32(&p, r->tok[b * DX_BS + t]);
+        msgpack_pack_uint32(&p, DX_BS);
+        msgpack_pack_nil(&p);
+        pk_str(&p, "GPU");
+        if (salted) {
+            msgpack_pack_map(&p, 1);
+            pk_str(&p, "cache_salt");
+            pk_str(&p, r->salt);
+        }
+    }
+    msgpack_pack_nil(&p);
+    publish_raw(f->pub, topic, seq, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static uint32_t dx_model(const struct dx_req *st, size_t nst, const struct dx_req *q)
+{
+    uint32_t best = 0;
+    for (size_t i = 0; i < nst; i++) {
+        const struct dx_req *s = &st[i];
+        uint32_t k = 0;
+        if ((s->lora == NULL) != (q->lora == NULL) ||
+            (s->lora != NULL && strcmp(s->lora, q->lora) != 0))
+            continue;
+        while (k < s->nb && k < q->nb) {
+            struct lit a[6], b[6];
+            int na = dx_keys(s, k, a), nb = dx_keys(q, k, b);
+            if (memcmp(&s->tok[k * DX_BS], &q->tok[k * DX_BS], DX_BS * sizeof(uint32_t)) != 0 ||
+                !dx_same_keys(a, na, b, nb))
+                break;
+            k++;
+        }
+        if (k > best)
+            best = k;
+    }
+    return best;
+}
+
+static void test_extra_keys_diff(void **state)
+{
+    struct fx *f = fx_new();
+    struct scorer sc;
+    static struct dx_req st[DX_PODS][64];
+    size_t nst[DX_PODS] = {0};
+    uint64_t seq[DX_PODS] = {0};
+    const char *env = getenv("KVR_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)kvr_now_ns();
+    (void)state;
+
+    fprintf(stderr, "-- test_extra_keys_diff: KVR_SEED=%llu\n", (unsigned long long)seed);
+    dx_s = seed;
+    warm_up(f);
+    scorer_new(f, &sc);
+    for (int i = 0; i < 150; i++) {
+        uint32_t pod = (uint32_t)(dx_rnd() % DX_PODS);
+        struct dx_req *r;
+        char topic[64];
+        if (nst[pod] == 64)
+            continue;
+        r = &st[pod][nst[pod]++];
+        dx_gen(r);
+        struct xev e = {.n = r->nb, .tok = r->tok, .bs = DX_BS, .lora = r->lora};
+        memcpy(e.h, r->eh, r->nb * sizeof(uint64_t));
+        for (uint32_t b = 0; b < r->nb; b++)
+            e.nblk[b] = dx_keys(r, b, e.blk[b]);
+        snprintf(topic, sizeof(topic), "kv@dx%u@%s", pod, MODEL);
+        if (r->lora == NULL && r->nmm == 0 && dx_rnd() % 2 == 0)
+            publish_sglang(f, topic, seq[pod]++, r);
+        else
+            publish_xev(f, topic, seq[pod]++, &e);
+    }
+    for (uint32_t p = 0; p < DX_PODS; p++) {
+        char pod[16];
+        snprintf(pod, sizeof(pod), "dx%u", p);
+        if (seq[p] > 0)
+            wait_seq(f, pod, 0, seq[p] - 1, KVR_STREAM_SYNCED);
+    }
+    for (int i = 0; i < 400; i++) {
+        struct dx_req q;
+        dx_gen(&q);
+        for (uint32_t p = 0; p < DX_PODS; p++) {
+            char pod[16];
+            uint32_t want = dx_model(st[p], nst[p], &q), got;
+            snprintf(pod, sizeof(pod), "dx%u", p);
+            got = sc_matched(&sc, q.lora, q.tok, q.nb * DX_BS, q.salt, q.mm, q.nmm, pod);
+            if (got != want)
+                fail_msg("KVR_SEED=%llu query %d pod %s: index %u, model %u (lora %s salt %s, "
+                         "%zu media)", (unsigned long long)seed, i, pod, got, want,
+                         q.lora ? q.lora : "-", q.salt ? q.salt : "-", q.nmm);
+        }
+    }
+    scorer_free(&sc);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1088,6 +1861,11 @@ int main(void)
         cmocka_unit_test(test_budget_cap_reached),
         cmocka_unit_test(test_orphans_incomplete),
         cmocka_unit_test(test_budget_model),
+        cmocka_unit_test(test_extra_keys_no_false_hits),
+        cmocka_unit_test(test_remaining_copy_counts),
+        cmocka_unit_test(test_sglang_forms),
+        cmocka_unit_test(test_realwire_apply),
+        cmocka_unit_test(test_extra_keys_diff),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
     if (getenv("KVR_TEST_FILTER") != NULL)

@@ -16,7 +16,8 @@
 
 static uint32_t g_tokens[64];
 static const char *g_pods[4];
-static const struct kvr_reqbody_scratch g_sc = {g_tokens, 64, g_pods, 4};
+static struct kvr_hash_media g_media[4];
+static const struct kvr_reqbody_scratch g_sc = {g_tokens, 64, g_pods, 4, g_media, 4};
 static char *g_buf; /* last body, freed by the next call */
 
 static int qjson(const char *s, struct kvr_reqbody_query *q, struct kvr_err *e)
@@ -224,6 +225,100 @@ static int qmp(const struct mpw *w, struct kvr_reqbody_query *q, struct kvr_err 
     g_buf = malloc(w->n ? w->n : 1);
     memcpy(g_buf, w->b, w->n);
     return kvr_reqbody_query_msgpack(g_buf, w->n, &g_sc, q, e);
+}
+
+
+/* cache_salt and mm_hashes, both bodies: values, nulls, and every refusal. */
+static void test_salt_media(void **state)
+{
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    (void)state;
+
+    assert_int_equal(qjson("{\"model\":\"m\",\"token_ids\":[1],\"cache_salt\":\"t-a\","
+                           "\"mm_hashes\":[{\"hash\":\"img0\",\"offset\":4,\"length\":20,"
+                           "\"x\":[1]},{\"length\":1,\"offset\":24,\"hash\":\"b\\u0031\"}]}",
+                           &q, &e), 0);
+    assert_string_equal(q.cache_salt, "t-a");
+    assert_int_equal(q.nmedia, 2);
+    assert_int_equal(q.media[0].id_len, 4);
+    assert_memory_equal(q.media[0].id, "img0", 4);
+    assert_true(q.media[0].offset == 4 && q.media[0].length == 20);
+    assert_memory_equal(q.media[1].id, "b1", 2);
+    assert_true(q.media[1].offset == 24 && q.media[1].length == 1);
+    assert_int_equal(qjson("{\"model\":\"m\",\"token_ids\":[1],\"cache_salt\":null,"
+                           "\"mm_hashes\":null}", &q, &e), 0);
+    assert_null(q.cache_salt);
+    assert_int_equal(q.nmedia, 0);
+    assert_int_equal(qjson("{\"model\":\"m\",\"token_ids\":[1],\"cache_salt\":\"\"}", &q, &e), 0);
+    assert_null(q.cache_salt);
+
+    static const struct {
+        const char *body, *msg;
+    } bad[] = {
+        {"\"cache_salt\":1", "\"cache_salt\" must be a string or null"},
+        {"\"cache_salt\":\"a\",\"cache_salt\":\"b\"", "duplicate key \"cache_salt\""},
+        {"\"mm_hashes\":{}", "\"mm_hashes\" must be an array of objects"},
+        {"\"mm_hashes\":[1]", "\"mm_hashes\" must be an array of objects"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":1}]",
+         "\"mm_hashes\"[0] needs \"hash\", \"offset\" and \"length\""},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":-1,\"length\":1}]",
+         "\"mm_hashes\"[0].offset must be an integer in [0, 2^32)"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":1.5,\"length\":1}]",
+         "\"mm_hashes\"[0].offset must be an integer in [0, 2^32)"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":1,\"length\":4294967296}]",
+         "\"mm_hashes\"[0].length must be an integer in [0, 2^32)"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":1,\"length\":0}]",
+         "\"mm_hashes\"[0].length must be >= 1"},
+        {"\"mm_hashes\":[{\"hash\":\"\",\"offset\":1,\"length\":1}]",
+         "\"mm_hashes\"[0].hash must be 1..256 bytes"},
+        {"\"mm_hashes\":[{\"hash\":3,\"offset\":1,\"length\":1}]",
+         "\"mm_hashes\"[0].hash must be a string"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"hash\":\"b\",\"offset\":1,\"length\":1}]",
+         "duplicate key in \"mm_hashes\" item 0"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":4,\"length\":4},"
+         "{\"hash\":\"b\",\"offset\":7,\"length\":1}]",
+         "\"mm_hashes\" must be sorted by offset and not overlap (item 1)"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":4,\"length\":1},"
+         "{\"hash\":\"b\",\"offset\":1,\"length\":1}]",
+         "\"mm_hashes\" must be sorted by offset and not overlap (item 1)"},
+        {"\"mm_hashes\":[{\"hash\":\"a\",\"offset\":0,\"length\":1},"
+         "{\"hash\":\"a\",\"offset\":1,\"length\":1},{\"hash\":\"a\",\"offset\":2,\"length\":1},"
+         "{\"hash\":\"a\",\"offset\":3,\"length\":1},{\"hash\":\"a\",\"offset\":4,\"length\":1}]",
+         "too many \"mm_hashes\" items (limit 4)"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char body[1024];
+        snprintf(body, sizeof(body), "{\"model\":\"m\",\"token_ids\":[1],%s}", bad[i].body);
+        e.msg[0] = '\0';
+        if (qjson(body, &q, &e) != -EINVAL || strcmp(e.msg, bad[i].msg) != 0)
+            fail_msg("case %zu: got \"%s\", want \"%s\"", i, e.msg, bad[i].msg);
+    }
+
+    /* msgpack: the same fields, any int width for the ranges */
+    static const uint8_t mp[] = {
+        0x84, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm', 0xa9, 't', 'o', 'k', 'e', 'n', '_',
+        'i', 'd', 's', 0x91, 0x01, 0xaa, 'c', 'a', 'c', 'h', 'e', '_', 's', 'a', 'l', 't',
+        0xa3, 't', '-', 'a', 0xa9, 'm', 'm', '_', 'h', 'a', 's', 'h', 'e', 's', 0x92,
+        0x83, 0xa4, 'h', 'a', 's', 'h', 0xa4, 'i', 'm', 'g', '0', 0xa6, 'o', 'f', 'f', 's',
+        'e', 't', 0xcd, 0x01, 0x00, 0xa6, 'l', 'e', 'n', 'g', 't', 'h', 0xd0, 0x14,
+        0x83, 0xa6, 'l', 'e', 'n', 'g', 't', 'h', 0x01, 0xa6, 'o', 'f', 'f', 's', 'e', 't',
+        0xce, 0x00, 0x01, 0x00, 0x00, 0xa4, 'h', 'a', 's', 'h', 0xa1, 'b'};
+    char buf[sizeof(mp)];
+    memcpy(buf, mp, sizeof(mp));
+    assert_int_equal(kvr_reqbody_query_msgpack(buf, sizeof(buf), &g_sc, &q, &e), 0);
+    assert_string_equal(q.cache_salt, "t-a");
+    assert_int_equal(q.nmedia, 2);
+    assert_string_equal(q.media[0].id, "img0");
+    assert_true(q.media[0].offset == 256 && q.media[0].length == 20);
+    assert_string_equal(q.media[1].id, "b");
+    assert_true(q.media[1].offset == 65536 && q.media[1].length == 1);
+    /* a negative signed length is refused */
+    memcpy(buf, mp, sizeof(mp));
+    buf[76] = (char)0xec; /* the 0x14 of "length": d0 14 → d0 ec (-20) */
+    assert_int_equal((uint8_t)mp[76], 0x14);
+    assert_int_equal(kvr_reqbody_query_msgpack(buf, sizeof(buf), &g_sc, &q, &e), -EINVAL);
+    assert_string_equal(e.msg, "\"mm_hashes\"[0].length must be an integer in [0, 2^32)");
 }
 
 static void test_msgpack_query(void **state)
@@ -528,7 +623,7 @@ static void test_msgpack_levels(void **state)
         if (rand_r(&s) % 10 == 0)
             cut = (size_t)rand_r(&s) % (w.n + 1);
         for (int lv = 0; lv < 2; lv++) {
-            struct kvr_reqbody_scratch sc = {lv_tok[lv], LV_MAX, lv_pods[lv], 4};
+            struct kvr_reqbody_scratch sc = {lv_tok[lv], LV_MAX, lv_pods[lv], 4, NULL, 0};
             char *b = malloc(cut ? cut : 1);
             memcpy(b, w.b, cut);
             kvr_reqbody_force_isa(lv == 0 ? 0 : -1);
@@ -567,6 +662,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_query),
         cmocka_unit_test(test_json_query_errors),
+        cmocka_unit_test(test_salt_media),
         cmocka_unit_test(test_endpoint_json),
         cmocka_unit_test(test_msgpack_query),
         cmocka_unit_test(test_msgpack_errors),

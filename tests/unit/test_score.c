@@ -100,7 +100,7 @@ static void store(struct fx *f, const char *pod, uint32_t rank, const char *medi
 static int query(struct fx *f, const char *model, const char *lora, const uint32_t *tokens,
                  size_t n, const char *const *pods, size_t npods, struct kvr_score_result *r)
 {
-    struct kvr_score_query q = {model, lora, tokens, n, pods, npods};
+    struct kvr_score_query q = {model, lora, tokens, n, pods, npods, NULL, NULL, 0};
     return kvr_score_query(f->c, &q, r);
 }
 

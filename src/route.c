@@ -1,0 +1,499 @@
+/* route.c — routing decisions and tracked loads (see route.h for the policies).
+ *
+ * State under one mutex: the [route] settings, the random stream, the per-worker loads
+ * (a chained table by pod and rank; an entry lives while its worker has tracked requests)
+ * and the tracked requests (a table by id, plus a list in start order so that expiry only
+ * looks at the oldest).
+ */
+#include "route.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "metrics.h"
+
+#define WBUCKETS 1024
+
+struct wload {
+    char *pod;
+    uint32_t rank;
+    uint64_t requests, tokens;
+    struct wload *next;
+};
+
+struct tracked {
+    uint64_t id;
+    struct wload *w;
+    uint64_t tokens;
+    int64_t t0_ms;
+    struct tracked *hnext;       /* id table */
+    struct tracked *prev, *next; /* start order, oldest first */
+};
+
+struct kvr_route {
+    pthread_mutex_t mu;
+    int policy;
+    double overlap_weight, temperature, rel_threshold, cache_threshold;
+    uint64_t abs_threshold;
+    int64_t max_age_ms;
+    uint32_t max_tracked;
+    uint64_t rng;
+    struct wload *w[WBUCKETS];
+    struct tracked **t; /* id table, tmask + 1 buckets */
+    size_t tmask, ntracked;
+    struct tracked head; /* sentinel of the start-order list */
+    uint64_t decisions[3], tracked_total, ended, expired;
+};
+
+static const char *const names[] = {"cost", "cache_aware", "score"};
+
+int kvr_route_policy_parse(const char *s)
+{
+    for (int i = 0; i < 3; i++)
+        if (s != NULL && strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *kvr_route_policy_name(int policy)
+{
+    return policy >= 0 && policy < 3 ? names[policy] : "?";
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t next_rand(struct kvr_route *r) /* xorshift64* */
+{
+    r->rng ^= r->rng >> 12;
+    r->rng ^= r->rng << 25;
+    r->rng ^= r->rng >> 27;
+    return r->rng * 0x2545f4914f6cdd1dull;
+}
+
+static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
+{
+    int p = kvr_route_policy_parse(c->route_policy);
+    r->policy = p >= 0 ? p : KVR_ROUTE_COST;
+    r->overlap_weight = c->route_overlap_weight;
+    r->temperature = c->route_temperature;
+    r->abs_threshold = c->route_balance_abs_threshold;
+    r->rel_threshold = c->route_balance_rel_threshold;
+    r->cache_threshold = c->route_cache_threshold;
+    r->max_age_ms = c->route_max_request_age_ms;
+    r->max_tracked = c->route_max_tracked;
+}
+
+int kvr_route_create(const struct kvr_conf *c, struct kvr_route **out)
+{
+    struct kvr_route *r = calloc(1, sizeof(*r));
+    if (r == NULL || (r->t = calloc(4096, sizeof(*r->t))) == NULL) {
+        free(r);
+        return -ENOMEM;
+    }
+    r->tmask = 4095;
+    pthread_mutex_init(&r->mu, NULL);
+    set_conf(r, c);
+    r->rng = c->route_seed ? c->route_seed : (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
+    r->rng = r->rng * 0x9e3779b97f4a7c15ull | 1;
+    r->head.prev = r->head.next = &r->head;
+    *out = r;
+    return 0;
+}
+
+void kvr_route_destroy(struct kvr_route *r)
+{
+    if (r == NULL)
+        return;
+    for (struct tracked *t = r->head.next, *n; t != &r->head; t = n) {
+        n = t->next;
+        free(t);
+    }
+    for (size_t i = 0; i < WBUCKETS; i++) {
+        for (struct wload *w = r->w[i], *n; w != NULL; w = n) {
+            n = w->next;
+            free(w->pod);
+            free(w);
+        }
+    }
+    pthread_mutex_destroy(&r->mu);
+    free(r->t);
+    free(r);
+}
+
+void kvr_route_set_conf(struct kvr_route *r, const struct kvr_conf *c)
+{
+    pthread_mutex_lock(&r->mu);
+    set_conf(r, c);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static size_t wbucket(const char *pod, uint32_t rank)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)pod; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return (size_t)((h ^ rank) * 0x9e3779b97f4a7c15ull >> 54) & (WBUCKETS - 1);
+}
+
+static struct wload *wfind(struct kvr_route *r, const char *pod, uint32_t rank, bool create)
+{
+    size_t b = wbucket(pod, rank);
+    for (struct wload *w = r->w[b]; w != NULL; w = w->next)
+        if (w->rank == rank && strcmp(w->pod, pod) == 0)
+            return w;
+    if (!create)
+        return NULL;
+    struct wload *w = calloc(1, sizeof(*w));
+    if (w == NULL || (w->pod = strdup(pod)) == NULL) {
+        free(w);
+        return NULL;
+    }
+    w->rank = rank;
+    w->next = r->w[b];
+    r->w[b] = w;
+    return w;
+}
+
+static void wrelease(struct kvr_route *r, struct wload *w, uint64_t tokens)
+{
+    w->requests--;
+    w->tokens -= tokens < w->tokens ? tokens : w->tokens;
+    if (w->requests > 0)
+        return;
+    struct wload **pp = &r->w[wbucket(w->pod, w->rank)];
+    while (*pp != w)
+        pp = &(*pp)->next;
+    *pp = w->next;
+    free(w->pod);
+    free(w);
+}
+
+static bool id_used(const struct kvr_route *r, uint64_t id)
+{
+    const struct tracked *x = r->t[id & r->tmask];
+    while (x != NULL && x->id != id)
+        x = x->hnext;
+    return x != NULL;
+}
+
+static void untrack(struct kvr_route *r, struct tracked *t)
+{
+    struct tracked **pp = &r->t[t->id & r->tmask];
+    while (*pp != t)
+        pp = &(*pp)->hnext;
+    *pp = t->hnext;
+    t->prev->next = t->next;
+    t->next->prev = t->prev;
+    wrelease(r, t->w, t->tokens);
+    r->ntracked--;
+    free(t);
+}
+
+/* Tracked requests older than max_request_age end (the gateway never said). */
+static void expire(struct kvr_route *r, int64_t now)
+{
+    while (r->head.next != &r->head && now - r->head.next->t0_ms > r->max_age_ms) {
+        untrack(r, r->head.next);
+        r->expired++;
+    }
+}
+
+static double decode_blocks(const struct kvr_route_cand *c, uint32_t block_size)
+{
+    uint32_t bs = block_size ? block_size : 1;
+    return (double)((c->active_tokens + bs - 1) / bs);
+}
+
+/* The least loaded (requests, then tokens), ties by the random stream. */
+static size_t least_loaded(struct kvr_route *r, const struct kvr_route_cand *c, size_t n)
+{
+    size_t best = 0, ties = 1;
+    for (size_t i = 1; i < n; i++) {
+        if (c[i].active_requests < c[best].active_requests ||
+            (c[i].active_requests == c[best].active_requests &&
+             c[i].active_tokens < c[best].active_tokens)) {
+            best = i;
+            ties = 1;
+        } else if (c[i].active_requests == c[best].active_requests &&
+                   c[i].active_tokens == c[best].active_tokens &&
+                   next_rand(r) % ++ties == 0) {
+            best = i; /* reservoir choice among equals */
+        }
+    }
+    return best;
+}
+
+static void decide_cost(struct kvr_route *r, struct kvr_route_query *q,
+                        struct kvr_route_decision *d)
+{
+    struct kvr_route_cand *c = q->cands;
+    double lo = INFINITY, hi = 0;
+    for (size_t i = 0; i < q->ncands; i++) {
+        double prefill = (double)(q->query_blocks - (c[i].matched_blocks < q->query_blocks
+                                                         ? c[i].matched_blocks
+                                                         : q->query_blocks));
+        c[i].cost = r->overlap_weight * prefill + decode_blocks(&c[i], q->block_size);
+        if (c[i].cost < lo)
+            lo = c[i].cost;
+        if (c[i].cost > hi)
+            hi = c[i].cost;
+    }
+    if (r->temperature > 0 && hi > 0) {
+        /* softmax over -cost / max cost / temperature */
+        double sum = 0, x;
+        for (size_t i = 0; i < q->ncands; i++)
+            sum += exp(-(c[i].cost - lo) / hi / r->temperature);
+        x = (double)(next_rand(r) >> 11) / 9007199254740992.0 * sum;
+        d->chosen = q->ncands - 1;
+        for (size_t i = 0; i < q->ncands; i++) {
+            x -= exp(-(c[i].cost - lo) / hi / r->temperature);
+            if (x < 0) {
+                d->chosen = i;
+                break;
+            }
+        }
+        snprintf(d->reason, sizeof(d->reason), "sampled by softmax (temperature %g)",
+                 r->temperature);
+        return;
+    }
+    size_t ties = 0;
+    for (size_t i = 0; i < q->ncands; i++)
+        if (c[i].cost == lo && next_rand(r) % ++ties == 0)
+            d->chosen = i;
+    snprintf(d->reason, sizeof(d->reason), ties > 1 ? "lowest cost (%zu tied, random choice)"
+                                                    : "lowest cost",
+             ties);
+}
+
+static void decide_cache_aware(struct kvr_route *r, struct kvr_route_query *q,
+                               struct kvr_route_decision *d)
+{
+    struct kvr_route_cand *c = q->cands;
+    uint64_t mn = UINT64_MAX, mx = 0;
+    size_t best = 0;
+    for (size_t i = 0; i < q->ncands; i++) {
+        c[i].cost = q->query_blocks ? (double)c[i].matched_blocks / q->query_blocks : 0;
+        if (c[i].active_requests < mn)
+            mn = c[i].active_requests;
+        if (c[i].active_requests > mx)
+            mx = c[i].active_requests;
+        if (c[i].cost > c[best].cost ||
+            (c[i].cost == c[best].cost && c[i].active_requests < c[best].active_requests))
+            best = i;
+    }
+    if (mx - mn > r->abs_threshold && (double)mx > (double)mn * r->rel_threshold) {
+        d->chosen = least_loaded(r, c, q->ncands);
+        snprintf(d->reason, sizeof(d->reason), "loads imbalanced (%" PRIu64 "..%" PRIu64
+                 " requests): least loaded", mn, mx);
+    } else if (q->query_blocks > 0 && c[best].cost >= r->cache_threshold) {
+        d->chosen = best;
+        snprintf(d->reason, sizeof(d->reason), "best match rate %.3f >= cache_threshold %g",
+                 c[best].cost, r->cache_threshold);
+    } else {
+        d->chosen = least_loaded(r, c, q->ncands);
+        snprintf(d->reason, sizeof(d->reason), "best match rate %.3f < cache_threshold %g: "
+                 "least loaded", c[best].cost, r->cache_threshold);
+    }
+}
+
+static void decide_score(struct kvr_route *r, struct kvr_route_query *q,
+                         struct kvr_route_decision *d)
+{
+    struct kvr_route_cand *c = q->cands;
+    size_t best = 0;
+    for (size_t i = 0; i < q->ncands; i++) {
+        c[i].cost = c[i].score;
+        int k = strcmp(c[i].pod, c[best].pod);
+        if (c[i].score > c[best].score ||
+            (c[i].score == c[best].score &&
+             (k < 0 || (k == 0 && c[i].dp_rank < c[best].dp_rank))))
+            best = i;
+    }
+    if (c[best].matched_blocks > 0) {
+        d->chosen = best;
+        snprintf(d->reason, sizeof(d->reason), "best score");
+    } else {
+        d->chosen = least_loaded(r, c, q->ncands);
+        snprintf(d->reason, sizeof(d->reason), "no candidate holds a block: least loaded");
+    }
+}
+
+int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
+                     struct kvr_route_decision *d)
+{
+    if (q->ncands == 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    expire(r, now_ms());
+    d->policy = q->policy >= 0 && q->policy < 3 ? q->policy : r->policy;
+    d->chosen = 0;
+    for (size_t i = 0; i < q->ncands; i++) {
+        struct kvr_route_cand *c = &q->cands[i];
+        const struct wload *w = (!c->has_requests || !c->has_tokens)
+                                    ? wfind(r, c->pod, c->dp_rank, false)
+                                    : NULL;
+        if (!c->has_requests)
+            c->active_requests = w ? w->requests : 0;
+        if (!c->has_tokens)
+            c->active_tokens = w ? w->tokens : 0;
+    }
+    if (d->policy == KVR_ROUTE_COST)
+        decide_cost(r, q, d);
+    else if (d->policy == KVR_ROUTE_CACHE_AWARE)
+        decide_cache_aware(r, q, d);
+    else
+        decide_score(r, q, d);
+    r->decisions[d->policy]++;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+int kvr_route_track(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint64_t tokens,
+                    char id[17])
+{
+    struct tracked *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return -ENOMEM;
+    pthread_mutex_lock(&r->mu);
+    int64_t now = now_ms();
+    expire(r, now);
+    if (r->ntracked >= r->max_tracked) {
+        pthread_mutex_unlock(&r->mu);
+        free(t);
+        return -ENOSPC;
+    }
+    struct wload *w = wfind(r, pod, dp_rank, true);
+    if (w == NULL) {
+        pthread_mutex_unlock(&r->mu);
+        free(t);
+        return -ENOMEM;
+    }
+    do /* a random, unused, non-zero id */
+        t->id = next_rand(r);
+    while (t->id == 0 || id_used(r, t->id));
+    w->requests++;
+    w->tokens += tokens;
+    t->w = w;
+    t->tokens = tokens;
+    t->t0_ms = now;
+    t->hnext = r->t[t->id & r->tmask];
+    r->t[t->id & r->tmask] = t;
+    t->prev = r->head.prev;
+    t->next = &r->head;
+    r->head.prev->next = t;
+    r->head.prev = t;
+    r->ntracked++;
+    r->tracked_total++;
+    snprintf(id, 17, "%016" PRIx64, t->id);
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+int kvr_route_end(struct kvr_route *r, const char *id, size_t len)
+{
+    uint64_t v = 0;
+    if (len != 16)
+        return -ENOENT;
+    for (size_t i = 0; i < 16; i++) {
+        char ch = id[i];
+        unsigned d = ch >= '0' && ch <= '9' ? (unsigned)(ch - '0')
+                     : ch >= 'a' && ch <= 'f' ? (unsigned)(ch - 'a' + 10)
+                                              : 16;
+        if (d == 16)
+            return -ENOENT;
+        v = v << 4 | d;
+    }
+    int rc = -ENOENT;
+    pthread_mutex_lock(&r->mu);
+    expire(r, now_ms());
+    for (struct tracked *t = r->t[v & r->tmask]; t != NULL; t = t->hnext) {
+        if (t->id == v) {
+            untrack(r, t);
+            r->ended++;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void kvr_route_loads(struct kvr_route *r,
+                     void (*cb)(void *arg, const char *pod, uint32_t dp_rank, uint64_t requests,
+                                uint64_t tokens),
+                     void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    expire(r, now_ms());
+    for (size_t i = 0; i < WBUCKETS; i++)
+        for (const struct wload *w = r->w[i]; w != NULL; w = w->next)
+            cb(arg, w->pod, w->rank, w->requests, w->tokens);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void kvr_route_load(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint64_t *requests,
+                    uint64_t *tokens)
+{
+    pthread_mutex_lock(&r->mu);
+    const struct wload *w = wfind(r, pod, dp_rank, false);
+    *requests = w ? w->requests : 0;
+    *tokens = w ? w->tokens : 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
+struct mline {
+    struct kvr_buf *b;
+    bool requests;
+};
+
+static void load_line(void *arg, const char *pod, uint32_t rank, uint64_t requests,
+                      uint64_t tokens)
+{
+    struct mline *m = arg;
+    char esc[600];
+    kvr_metrics_label_escape(esc, sizeof(esc), pod);
+    kvr_buf_printf(m->b, "kvrouter_route_active_%s{pod=\"%s\",dp_rank=\"%u\"} %" PRIu64 "\n",
+                   m->requests ? "requests" : "tokens", esc, rank,
+                   m->requests ? requests : tokens);
+}
+
+void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
+{
+    uint64_t dec[3], tt, en, ex, nt;
+    pthread_mutex_lock(&r->mu);
+    expire(r, now_ms());
+    memcpy(dec, r->decisions, sizeof(dec));
+    tt = r->tracked_total, en = r->ended, ex = r->expired, nt = r->ntracked;
+    pthread_mutex_unlock(&r->mu);
+    kvr_buf_printf(out, "# HELP kvrouter_route_decisions_total Routing decisions "
+                        "(POST /v1/route)\n# TYPE kvrouter_route_decisions_total counter\n");
+    for (int i = 0; i < 3; i++)
+        kvr_buf_printf(out, "kvrouter_route_decisions_total{policy=\"%s\"} %" PRIu64 "\n",
+                       names[i], dec[i]);
+    kvr_metrics_counter(out, "route_tracked_total", "Decisions tracked as active requests",
+                        NULL, tt);
+    kvr_metrics_counter(out, "route_ended_total", "Tracked requests ended by the gateway",
+                        NULL, en);
+    kvr_metrics_counter(out, "route_expired_total",
+                        "Tracked requests ended by [route] max_request_age", NULL, ex);
+    kvr_metrics_gauge(out, "route_tracked", "Tracked requests active now", NULL, (double)nt);
+    for (int k = 0; k < 2; k++) {
+        struct mline m = {out, k == 0};
+        kvr_buf_printf(out, "# HELP kvrouter_route_active_%s Tracked active %s per worker\n"
+                            "# TYPE kvrouter_route_active_%s gauge\n",
+                       k ? "tokens" : "requests", k ? "prompt tokens" : "requests",
+                       k ? "tokens" : "requests");
+        kvr_route_loads(r, load_line, &m);
+    }
+}

@@ -1,0 +1,102 @@
+/* route.h — one routing decision from a query's scores and the candidates' loads, and the
+ * loads kvrouterd tracks itself for gateways that know none.
+ *
+ * Why a module: a score alone leaves every gateway to write a policy, and most gateways
+ * (nginx, HAProxy) cannot. The policies follow the peers so that operators find the
+ * behaviour they know:
+ *   cost        (NVIDIA Dynamo's KV router) per candidate
+ *                 cost = overlap_weight * (query_blocks - matched_blocks) + decode_blocks,
+ *               decode_blocks = ceil(active_tokens / block_size); the lowest cost wins, ties
+ *               broken by a seeded random choice; with temperature > 0 a candidate is drawn
+ *               with probability softmax(-cost_normalized / temperature) instead, costs
+ *               normalized by the largest.
+ *   cache_aware (SGLang's gateway) loads = active requests; when they are imbalanced
+ *               (max - min > balance_abs_threshold and max > min * balance_rel_threshold)
+ *               the least loaded; else when the best match rate (matched / query blocks)
+ *               reaches cache_threshold the best match (ties: least loaded); else the least
+ *               loaded.
+ *   score       the best score, ordered as POST /v1/score orders it (score, then pod, then
+ *               dp_rank); when nothing matches, the least loaded.
+ * Loads: a candidate's active_requests/active_tokens come from the gateway when it sends
+ * them, else from what kvrouterd tracks: a decision made with track counts the request as
+ * active on the chosen worker (1 request, its prompt tokens) until kvr_route_end or
+ * max_request_age.
+ *
+ * Uses conf (the [route] settings) only. Threads: any; one mutex for loads, tracked requests
+ * and the random stream (a decision holds it for a few µs).
+ */
+#ifndef KVR_ROUTE_H
+#define KVR_ROUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "conf.h"
+
+enum kvr_route_policy { KVR_ROUTE_COST = 0, KVR_ROUTE_CACHE_AWARE, KVR_ROUTE_SCORE };
+
+/* "cost", "cache_aware", "score" → the policy, or -1. */
+int kvr_route_policy_parse(const char *s);
+const char *kvr_route_policy_name(int policy);
+
+struct kvr_route;
+
+/* [route] settings from c (the seed is read once: 0 = from the clock). */
+int kvr_route_create(const struct kvr_conf *c, struct kvr_route **out);
+void kvr_route_destroy(struct kvr_route *r);
+/* SIGHUP: the reloadable [route] settings. */
+void kvr_route_set_conf(struct kvr_route *r, const struct kvr_conf *c);
+
+struct kvr_route_cand {
+    const char *pod; /* NUL-terminated, borrowed for the call */
+    uint32_t dp_rank;
+    uint32_t matched_blocks;
+    double score;                  /* as /v1/score computes it */
+    bool has_requests, has_tokens; /* the gateway sent the load */
+    uint64_t active_requests;      /* in: the gateway's; out: the one used */
+    uint64_t active_tokens;
+    double cost; /* out: the policy's figure (cost; match rate for cache_aware; score) */
+};
+
+struct kvr_route_query {
+    uint32_t query_blocks;
+    uint32_t block_size; /* 0 when the model is unknown */
+    uint64_t prompt_tokens;
+    int policy;          /* -1: [route] policy */
+    struct kvr_route_cand *cands;
+    size_t ncands;
+};
+
+struct kvr_route_decision {
+    size_t chosen;      /* index into cands */
+    int policy;
+    char reason[128];
+};
+
+/* Decides (ncands >= 1, else -EINVAL). Fills each candidate's loads and cost. */
+int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
+                     struct kvr_route_decision *d);
+
+/* Counts a request as active on (pod, dp_rank) with tokens prompt tokens; *id gets its route
+ * id (16 hex digits + NUL). 0, or -ENOMEM, or -ENOSPC past the tracking limit. */
+int kvr_route_track(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint64_t tokens,
+                    char id[17]);
+/* Ends a tracked request: 0, or -ENOENT (unknown, ended or expired). */
+int kvr_route_end(struct kvr_route *r, const char *id, size_t len);
+
+/* The tracked loads, for /v1/pods: calls cb for each worker with active requests. */
+void kvr_route_loads(struct kvr_route *r,
+                     void (*cb)(void *arg, const char *pod, uint32_t dp_rank, uint64_t requests,
+                                uint64_t tokens),
+                     void *arg);
+
+/* The tracked load of one worker (0, 0 when none). */
+void kvr_route_load(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint64_t *requests,
+                    uint64_t *tokens);
+
+/* Prometheus lines: decisions by policy, tracked requests, expiries, per-worker loads. */
+void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out);
+
+#endif

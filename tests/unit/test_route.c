@@ -1,0 +1,301 @@
+/* test_route.c — routing decisions against the policies' formulas written out naively here
+ * (Dynamo's cost, SGLang's cache-aware rule, the score order), on random candidate sets
+ * (seed printed, KVR_TEST_SEED=N replays), plus tie-breaking, softmax sampling, tracked loads
+ * (track, end, expiry, gateway overrides) and the route ids.
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "route.h"
+
+static unsigned seed;
+
+static struct kvr_conf conf(const char *policy)
+{
+    struct kvr_conf c;
+    memset(&c, 0, sizeof(c));
+    c.route_policy = (char *)policy;
+    c.route_overlap_weight = 1.0;
+    c.route_temperature = 0;
+    c.route_balance_abs_threshold = 64;
+    c.route_balance_rel_threshold = 1.5;
+    c.route_cache_threshold = 0.3;
+    c.route_max_request_age_ms = 600000;
+    c.route_max_tracked = 1000;
+    c.route_seed = seed | 1;
+    return c;
+}
+
+static const char *const pods[] = {"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"};
+
+static void random_cands(unsigned *r, struct kvr_route_cand *c, size_t n, uint32_t qb)
+{
+    for (size_t i = 0; i < n; i++) {
+        c[i] = (struct kvr_route_cand){.pod = pods[i], .dp_rank = (uint32_t)(rand_r(r) % 2),
+                                       .has_requests = true, .has_tokens = true};
+        c[i].matched_blocks = qb ? (uint32_t)rand_r(r) % (qb + 1) : 0;
+        c[i].score = c[i].matched_blocks * (0.5 + (rand_r(r) % 2) * 0.5);
+        c[i].active_requests = (uint64_t)(rand_r(r) % 4 ? rand_r(r) % 8 : rand_r(r) % 200);
+        c[i].active_tokens = (uint64_t)(rand_r(r) % 5000);
+    }
+}
+
+/* The naive models: the set of acceptable choices (ties allowed). */
+static bool cost_ok(const struct kvr_route_cand *c, size_t n, uint32_t qb, uint32_t bs,
+                    double w, size_t got)
+{
+    double best = INFINITY, mine = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t m = c[i].matched_blocks < qb ? c[i].matched_blocks : qb;
+        double cost = w * (double)(qb - m) + ceil((double)c[i].active_tokens / (bs ? bs : 1));
+        if (cost < best)
+            best = cost;
+        if (i == got)
+            mine = cost;
+    }
+    return mine == best;
+}
+
+static bool least_loaded_ok(const struct kvr_route_cand *c, size_t n, size_t got)
+{
+    for (size_t i = 0; i < n; i++)
+        if (c[i].active_requests < c[got].active_requests ||
+            (c[i].active_requests == c[got].active_requests &&
+             c[i].active_tokens < c[got].active_tokens))
+            return false;
+    return true;
+}
+
+static bool cache_aware_ok(const struct kvr_route_cand *c, size_t n, uint32_t qb, size_t got)
+{
+    uint64_t mn = UINT64_MAX, mx = 0;
+    double best = -1;
+    for (size_t i = 0; i < n; i++) {
+        mn = c[i].active_requests < mn ? c[i].active_requests : mn;
+        mx = c[i].active_requests > mx ? c[i].active_requests : mx;
+        double rate = qb ? (double)c[i].matched_blocks / qb : 0;
+        best = rate > best ? rate : best;
+    }
+    if (mx - mn > 64 && (double)mx > (double)mn * 1.5)
+        return least_loaded_ok(c, n, got);
+    if (qb && best >= 0.3) {
+        if ((double)c[got].matched_blocks / qb != best)
+            return false;
+        for (size_t i = 0; i < n; i++) /* among the best matches, the least loaded */
+            if ((double)c[i].matched_blocks / qb == best &&
+                c[i].active_requests < c[got].active_requests)
+                return false;
+        return true;
+    }
+    return least_loaded_ok(c, n, got);
+}
+
+static bool score_ok(const struct kvr_route_cand *c, size_t n, size_t got)
+{
+    bool any = false;
+    for (size_t i = 0; i < n; i++)
+        any |= c[i].matched_blocks > 0;
+    if (!any)
+        return least_loaded_ok(c, n, got);
+    for (size_t i = 0; i < n; i++) {
+        int k = strcmp(c[i].pod, c[got].pod);
+        if (c[i].score > c[got].score ||
+            (c[i].score == c[got].score && (k < 0 || (k == 0 && c[i].dp_rank < c[got].dp_rank))))
+            return false;
+    }
+    return true;
+}
+
+static void test_policies_random(void **state)
+{
+    (void)state;
+    const char *const pol[] = {"cost", "cache_aware", "score"};
+    for (int p = 0; p < 3; p++) {
+        struct kvr_conf c = conf(pol[p]);
+        struct kvr_route *r;
+        assert_int_equal(kvr_route_create(&c, &r), 0);
+        unsigned rs = seed + (unsigned)p;
+        for (int trial = 0; trial < 20000; trial++) {
+            struct kvr_route_cand cand[8];
+            size_t n = 1 + (size_t)rand_r(&rs) % 8;
+            uint32_t qb = (uint32_t)(rand_r(&rs) % 3 ? rand_r(&rs) % 600 : 0);
+            uint32_t bs = rand_r(&rs) % 4 ? 16 : 0;
+            random_cands(&rs, cand, n, qb);
+            struct kvr_route_query q = {.query_blocks = qb, .block_size = bs, .policy = -1,
+                                        .cands = cand, .ncands = n};
+            struct kvr_route_decision d;
+            assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+            assert_int_equal(d.policy, p);
+            assert_true(d.chosen < n);
+            bool ok = p == 0   ? cost_ok(cand, n, qb, bs, 1.0, d.chosen)
+                      : p == 1 ? cache_aware_ok(cand, n, qb, d.chosen)
+                               : score_ok(cand, n, d.chosen);
+            if (!ok)
+                fail_msg("%s: trial %d (seed %u) chose %zu (%s)", pol[p], trial, seed,
+                         d.chosen, d.reason);
+        }
+        kvr_route_destroy(r);
+    }
+}
+
+/* Ties are broken at random (each tied candidate wins sometimes); a fixed seed repeats. */
+static void test_ties_and_seed(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("cost");
+    struct kvr_route *r, *r2;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    assert_int_equal(kvr_route_create(&c, &r2), 0);
+    int wins[4] = {0};
+    for (int i = 0; i < 4000; i++) {
+        struct kvr_route_cand cand[4];
+        for (int k = 0; k < 4; k++)
+            cand[k] = (struct kvr_route_cand){.pod = pods[k], .matched_blocks = k < 3 ? 5 : 1,
+                                              .has_requests = true, .has_tokens = true};
+        struct kvr_route_query q = {.query_blocks = 10, .block_size = 16, .policy = -1,
+                                    .cands = cand, .ncands = 4};
+        struct kvr_route_decision d, d2;
+        kvr_route_decide(r, &q, &d);
+        kvr_route_decide(r2, &q, &d2);
+        assert_int_equal(d.chosen, d2.chosen); /* same seed, same stream */
+        wins[d.chosen]++;
+    }
+    printf("test_route: ties won %d/%d/%d (never the worse one: %d)\n", wins[0], wins[1],
+           wins[2], wins[3]);
+    assert_int_equal(wins[3], 0);
+    for (int k = 0; k < 3; k++) /* about 1333 each */
+        assert_true(wins[k] > 1000 && wins[k] < 1700);
+    kvr_route_destroy(r);
+    kvr_route_destroy(r2);
+}
+
+/* Temperature: draws follow softmax(-(cost - min) / max / T). */
+static void test_softmax(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("cost");
+    c.route_temperature = 0.5;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    int wins[3] = {0};
+    const int N = 30000;
+    for (int i = 0; i < N; i++) {
+        struct kvr_route_cand cand[3] = {
+            {.pod = "a", .matched_blocks = 10, .has_requests = true, .has_tokens = true},
+            {.pod = "b", .matched_blocks = 5, .has_requests = true, .has_tokens = true},
+            {.pod = "c", .matched_blocks = 0, .has_requests = true, .has_tokens = true}};
+        struct kvr_route_query q = {.query_blocks = 10, .block_size = 16, .policy = -1,
+                                    .cands = cand, .ncands = 3};
+        struct kvr_route_decision d;
+        kvr_route_decide(r, &q, &d);
+        wins[d.chosen]++;
+    }
+    /* costs 0, 5, 10; max 10: weights exp(0), exp(-1), exp(-2) */
+    double z = 1 + exp(-1) + exp(-2), want[3] = {1 / z, exp(-1) / z, exp(-2) / z};
+    for (int k = 0; k < 3; k++) {
+        double got = (double)wins[k] / N;
+        printf("test_route: softmax candidate %d: %.3f (want %.3f)\n", k, got, want[k]);
+        assert_true(fabs(got - want[k]) < 0.02);
+    }
+    kvr_route_destroy(r);
+}
+
+static void test_tracking(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("cache_aware");
+    c.route_max_tracked = 3;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    char id[4][17];
+    assert_int_equal(kvr_route_track(r, "a", 0, 100, id[0]), 0);
+    assert_int_equal(kvr_route_track(r, "a", 0, 50, id[1]), 0);
+    assert_int_equal(kvr_route_track(r, "b", 1, 7, id[2]), 0);
+    assert_int_equal(kvr_route_track(r, "b", 1, 7, id[3]), -ENOSPC);
+    assert_int_equal(strlen(id[0]), 16);
+    assert_string_not_equal(id[0], id[1]);
+    uint64_t rq, tk;
+    kvr_route_load(r, "a", 0, &rq, &tk);
+    assert_int_equal(rq, 2);
+    assert_int_equal(tk, 150);
+    /* the decision sees the tracked loads unless the gateway sends its own */
+    struct kvr_route_cand cand[2] = {{.pod = "a"}, {.pod = "b", .dp_rank = 1}};
+    struct kvr_route_query q = {.query_blocks = 0, .block_size = 16, .policy = -1,
+                                .cands = cand, .ncands = 2};
+    struct kvr_route_decision d;
+    kvr_route_decide(r, &q, &d);
+    assert_int_equal(cand[0].active_requests, 2);
+    assert_int_equal(cand[1].active_requests, 1);
+    assert_int_equal(d.chosen, 1); /* nothing matches: least loaded */
+    cand[0] = (struct kvr_route_cand){.pod = "a", .has_requests = true, .active_requests = 0};
+    cand[1] = (struct kvr_route_cand){.pod = "b", .dp_rank = 1};
+    kvr_route_decide(r, &q, &d);
+    assert_int_equal(d.chosen, 0); /* the gateway's 0 overrides the tracked 2 */
+    assert_int_equal(kvr_route_end(r, id[0], 16), 0);
+    assert_int_equal(kvr_route_end(r, id[0], 16), -ENOENT);
+    assert_int_equal(kvr_route_end(r, "zz", 2), -ENOENT);
+    assert_int_equal(kvr_route_end(r, "0123456789abcdeg", 16), -ENOENT);
+    kvr_route_load(r, "a", 0, &rq, &tk);
+    assert_int_equal(rq, 1);
+    assert_int_equal(tk, 50);
+    /* expiry: max_request_age */
+    c.route_max_request_age_ms = 1;
+    kvr_route_set_conf(r, &c);
+    usleep(5000);
+    kvr_route_load(r, "a", 0, &rq, &tk); /* a read does not expire by itself */
+    assert_int_equal(kvr_route_end(r, id[1], 16), -ENOENT); /* expired first */
+    kvr_route_load(r, "a", 0, &rq, &tk);
+    assert_int_equal(rq, 0);
+    kvr_route_load(r, "b", 1, &rq, &tk);
+    assert_int_equal(rq, 0);
+    struct kvr_buf b;
+    kvr_buf_init(&b);
+    kvr_route_metrics(r, &b);
+    kvr_buf_append(&b, "", 1);
+    assert_non_null(strstr(b.data, "kvrouter_route_expired_total 2"));
+    assert_non_null(strstr(b.data, "kvrouter_route_ended_total 1"));
+    assert_non_null(strstr(b.data, "kvrouter_route_decisions_total{policy=\"cache_aware\"} 2"));
+    kvr_buf_free(&b);
+    kvr_route_destroy(r);
+}
+
+static void test_policy_names(void **state)
+{
+    (void)state;
+    assert_int_equal(kvr_route_policy_parse("cost"), KVR_ROUTE_COST);
+    assert_int_equal(kvr_route_policy_parse("cache_aware"), KVR_ROUTE_CACHE_AWARE);
+    assert_int_equal(kvr_route_policy_parse("score"), KVR_ROUTE_SCORE);
+    assert_int_equal(kvr_route_policy_parse("Cost"), -1);
+    assert_int_equal(kvr_route_policy_parse(NULL), -1);
+    struct kvr_conf c = conf("cost");
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    struct kvr_route_query q = {.policy = -1};
+    struct kvr_route_decision d;
+    assert_int_equal(kvr_route_decide(r, &q, &d), -EINVAL); /* no candidate */
+    kvr_route_destroy(r);
+}
+
+int main(void)
+{
+    const char *s = getenv("KVR_TEST_SEED");
+    seed = s ? (unsigned)strtoul(s, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)getpid();
+    printf("test_route: seed %u (KVR_TEST_SEED=%u replays it)\n", seed, seed);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_policies_random), cmocka_unit_test(test_ties_and_seed),
+        cmocka_unit_test(test_softmax),         cmocka_unit_test(test_tracking),
+        cmocka_unit_test(test_policy_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
