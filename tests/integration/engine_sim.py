@@ -53,6 +53,10 @@ def render_chat(messages):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # one send per response (headers + body; handle_one_request flushes), no Nagle: a
+    # header/body split would meet the peer's delayed ACK (40 ms stalls in the latency tails)
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):  # quiet
         pass
