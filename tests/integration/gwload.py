@@ -71,8 +71,16 @@ def render_haproxy(tmp, port, engines, route_url, mode, fetch_timeout_ms):
     t = _sub(t, r"^\s*bind :8000", "    bind 127.0.0.1:%d" % port)
     t = _sub(t, r"^(\s*server 127\.0\.0\.1:800\d 127\.0\.0\.1:800\d\n)+",
              "".join("    server %s %s\n" % (e, e) for e in engines))
+    local = free_port()
+    router = route_url.split("//", 1)[1].split("/", 1)[0]
     t = _sub(t, r"lua\.kvr_route \S+ kvr_engines \d+ ",
-             "lua.kvr_route %s kvr_engines %d " % (route_url, fetch_timeout_ms))
+             "lua.kvr_route http://127.0.0.1:%d/v1/route kvr_engines %d "
+             % (local, fetch_timeout_ms))
+    t = _sub(t, r"^\s*bind 127\.0\.0\.1:8089", "    bind 127.0.0.1:%d" % local)
+    t = _sub(t, r"^\s*server kvrouterd \S+ ", "    server kvrouterd %s " % router)
+    for what in ("connect", "server"):
+        t = _sub(t, r"^\s*timeout %s 20ms" % what,
+                 "    timeout %s %dms" % (what, fetch_timeout_ms))
     if mode == "rr":
         t = _sub(t, r"^\s*http-request lua\.kvr_route .*\n", "")
     return t
@@ -190,11 +198,16 @@ class Conversation:
 
 def schedule(rng, n_conv, turns):
     """A seeded interleaving of the conversations' turns (each conversation in order): a
-    fixed cyclic order would let round-robin land every conversation on one engine."""
+    fixed cyclic order would let round-robin land every conversation on one engine. No
+    conversation twice in a row while others remain (a user reads the answer first; back to
+    back, the next turn can reach kvrouterd before the events of the previous one)."""
     left = {c: turns for c in range(n_conv)}
     order = []
+    prev = None
     while left:
-        c = rng.choice(sorted(left))
+        pick = [c for c in sorted(left) if c != prev] or sorted(left)
+        c = rng.choice(pick)
+        prev = c
         order.append(c)
         left[c] -= 1
         if not left[c]:

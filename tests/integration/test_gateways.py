@@ -157,6 +157,15 @@ def test_gateway_routes_by_prefix_and_survives_router_loss(fleet, kind):
             events["router"] = start_router(fleet["factory"], fleet["http_port"],
                                             fleet["events_port"])
             wait_known(events["router"], fleet["engines"])
+            # HAProxy sees kvrouterd back at its next health check (inter 500ms)
+            deadline = time.monotonic() + 5
+            while True:
+                status, hdr, _ = raw_post(gw, json.dumps(
+                    {"model": MODEL, "prompt": "probe"}).encode())
+                if status == 200 and hdr.get("x-kvr-route") == "kvrouterd":
+                    break
+                assert time.monotonic() < deadline, gw.log()
+                time.sleep(0.1)
             events["restarted"] = i
 
     try:
@@ -168,6 +177,9 @@ def test_gateway_routes_by_prefix_and_survives_router_loss(fleet, kind):
     summary(kind + " router down", down)
     assert all(r["status"] == 200 for r in recs), log
     assert all(r["route"] == "round-robin" for r in down), log
+    # the fallback is immediate, not after retries (HAProxy's httpclient alone retried a
+    # refused connection 3 times, 1 s apart)
+    assert max(r["latency"] for r in down) < 1.0, [r["latency"] for r in down]
     # After the restart the index is empty: the first turn of each conversation goes where
     # the policy sends an unknown prefix and is learnt from its events; the turns after
     # that follow their prefix again.
