@@ -40,7 +40,8 @@ DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev
 # bench/gateways.sh run the real servers (`make test` / `make bench` install them; not in the
 # Dockerfile, whose build stage runs no integration test).
 DEB_GATEWAY := nginx-light libnginx-mod-http-js haproxy
-DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack $(DEB_GATEWAY)
+DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack python3-jinja2 \
+             $(DEB_GATEWAY)
 DEB_BENCH := wrk nginx-light
 # What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
 # vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.

@@ -1,8 +1,9 @@
 #!/bin/sh
-# tok_http.sh — POST /v1/score with an 8K-token prompt as text, one loop thread: requests/s
-# and latency cold (no prefix cache: every request tokenizes its whole prompt) and warm
-# (prefix cache on, the prompts seen before), beside the same queries as token ids, in one
-# run (interleaved rounds, best of each kept: the machine is shared).
+# tok_http.sh — POST /v1/score with an 8K-token prompt as text, and with a raw
+# /v1/chat/completions body of ~8K tokens (10 turns, Qwen3's chat template), one loop thread:
+# requests/s and latency cold (no prefix cache: every request tokenizes its whole prompt) and
+# warm (prefix cache on, the prompts seen before), beside the same queries as token ids, in
+# one run (interleaved rounds, best of each kept: the machine is shared).
 #
 # Two daemons ([http] threads = 1, Qwen3's tokenizer from build/tokref): one with
 # [tokenizer] prefix_cache = 0 (cold), one with 64MiB (warm; token ids are asked of it too).
@@ -97,6 +98,20 @@ with open(out + "/prompts.json", "w") as f:
 with open(out + "/ids.json", "w") as f:
     for t in ids:
         f.write(json.dumps({"model": "bench/qwen3", "token_ids": t}) + "\n")
+# raw chat bodies: 16 conversations of 10 turns (~3 KB each) as a gateway forwards them
+words = doc.split()
+with open(out + "/chat.json", "w") as f:
+    for i in range(16):
+        msgs = [{"role": "system", "content": "Conversation %d. You are a careful assistant." % i}]
+        for t in range(9):
+            msgs.append({"role": "user" if t % 2 == 0 else "assistant",
+                         "content": " ".join(words[(t * 400 + i * 37) % 3000:][:560])})
+        f.write(json.dumps({"model": "bench/qwen3", "messages": msgs, "max_tokens": 256,
+                            "temperature": 0.7, "stream": True}) + "\n")
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v1/tokenize", json.dumps({"model": "bench/qwen3", "messages": msgs}),
+              {"Content-Type": "application/json"})
+    print("chat bodies: %d tokens each (the last one)" % json.loads(c.getresponse().read())["count"])
 print("16 prompts, %d-%d bytes, %d-%d tokens" % (min(map(len, prompts)), max(map(len, prompts)),
       min(map(len, ids)), max(map(len, ids))))
 EOF2
@@ -112,15 +127,18 @@ runwrk() { # NAME PORT FILE → prints, sets RPS
 }
 : >"$tmp/results"
 runwrk warmup "$wport" "$tmp/prompts.json" # every prompt cached once
+runwrk warmup "$wport" "$tmp/chat.json"
 r=0
 while [ $r -lt "$ROUNDS" ]; do
     runwrk token_ids "$wport" "$tmp/ids.json"
     runwrk prompt_cold "$cport" "$tmp/prompts.json"
     runwrk prompt_warm "$wport" "$tmp/prompts.json"
+    runwrk chat_cold "$cport" "$tmp/chat.json"
+    runwrk chat_warm "$wport" "$tmp/chat.json"
     r=$((r + 1))
 done
 echo "POST /v1/score, 8K-token queries, one loop thread, $CONNS connections, ${DUR}s x $ROUNDS rounds (best):"
-for n in token_ids prompt_cold prompt_warm; do
+for n in token_ids prompt_cold prompt_warm chat_cold chat_warm; do
     grep "^$n " "$tmp/results" | sort -k2 -n -r | head -1 |
         awk '{ printf "  %-34s %8.0f req/s   p50 %7d us   p99 %7d us   non-2xx %s\n", $1, $2, $3, $4, $5 }'
 done

@@ -42,8 +42,9 @@ struct kvr_conf_model {
     char *tokenizer;    /* a directory holding tokenizer.json (+ tokenizer_config.json) or a
                          * tokenizer.json; relative paths are resolved against the config
                          * file's directory; NULL = no tokenizer (token ids only) */
+    char *chat_template; /* a Jinja file overriding the tokenizer's chat template; NULL */
     int line;           /* of the section header */
-    int tokenizer_line;
+    int tokenizer_line, chat_template_line;
 };
 
 struct kvr_conf {

@@ -137,8 +137,26 @@ int kvr_conf_model_key(struct kvr_conf *c, const char *key, const char *value, i
         m->tokenizer_line = line;
         return 0;
     }
+    if (strcasecmp(key, "chat_template") == 0) {
+        if (m->chat_template != NULL) {
+            snprintf(msg, msgcap, "duplicate key 'chat_template' in [model \"%.200s\"] (first "
+                                  "set on line %d)", m->name, m->chat_template_line);
+            return -EINVAL;
+        }
+        if (value[0] == '\0' || strlen(value) > 4095) {
+            snprintf(msg, msgcap, "[model \"%.200s\"] chat_template: expected the path of a "
+                                  "Jinja template file", m->name);
+            return -EINVAL;
+        }
+        if ((m->chat_template = resolve(c->path, value)) == NULL) {
+            snprintf(msg, msgcap, "out of memory");
+            return -ENOMEM;
+        }
+        m->chat_template_line = line;
+        return 0;
+    }
     snprintf(msg, msgcap, "unknown key '%.100s' in section [model \"%.200s\"] (expected "
-                          "tokenizer)", key, m->name);
+                          "tokenizer or chat_template)", key, m->name);
     return -EINVAL;
 }
 
@@ -147,6 +165,7 @@ void kvr_conf_models_free(struct kvr_conf *c)
     for (size_t i = 0; i < c->nmodels; i++) {
         free(c->models[i].name);
         free(c->models[i].tokenizer);
+        free(c->models[i].chat_template);
     }
     free(c->models);
     c->models = NULL;
@@ -161,11 +180,14 @@ static const struct kvr_conf_model *find(const struct kvr_conf *c, const char *n
     return NULL;
 }
 
+static bool same_str(const char *a, const char *b)
+{
+    return (a == NULL) == (b == NULL) && (a == NULL || strcmp(a, b) == 0);
+}
+
 static bool same(const struct kvr_conf_model *a, const struct kvr_conf_model *b)
 {
-    if ((a->tokenizer == NULL) != (b->tokenizer == NULL))
-        return false;
-    return a->tokenizer == NULL || strcmp(a->tokenizer, b->tokenizer) == 0;
+    return same_str(a->tokenizer, b->tokenizer) && same_str(a->chat_template, b->chat_template);
 }
 
 int kvr_conf_models_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
@@ -181,10 +203,13 @@ int kvr_conf_models_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
         copy[i] = *f;
         copy[i].name = strdup(f->name);
         copy[i].tokenizer = f->tokenizer ? strdup(f->tokenizer) : NULL;
-        if (copy[i].name == NULL || (f->tokenizer && copy[i].tokenizer == NULL)) {
+        copy[i].chat_template = f->chat_template ? strdup(f->chat_template) : NULL;
+        if (copy[i].name == NULL || (f->tokenizer && copy[i].tokenizer == NULL) ||
+            (f->chat_template && copy[i].chat_template == NULL)) {
             for (size_t j = 0; j <= i; j++) {
                 free(copy[j].name);
                 free(copy[j].tokenizer);
+                free(copy[j].chat_template);
             }
             free(copy);
             return -ENOMEM; /* the live list stays */

@@ -62,6 +62,7 @@ struct kvr_httpapi_thread {
     const char **pods;
     struct kvr_hash_media media[KVR_REQBODY_MAX_MEDIA]; /* mm_hashes of a query */
     struct route_scratch *rs; /* POST /v1/route, allocated on first use */
+    struct kvr_reqbody_chat chat; /* the request's chat keys (JSON bodies) */
     char decoded[KVR_HTTPREQ_URL_MAX + 1];
 };
 
@@ -480,8 +481,15 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
         return -1;
     }
     err.msg[0] = '\0';
-    if (kind == BODY_JSON)
-        rc = kvr_reqbody_query_json(req->body, req->body_len, &sc, q, &err);
+    t->chat.messages_str = NULL;
+    if (kind == BODY_JSON && t->tok != NULL) { /* with tokenizers: chat bodies too */
+        kvr_tmpl_ctx *ctx = kvr_tokset_reader_ctx(t->tok);
+        kvr_tmpl_ctx_reset(ctx);
+        rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, q, ctx, &t->chat, NULL, 0,
+                                   NULL, &err);
+    } else if (kind == BODY_JSON)
+        rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, q, NULL, NULL, NULL, 0, NULL,
+                                   &err);
     else
         rc = kvr_reqbody_query_msgpack(req->body, req->body_len, &sc, q, &err);
     if (rc == -E2BIG) {
@@ -496,6 +504,66 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
     return 0;
 }
 
+/* The request's chat messages, rendered with the model's template and tokenized (into
+ * q->tokens): 0, or the error answered. */
+static int tokenize_chat(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
+                         struct kvr_httpresp *resp)
+{
+    const struct kvr_reqbody_chat *ch = &t->chat;
+    struct kvr_tokset_chat c = {
+        .messages_str = ch->messages_str, .messages_parts = ch->messages_parts,
+        .tools = ch->tools, .documents = ch->documents, .kwargs = ch->kwargs,
+        .add_generation_prompt = ch->add_generation_prompt,
+        .continue_final_message = ch->continue_final_message,
+        /* vLLM's chat default: the template writes the special tokens itself */
+        .add_special_tokens = q->add_special_given ? q->add_special_tokens : false,
+        .final_text = ch->final_text, .final_len = ch->final_len,
+        .max_render_bytes = t->api->max_prompt_bytes};
+    const uint32_t *ids;
+    char msg[400];
+    int n = kvr_tokset_chat(t->tok, q->model, &c, &ids, msg, sizeof(msg));
+
+    switch (n) {
+    case -ENOENT:
+        fail(resp, 400, "no tokenizer for model \"%.300s\" (configure [model \"%.300s\"] "
+                        "tokenizer, or send token_ids)", q->model, q->model);
+        return -1;
+    case -ENOTSUP:
+        fail(resp, 400, "model \"%.300s\" has no chat template (set [model] chat_template, "
+                        "or send a prompt or token_ids)", q->model);
+        return -1;
+    case -EINVAL:
+        fail(resp, 400, "chat template: %s", msg);
+        return -1;
+    case -E2BIG:
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "the rendered chat is longer than [tokenizer] max_prompt_bytes "
+                        "(%llu bytes)", (unsigned long long)t->api->max_prompt_bytes);
+        return -1;
+    case -ELOOP:
+        fail(resp, 400, "chat template: %s", msg[0] ? msg : "too deep or too many iterations");
+        return -1;
+    case -EILSEQ:
+        fail(resp, 400, "the rendered chat is not valid UTF-8");
+        return -1;
+    default:
+        break;
+    }
+    if (n < 0) {
+        fail(resp, 500, "chat rendering failed: %s", strerror(-n));
+        return -1;
+    }
+    if ((uint64_t)n > t->api->max_tokens) {
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "the chat makes %d tokens, more than [http] max_query_tokens (%u)", n,
+             t->api->max_tokens);
+        return -1;
+    }
+    q->tokens = ids;
+    q->ntokens = (size_t)n;
+    return 0;
+}
+
 /* q's prompt to token ids (into q->tokens, q->ntokens): 0, or the error answered. */
 static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
                            struct kvr_httpresp *resp)
@@ -503,6 +571,8 @@ static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_quer
     const uint32_t *ids;
     int n;
 
+    if (t->chat.messages_str != NULL)
+        return tokenize_chat(t, q, resp);
     if (q->prompt_len > t->api->max_prompt_bytes) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
         fail(resp, 413, "prompt longer than [tokenizer] max_prompt_bytes (%llu bytes)",
@@ -667,8 +737,13 @@ static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     rs->n = rs->nnames = 0;
     rs->full = false;
     err.msg[0] = '\0';
-    rc = kvr_reqbody_route_json(req->body, req->body_len, &sc, &q, rs->in, KVR_HTTPAPI_MAX_PODS,
-                                &rq, &err);
+    t->chat.messages_str = NULL;
+    if (t->tok != NULL)
+        kvr_tmpl_ctx_reset(kvr_tokset_reader_ctx(t->tok));
+    rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, &q,
+                               t->tok ? kvr_tokset_reader_ctx(t->tok) : NULL,
+                               t->tok ? &t->chat : NULL, rs->in, KVR_HTTPAPI_MAX_PODS, &rq,
+                               &err);
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
         fail(resp, 413, "%s", err.msg);

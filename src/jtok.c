@@ -346,6 +346,17 @@ int kvr_jtok_u64(struct kvr_jtok *j, uint64_t *v)
     return 0;
 }
 
+int kvr_jtok_number(struct kvr_jtok *j, char **s, size_t *len)
+{
+    int rc;
+    kvr_jtok_peek(j);
+    *s = j->p;
+    if ((rc = skip_number(j)) != 0)
+        return rc;
+    *len = (size_t)(j->p - *s);
+    return 0;
+}
+
 static int skip_value(struct kvr_jtok *j, int depth)
 {
     int c = kvr_jtok_peek(j), rc, st = 0;

@@ -52,6 +52,8 @@ int kvr_jtok_null(struct kvr_jtok *j);
 /* A non-negative integer (no fraction, exponent or leading zero) at the cursor into *v: 0,
  * or -EINVAL. */
 int kvr_jtok_u64(struct kvr_jtok *j, uint64_t *v);
+/* A JSON number at the cursor, validated: *s and *len its text (not NUL-terminated). */
+int kvr_jtok_number(struct kvr_jtok *j, char **s, size_t *len);
 /* true or false at the cursor into *v: 0, or -EINVAL. */
 int kvr_jtok_bool(struct kvr_jtok *j, bool *v);
 /* Validates and skips any value; nesting deeper than KVR_JTOK_MAX_DEPTH is -EINVAL. Strings

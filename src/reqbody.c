@@ -22,6 +22,7 @@
 #include "base.h" /* KVR_NAME_MAX */
 #include "decode.h"
 #include "jtok.h"
+#include "reqbody_int.h"
 
 #define MP_MAX_DEPTH 64
 
@@ -154,17 +155,22 @@ static int json_media(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
     return media_check(q->media, q->nmedia, err);
 }
 
+/* The keys a query body had (for callers that accept more forms than the query itself). */
+struct seen {
+    bool model, tokens, prompt;
+};
+
 /* Other endpoints' own keys in a query body: 1 consumed, 0 not theirs, or -errno. */
 typedef int (*json_hook)(void *arg, const char *key, size_t klen, struct kvr_jtok *j,
                          struct kvr_err *err);
 
 static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                       struct kvr_reqbody_query *q, struct kvr_err *err, json_hook hook,
-                      void *hook_arg)
+                      void *hook_arg, struct seen *so)
 {
     struct kvr_jtok j;
     bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
-    bool seen_prompt = false, seen_special = false;
+    bool seen_prompt = false, seen_special = false, prompt_ids = false;
     bool seen_salt = false, seen_media = false;
     int st = 0, rc;
     char *key, *str;
@@ -180,7 +186,9 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
     while ((rc = kvr_jtok_object_next(&j, &st, &key, &klen)) == 1) {
         if (key_is(key, klen, "token_ids")) {
             if (seen_tokens)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"token_ids\"");
+                return kvr_err_set(err, -EINVAL, prompt_ids ? "give either \"token_ids\" or "
+                                                              "\"prompt\", not both"
+                                                            : "duplicate key \"token_ids\"");
             seen_tokens = true;
             rc = kvr_jtok_u32_array(&j, s->tokens, s->max_tokens, &q->ntokens);
             if (rc == -E2BIG)
@@ -202,6 +210,23 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
             if (seen_prompt)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
             seen_prompt = true;
+            if (kvr_jtok_peek(&j) == '[') { /* /v1/completions: one prompt as token ids */
+                if (seen_tokens)
+                    return kvr_err_set(err, -EINVAL, "give either \"token_ids\" or "
+                                                     "\"prompt\", not both");
+                rc = kvr_jtok_u32_array(&j, s->tokens, s->max_tokens, &q->ntokens);
+                if (rc == -E2BIG)
+                    return kvr_err_set(err, -E2BIG, "too many token ids (limit %zu)",
+                                       s->max_tokens);
+                if (rc != 0)
+                    return kvr_err_set(err, -EINVAL, "\"prompt\" must be a string or one array "
+                                                     "of token ids (a batch of several prompts is "
+                                                     "not supported)");
+                seen_tokens = true;
+                seen_prompt = false;
+                prompt_ids = true;
+                continue;
+            }
             if (kvr_jtok_peek(&j) != '"')
                 return kvr_err_set(err, -EINVAL, "\"prompt\" must be a string");
             if (kvr_jtok_string(&j, &str, &slen) != 0)
@@ -217,6 +242,7 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
                 return kvr_err_set(err, -EINVAL, "\"add_special_tokens\" must be true or false");
             if (kvr_jtok_bool(&j, &q->add_special_tokens) != 0)
                 return jerr(&j, err);
+            q->add_special_given = true;
         } else if (key_is(key, klen, "lora_name")) {
             if (seen_lora)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"lora_name\"");
@@ -280,22 +306,28 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
         return jerr(&j, err);
     if (kvr_jtok_finish(&j) != 0)
         return jerr(&j, err);
+    if (so != NULL) { /* the caller checks, knowing its own keys */
+        *so = (struct seen){seen_model, seen_tokens, seen_prompt};
+        return 0;
+    }
     return query_check(q, seen_model, seen_tokens, seen_prompt, err);
 }
 
 int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
                            struct kvr_reqbody_query *q, struct kvr_err *err)
 {
-    return query_json(body, len, s, q, err, NULL, NULL);
+    return query_json(body, len, s, q, err, NULL, NULL, NULL);
 }
 
 /* ---- POST /v1/route: the query plus "candidates", "policy", "track" ---------------------- */
 
 struct route_ctx {
-    struct kvr_reqbody_route *rq;
+    struct kvr_reqbody_route *rq; /* NULL: route keys are not this endpoint's */
     struct kvr_reqbody_cand *cands;
     size_t cap;
     bool seen_cands, seen_policy, seen_track;
+    kvr_tmpl_ctx *tctx;           /* NULL: chat keys are not this endpoint's */
+    struct kvr_reqbody_chat *chat;
 };
 
 static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *err)
@@ -361,6 +393,10 @@ static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *
     size_t slen;
     int r, st = 0;
 
+    if (rc->tctx != NULL && (r = kvr_reqbody_chat_key(rc->chat, rc->tctx, key, klen, j, err)) != 0)
+        return r;
+    if (rc->rq == NULL)
+        return 0;
     if (key_is(key, klen, "candidates")) {
         if (rc->seen_cands)
             return kvr_err_set(err, -EINVAL, "duplicate key \"candidates\"");
@@ -400,16 +436,40 @@ static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *
     return 0;
 }
 
-int kvr_reqbody_route_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
-                           struct kvr_reqbody_query *q, struct kvr_reqbody_cand *cands,
-                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err)
+int kvr_reqbody_query_ext(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                          struct kvr_reqbody_query *q, kvr_tmpl_ctx *ctx,
+                          struct kvr_reqbody_chat *chat, struct kvr_reqbody_cand *cands,
+                          size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err)
 {
-    struct route_ctx rc = {rq, cands, cap, false, false, false};
-    memset(rq, 0, sizeof(*rq));
-    rq->cands = cands;
-    return query_json(body, len, s, q, err, route_hook, &rc);
-}
+    struct route_ctx rc = {rq, cands, cap, false, false, false, ctx, chat};
+    struct seen so;
+    int r;
 
+    if (rq != NULL) {
+        memset(rq, 0, sizeof(*rq));
+        rq->cands = cands;
+    }
+    if (chat != NULL) {
+        memset(chat, 0, sizeof(*chat));
+        chat->add_generation_prompt = true;
+    }
+    if ((r = query_json(body, len, s, q, err, route_hook, &rc, &so)) != 0)
+        return r;
+    bool msgs = chat != NULL && chat->messages_str != NULL;
+    if (!so.model)
+        return kvr_err_set(err, -EINVAL, "missing \"model\"");
+    if (so.tokens + so.prompt + msgs > 1)
+        return kvr_err_set(err, -EINVAL, "give one of \"token_ids\", \"prompt\" and "
+                                         "\"messages\"");
+    if (!so.tokens && !so.prompt && !msgs)
+        return kvr_err_set(err, -EINVAL, "missing \"token_ids\", \"prompt\" or \"messages\"");
+    if (msgs && chat->continue_final_message && chat->add_generation_prompt)
+        return kvr_err_set(err, -EINVAL, "continue_final_message and add_generation_prompt "
+                                         "cannot both be true (set add_generation_prompt to "
+                                         "false)");
+    q->has_tokens = so.tokens;
+    return 0;
+}
 static int opt_string(struct kvr_jtok *j, const char *name, const char **out, struct kvr_err *err)
 {
     char *str;
@@ -878,6 +938,9 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             return mp_fail(&m, "map key must be a string");
         key = (const char *)m.p + khdr;
         m.p += khdr + klen;
+        if (key_is(key, klen, "messages"))
+            return kvr_err_set(err, -EINVAL, "\"messages\" needs a JSON body "
+                                             "(application/json)");
         if (key_is(key, klen, "token_ids")) {
             if (seen_tokens)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"token_ids\"");
@@ -908,6 +971,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             if (m.p >= m.end || (*m.p != 0xc2 && *m.p != 0xc3))
                 return kvr_err_set(err, -EINVAL, "\"add_special_tokens\" must be true or false");
             q->add_special_tokens = *m.p++ == 0xc3;
+            q->add_special_given = true;
         } else if (key_is(key, klen, "lora_name")) {
             if (seen_lora)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"lora_name\"");

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "tmpl.h"
 #include "hash.h" /* struct kvr_hash_media */
 
 /* mm_hashes items: the engine's media identifiers (vLLM extra keys) with their placeholder
@@ -51,6 +52,7 @@ struct kvr_reqbody_query {
     const char *prompt;      /* NULL when absent (decoded in place; may hold NUL bytes) */
     size_t prompt_len;
     bool add_special_tokens; /* default true */
+    bool add_special_given;  /* "add_special_tokens" was in the body */
     const char *cache_salt;  /* NULL when absent, null or "" (vLLM: no salt) */
     const struct kvr_hash_media *media; /* = scratch->media */
     size_t nmedia;
@@ -76,9 +78,29 @@ struct kvr_reqbody_route {
     struct kvr_reqbody_cand *cands;
     size_t ncands;      /* 0: not given */
 };
-int kvr_reqbody_route_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
-                           struct kvr_reqbody_query *q, struct kvr_reqbody_cand *cands,
-                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err);
+/* The chat keys, decoded into template values (reqbody_chat.c documents vLLM's rules):
+ * messages in both content forms (a string, or {"type": "text"} parts) for the template to
+ * pick, tools/documents/chat_template_kwargs as sent (NULL when absent or null),
+ * add_generation_prompt (default true), continue_final_message (default false), and the
+ * final message's text (its last text part) for continue_final_message. */
+struct kvr_reqbody_chat {
+    kvr_tmpl_val *messages_str, *messages_parts; /* NULL: no "messages" */
+    size_t nmessages;
+    kvr_tmpl_val *tools, *documents, *kwargs;
+    bool add_generation_prompt, continue_final_message;
+    const char *final_text; /* in the body buffer */
+    size_t final_len;
+};
+
+/* A query body with more forms, JSON: the query (token ids, a prompt as a string or as one
+ * array of token ids, as /v1/completions sends it), the chat keys when chat != NULL (values
+ * in ctx), and the route keys when rq != NULL (candidates stored in cands[cap]). Exactly one
+ * of token_ids, prompt and messages. Unknown keys are ignored, so an OpenAI
+ * /v1/chat/completions or /v1/completions body can be sent as it is. */
+int kvr_reqbody_query_ext(char *body, size_t len, const struct kvr_reqbody_scratch *s,
+                          struct kvr_reqbody_query *q, kvr_tmpl_ctx *ctx,
+                          struct kvr_reqbody_chat *chat, struct kvr_reqbody_cand *cands,
+                          size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err);
 
 /* Tests and benchmarks: limits the msgpack token-array decoder to 0 = scalar only, 1 = + AVX-512
  * VBMI windows (x86-64; never above what the CPU has); -1 = the best available (the default).

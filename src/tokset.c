@@ -18,8 +18,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "log.h"
 #include "metrics.h"
+#include "tmpl.h"
 #include "tok.h"
 
 struct fid { /* identity of a file as reload compares it; all zero: absent */
@@ -29,11 +32,35 @@ struct fid { /* identity of a file as reload compares it; all zero: absent */
     int64_t mtime_ns;
 };
 
+/* What a model needs to turn text and chat messages into ids; immutable once loaded, shared
+ * by consecutive tables while its files do not change. */
+struct mtext {
+    kvr_tok *tok;
+    kvr_tmpl *chat, *chat_tools; /* NULL: none (chat_tools: use chat) */
+    bool parts, parts_tools;     /* the template wants content parts (vLLM "auto") */
+    char *special[4];            /* bos, eos, unk, pad token strings; NULL: not passed */
+};
+
+static const char *const special_names[4] = {"bos_token", "eos_token", "unk_token",
+                                             "pad_token"};
+
+static void mtext_free(struct mtext *mt)
+{
+    if (mt == NULL)
+        return;
+    kvr_tok_free(mt->tok);
+    kvr_tmpl_free(mt->chat);
+    kvr_tmpl_free(mt->chat_tools);
+    for (int i = 0; i < 4; i++)
+        free(mt->special[i]);
+    free(mt);
+}
+
 struct entry {
     char *name;
-    char *path;
-    kvr_tok *tok;
-    struct fid json, cfg;
+    char *path, *tpl_path; /* the tokenizer, the chat_template override (NULL) */
+    struct mtext *mt;
+    struct fid json, cfg, tpl;
 };
 
 struct table {
@@ -45,6 +72,7 @@ struct kvr_tokset_reader {
     struct kvr_tokset *ts;
     _Atomic uint64_t active; /* epoch the current call started in; 0 = quiescent */
     kvr_tok_scratch *scratch;
+    kvr_tmpl_ctx *ctx; /* chat requests' values and renders */
     struct kvr_tokset_reader *next;
 };
 
@@ -54,7 +82,7 @@ struct kvr_tokset {
     pthread_mutex_t lock; /* readers list */
     struct kvr_tokset_reader *readers;
     kvr_tok_cache *cache; /* [tokenizer] prefix_cache; NULL = off */
-    _Atomic uint64_t reloads, reload_failures, encodes;
+    _Atomic uint64_t reloads, reload_failures, encodes, chats;
 };
 
 static void fid_of(const char *path, struct fid *f)
@@ -89,22 +117,159 @@ static bool fid_eq(const struct fid *a, const struct fid *b)
            a->mtime_ns == b->mtime_ns;
 }
 
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    long n;
+    if (f == NULL)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (64l << 20) &&
+        fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) != NULL) {
+        if (fread(b, 1, (size_t)n, f) != (size_t)n) {
+            free(b);
+            b = NULL;
+        } else {
+            b[n] = '\0';
+            *len = (size_t)n;
+        }
+    }
+    fclose(f);
+    return b;
+}
+
+/* The directory of the tokenizer files (path is a directory or a tokenizer.json). */
+static void tok_dir(const char *path, char *dir, size_t cap)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(dir, cap, "%s", path);
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, cap, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+}
+
+static int compile_tpl(const struct kvr_conf *c, const struct kvr_conf_model *m,
+                       const char *file, const char *src, size_t len, kvr_tmpl **t, bool *parts,
+                       struct kvr_err *err)
+{
+    char msg[400];
+    int rc = kvr_tmpl_compile(src, len, t, msg, sizeof(msg));
+    if (rc != 0)
+        return kvr_err_set(err, rc, "%s:%d: [model \"%s\"] chat template %s: %s", c->path,
+                           m->chat_template ? m->chat_template_line : m->tokenizer_line,
+                           m->name, file, msg);
+    *parts = kvr_tmpl_content_is_parts(*t) == 1;
+    return 0;
+}
+
+/* The chat template (transformers' order: the [model] chat_template file, else
+ * tokenizer_config.json's chat_template (a string, or named templates: "default" and
+ * "tool_use"), else chat_template.jinja beside it) and the special token strings. */
+static int load_chat(const struct kvr_conf *c, const struct kvr_conf_model *m,
+                     struct mtext *mt, struct kvr_err *err)
+{
+    char dir[4096], p[4200];
+    size_t len = 0;
+    char *txt;
+    cJSON *cfg = NULL;
+    int rc = 0;
+
+    tok_dir(m->tokenizer, dir, sizeof(dir));
+    snprintf(p, sizeof(p), "%s/tokenizer_config.json", dir);
+    if ((txt = slurp(p, &len)) != NULL) {
+        cfg = cJSON_ParseWithLength(txt, len);
+        free(txt);
+    }
+    for (int i = 0; cfg != NULL && i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, special_names[i]);
+        if (cJSON_IsObject(v))
+            v = cJSON_GetObjectItemCaseSensitive(v, "content");
+        if (cJSON_IsString(v) && (mt->special[i] = strdup(v->valuestring)) == NULL)
+            rc = -ENOMEM;
+    }
+    if (rc == 0 && m->chat_template != NULL) {
+        if ((txt = slurp(m->chat_template, &len)) == NULL)
+            rc = kvr_err_set(err, -ENOENT, "%s:%d: [model \"%s\"] chat_template: cannot read "
+                             "%s", c->path, m->chat_template_line, m->name, m->chat_template);
+        else
+            rc = compile_tpl(c, m, m->chat_template, txt, len, &mt->chat, &mt->parts, err);
+        free(txt);
+    } else if (rc == 0 && cfg != NULL && cJSON_GetObjectItemCaseSensitive(cfg, "chat_template")) {
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *x;
+        if (cJSON_IsString(ct)) {
+            rc = compile_tpl(c, m, p, ct->valuestring, strlen(ct->valuestring), &mt->chat,
+                             &mt->parts, err);
+        } else if (cJSON_IsArray(ct)) {
+            cJSON_ArrayForEach(x, ct)
+            {
+                const cJSON *n = cJSON_GetObjectItemCaseSensitive(x, "name");
+                const cJSON *t = cJSON_GetObjectItemCaseSensitive(x, "template");
+                if (rc != 0 || !cJSON_IsString(n) || !cJSON_IsString(t))
+                    continue;
+                if (strcmp(n->valuestring, "default") == 0 && mt->chat == NULL)
+                    rc = compile_tpl(c, m, p, t->valuestring, strlen(t->valuestring),
+                                     &mt->chat, &mt->parts, err);
+                else if (strcmp(n->valuestring, "tool_use") == 0 && mt->chat_tools == NULL)
+                    rc = compile_tpl(c, m, p, t->valuestring, strlen(t->valuestring),
+                                     &mt->chat_tools, &mt->parts_tools, err);
+            }
+        }
+    } else if (rc == 0) {
+        snprintf(p, sizeof(p), "%s/chat_template.jinja", dir);
+        if ((txt = slurp(p, &len)) != NULL)
+            rc = compile_tpl(c, m, p, txt, len, &mt->chat, &mt->parts, err);
+        free(txt);
+    }
+    cJSON_Delete(cfg);
+    if (rc == -ENOMEM)
+        kvr_err_set(err, rc, "out of memory");
+    return rc;
+}
+
+static void tpl_fid(const struct kvr_conf_model *m, struct fid *f)
+{
+    char dir[4096], p[4200];
+    if (m->chat_template != NULL) {
+        fid_of(m->chat_template, f);
+        return;
+    }
+    tok_dir(m->tokenizer, dir, sizeof(dir));
+    snprintf(p, sizeof(p), "%s/chat_template.jinja", dir);
+    fid_of(p, f);
+}
+
 static int load_one(const struct kvr_conf *c, const struct kvr_conf_model *m, struct entry *e,
                     struct kvr_err *err)
 {
     char msg[600];
+    int rc;
     memset(e, 0, sizeof(*e));
     files_of(m->tokenizer, &e->json, &e->cfg);
-    int rc = kvr_tok_load(m->tokenizer, &e->tok, msg, sizeof(msg));
-    if (rc != 0)
+    tpl_fid(m, &e->tpl);
+    if ((e->mt = calloc(1, sizeof(*e->mt))) == NULL)
+        return kvr_err_set(err, -ENOMEM, "out of memory");
+    rc = kvr_tok_load(m->tokenizer, &e->mt->tok, msg, sizeof(msg));
+    if (rc != 0) {
+        mtext_free(e->mt);
+        e->mt = NULL;
         return kvr_err_set(err, rc, "%s:%d: [model \"%s\"] tokenizer: %s", c->path,
                            m->tokenizer_line, m->name, msg);
+    }
+    if ((rc = load_chat(c, m, e->mt, err)) != 0) {
+        mtext_free(e->mt);
+        e->mt = NULL;
+        return rc;
+    }
     e->name = strdup(m->name);
     e->path = strdup(m->tokenizer);
-    if (e->name == NULL || e->path == NULL) {
-        kvr_tok_free(e->tok);
+    e->tpl_path = m->chat_template ? strdup(m->chat_template) : NULL;
+    if (e->name == NULL || e->path == NULL || (m->chat_template && e->tpl_path == NULL)) {
+        mtext_free(e->mt);
         free(e->name);
         free(e->path);
+        free(e->tpl_path);
         return kvr_err_set(err, -ENOMEM, "out of memory");
     }
     return 0;
@@ -165,9 +330,10 @@ static void table_free(struct table *t, bool free_toks)
         return;
     for (size_t i = 0; i < t->n; i++) {
         if (free_toks)
-            kvr_tok_free(t->e[i].tok);
+            mtext_free(t->e[i].mt);
         free(t->e[i].name);
         free(t->e[i].path);
+        free(t->e[i].tpl_path);
     }
     free(t);
 }
@@ -244,6 +410,22 @@ int kvr_tokset_check(const struct kvr_conf *c, struct kvr_err *err)
     return rc;
 }
 
+/* A table entry sharing o's loaded model (names copied). */
+static int copy_entry(struct entry *e, const struct entry *o)
+{
+    *e = *o;
+    e->name = strdup(o->name);
+    e->path = strdup(o->path);
+    e->tpl_path = o->tpl_path ? strdup(o->tpl_path) : NULL;
+    if (e->name == NULL || e->path == NULL || (o->tpl_path && e->tpl_path == NULL)) {
+        free(e->name);
+        free(e->path);
+        free(e->tpl_path);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 /* Waits until no reader can still be using a table published before epoch `after`. */
 static void synchronize(struct kvr_tokset *ts, uint64_t after)
 {
@@ -284,19 +466,16 @@ int kvr_tokset_reload(struct kvr_tokset *ts, const struct kvr_conf *c, size_t *n
         if (m->tokenizer == NULL)
             continue;
         const struct entry *o = lookup(old, m->name);
-        struct fid j, f;
+        struct fid j, f, tp;
         files_of(m->tokenizer, &j, &f);
+        tpl_fid(m, &tp);
         if (o != NULL && strcmp(o->path, m->tokenizer) == 0 && fid_eq(&o->json, &j) &&
-            fid_eq(&o->cfg, &f)) {
+            fid_eq(&o->cfg, &f) && fid_eq(&o->tpl, &tp) &&
+            (o->tpl_path == NULL) == (m->chat_template == NULL) &&
+            (o->tpl_path == NULL || strcmp(o->tpl_path, m->chat_template) == 0)) {
             struct entry *e = &t->e[t->n];
-            e->name = strdup(o->name);
-            e->path = strdup(o->path);
-            if (e->name == NULL || e->path == NULL) {
-                free(e->name);
-                free(e->path);
+            if (copy_entry(e, o) != 0)
                 goto keep_error;
-            }
-            e->tok = o->tok, e->json = o->json, e->cfg = o->cfg;
             kept[o - old->e] = true;
             t->n++;
             continue;
@@ -317,15 +496,8 @@ int kvr_tokset_reload(struct kvr_tokset *ts, const struct kvr_conf *c, size_t *n
             first = e1;
         }
         if (o != NULL) { /* keep the previous one */
-            struct entry *e = &t->e[t->n];
-            e->name = strdup(o->name);
-            e->path = strdup(o->path);
-            if (e->name == NULL || e->path == NULL) {
-                free(e->name);
-                free(e->path);
+            if (copy_entry(&t->e[t->n], o) != 0)
                 goto keep_error;
-            }
-            e->tok = o->tok, e->json = o->json, e->cfg = o->cfg;
             kept[o - old->e] = true;
             t->n++;
         }
@@ -336,7 +508,7 @@ int kvr_tokset_reload(struct kvr_tokset *ts, const struct kvr_conf *c, size_t *n
     synchronize(ts, after);
     for (size_t i = 0; i < old->n; i++)
         if (!kept[i])
-            kvr_tok_free(old->e[i].tok);
+            mtext_free(old->e[i].mt);
     table_free(old, false);
     free(kept);
     atomic_fetch_add(&ts->reloads, 1);
@@ -352,9 +524,9 @@ keep_error: /* out of memory midway: nothing published; free what this reload lo
     for (size_t i = 0; i < t->n; i++) {
         bool shared = false;
         for (size_t k = 0; k < old->n; k++)
-            shared |= old->e[k].tok == t->e[i].tok;
+            shared |= old->e[k].mt == t->e[i].mt;
         if (!shared)
-            kvr_tok_free(t->e[i].tok);
+            mtext_free(t->e[i].mt);
     }
     table_free(t, false);
     free(kept);
@@ -375,7 +547,10 @@ void kvr_tokset_destroy(struct kvr_tokset *ts)
 int kvr_tokset_reader_create(struct kvr_tokset *ts, struct kvr_tokset_reader **out)
 {
     struct kvr_tokset_reader *r = calloc(1, sizeof(*r));
-    if (r == NULL || (r->scratch = kvr_tok_scratch_new()) == NULL) {
+    if (r == NULL || (r->scratch = kvr_tok_scratch_new()) == NULL ||
+        kvr_tmpl_ctx_create(&r->ctx, NULL) != 0) {
+        if (r != NULL)
+            kvr_tok_scratch_free(r->scratch);
         free(r);
         return -ENOMEM;
     }
@@ -403,6 +578,7 @@ void kvr_tokset_reader_destroy(struct kvr_tokset_reader *r)
     }
     pthread_mutex_unlock(&ts->lock);
     kvr_tok_scratch_free(r->scratch);
+    kvr_tmpl_ctx_destroy(r->ctx);
     free(r);
 }
 
@@ -418,10 +594,95 @@ int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char
     if (e == NULL)
         rc = -ENOENT;
     else
-        rc = kvr_tok_encode_cached(e->tok, ts->cache, r->scratch, text, len, add_special, ids);
+        rc = kvr_tok_encode_cached(e->mt->tok, ts->cache, r->scratch, text, len, add_special,
+                                   ids);
     atomic_store_explicit(&r->active, 0, memory_order_release);
     if (rc >= 0)
         atomic_fetch_add_explicit(&ts->encodes, 1, memory_order_relaxed);
+    return rc;
+}
+
+kvr_tmpl_ctx *kvr_tokset_reader_ctx(struct kvr_tokset_reader *r)
+{
+    return r->ctx;
+}
+
+static int render(const struct mtext *mt, kvr_tmpl_ctx *ctx, const struct kvr_tokset_chat *c,
+                  const char **out, size_t *outlen, char *err, size_t errlen)
+{
+    bool tools = c->tools != NULL && mt->chat_tools != NULL;
+    const kvr_tmpl *t = tools ? mt->chat_tools : mt->chat;
+    bool parts = tools ? mt->parts_tools : mt->parts;
+    kvr_tmpl_val *vars = kvr_tmpl_dict(ctx), *none = kvr_tmpl_none(ctx);
+    kvr_tmpl_val *agp = kvr_tmpl_bool(ctx, c->add_generation_prompt);
+    int rc;
+
+    if (vars == NULL || none == NULL || agp == NULL)
+        return -ENOMEM;
+    /* transformers: render(messages=, tools=, documents=, add_generation_prompt=,
+     * **special_tokens_map, **chat_template_kwargs) */
+    if (kvr_tmpl_dict_set(ctx, vars, "messages", 8, parts ? c->messages_parts : c->messages_str) ||
+        kvr_tmpl_dict_set(ctx, vars, "tools", 5, c->tools ? c->tools : none) ||
+        kvr_tmpl_dict_set(ctx, vars, "documents", 9, c->documents ? c->documents : none) ||
+        kvr_tmpl_dict_set(ctx, vars, "add_generation_prompt", 21, agp))
+        return -ENOMEM;
+    for (int i = 0; i < 4; i++) {
+        kvr_tmpl_val *v;
+        if (mt->special[i] == NULL)
+            continue;
+        if ((v = kvr_tmpl_str(ctx, mt->special[i], strlen(mt->special[i]))) == NULL ||
+            kvr_tmpl_dict_set(ctx, vars, special_names[i], strlen(special_names[i]), v))
+            return -ENOMEM;
+    }
+    if (c->kwargs != NULL && (rc = kvr_tmpl_dict_merge(ctx, vars, c->kwargs)) != 0)
+        return rc;
+    return kvr_tmpl_render(t, ctx, vars, c->max_render_bytes, out, outlen, err, errlen);
+}
+
+/* transformers' continue_final_message: the output up to the end of the final message's
+ * (stripped) text, which must occur in it. */
+static int cut_final(const char *out, size_t *outlen, const char *ft, size_t fl, char *err,
+                     size_t errlen)
+{
+    while (fl > 0 && (*ft == ' ' || (*ft >= '\t' && *ft <= '\r')))
+        ft++, fl--;
+    while (fl > 0 && (ft[fl - 1] == ' ' || (ft[fl - 1] >= '\t' && ft[fl - 1] <= '\r')))
+        fl--;
+    for (size_t i = *outlen >= fl ? *outlen - fl + 1 : 0; i-- > 0;) {
+        if (memcmp(out + i, ft, fl) == 0) {
+            *outlen = i + fl;
+            return 0;
+        }
+    }
+    snprintf(err, errlen, "continue_final_message: the final message's content is not in the "
+                          "rendered chat");
+    return -EINVAL;
+}
+
+int kvr_tokset_chat(struct kvr_tokset_reader *r, const char *model,
+                    const struct kvr_tokset_chat *c, const uint32_t **ids, char *err,
+                    size_t errlen)
+{
+    struct kvr_tokset *ts = r->ts;
+    const char *out;
+    size_t outlen;
+    int rc;
+
+    err[0] = '\0';
+    atomic_store(&r->active, atomic_load(&ts->epoch));
+    const struct entry *e = lookup(atomic_load(&ts->table), model);
+    if (e == NULL)
+        rc = -ENOENT;
+    else if (e->mt->chat == NULL)
+        rc = -ENOTSUP;
+    else if ((rc = render(e->mt, r->ctx, c, &out, &outlen, err, errlen)) == 0 &&
+             (!c->continue_final_message ||
+              (rc = cut_final(out, &outlen, c->final_text, c->final_len, err, errlen)) == 0))
+        rc = kvr_tok_encode_cached(e->mt->tok, ts->cache, r->scratch, out, outlen,
+                                   c->add_special_tokens, ids);
+    atomic_store_explicit(&r->active, 0, memory_order_release);
+    if (rc >= 0)
+        atomic_fetch_add_explicit(&ts->chats, 1, memory_order_relaxed);
     return rc;
 }
 
@@ -436,6 +697,9 @@ void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out)
                         "previous one)", NULL, atomic_load(&ts->reload_failures));
     kvr_metrics_counter(out, "tokenizer_encodes_total", "Prompts tokenized", NULL,
                         atomic_load(&ts->encodes));
+    kvr_metrics_counter(out, "tokenizer_chats_total",
+                        "Chat requests rendered with the model's chat template and tokenized",
+                        NULL, atomic_load(&ts->chats));
     if (ts->cache == NULL)
         return;
     struct kvr_tok_cache_stats st;

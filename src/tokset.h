@@ -20,6 +20,7 @@
 #include "buf.h"
 #include "conf.h"
 #include "err.h"
+#include "tmpl.h"
 
 struct kvr_tokset;
 struct kvr_tokset_reader;
@@ -51,6 +52,34 @@ void kvr_tokset_reader_destroy(struct kvr_tokset_reader *r);
  * -EOVERFLOW. */
 int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char *text,
                       size_t len, bool add_special, const uint32_t **ids);
+
+/* ---- chat (chat templates, tmpl.h) ----------------------------------------------------- */
+
+/* The reader's template ctx, for the request's values (the caller resets it per request). */
+kvr_tmpl_ctx *kvr_tokset_reader_ctx(struct kvr_tokset_reader *r);
+
+struct kvr_tokset_chat {
+    kvr_tmpl_val *messages_str;   /* content as strings (texts joined with "\n") */
+    kvr_tmpl_val *messages_parts; /* content as [{"type": "text", "text"}] */
+    kvr_tmpl_val *tools, *documents, *kwargs; /* NULL: absent (tools/documents: None) */
+    bool add_generation_prompt, continue_final_message, add_special_tokens;
+    const char *final_text;       /* continue_final_message: the final message's text */
+    size_t final_len;
+    size_t max_render_bytes;
+};
+
+/* Renders the model's chat template with c, as transformers' apply_chat_template does for
+ * vLLM (the "tool_use" template when tools are given and the model has one; content in the
+ * form the template wants; special tokens and chat_template_kwargs as variables;
+ * continue_final_message cuts the output after the final message's text), then tokenizes
+ * the text (through the prefix cache: a conversation's earlier turns are not tokenized again).
+ * Returns the count, *ids valid until the reader's next call; -ENOENT (no tokenizer for the
+ * model), -ENOTSUP (the model has no chat template), -EINVAL (the template failed:
+ * raise_exception's message in err, or the final message is not in the output), -E2BIG
+ * (render larger than max_render_bytes), -ELOOP, -ENOMEM, -EILSEQ. */
+int kvr_tokset_chat(struct kvr_tokset_reader *r, const char *model,
+                    const struct kvr_tokset_chat *c, const uint32_t **ids, char *err,
+                    size_t errlen);
 
 /* Prometheus lines: models with a tokenizer, reloads, and the prefix cache. */
 void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out);

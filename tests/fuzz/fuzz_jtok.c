@@ -8,6 +8,7 @@
  *   2: score query msgpack at the level the second byte picks (0 scalar, 1 AVX-512 windows,
  *      capped at what the CPU has), cross-checked against the scalar level on a second copy
  *   4: kvr_jtok_skip on the body (generic value validation)
+ *   5: route query JSON (the score query + candidates, policy, track)
  * Bodies are copied into exact-size heap buffers so ASan sees any over-read; decoders run in
  * place (they write into the copy).
  */
@@ -94,7 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (buf == NULL)
         return 0;
     memcpy(buf, data + 2, len);
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
     case 0:
         kvr_jtok_force_isa(data[1] % 4);
         kvr_jtok_init(&j, buf, len);
@@ -143,6 +144,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 3:
         (void)kvr_reqbody_endpoint_json(buf, len, &ep, &err);
         break;
+    case 5: {
+        static struct kvr_reqbody_cand cands[8];
+        struct kvr_reqbody_route rt;
+        rc = kvr_reqbody_query_ext(buf, len, &sc, &q, NULL, NULL, cands, 8, &rt, &err);
+        if (rc == 0 && (q.model == NULL || rt.ncands > 8))
+            abort();
+        for (size_t i = 0; rc == 0 && i < rt.ncands; i++)
+            if (cands[i].pod == NULL || cands[i].pod[0] == '\0')
+                abort();
+        break;
+    }
     default:
         kvr_jtok_init(&j, buf, len);
         if (kvr_jtok_skip(&j) == 0)

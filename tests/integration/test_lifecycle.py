@@ -66,7 +66,7 @@ def test_check_shipped_config(tmp_path):
     ("[events]\nbind = tcp://127.0.0.1:*\nwriter_threads = 65\n", 3,
      "[events] writer_threads = 65 is out of range (1..64)"),
     ("[nope]\n", 1, "unknown section [nope] (expected one of [log], [events], [index], [http], "
-     "[score], [state], [daemon])"),
+     "[score], [route], [tokenizer], [state], [daemon], [model \"NAME\"])"),
 ])
 def test_check_config_fails_with_file_line(tmp_path, text, line, msg):
     path = write_conf(tmp_path, text)

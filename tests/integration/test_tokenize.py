@@ -169,7 +169,7 @@ def test_text_errors(daemon_factory):
     assert status == 400
     status, res = d.json("POST", "/v1/score", {"model": "test/qwen3", "token_ids": [1],
                                                "prompt": "x"})
-    assert status == 400 and "not both" in res["error"]
+    assert status == 400 and "give one of" in res["error"]
     # a lone surrogate and a bad escape in JSON; invalid UTF-8 in msgpack
     for body in (b'{"model":"test/qwen3","prompt":"\\ud800"}',
                  b'{"model":"test/qwen3","prompt":"\\x41"}',

@@ -188,7 +188,8 @@ static const struct bad_case bad_cases[] = {
     {EV "[model \"a\"]\ntokenizer = x\ntokenizer = y\n",
      "t.conf:5: duplicate key 'tokenizer' in [model \"a\"] (first set on line 4)"},
     {EV "[model \"a\"]\ntokeniser = x\n",
-     "t.conf:4: unknown key 'tokeniser' in section [model \"a\"] (expected tokenizer)"},
+     "t.conf:4: unknown key 'tokeniser' in section [model \"a\"] (expected tokenizer or "
+     "chat_template)"},
     {EV "[tokenizer]\nmax_prompt_bytes = 10\n",
      "t.conf:4: [tokenizer] max_prompt_bytes = 10 is out of range (1KiB..1GiB)"},
     /* weights */

@@ -1,0 +1,1390 @@
+/* tmpl_parse.c — tokens to the AST a render walks, following Jinja2 3.1's parser (operator
+ * precedence, filters and tests binding tighter than binary operators, test arguments without
+ * parentheses, adjacent string literals joined). Constructs outside the subset (include,
+ * extends, blocks, imports, recursive loops, star-args / double-star-kwargs at call sites...) are refused here
+ * with the line they are on, so no template renders half-understood. Also here: vLLM's content
+ * format detection, which is a question about the AST.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tmpl_int.h"
+
+#define MAX_NEST 200
+
+struct parser {
+    struct ttoken *t;
+    size_t n, i;
+    struct tarena *a;
+    char *err;
+    size_t errlen;
+    int depth;
+    int loops;            /* for-loops around the current statement (break/continue) */
+    struct tnode *macro;  /* macro being parsed (varargs detection) */
+    size_t nodes;         /* nodes made (sizes the height pass's stack) */
+};
+
+static int perr(struct parser *P, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int perr(struct parser *P, const char *fmt, ...)
+{
+    if (P->errlen && P->err[0] == 0) {
+        int line = P->i < P->n ? P->t[P->i].line : P->t[P->n - 1].line;
+        int k = snprintf(P->err, P->errlen, "line %d: ", line);
+        if (k < 0)
+            k = 0;
+        if ((size_t)k < P->errlen) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(P->err + k, P->errlen - (size_t)k, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return -EINVAL;
+}
+
+static struct ttoken *cur(struct parser *P)
+{
+    return &P->t[P->i];
+}
+
+static bool is_op(struct parser *P, const char *op)
+{
+    struct ttoken *t = cur(P);
+    size_t l = strlen(op);
+    return t->type == TK_OP && t->n == l && memcmp(t->p, op, l) == 0;
+}
+
+static bool is_name(struct parser *P, const char *name)
+{
+    struct ttoken *t = cur(P);
+    size_t l = strlen(name);
+    return t->type == TK_NAME && t->n == l && memcmp(t->p, name, l) == 0;
+}
+
+static bool tok_is_name(const struct ttoken *t, const char *name)
+{
+    size_t l = strlen(name);
+    return t->type == TK_NAME && t->n == l && memcmp(t->p, name, l) == 0;
+}
+
+static int expect_op(struct parser *P, const char *op)
+{
+    if (!is_op(P, op))
+        return perr(P, "expected '%s'", op);
+    P->i++;
+    return 0;
+}
+
+static struct tnode *node(struct parser *P, int kind)
+{
+    struct tnode *n = tarena_alloc(P->a, sizeof(*n));
+    if (n) {
+        P->nodes++;
+        memset(n, 0, sizeof(*n));
+        n->kind = (uint16_t)kind;
+        n->line = cur(P)->line;
+    }
+    return n;
+}
+
+/* growable node vectors */
+struct nvec {
+    struct tnode **v;
+    size_t n, cap;
+};
+static int nvec_push(struct parser *P, struct nvec *v, struct tnode *x)
+{
+    if (x == NULL)
+        return -ENOMEM;
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 4;
+        struct tnode **p = tarena_alloc(P->a, cap * sizeof(*p));
+        if (p == NULL)
+            return -ENOMEM;
+        if (v->n)
+            memcpy(p, v->v, v->n * sizeof(*p));
+        v->v = p;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+    return 0;
+}
+struct svec {
+    const char **s;
+    size_t *l;
+    size_t n, cap;
+};
+static int svec_push(struct parser *P, struct svec *v, const char *s, size_t l)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 4;
+        const char **p = tarena_alloc(P->a, cap * sizeof(*p));
+        size_t *q = tarena_alloc(P->a, cap * sizeof(*q));
+        if (p == NULL || q == NULL)
+            return -ENOMEM;
+        if (v->n) {
+            memcpy(p, v->s, v->n * sizeof(*p));
+            memcpy(q, v->l, v->n * sizeof(*q));
+        }
+        v->s = p;
+        v->l = q;
+        v->cap = cap;
+    }
+    v->s[v->n] = s;
+    v->l[v->n++] = l;
+    return 0;
+}
+
+static int parse_expr(struct parser *P, struct tnode **out);
+static int parse_expr_nocond(struct parser *P, struct tnode **out);
+static int parse_unary(struct parser *P, struct tnode **out, bool with_filter);
+static int parse_primary(struct parser *P, struct tnode **out);
+static int parse_postfix(struct parser *P, struct tnode **io);
+static int parse_filter_expr(struct parser *P, struct tnode **io);
+
+#define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
+
+static const char *reserved[] = {"for", "if", "else", "elif", "in", "is", "and", "or", "not",
+                                 "endfor", "endif", "recursive"};
+
+/* call arguments after '(' up to ')': positional in v, keywords in names/w */
+static int parse_args(struct parser *P, struct tnode *n)
+{
+    struct nvec pos = {0}, kwv = {0};
+    struct svec kw = {0};
+    TRY(expect_op(P, "("));
+    while (!is_op(P, ")")) {
+        if (pos.n + kwv.n) {
+            TRY(expect_op(P, ","));
+            if (is_op(P, ")"))
+                break;
+        }
+        if (is_op(P, "*") || is_op(P, "**"))
+            return perr(P, "*args / **kwargs in calls are not supported");
+        if (cur(P)->type == TK_NAME && P->i + 1 < P->n && P->t[P->i + 1].type == TK_OP &&
+            P->t[P->i + 1].n == 1 && P->t[P->i + 1].p[0] == '=') {
+            TRY(svec_push(P, &kw, cur(P)->p, cur(P)->n));
+            P->i += 2;
+            struct tnode *e;
+            TRY(parse_expr(P, &e));
+            TRY(nvec_push(P, &kwv, e));
+        } else {
+            if (kwv.n)
+                return perr(P, "positional argument after a keyword argument");
+            struct tnode *e;
+            TRY(parse_expr(P, &e));
+            TRY(nvec_push(P, &pos, e));
+        }
+    }
+    P->i++;
+    n->v = pos.v;
+    n->nv = pos.n;
+    n->w = kwv.v;
+    n->nw = kwv.n;
+    n->names = kw.s;
+    n->namelens = kw.l;
+    n->nnames = kw.n;
+    return 0;
+}
+
+static int parse_filter_name(struct parser *P, struct tnode **io)
+{
+    struct ttoken *t = cur(P);
+    if (t->type != TK_NAME)
+        return perr(P, "expected a filter name after '|'");
+    if (!tb_known_filter(t->p, t->n))
+        return perr(P, "unsupported filter '%.*s'", (int)t->n, t->p);
+    struct tnode *n = node(P, N_FILTER);
+    if (n == NULL)
+        return -ENOMEM;
+    n->s = t->p;
+    n->sn = t->n;
+    n->a = *io;
+    P->i++;
+    if (is_op(P, "."))
+        return perr(P, "dotted filter names are not supported");
+    if (is_op(P, "("))
+        TRY(parse_args(P, n));
+    *io = n;
+    return 0;
+}
+
+static int parse_filter(struct parser *P, struct tnode **io)
+{
+    P->i++; /* '|' */
+    return parse_filter_name(P, io);
+}
+
+static int parse_test(struct parser *P, struct tnode **io)
+{
+    /* at 'is' */
+    P->i++;
+    bool neg = false;
+    if (is_name(P, "not")) {
+        neg = true;
+        P->i++;
+    }
+    struct ttoken *t = cur(P);
+    if (t->type != TK_NAME)
+        return perr(P, "expected a test name after 'is'");
+    if (!tb_known_test(t->p, t->n))
+        return perr(P, "unsupported test '%.*s'", (int)t->n, t->p);
+    struct tnode *n = node(P, N_TEST);
+    if (n == NULL)
+        return -ENOMEM;
+    n->s = t->p;
+    n->sn = t->n;
+    n->a = *io;
+    n->op = neg;
+    P->i++;
+    t = cur(P);
+    if (is_op(P, "(")) {
+        TRY(parse_args(P, n));
+    } else if ((t->type == TK_NAME || t->type == TK_STRING || t->type == TK_INT ||
+                t->type == TK_FLOAT || is_op(P, "[") || is_op(P, "{")) &&
+               !is_name(P, "else") && !is_name(P, "or") && !is_name(P, "and")) {
+        struct tnode *arg;
+        if (is_name(P, "is"))
+            return perr(P, "unexpected 'is'");
+        TRY(parse_primary(P, &arg));
+        TRY(parse_postfix(P, &arg));
+        n->v = tarena_alloc(P->a, sizeof(struct tnode *));
+        if (n->v == NULL)
+            return -ENOMEM;
+        n->v[0] = arg;
+        n->nv = 1;
+    }
+    *io = n;
+    return 0;
+}
+
+static int parse_filter_expr(struct parser *P, struct tnode **io)
+{
+    for (;;) {
+        if (is_op(P, "|"))
+            TRY(parse_filter(P, io));
+        else if (is_name(P, "is"))
+            TRY(parse_test(P, io));
+        else if (is_op(P, "(")) {
+            struct tnode *c = node(P, N_CALL);
+            if (c == NULL)
+                return -ENOMEM;
+            c->a = *io;
+            TRY(parse_args(P, c));
+            *io = c;
+        } else
+            return 0;
+    }
+}
+
+static int parse_subscript(struct parser *P, struct tnode **io)
+{
+    /* at '[' */
+    P->i++;
+    struct tnode *parts[3] = {NULL, NULL, NULL};
+    int np = 0;
+    bool slice = false;
+    for (;;) {
+        if (is_op(P, ":")) {
+            slice = true;
+            if (++np > 2)
+                return perr(P, "bad slice");
+            P->i++;
+            continue;
+        }
+        if (is_op(P, "]"))
+            break;
+        if (parts[np] != NULL)
+            return perr(P, "expected ']'");
+        TRY(parse_expr(P, &parts[np]));
+        if (is_op(P, ","))
+            return perr(P, "tuple subscripts are not supported");
+    }
+    P->i++;
+    struct tnode *n;
+    if (slice) {
+        n = node(P, N_SLICE);
+        if (n == NULL)
+            return -ENOMEM;
+        n->b = parts[0];
+        n->c = parts[1];
+        n->d = parts[2];
+    } else {
+        if (parts[0] == NULL)
+            return perr(P, "empty subscript");
+        n = node(P, N_GETITEM);
+        if (n == NULL)
+            return -ENOMEM;
+        n->b = parts[0];
+    }
+    n->a = *io;
+    *io = n;
+    return 0;
+}
+
+static int parse_postfix(struct parser *P, struct tnode **io)
+{
+    for (;;) {
+        if (is_op(P, ".")) {
+            P->i++;
+            struct ttoken *t = cur(P);
+            struct tnode *n;
+            if (t->type == TK_NAME) {
+                n = node(P, N_GETATTR);
+                if (n == NULL)
+                    return -ENOMEM;
+                n->s = t->p;
+                n->sn = t->n;
+                if (t->n >= 2 && t->p[0] == '_' )
+                    return perr(P, "access to '%.*s' is unsafe", (int)t->n, t->p);
+            } else if (t->type == TK_INT) {
+                n = node(P, N_GETITEM);
+                if (n == NULL)
+                    return -ENOMEM;
+                struct tnode *k = node(P, N_CONST);
+                if (k == NULL || (k->lit = tv_int(P->a, t->i)) == NULL)
+                    return -ENOMEM;
+                n->b = k;
+            } else {
+                return perr(P, "expected a name after '.'");
+            }
+            n->a = *io;
+            P->i++;
+            *io = n;
+        } else if (is_op(P, "[")) {
+            TRY(parse_subscript(P, io));
+        } else if (is_op(P, "(")) {
+            struct tnode *c = node(P, N_CALL);
+            if (c == NULL)
+                return -ENOMEM;
+            c->a = *io;
+            TRY(parse_args(P, c));
+            *io = c;
+        } else {
+            return 0;
+        }
+    }
+}
+
+/* ( ... ) after '(' was seen: a parenthesized expression or a tuple */
+static int parse_paren(struct parser *P, struct tnode **out)
+{
+    P->i++;
+    struct nvec items = {0};
+    bool comma = false;
+    while (!is_op(P, ")")) {
+        if (items.n) {
+            TRY(expect_op(P, ","));
+            comma = true;
+            if (is_op(P, ")"))
+                break;
+        }
+        struct tnode *e;
+        TRY(parse_expr(P, &e));
+        TRY(nvec_push(P, &items, e));
+    }
+    P->i++;
+    if (items.n == 1 && !comma) {
+        *out = items.v[0];
+        return 0;
+    }
+    struct tnode *n = node(P, N_TUPLE);
+    if (n == NULL)
+        return -ENOMEM;
+    n->v = items.v;
+    n->nv = items.n;
+    *out = n;
+    return 0;
+}
+
+static int parse_primary(struct parser *P, struct tnode **out)
+{
+    struct ttoken *t = cur(P);
+    struct tnode *n;
+    if (++P->depth > MAX_NEST)
+        return perr(P, "expression nested too deep");
+    switch (t->type) {
+    case TK_NAME: {
+        n = node(P, N_CONST);
+        if (n == NULL)
+            return -ENOMEM;
+        if (tok_is_name(t, "true") || tok_is_name(t, "True"))
+            n->lit = &tv_true_const;
+        else if (tok_is_name(t, "false") || tok_is_name(t, "False"))
+            n->lit = &tv_false_const;
+        else if (tok_is_name(t, "none") || tok_is_name(t, "None"))
+            n->lit = &tv_none_const;
+        else {
+            for (size_t k = 0; k < sizeof(reserved) / sizeof(reserved[0]); k++)
+                if (tok_is_name(t, reserved[k]))
+                    return perr(P, "unexpected '%s'", reserved[k]);
+            n->kind = N_NAME;
+            n->s = t->p;
+            n->sn = t->n;
+            if (P->macro && t->n == 7 && memcmp(t->p, "varargs", 7) == 0)
+                P->macro->flag = 1;
+        }
+        P->i++;
+        break;
+    }
+    case TK_STRING: {
+        /* adjacent literals are one string */
+        struct tbuf b = {.a = P->a};
+        while (cur(P)->type == TK_STRING) {
+            tbuf_put(&b, cur(P)->p, cur(P)->n);
+            P->i++;
+        }
+        if (b.err)
+            return b.err;
+        n = node(P, N_CONST);
+        if (n == NULL || (n->lit = tv_str_nocopy(P->a, b.p ? b.p : "", b.n)) == NULL)
+            return -ENOMEM;
+        break;
+    }
+    case TK_INT:
+    case TK_FLOAT:
+        n = node(P, N_CONST);
+        if (n == NULL)
+            return -ENOMEM;
+        n->lit = t->type == TK_INT ? tv_int(P->a, t->i) : tv_float(P->a, t->d);
+        if (n->lit == NULL)
+            return -ENOMEM;
+        P->i++;
+        break;
+    case TK_OP:
+        if (is_op(P, "(")) {
+            TRY(parse_paren(P, &n));
+        } else if (is_op(P, "[")) {
+            P->i++;
+            struct nvec items = {0};
+            while (!is_op(P, "]")) {
+                if (items.n) {
+                    TRY(expect_op(P, ","));
+                    if (is_op(P, "]"))
+                        break;
+                }
+                struct tnode *e;
+                TRY(parse_expr(P, &e));
+                TRY(nvec_push(P, &items, e));
+            }
+            P->i++;
+            n = node(P, N_LIST);
+            if (n == NULL)
+                return -ENOMEM;
+            n->v = items.v;
+            n->nv = items.n;
+        } else if (is_op(P, "{")) {
+            P->i++;
+            struct nvec keys = {0}, vals = {0};
+            while (!is_op(P, "}")) {
+                if (keys.n) {
+                    TRY(expect_op(P, ","));
+                    if (is_op(P, "}"))
+                        break;
+                }
+                struct tnode *k, *v;
+                TRY(parse_expr(P, &k));
+                TRY(expect_op(P, ":"));
+                TRY(parse_expr(P, &v));
+                TRY(nvec_push(P, &keys, k));
+                TRY(nvec_push(P, &vals, v));
+            }
+            P->i++;
+            n = node(P, N_DICT);
+            if (n == NULL)
+                return -ENOMEM;
+            n->v = keys.v;
+            n->nv = keys.n;
+            n->w = vals.v;
+            n->nw = vals.n;
+        } else {
+            return perr(P, "unexpected '%.*s'", (int)t->n, t->p);
+        }
+        break;
+    case TK_VAR_END:
+    case TK_BLOCK_END:
+    case TK_EOF:
+        return perr(P, "unexpected end of expression");
+    default:
+        return perr(P, "unexpected token");
+    }
+    P->depth--;
+    *out = n;
+    return 0;
+}
+
+static int parse_unary(struct parser *P, struct tnode **out, bool with_filter)
+{
+    struct tnode *n;
+    if (++P->depth > MAX_NEST)
+        return perr(P, "expression nested too deep");
+    if (is_op(P, "-") || is_op(P, "+")) {
+        bool neg = is_op(P, "-");
+        n = node(P, neg ? N_NEG : N_POS);
+        if (n == NULL)
+            return -ENOMEM;
+        P->i++;
+        TRY(parse_unary(P, &n->a, false));
+    } else {
+        TRY(parse_primary(P, &n));
+        TRY(parse_postfix(P, &n));
+    }
+    if (with_filter)
+        TRY(parse_filter_expr(P, &n));
+    P->depth--;
+    *out = n;
+    return 0;
+}
+
+static int binop(struct parser *P, struct tnode **io, int kind, int op, struct tnode *rhs)
+{
+    struct tnode *n = node(P, kind);
+    if (n == NULL)
+        return -ENOMEM;
+    n->op = (uint8_t)op;
+    n->a = *io;
+    n->b = rhs;
+    *io = n;
+    return 0;
+}
+
+static int parse_pow(struct parser *P, struct tnode **out)
+{
+    TRY(parse_unary(P, out, true));
+    while (is_op(P, "**")) {
+        P->i++;
+        struct tnode *r;
+        TRY(parse_unary(P, &r, true));
+        TRY(binop(P, out, N_BINOP, OP_POW, r));
+    }
+    return 0;
+}
+
+static int parse_math2(struct parser *P, struct tnode **out)
+{
+    TRY(parse_pow(P, out));
+    for (;;) {
+        int op = is_op(P, "*") ? OP_MUL : is_op(P, "/") ? OP_DIV : is_op(P, "//") ? OP_FLOORDIV
+               : is_op(P, "%") ? OP_MOD : -1;
+        if (op < 0)
+            return 0;
+        P->i++;
+        struct tnode *r;
+        TRY(parse_pow(P, &r));
+        TRY(binop(P, out, N_BINOP, op, r));
+    }
+}
+
+static int parse_concat(struct parser *P, struct tnode **out)
+{
+    TRY(parse_math2(P, out));
+    while (is_op(P, "~")) {
+        P->i++;
+        struct tnode *r;
+        TRY(parse_math2(P, &r));
+        TRY(binop(P, out, N_CONCAT, 0, r));
+    }
+    return 0;
+}
+
+static int parse_math1(struct parser *P, struct tnode **out)
+{
+    TRY(parse_concat(P, out));
+    for (;;) {
+        int op = is_op(P, "+") ? OP_ADD : is_op(P, "-") ? OP_SUB : -1;
+        if (op < 0)
+            return 0;
+        P->i++;
+        struct tnode *r;
+        TRY(parse_concat(P, &r));
+        TRY(binop(P, out, N_BINOP, op, r));
+    }
+}
+
+static int parse_compare(struct parser *P, struct tnode **out)
+{
+    struct tnode *first;
+    TRY(parse_math1(P, &first));
+    struct nvec ops = {0};
+    uint8_t opv[64];
+    for (;;) {
+        int op;
+        if (is_op(P, "=="))
+            op = C_EQ;
+        else if (is_op(P, "!="))
+            op = C_NE;
+        else if (is_op(P, "<"))
+            op = C_LT;
+        else if (is_op(P, "<="))
+            op = C_LE;
+        else if (is_op(P, ">"))
+            op = C_GT;
+        else if (is_op(P, ">="))
+            op = C_GE;
+        else if (is_name(P, "in"))
+            op = C_IN;
+        else if (is_name(P, "not") && P->i + 1 < P->n && tok_is_name(&P->t[P->i + 1], "in")) {
+            op = C_NOTIN;
+            P->i++;
+        } else
+            break;
+        P->i++;
+        if (ops.n >= sizeof(opv))
+            return perr(P, "comparison chain too long");
+        struct tnode *r;
+        TRY(parse_math1(P, &r));
+        opv[ops.n] = (uint8_t)op;
+        TRY(nvec_push(P, &ops, r));
+    }
+    if (ops.n == 0) {
+        *out = first;
+        return 0;
+    }
+    struct tnode *n = node(P, N_COMPARE);
+    if (n == NULL)
+        return -ENOMEM;
+    n->a = first;
+    n->v = ops.v;
+    n->nv = ops.n;
+    n->cmpops = tarena_alloc(P->a, ops.n);
+    if (n->cmpops == NULL)
+        return -ENOMEM;
+    memcpy(n->cmpops, opv, ops.n);
+    *out = n;
+    return 0;
+}
+
+static int parse_not(struct parser *P, struct tnode **out)
+{
+    if (is_name(P, "not")) {
+        if (++P->depth > MAX_NEST)
+            return perr(P, "expression nested too deep");
+        struct tnode *n = node(P, N_NOT);
+        if (n == NULL)
+            return -ENOMEM;
+        P->i++;
+        TRY(parse_not(P, &n->a));
+        P->depth--;
+        *out = n;
+        return 0;
+    }
+    return parse_compare(P, out);
+}
+
+static int parse_and(struct parser *P, struct tnode **out)
+{
+    TRY(parse_not(P, out));
+    while (is_name(P, "and")) {
+        P->i++;
+        struct tnode *r;
+        TRY(parse_not(P, &r));
+        TRY(binop(P, out, N_AND, 0, r));
+    }
+    return 0;
+}
+
+static int parse_or(struct parser *P, struct tnode **out)
+{
+    TRY(parse_and(P, out));
+    while (is_name(P, "or")) {
+        P->i++;
+        struct tnode *r;
+        TRY(parse_and(P, &r));
+        TRY(binop(P, out, N_OR, 0, r));
+    }
+    return 0;
+}
+
+static int parse_expr_nocond(struct parser *P, struct tnode **out)
+{
+    return parse_or(P, out);
+}
+
+static int parse_expr(struct parser *P, struct tnode **out)
+{
+    if (++P->depth > MAX_NEST)
+        return perr(P, "expression nested too deep");
+    TRY(parse_or(P, out));
+    while (is_name(P, "if")) {
+        P->i++;
+        struct tnode *n = node(P, N_COND);
+        if (n == NULL)
+            return -ENOMEM;
+        n->a = *out;
+        TRY(parse_or(P, &n->b));
+        if (is_name(P, "else")) {
+            P->i++;
+            TRY(parse_expr(P, &n->c));
+        }
+        *out = n;
+    }
+    P->depth--;
+    return 0;
+}
+
+/* an expression or an unparenthesized tuple (a, b) */
+static int parse_tuple(struct parser *P, struct tnode **out, bool cond)
+{
+    struct nvec items = {0};
+    for (;;) {
+        struct tnode *e;
+        TRY(cond ? parse_expr(P, &e) : parse_expr_nocond(P, &e));
+        TRY(nvec_push(P, &items, e));
+        if (!is_op(P, ","))
+            break;
+        P->i++;
+        struct ttoken *t = cur(P);
+        if (t->type == TK_VAR_END || t->type == TK_BLOCK_END || is_op(P, "=") ||
+            is_name(P, "in") || is_name(P, "if"))
+            break;
+    }
+    if (items.n == 1 && !(P->i > 0 && P->t[P->i - 1].type == TK_OP && P->t[P->i - 1].p[0] == ',')) {
+        *out = items.v[0];
+        return 0;
+    }
+    struct tnode *n = node(P, N_TUPLE);
+    if (n == NULL)
+        return -ENOMEM;
+    n->v = items.v;
+    n->nv = items.n;
+    *out = n;
+    return 0;
+}
+
+static int block_end(struct parser *P)
+{
+    if (cur(P)->type != TK_BLOCK_END)
+        return perr(P, "expected '%%}'");
+    P->i++;
+    return 0;
+}
+
+/* names: a, b, c (targets of for/set) */
+static int parse_targets(struct parser *P, struct svec *sv)
+{
+    for (;;) {
+        bool paren = is_op(P, "(");
+        if (paren)
+            P->i++;
+        struct ttoken *t = cur(P);
+        if (t->type != TK_NAME)
+            return perr(P, "expected a variable name");
+        for (size_t k = 0; k < sizeof(reserved) / sizeof(reserved[0]); k++)
+            if (tok_is_name(t, reserved[k]))
+                return perr(P, "cannot assign to '%s'", reserved[k]);
+        TRY(svec_push(P, sv, t->p, t->n));
+        P->i++;
+        if (paren) {
+            while (is_op(P, ",")) {
+                P->i++;
+                t = cur(P);
+                if (t->type != TK_NAME)
+                    return perr(P, "expected a variable name");
+                TRY(svec_push(P, sv, t->p, t->n));
+                P->i++;
+            }
+            TRY(expect_op(P, ")"));
+        }
+        if (!is_op(P, ","))
+            return 0;
+        P->i++;
+    }
+}
+
+static int parse_body(struct parser *P, const char *const *ends, struct nvec *body, int *which);
+
+static int parse_stmt(struct parser *P, struct nvec *body);
+
+static int parse_body(struct parser *P, const char *const *ends, struct nvec *body, int *which)
+{
+    if (++P->depth > MAX_NEST)
+        return perr(P, "statements nested too deep");
+    for (;;) {
+        struct ttoken *t = cur(P);
+        if (t->type == TK_EOF) {
+            if (ends)
+                return perr(P, "unexpected end of template, expected '%s'", ends[0]);
+            P->depth--;
+            return 0;
+        }
+        if (t->type == TK_BLOCK_BEGIN && ends && P->t[P->i + 1].type == TK_NAME) {
+            for (int k = 0; ends[k]; k++)
+                if (tok_is_name(&P->t[P->i + 1], ends[k])) {
+                    P->i += 2;
+                    *which = k;
+                    P->depth--;
+                    return 0;
+                }
+        }
+        TRY(parse_stmt(P, body));
+    }
+}
+
+static int parse_for(struct parser *P, struct tnode *n)
+{
+    struct svec tg = {0};
+    TRY(parse_targets(P, &tg));
+    n->names = tg.s;
+    n->namelens = tg.l;
+    n->nnames = tg.n;
+    if (!is_name(P, "in"))
+        return perr(P, "expected 'in' in a for loop");
+    P->i++;
+    TRY(parse_tuple(P, &n->a, false));
+    if (is_name(P, "if")) {
+        P->i++;
+        TRY(parse_expr(P, &n->b));
+    }
+    if (is_name(P, "recursive"))
+        return perr(P, "recursive loops are not supported");
+    TRY(block_end(P));
+    static const char *const ends[] = {"endfor", "else", NULL};
+    struct nvec body = {0}, els = {0};
+    int which;
+    P->loops++;
+    TRY(parse_body(P, ends, &body, &which));
+    P->loops--;
+    TRY(block_end(P));
+    if (which == 1) {
+        static const char *const ends2[] = {"endfor", NULL};
+        TRY(parse_body(P, ends2, &els, &which));
+        TRY(block_end(P));
+    }
+    n->v = body.v;
+    n->nv = body.n;
+    n->w = els.v;
+    n->nw = els.n;
+    return 0;
+}
+
+static int parse_if(struct parser *P, struct tnode *n)
+{
+    TRY(parse_tuple(P, &n->a, true));
+    TRY(block_end(P));
+    static const char *const ends[] = {"endif", "elif", "else", NULL};
+    struct nvec body = {0}, els = {0};
+    int which;
+    TRY(parse_body(P, ends, &body, &which));
+    n->v = body.v;
+    n->nv = body.n;
+    if (which == 1) {
+        struct tnode *e = node(P, N_IF);
+        if (e == NULL)
+            return -ENOMEM;
+        TRY(parse_if(P, e));
+        TRY(nvec_push(P, &els, e));
+    } else {
+        TRY(block_end(P));
+        if (which == 2) {
+            static const char *const ends2[] = {"endif", NULL};
+            TRY(parse_body(P, ends2, &els, &which));
+            TRY(block_end(P));
+        }
+    }
+    n->w = els.v;
+    n->nw = els.n;
+    return 0;
+}
+
+/* a filter chain `name(args)|name...` from the first name, applied to a placeholder
+ * (a = NULL: the block's output) */
+static int parse_filter_chain(struct parser *P, struct tnode **io)
+{
+    struct tnode *x = NULL;
+    for (;;) {
+        TRY(parse_filter_name(P, &x));
+        if (!is_op(P, "|"))
+            break;
+        P->i++;
+    }
+    *io = x;
+    return 0;
+}
+
+static int parse_macro_params(struct parser *P, struct tnode *n)
+{
+    static struct tnode placeholder;
+    struct svec names = {0};
+    struct nvec defs = {0};
+    TRY(expect_op(P, "("));
+    while (!is_op(P, ")")) {
+        if (names.n) {
+            TRY(expect_op(P, ","));
+            if (is_op(P, ")"))
+                break;
+        }
+        struct ttoken *t = cur(P);
+        if (t->type != TK_NAME)
+            return perr(P, "expected a parameter name");
+        TRY(svec_push(P, &names, t->p, t->n));
+        P->i++;
+        struct tnode *d = NULL;
+        if (is_op(P, "=")) {
+            P->i++;
+            TRY(parse_expr(P, &d));
+        } else if (defs.n && defs.v[defs.n - 1] != NULL) {
+            return perr(P, "parameter without a default after one with a default");
+        }
+        TRY(nvec_push(P, &defs, &placeholder));
+        defs.v[defs.n - 1] = d; /* NULL: no default */
+    }
+    P->i++;
+    n->names = names.s;
+    n->namelens = names.l;
+    n->nnames = names.n;
+    n->w = defs.v;
+    n->nw = defs.n;
+    return 0;
+}
+
+static int parse_stmt(struct parser *P, struct nvec *body)
+{
+    struct ttoken *t = cur(P);
+    struct tnode *n;
+    if (t->type == TK_DATA) {
+        n = node(P, N_DATA);
+        if (n == NULL)
+            return -ENOMEM;
+        n->s = t->p;
+        n->sn = t->n;
+        P->i++;
+        return nvec_push(P, body, n);
+    }
+    if (t->type == TK_VAR_BEGIN) {
+        P->i++;
+        n = node(P, N_OUTPUT);
+        if (n == NULL)
+            return -ENOMEM;
+        TRY(parse_tuple(P, &n->a, true));
+        if (cur(P)->type != TK_VAR_END)
+            return perr(P, "expected '}}'");
+        P->i++;
+        return nvec_push(P, body, n);
+    }
+    if (t->type != TK_BLOCK_BEGIN)
+        return perr(P, "unexpected token");
+    P->i++;
+    t = cur(P);
+    if (t->type != TK_NAME)
+        return perr(P, "expected a statement name after '{%%'");
+    P->i++;
+    if (tok_is_name(t, "for")) {
+        n = node(P, N_FOR);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        TRY(parse_for(P, n));
+    } else if (tok_is_name(t, "if")) {
+        n = node(P, N_IF);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        TRY(parse_if(P, n));
+    } else if (tok_is_name(t, "set")) {
+        n = node(P, N_SET);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        struct ttoken *nm = cur(P);
+        if (nm->type == TK_NAME && P->t[P->i + 1].type == TK_OP && P->t[P->i + 1].n == 1 &&
+            P->t[P->i + 1].p[0] == '.') {
+            /* ns.attr = expr */
+            n->kind = N_SET_ATTR;
+            n->s = nm->p;
+            n->sn = nm->n;
+            P->i += 2;
+            if (cur(P)->type != TK_NAME)
+                return perr(P, "expected an attribute name");
+            n->names = tarena_alloc(P->a, sizeof(char *));
+            n->namelens = tarena_alloc(P->a, sizeof(size_t));
+            if (n->names == NULL || n->namelens == NULL)
+                return -ENOMEM;
+            n->names[0] = cur(P)->p;
+            n->namelens[0] = cur(P)->n;
+            n->nnames = 1;
+            P->i++;
+            TRY(expect_op(P, "="));
+            TRY(parse_tuple(P, &n->a, true));
+            TRY(block_end(P));
+        } else {
+            struct svec tg = {0};
+            TRY(parse_targets(P, &tg));
+            n->names = tg.s;
+            n->namelens = tg.l;
+            n->nnames = tg.n;
+            if (is_op(P, "=")) {
+                P->i++;
+                TRY(parse_tuple(P, &n->a, true));
+                TRY(block_end(P));
+            } else {
+                if (tg.n != 1)
+                    return perr(P, "a block set assigns one name");
+                n->kind = N_SET_BLOCK;
+                if (is_op(P, "|")) {
+                    P->i++;
+                    TRY(parse_filter_chain(P, &n->a));
+                }
+                TRY(block_end(P));
+                static const char *const ends[] = {"endset", NULL};
+                struct nvec b = {0};
+                int which;
+                TRY(parse_body(P, ends, &b, &which));
+                TRY(block_end(P));
+                n->v = b.v;
+                n->nv = b.n;
+            }
+        }
+    } else if (tok_is_name(t, "macro")) {
+        n = node(P, N_MACRO);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        if (cur(P)->type != TK_NAME)
+            return perr(P, "expected a macro name");
+        n->s = cur(P)->p;
+        n->sn = cur(P)->n;
+        P->i++;
+        TRY(parse_macro_params(P, n));
+        TRY(block_end(P));
+        struct tnode *outer = P->macro;
+        int loops = P->loops;
+        P->macro = n;
+        P->loops = 0;
+        static const char *const ends[] = {"endmacro", NULL};
+        struct nvec b = {0};
+        int which;
+        TRY(parse_body(P, ends, &b, &which));
+        P->macro = outer;
+        P->loops = loops;
+        if (cur(P)->type == TK_NAME)
+            P->i++; /* {% endmacro name %} */
+        TRY(block_end(P));
+        n->v = b.v;
+        n->nv = b.n;
+    } else if (tok_is_name(t, "call")) {
+        n = node(P, N_CALL_BLOCK);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        struct tnode *caller = node(P, N_MACRO);
+        if (caller == NULL)
+            return -ENOMEM;
+        caller->s = "caller";
+        caller->sn = 6;
+        if (is_op(P, "("))
+            TRY(parse_macro_params(P, caller));
+        TRY(parse_expr(P, &n->a));
+        if (n->a->kind != N_CALL)
+            return perr(P, "expected a call after {%% call %%}");
+        TRY(block_end(P));
+        struct tnode *outer = P->macro;
+        int loops = P->loops;
+        P->macro = caller;
+        P->loops = 0;
+        static const char *const ends[] = {"endcall", NULL};
+        struct nvec b = {0};
+        int which;
+        TRY(parse_body(P, ends, &b, &which));
+        P->macro = outer;
+        P->loops = loops;
+        TRY(block_end(P));
+        caller->v = b.v;
+        caller->nv = b.n;
+        n->b = caller;
+    } else if (tok_is_name(t, "filter")) {
+        n = node(P, N_FILTER_BLOCK);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        TRY(parse_filter_chain(P, &n->a));
+        TRY(block_end(P));
+        static const char *const ends[] = {"endfilter", NULL};
+        struct nvec b = {0};
+        int which;
+        TRY(parse_body(P, ends, &b, &which));
+        TRY(block_end(P));
+        n->v = b.v;
+        n->nv = b.n;
+    } else if (tok_is_name(t, "with")) {
+        n = node(P, N_WITH);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        struct svec names = {0};
+        struct nvec vals = {0};
+        while (cur(P)->type != TK_BLOCK_END) {
+            if (names.n)
+                TRY(expect_op(P, ","));
+            if (cur(P)->type != TK_NAME)
+                return perr(P, "expected a name in 'with'");
+            TRY(svec_push(P, &names, cur(P)->p, cur(P)->n));
+            P->i++;
+            TRY(expect_op(P, "="));
+            struct tnode *e;
+            TRY(parse_expr(P, &e));
+            TRY(nvec_push(P, &vals, e));
+        }
+        TRY(block_end(P));
+        static const char *const ends[] = {"endwith", NULL};
+        struct nvec b = {0};
+        int which;
+        TRY(parse_body(P, ends, &b, &which));
+        TRY(block_end(P));
+        n->names = names.s;
+        n->namelens = names.l;
+        n->nnames = names.n;
+        n->w = vals.v;
+        n->nw = vals.n;
+        n->v = b.v;
+        n->nv = b.n;
+    } else if (tok_is_name(t, "break") || tok_is_name(t, "continue")) {
+        if (P->loops == 0)
+            return perr(P, "'%.*s' outside a loop", (int)t->n, t->p);
+        n = node(P, tok_is_name(t, "break") ? N_BREAK : N_CONTINUE);
+        if (n == NULL)
+            return -ENOMEM;
+        n->line = t->line;
+        TRY(block_end(P));
+    } else {
+        P->i--;
+        return perr(P, "'%.*s' is not supported (or is an unmatched end tag)", (int)t->n, t->p);
+    }
+    return nvec_push(P, body, n);
+}
+
+/* ---- tree height ----
+ * The parser's loops build left-deep chains (a.b.c..., 1+1+1..., x|f|f...) that no recursion
+ * counter sees, and a render walks the tree recursively: refuse trees taller than MAX_HEIGHT
+ * here, with an explicit stack (this pass must not recurse either). */
+#define MAX_HEIGHT 256
+
+static struct tnode *child(const struct tnode *n, size_t k)
+{
+    struct tnode *fixed[4] = {n->a, n->b, n->c, n->d};
+    if (k < 4)
+        return fixed[k];
+    k -= 4;
+    if (k < n->nv)
+        return n->v[k];
+    k -= n->nv;
+    if (k < n->nw)
+        return n->w[k];
+    return NULL;
+}
+
+static int check_height(struct parser *P, struct tnode *root)
+{
+    struct hf {
+        struct tnode *n;
+        size_t k;
+        int h;
+    };
+    size_t cap = P->nodes + 2;
+    struct hf *st = malloc(cap * sizeof(*st));
+    if (st == NULL)
+        return -ENOMEM;
+    size_t sp = 0;
+    int rc = 0;
+    st[sp++] = (struct hf){root, 0, 0};
+    while (sp && rc == 0) {
+        struct hf *f = &st[sp - 1];
+        size_t total = 4 + f->n->nv + f->n->nw;
+        struct tnode *c = NULL;
+        while (f->k < total && (c = child(f->n, f->k)) == NULL)
+            f->k++;
+        if (f->k >= total) { /* done: report height to the parent */
+            int h = f->h + 1;
+            sp--;
+            if (sp && st[sp - 1].h < h)
+                st[sp - 1].h = h;
+            continue;
+        }
+        f->k++;
+        if (sp > MAX_HEIGHT) {
+            rc = -EINVAL;
+            if (P->errlen && P->err[0] == 0)
+                snprintf(P->err, P->errlen, "line %d: template nested too deep (more than %d levels)",
+                         c->line, MAX_HEIGHT);
+            break;
+        }
+        if (sp >= cap) { /* a node reached twice cannot happen in a tree; stay safe */
+            rc = -EINVAL;
+            break;
+        }
+        st[sp++] = (struct hf){c, 0, 0};
+    }
+    free(st);
+    return rc;
+}
+
+/* ---- content format detection (vLLM _detect_content_format) ---- */
+struct nlist {
+    struct tnode **v;
+    size_t n;
+};
+
+/* appends the nodes of a kind under n to out (out->v NULL: only counts them in out->n) */
+static void collect(struct tnode *n, int kind, struct nlist *out)
+{
+    if (n == NULL)
+        return;
+    if (n->kind == kind) {
+        if (out->v)
+            out->v[out->n] = n;
+        out->n++;
+    }
+    collect(n->a, kind, out);
+    collect(n->b, kind, out);
+    collect(n->c, kind, out);
+    collect(n->d, kind, out);
+    for (size_t i = 0; i < n->nv; i++)
+        collect(n->v[i], kind, out);
+    for (size_t i = 0; i < n->nw; i++)
+        collect(n->w[i], kind, out);
+}
+
+static bool name_is(const struct tnode *n, const char *s, size_t sl)
+{
+    return n && n->kind == N_NAME && n->sn == sl && memcmp(n->s, s, sl) == 0;
+}
+
+/* _is_var_or_elems_access(node, varname, key) */
+static bool var_or_elems(const struct tnode *n, const char *v, size_t vl, const char *key)
+{
+    if (n == NULL)
+        return false;
+    if (n->kind == N_FILTER || n->kind == N_TEST)
+        return var_or_elems(n->a, v, vl, key);
+    if (n->kind == N_SLICE)
+        return var_or_elems(n->a, v, vl, key);
+    if (key) {
+        size_t kl = strlen(key);
+        if (n->kind == N_GETITEM && n->b && n->b->kind == N_CONST && n->b->lit->type == TV_STR)
+            return name_is(n->a, v, vl) && n->b->lit->u.s.n == kl &&
+                   memcmp(n->b->lit->u.s.p, key, kl) == 0;
+        if (n->kind == N_GETATTR)
+            return name_is(n->a, v, vl) && n->sn == kl && memcmp(n->s, key, kl) == 0;
+        return false;
+    }
+    return name_is(n, v, vl);
+}
+
+static int detect_parts(struct parser *P, struct tnode *root)
+{
+    struct nlist sets = {0}, fors = {0};
+    collect(root, N_SET, &sets);
+    collect(root, N_FOR, &fors);
+    sets.v = tarena_alloc(P->a, (sets.n + 1) * sizeof(void *));
+    fors.v = tarena_alloc(P->a, (fors.n + 1) * sizeof(void *));
+    if (sets.v == NULL || fors.v == NULL)
+        return 0;
+    sets.n = fors.n = 0;
+    collect(root, N_SET, &sets);
+    collect(root, N_FOR, &fors);
+    /* names bound to messages (or its elements through slices/filters) */
+    const char *mv[64];
+    size_t ml[64], nm = 0;
+    mv[nm] = "messages";
+    ml[nm++] = 8;
+    for (size_t q = 0; q < nm; q++)
+        for (size_t i = 0; i < sets.n && nm < 64; i++) {
+            struct tnode *s = sets.v[i];
+            if (s->nnames != 1 || !var_or_elems(s->a, mv[q], ml[q], NULL))
+                continue;
+            bool seen = false;
+            for (size_t k = 0; k < nm; k++)
+                seen |= ml[k] == s->namelens[0] && memcmp(mv[k], s->names[0], ml[k]) == 0;
+            if (!seen) {
+                mv[nm] = s->names[0];
+                ml[nm++] = s->namelens[0];
+            }
+        }
+    /* loop variables over messages */
+    const char *lv[64];
+    size_t ll[64], nl = 0;
+    for (size_t i = 0; i < fors.n && nl < 64; i++)
+        for (size_t q = 0; q < nm; q++)
+            if (fors.v[i]->nnames == 1 && var_or_elems(fors.v[i]->a, mv[q], ml[q], NULL)) {
+                lv[nl] = fors.v[i]->names[0];
+                ll[nl++] = fors.v[i]->namelens[0];
+                break;
+            }
+    for (size_t i = 0; i < fors.n; i++)
+        for (size_t q = 0; q < nl; q++)
+            if (var_or_elems(fors.v[i]->a, lv[q], ll[q], "content"))
+                return 1;
+    return 0;
+}
+
+int kvr_tmpl_compile(const char *src, size_t len, kvr_tmpl **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (errlen)
+        err[0] = 0;
+    kvr_tmpl *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return -ENOMEM;
+    t->arena.max = 64u << 20;
+    /* Jinja2 normalizes newlines to \n and drops one trailing newline */
+    char *s = tarena_alloc(&t->arena, len + 1);
+    int rc = -ENOMEM;
+    if (s == NULL)
+        goto fail;
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            s[n++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n')
+                i++;
+        } else {
+            s[n++] = src[i];
+        }
+    }
+    if (n && s[n - 1] == '\n')
+        n--;
+    s[n] = 0;
+    struct ttokens toks = {0};
+    rc = tmpl_lex(s, n, &t->arena, &toks, err, errlen);
+    if (rc)
+        goto fail;
+    struct parser P = {.t = toks.v, .n = toks.n, .a = &t->arena, .err = err, .errlen = errlen};
+    struct nvec body = {0};
+    rc = parse_body(&P, NULL, &body, NULL);
+    if (rc)
+        goto fail;
+    t->root = node(&P, N_WITH);
+    if (t->root == NULL) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    t->root->v = body.v;
+    t->root->nv = body.n;
+    rc = check_height(&P, t->root);
+    if (rc)
+        goto fail;
+    t->content_parts = detect_parts(&P, t->root);
+    *out = t;
+    return 0;
+fail:
+    if (rc == -ENOMEM && errlen && err[0] == 0)
+        snprintf(err, errlen, "out of memory compiling the template");
+    tarena_free(&t->arena);
+    free(t);
+    return rc;
+}
+
+void kvr_tmpl_free(kvr_tmpl *t)
+{
+    if (t == NULL)
+        return;
+    tarena_free(&t->arena);
+    free(t);
+}
+
+int kvr_tmpl_content_is_parts(const kvr_tmpl *t)
+{
+    return t->content_parts;
+}
