@@ -8,11 +8,11 @@ engine emulator's (vllm_pub.Engine: vLLM's BlockPool in miniature, LRU eviction,
 ZeroMQ/msgpack batches); this file only adds the HTTP face and the tokenizer.
 
 * POST /v1/completions ({"model", "prompt": text}) and /v1/chat/completions ({"model",
-  "messages"}: rendered as "<|role|>\\ncontent\\n" per message) answer an OpenAI-shaped JSON
-  object with a short fixed completion.
-* The prompt text is tokenized by a kvrouterd's POST /v1/tokenize (`tokenize_port`), i.e. the
-  same tokenizer (and so the same block hashes) the router uses for text: the test exercises
-  the real text path. Pass the port of a kvrouterd the test does not kill (the engine's own
+  "messages"}) answer an OpenAI-shaped JSON object with a short fixed completion.
+* The prompt text, or the messages (rendered with the model's chat template, as vLLM does),
+  are tokenized by a kvrouterd's POST /v1/tokenize (`tokenize_port`), i.e. the same
+  tokenizer and template (and so the same block hashes) the router uses: the test exercises
+  the real text and chat paths. Pass the port of a kvrouterd the test does not kill (the engine's own
   tokenizer must not depend on the router being up).
 * The engine's pod (the KV-event topic kv@<pod>@<model>) is "127.0.0.1:<its HTTP port>":
   the gateways map a pod that is "host:port" straight to an upstream.
@@ -32,10 +32,17 @@ from vllm_pub import Engine
 COMPLETION_TEXT = " Sure, here is a short answer."
 
 
-def tokenize(port, model, text, timeout=5):
+def tokenize(port, model, text=None, messages=None, timeout=5):
+    """Token ids of a prompt text, or of chat messages rendered with the model's chat
+    template (as vLLM's /v1/chat/completions does), by a kvrouterd's /v1/tokenize."""
+    body = {"model": model}
+    if messages is not None:
+        body["messages"] = messages
+    else:
+        body["prompt"] = text
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/tokenize", body=json.dumps({"model": model, "prompt": text}),
+        conn.request("POST", "/v1/tokenize", body=json.dumps(body),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         data = resp.read()
@@ -44,11 +51,6 @@ def tokenize(port, model, text, timeout=5):
         return json.loads(data)["tokens"]
     finally:
         conn.close()
-
-
-def render_chat(messages):
-    return "".join("<|%s|>\n%s\n" % (m.get("role", "user"), m.get("content", ""))
-                   for m in messages)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -93,18 +95,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": "body is not a JSON object"})
             return
         path = self.path.split("?", 1)[0]
+        messages = None
         if path == "/v1/completions":
             text, chat = body.get("prompt"), False
+            if not isinstance(text, str):
+                self._send(400, {"error": "prompt must be a string"})
+                return
         elif path == "/v1/chat/completions":
-            text, chat = render_chat(body.get("messages") or []), True
+            text, chat, messages = None, True, body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                self._send(400, {"error": "messages must be a non-empty array"})
+                return
         else:
             self._send(404, {"error": "not found"})
             return
-        if not isinstance(text, str):
-            self._send(400, {"error": "prompt must be a string"})
-            return
         try:
-            hit, query = sim.compute(text)
+            hit, query = sim.compute(text, messages)
         except Exception as e:  # tokenizer unreachable etc.: an engine error, visible
             self._send(500, {"error": str(e)})
             return
@@ -161,10 +167,10 @@ class EngineSim:
             self._id += 1
             return self._id
 
-    def compute(self, text):
+    def compute(self, text, messages=None):
         """Tokenizes, runs the prompt through the prefix cache, publishes its events.
         Returns (cached leading blocks, full blocks of the prompt)."""
-        tokens = tokenize(self.tokenize_port, self.model, text)
+        tokens = tokenize(self.tokenize_port, self.model, text, messages)
         with self.lock:
             r = self.engine.rank(0)
             hit, _, _ = r.request(tokens)

@@ -176,38 +176,52 @@ def sentence(rng, n):
 
 
 class Conversation:
-    """Turn k's prompt = turn k-1's prompt + its answer + a new user message."""
+    """Turn k's prompt = turn k-1's prompt + its answer + a new user message; as one text
+    (/v1/completions "prompt") or as chat messages (/v1/chat/completions)."""
 
-    def __init__(self, rng, cid, system_words=120, user_words=30):
+    def __init__(self, rng, cid, system_words=120, user_words=30, chat=False):
         self.cid = cid
         self.rng = rng
         self.user_words = user_words
-        self.prompt = "System %d: %s\n" % (cid, sentence(rng, system_words))
+        self.chat = chat
+        system = "System %d: %s" % (cid, sentence(rng, system_words))
+        self.prompt = system + "\n"
+        self.messages = [{"role": "system", "content": system}]
         self.turn = 0
         self.last_pod = None
 
-    def next_prompt(self):
-        self.prompt += "User: %s\nAssistant:" % sentence(self.rng, self.user_words)
+    def next_body(self, model):
+        user = sentence(self.rng, self.user_words)
         self.turn += 1
-        return self.prompt
+        if self.chat:
+            self.messages.append({"role": "user", "content": user})
+            return "/v1/chat/completions", {"model": model, "messages": self.messages,
+                                            "max_tokens": 16}
+        self.prompt += "User: %s\nAssistant:" % user
+        return "/v1/completions", {"model": model, "prompt": self.prompt, "max_tokens": 16}
 
-    def answered(self, text, pod):
-        self.prompt += text + "\n"
+    def answered(self, answer, pod):
+        choice = answer["choices"][0]
+        if self.chat:
+            self.messages.append({"role": "assistant", "content": choice["message"]["content"]})
+        else:
+            self.prompt += choice["text"] + "\n"
         self.last_pod = pod
 
 
 def schedule(rng, n_conv, turns):
     """A seeded interleaving of the conversations' turns (each conversation in order): a
     fixed cyclic order would let round-robin land every conversation on one engine. No
-    conversation twice in a row while others remain (a user reads the answer first; back to
-    back, the next turn can reach kvrouterd before the events of the previous one)."""
+    conversation again within 2 requests while others remain (a user reads the answer first;
+    back to back, the next turn can reach kvrouterd before the events of the previous one
+    are applied)."""
     left = {c: turns for c in range(n_conv)}
     order = []
-    prev = None
+    recent = []
     while left:
-        pick = [c for c in sorted(left) if c != prev] or sorted(left)
+        pick = [c for c in sorted(left) if c not in recent] or sorted(left)
         c = rng.choice(pick)
-        prev = c
+        recent = (recent + [c])[-2:]
         order.append(c)
         left[c] -= 1
         if not left[c]:
@@ -215,10 +229,10 @@ def schedule(rng, n_conv, turns):
     return order
 
 
-def run_conversations(gw, model, seed, n_conv=8, turns=5, on_step=None):
+def run_conversations(gw, model, seed, n_conv=8, turns=5, on_step=None, chat=False):
     """Sends the workload; returns a list of per-request records (dict)."""
     rng = random.Random(seed)
-    convs = [Conversation(random.Random(seed * 1000 + c), c) for c in range(n_conv)]
+    convs = [Conversation(random.Random(seed * 1000 + c), c, chat=chat) for c in range(n_conv)]
     out = []
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
     try:
@@ -226,18 +240,14 @@ def run_conversations(gw, model, seed, n_conv=8, turns=5, on_step=None):
             if on_step:
                 on_step(i)
             conv = convs[c]
-            prompt = conv.next_prompt()
+            path, req = conv.next_body(model)
             t0 = time.perf_counter()
             try:
-                status, hdr, body = gw.post("/v1/completions",
-                                            {"model": model, "prompt": prompt,
-                                             "max_tokens": 16}, conn=conn)
+                status, hdr, body = gw.post(path, req, conn=conn)
             except (OSError, http.client.HTTPException):
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
-                status, hdr, body = gw.post("/v1/completions",
-                                            {"model": model, "prompt": prompt,
-                                             "max_tokens": 16}, conn=conn)
+                status, hdr, body = gw.post(path, req, conn=conn)
             dt = time.perf_counter() - t0
             rec = {"i": i, "conv": c, "turn": conv.turn, "status": status, "latency": dt,
                    "pod": hdr.get("x-engine-pod"), "prev_pod": conv.last_pod,
@@ -245,7 +255,7 @@ def run_conversations(gw, model, seed, n_conv=8, turns=5, on_step=None):
                    "query": int(hdr.get("x-engine-query-blocks", 0)),
                    "route": hdr.get("x-kvr-route")}
             if status == 200:
-                conv.answered(json.loads(body)["choices"][0]["text"], rec["pod"])
+                conv.answered(json.loads(body), rec["pod"])
             out.append(rec)
     finally:
         conn.close()

@@ -12,7 +12,8 @@ keep serving when kvrouterd is gone. Per gateway:
   one + the answer + a new user message, in a seeded interleaving) through the gateway with
   kvrouterd, then another one through the same gateway doing round-robin: follow-up turns
   must land on the engine that holds their prefix, and the engines' own prefix-cache hit rate
-  must be far above round-robin's;
+  must be far above round-robin's; the same as chat messages (/v1/chat/completions, the
+  model's chat template rendered by kvrouterd and by the engines' tokenizer);
 * kvrouterd is killed mid-run (SIGKILL): every request still answers 200 (round-robin
   fallback, X-Kvr-Route says so); restarted on the same ports, it learns again from the new
   events and the last turns route well again.
@@ -141,6 +142,20 @@ def test_gateway_routes_by_prefix_and_survives_router_loss(fleet, kind):
     assert all(r["status"] == 200 for r in rr)
     assert gwload.hit_rate(kvr) >= 0.7
     assert gwload.hit_rate(kvr) >= gwload.hit_rate(rr) + 0.25
+
+    # 1b. The same as chat: /v1/chat/completions bodies as they are (kvrouterd renders the
+    #     messages with the model's chat template, as the engines do).
+    gw = gwload.Gateway(kind, engines, url, mode="kvr", fetch_timeout_ms=200)
+    try:
+        chat = gwload.run_conversations(gw, MODEL, seed + 3, n_conv=6, turns=4, chat=True)
+    finally:
+        log = gw.log()
+        gw.close()
+    summary(kind + " + kvrouterd, chat", chat)
+    assert all(r["status"] == 200 for r in chat), log
+    assert all(r["route"] == "kvrouterd" for r in chat), log
+    assert gwload.stick_rate(chat) >= 0.9
+    assert gwload.hit_rate(chat) >= 0.6
 
     # 2. kvrouterd dies mid-run: no error reaches the client; back on the same ports, it
     #    routes well again.
