@@ -47,7 +47,16 @@ local function json_decode(s)
                 elseif e == "u" then
                     local hex = s:sub(pos + 2, pos + 5)
                     if not hex:match("^%x%x%x%x$") then err("bad \\u escape") end
-                    out[#out + 1] = utf8.char(tonumber(hex, 16)); pos = pos + 6
+                    local cp = tonumber(hex, 16); pos = pos + 6
+                    if cp >= 0xD800 and cp <= 0xDBFF then -- a surrogate pair: one code point
+                        local lo = s:match("^\\u(%x%x%x%x)", pos)
+                        lo = lo and tonumber(lo, 16)
+                        if not lo or lo < 0xDC00 or lo > 0xDFFF then err("lone surrogate") end
+                        cp = 0x10000 + (cp - 0xD800) * 0x400 + (lo - 0xDC00); pos = pos + 6
+                    elseif cp >= 0xDC00 and cp <= 0xDFFF then
+                        err("lone surrogate")
+                    end
+                    out[#out + 1] = utf8.char(cp)
                 else
                     err("bad escape")
                 end
@@ -194,3 +203,7 @@ local function kvr_route(txn, url, backend, timeout_ms, policy)
 end
 
 core.register_action("kvr_route", {"http-req"}, kvr_route, 4)
+
+-- For tests/integration/test_gateway_lua.py (the decoder and the splice against Python's
+-- json); not used by HAProxy.
+kvrouter_internals = {json_decode = json_decode, route_body = route_body}
