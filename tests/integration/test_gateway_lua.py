@@ -1,11 +1,12 @@
-"""kvrouter.lua's own JSON code against Python's json, inside the real HAProxy Lua runtime.
+"""The gateways' own parsing code against Python's json, inside the real runtimes.
 
 Why: deploy/haproxy/kvrouter.lua carries a small JSON decoder (HAProxy 2.6 has no JSON module)
 for kvrouterd's answers, and splices "candidates"/"policy" into the client's JSON body as
 text. Both are checked here against Python's json (an implementation we did not write) on
 seeded random documents: `haproxy -c` loads kvrouter.lua and a driver that reads the cases
 from a file and writes what Lua made of them. Truncated documents must be rejected, never
-crash. The seed is printed; KVR_LUA_SEED=<n> replays it.
+crash. Likewise kvrouter.js's splice and its $kvr_engines parser, run by nginx's njs module
+(a test location imports the shipped file). The seed is printed; KVR_LUA_SEED=<n> replays it.
 """
 
 import json
@@ -142,3 +143,91 @@ def test_lua_json_and_splice_against_python():
                                       {"pod": "10.0.0.1:8000"}], policy="cost")
         assert spliced == want, (body, spliced)
     assert got[-2:] == ["nil", "nil"]
+
+
+NJS_TEST = r'''
+import kvr from 'kvrouter.js';
+function splice(r) {
+    var e = kvr.parseEngines(r.headersIn['X-Engines']);
+    var out = kvr.routeBody(r.requestText, e.pods, r.headersIn['X-Policy'] || '');
+    r.return(200, JSON.stringify({body: out, map: e.map}));
+}
+export default {splice};
+'''
+
+
+def test_njs_splice_and_engine_list_against_python():
+    """kvrouter.js's body splice and $kvr_engines parsing, run by the real nginx njs module
+    (a test location imports the shipped module), checked with Python's json."""
+    if shutil.which("nginx") is None or not os.path.exists(
+            "/usr/lib/nginx/modules/ngx_http_js_module.so"):
+        pytest.fail("nginx + njs are not installed: `make test` installs them (DEB_GATEWAY)")
+    import http.client
+    import gwload
+    seed = int(os.environ.get("KVR_LUA_SEED") or random.randrange(1 << 30))
+    print("KVR_LUA_SEED=%d" % seed)
+    rng = random.Random(seed)
+    tmp = tempfile.mkdtemp(prefix="kvr-njs-")
+    os.chmod(tmp, 0o755)
+    port = gwload.free_port()
+    with open(os.path.join(tmp, "t.js"), "w") as f:
+        f.write(NJS_TEST)
+    shutil.copy(os.path.join(REPO, "deploy", "nginx", "kvrouter.js"), tmp)
+    conf = os.path.join(tmp, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write("load_module /usr/lib/nginx/modules/ngx_http_js_module.so;\n"
+                "pid %s/nginx.pid;\nerror_log %s/error.log info;\nevents {}\n"
+                "http {\n access_log off;\n js_path %s;\n js_import t from t.js;\n"
+                " client_body_temp_path %s;\n client_body_buffer_size 1m;\n"
+                " server { listen 127.0.0.1:%d; location / { js_content t.splice; } }\n}\n"
+                % (tmp, tmp, tmp, tmp, port))
+    proc = subprocess.Popen(["nginx", "-p", tmp, "-c", conf, "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        for _ in range(100):
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/")
+                conn.getresponse().read()
+                break
+            except OSError:
+                import time
+                time.sleep(0.05)
+        for i in range(150):
+            pods = ["%s:%d" % (rng.choice(["10.0.0.%d" % rng.randrange(256), "host-%d.x" % i]),
+                               rng.randrange(1, 65536)) for _ in range(rng.randrange(0, 4))]
+            named = {"p%d" % k: p for k, p in enumerate(pods) if rng.random() < 0.5}
+            items = [("%s=%s" % (k, v)) for k, v in named.items()] + \
+                    [p for p in pods if p not in named.values()]
+            bad = rng.random() < 0.2
+            if bad:
+                items.append("bad=not-an-address")
+            policy = rng.choice(["", "cost", "score"])
+            body = {"model": rand_str(rng), "prompt": rand_str(rng)} if rng.random() < 0.8 \
+                else {}
+            txt = rng.choice(["", " ", "\n"]) + json.dumps(body, indent=rng.choice([None, 2]))
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("POST", "/", body=txt.encode(),
+                         headers={"X-Engines": " ".join(items), "X-Policy": policy})
+            res = json.loads(conn.getresponse().read())
+            conn.close()
+            want_map = {k: v for k, v in named.items()}
+            want_map.update({p: p for p in pods if p not in named.values()})
+            assert res["map"] == want_map, (items, res)
+            want = dict(body)
+            order = [k for k in named] + [p for p in pods if p not in named.values()]
+            if order:
+                want["candidates"] = [{"pod": p} for p in order]
+            if policy:
+                want["policy"] = policy
+            assert json.loads(res["body"]) == want, (txt, res["body"])
+        for bad in ("[1, 2]", "not json", ""):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("POST", "/", body=bad.encode(), headers={"X-Engines": "a:1"})
+            assert json.loads(conn.getresponse().read())["body"] is None, bad
+            conn.close()
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
