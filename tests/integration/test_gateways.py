@@ -258,7 +258,10 @@ def test_gateway_falls_back_on_bodies_and_answers_it_cannot_route(fleet, kind):
                 {"model": MODEL, "prompt": "hang %d" % i}).encode())
             dt = time.monotonic() - t0
             assert status == 200 and hdr.get("x-kvr-route") == "round-robin", gw.log()
-            assert 0.04 <= dt < 1.5, dt
+            assert dt < 1.5, dt
+            # nginx waits for the budget; HAProxy too until its health check of kvrouterd
+            # (the same budget) fails, then it falls back at once
+            assert dt >= 0.04 or kind == "haproxy", dt
     finally:
         gw.close()
         hang.close()
