@@ -114,7 +114,11 @@ class Gateway:
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=self.tmp,
                                      start_new_session=True)
-        self._wait_listening(10)
+        try:
+            self._wait_listening(10)
+        except Exception:
+            self.close()
+            raise
 
     def _wait_listening(self, timeout):
         deadline = time.monotonic() + timeout
