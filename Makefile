@@ -36,7 +36,12 @@ GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # the tokenizers' split regexes, utf8proc their Unicode normalizers.
 DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
              libhttp-parser-dev libinih-dev libcjson-dev libpcre2-dev libutf8proc-dev
-DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack python3-jinja2
+# The shipped gateways (deploy/nginx, deploy/haproxy): tests/integration/test_gateways.py and
+# bench/gateways.sh run the real servers (`make test` / `make bench` install them; not in the
+# Dockerfile, whose build stage runs no integration test).
+DEB_GATEWAY := nginx-light libnginx-mod-http-js haproxy
+DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack python3-jinja2 \
+             $(DEB_GATEWAY)
 DEB_BENCH := wrk nginx-light
 # What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
 # vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.
