@@ -69,7 +69,10 @@ def test_chat_matches_jinja2(daemon_factory):
     models = ["qwen3", "gemma3"] if bin_sanitized() else MODELS
     d = start(daemon_factory, cfg(models))
     n = {m: 0 for m in models}
-    for c in cases(models):
+    step = 3 if bin_sanitized() else 1  # every case in-process under sanitizers: test_tmpl
+    for i, c in enumerate(cases(models)):
+        if i % step:
+            continue
         v = c["vars"]
         body = {"model": "chat/" + c["template"], "messages": v["messages"]}
         for k in ("tools", "documents", "add_generation_prompt"):
@@ -86,7 +89,7 @@ def test_chat_matches_jinja2(daemon_factory):
         assert got == want, (c["name"], c["output"][:300])
         n[c["template"]] += 1
     print("chat goldens matched:", n)
-    assert all(x >= 20 for x in n.values()), n
+    assert all(x * step >= 20 for x in n.values()), n
 
 
 def test_raw_openai_bodies_and_errors(daemon_factory):

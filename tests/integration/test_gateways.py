@@ -32,6 +32,13 @@ import time
 import pytest
 
 from kvrharness import REPO
+from test_tokenize import bin_sanitized
+
+# What these check is the gateways' own logic (nginx/njs, HAProxy/Lua) and the routing they
+# get; the daemon under ASan/TSan gains nothing from them beyond test_route and test_chat,
+# and their five router starts cost a minute per sanitizer stage.
+pytestmark = pytest.mark.skipif(bin_sanitized(), reason="gateway tests run on the release "
+                                                         "build (make test)")
 import gwload
 from engine_sim import EngineSim
 
