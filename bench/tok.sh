@@ -29,3 +29,9 @@ for (const m of ['qwen3', 'llama3', 'deepseek_v3', 'llama2', 'gemma3']) {
   r.sort((x, y) => x - y); console.log(m.padEnd(16), 'MB/s p50', r[2].toFixed(2));
 }"
 fi
+# Chat: the template render alone (bench_tmpl), then render + tokenize a 10-turn ~8K-token
+# conversation cold and with its first 9 turns in the prefix cache (bench_chat).
+echo "== chat template render ($BUILD/bench/bench_tmpl, Qwen3's template)"
+$pin "$BUILD/bench/bench_tmpl" tests/data/tmpl/qwen3.jinja 2000
+echo "== chat request: render + tokenize ($BUILD/bench/bench_chat)"
+$pin "$BUILD/bench/bench_chat" "$TOKREF" tests/data/tmpl/qwen3.jinja 500
