@@ -456,19 +456,15 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
     put(b, "]}\n");
 }
 
-/* The body of /v1/score or /v1/tokenize into q: 0, or the error answered. */
-static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
-                      struct kvr_httpresp *resp, struct kvr_reqbody_query *q)
+/* The checks every query body passes first (415, 411, empty): 0, or the error answered. */
+static int query_body_ok(const struct kvr_httpreq *req, struct kvr_httpresp *resp,
+                         enum body_kind kind, bool json_only)
 {
-    struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
-                                     KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
-    struct kvr_err err;
-    enum body_kind kind = content_kind(req->content_type);
-    int rc;
-
-    if (kind == BODY_OTHER) {
-        fail(resp, 415, "unsupported content type '%s' (use application/json or "
-                        "application/msgpack)", req->content_type);
+    if (kind == BODY_OTHER || (json_only && kind != BODY_JSON)) {
+        fail(resp, 415, json_only ? "unsupported content type '%s' (this route takes "
+                                    "application/json)"
+                                  : "unsupported content type '%s' (use application/json or "
+                                    "application/msgpack)", req->content_type);
         return -1;
     }
     if (req->body_len == 0) {
@@ -480,18 +476,34 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
             fail(resp, 400, "empty request body");
         return -1;
     }
+    return 0;
+}
+
+/* The body of /v1/score, /v1/tokenize or (rq != NULL: JSON only, candidates into cands)
+ * /v1/route into q: 0, or the error answered. */
+static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+                      struct kvr_httpresp *resp, struct kvr_reqbody_query *q,
+                      struct kvr_reqbody_route *rq, struct kvr_reqbody_cand *cands, size_t cap)
+{
+    struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
+                                     KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
+    struct kvr_err err;
+    enum body_kind kind = content_kind(req->content_type);
+    int rc;
+
+    if (query_body_ok(req, resp, kind, rq != NULL) != 0)
+        return -1;
     err.msg[0] = '\0';
     t->chat.messages_str = NULL;
-    if (kind == BODY_JSON && t->tok != NULL) { /* with tokenizers: chat bodies too */
-        kvr_tmpl_ctx *ctx = kvr_tokset_reader_ctx(t->tok);
-        kvr_tmpl_ctx_reset(ctx);
-        rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, q, ctx, &t->chat, NULL, 0,
-                                   NULL, &err);
-    } else if (kind == BODY_JSON)
-        rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, q, NULL, NULL, NULL, 0, NULL,
-                                   &err);
-    else
+    if (kind == BODY_JSON) { /* with tokenizers, chat bodies too */
+        kvr_tmpl_ctx *ctx = t->tok != NULL ? kvr_tokset_reader_ctx(t->tok) : NULL;
+        if (ctx != NULL)
+            kvr_tmpl_ctx_reset(ctx);
+        rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, q, ctx,
+                                   ctx != NULL ? &t->chat : NULL, cands, cap, rq, &err);
+    } else {
         rc = kvr_reqbody_query_msgpack(req->body, req->body_len, &sc, q, &err);
+    }
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
         fail(resp, 413, "%s", err.msg);
@@ -504,25 +516,36 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
     return 0;
 }
 
-/* The request's chat messages, rendered with the model's template and tokenized (into
- * q->tokens): 0, or the error answered. */
-static int tokenize_chat(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
-                         struct kvr_httpresp *resp)
+/* The query's text to token ids (into q->tokens, q->ntokens): the chat messages rendered
+ * with the model's template, or the prompt; then tokenized. 0, or the error answered. */
+static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
+                           struct kvr_httpresp *resp)
 {
     const struct kvr_reqbody_chat *ch = &t->chat;
-    struct kvr_tokset_chat c = {
-        .messages_str = ch->messages_str, .messages_parts = ch->messages_parts,
-        .tools = ch->tools, .documents = ch->documents, .kwargs = ch->kwargs,
-        .add_generation_prompt = ch->add_generation_prompt,
-        .continue_final_message = ch->continue_final_message,
-        /* vLLM's chat default: the template writes the special tokens itself */
-        .add_special_tokens = q->add_special_given ? q->add_special_tokens : false,
-        .final_text = ch->final_text, .final_len = ch->final_len,
-        .max_render_bytes = t->api->max_prompt_bytes};
+    bool chat = ch->messages_str != NULL;
+    const char *what = chat ? "the rendered chat" : "\"prompt\"";
     const uint32_t *ids;
-    char msg[400];
-    int n = kvr_tokset_chat(t->tok, q->model, &c, &ids, msg, sizeof(msg));
+    char msg[400] = "";
+    int n;
 
+    if (chat) {
+        struct kvr_tokset_chat c = {
+            .messages_str = ch->messages_str, .messages_parts = ch->messages_parts,
+            .tools = ch->tools, .documents = ch->documents, .kwargs = ch->kwargs,
+            .add_generation_prompt = ch->add_generation_prompt,
+            .continue_final_message = ch->continue_final_message,
+            /* vLLM's chat default: the template writes the special tokens itself */
+            .add_special_tokens = q->add_special_given ? q->add_special_tokens : false,
+            .final_text = ch->final_text, .final_len = ch->final_len,
+            .max_render_bytes = t->api->max_prompt_bytes};
+        n = kvr_tokset_chat(t->tok, q->model, &c, &ids, msg, sizeof(msg));
+    } else if (q->prompt_len > t->api->max_prompt_bytes) {
+        n = -E2BIG;
+    } else {
+        n = t->tok != NULL ? kvr_tokset_encode(t->tok, q->model, q->prompt, q->prompt_len,
+                                               q->add_special_tokens, &ids)
+                           : -ENOENT;
+    }
     switch (n) {
     case -ENOENT:
         fail(resp, 400, "no tokenizer for model \"%.300s\" (configure [model \"%.300s\"] "
@@ -533,63 +556,19 @@ static int tokenize_chat(struct kvr_httpapi_thread *t, struct kvr_reqbody_query 
                         "or send a prompt or token_ids)", q->model);
         return -1;
     case -EINVAL:
-        fail(resp, 400, "chat template: %s", msg);
-        return -1;
-    case -E2BIG:
-        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
-        fail(resp, 413, "the rendered chat is longer than [tokenizer] max_prompt_bytes "
-                        "(%llu bytes)", (unsigned long long)t->api->max_prompt_bytes);
-        return -1;
     case -ELOOP:
         fail(resp, 400, "chat template: %s", msg[0] ? msg : "too deep or too many iterations");
         return -1;
+    case -E2BIG:
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "%s is longer than [tokenizer] max_prompt_bytes (%llu bytes)", what,
+             (unsigned long long)t->api->max_prompt_bytes);
+        return -1;
     case -EILSEQ:
-        fail(resp, 400, "the rendered chat is not valid UTF-8");
+        fail(resp, 400, "%s is not valid UTF-8", what);
         return -1;
     default:
         break;
-    }
-    if (n < 0) {
-        fail(resp, 500, "chat rendering failed: %s", strerror(-n));
-        return -1;
-    }
-    if ((uint64_t)n > t->api->max_tokens) {
-        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
-        fail(resp, 413, "the chat makes %d tokens, more than [http] max_query_tokens (%u)", n,
-             t->api->max_tokens);
-        return -1;
-    }
-    q->tokens = ids;
-    q->ntokens = (size_t)n;
-    return 0;
-}
-
-/* q's prompt to token ids (into q->tokens, q->ntokens): 0, or the error answered. */
-static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
-                           struct kvr_httpresp *resp)
-{
-    const uint32_t *ids;
-    int n;
-
-    if (t->chat.messages_str != NULL)
-        return tokenize_chat(t, q, resp);
-    if (q->prompt_len > t->api->max_prompt_bytes) {
-        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
-        fail(resp, 413, "prompt longer than [tokenizer] max_prompt_bytes (%llu bytes)",
-             (unsigned long long)t->api->max_prompt_bytes);
-        return -1;
-    }
-    n = t->tok != NULL ? kvr_tokset_encode(t->tok, q->model, q->prompt, q->prompt_len,
-                                           q->add_special_tokens, &ids)
-                       : -ENOENT;
-    if (n == -ENOENT) {
-        fail(resp, 400, "no tokenizer for model \"%.300s\" (configure [model \"%.300s\"] "
-                        "tokenizer, or send token_ids)", q->model, q->model);
-        return -1;
-    }
-    if (n == -EILSEQ) {
-        fail(resp, 400, "\"prompt\" is not valid UTF-8");
-        return -1;
     }
     if (n < 0) {
         fail(resp, 500, "tokenization failed: %s", strerror(-n));
@@ -597,7 +576,7 @@ static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_quer
     }
     if ((uint64_t)n > t->api->max_tokens) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
-        fail(resp, 413, "the prompt makes %d tokens, more than [http] max_query_tokens (%u)", n,
+        fail(resp, 413, "%s makes %d tokens, more than [http] max_query_tokens (%u)", what, n,
              t->api->max_tokens);
         return -1;
     }
@@ -614,7 +593,7 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     struct kvr_score_result res;
     int rc;
 
-    if (query_body(t, req, resp, &q) != 0)
+    if (query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
         return;
     if (!q.has_tokens && tokenize_prompt(t, &q, resp) != 0)
         return;
@@ -652,7 +631,7 @@ static void ep_tokenize(struct kvr_httpapi_thread *t, const struct kvr_httpreq *
     struct kvr_reqbody_query q;
     struct kvr_buf *b = resp->body;
 
-    if (query_body(t, req, resp, &q) != 0)
+    if (query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
         return;
     if (q.has_tokens) {
         fail(resp, 400, "/v1/tokenize takes \"prompt\" (text), not \"token_ids\"");
@@ -683,10 +662,25 @@ struct route_scratch {
     struct kvr_reqbody_cand in[KVR_HTTPAPI_MAX_PODS];
     struct kvr_route_cand c[KVR_HTTPAPI_MAX_PODS];
     const char *pods[KVR_HTTPAPI_MAX_PODS];
+    uint32_t by_name[KVR_HTTPAPI_MAX_PODS]; /* candidate indexes sorted by (pod, dp_rank) */
     char names[KVR_HTTPAPI_MAX_PODS * 32]; /* default candidates' pod names, copied */
     size_t nnames, n;
     bool full;
 };
+
+static int cand_cmp(const struct kvr_reqbody_cand *a, const char *pod, uint32_t rank)
+{
+    int c = strcmp(a->pod, pod);
+    return c ? c : a->dp_rank < rank ? -1 : a->dp_rank > rank;
+}
+
+static int by_name_cmp(const void *a, const void *b, void *arg)
+{
+    const struct kvr_reqbody_cand *base = arg;
+    const struct kvr_reqbody_cand *x = &base[*(const uint32_t *)a];
+    const struct kvr_reqbody_cand *y = &base[*(const uint32_t *)b];
+    return cand_cmp(x, y->pod, y->dp_rank);
+}
 
 static void add_worker(void *arg, const char *pod, uint32_t dp_rank)
 {
@@ -705,30 +699,16 @@ static void add_worker(void *arg, const char *pod, uint32_t dp_rank)
 static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
                      struct kvr_httpresp *resp)
 {
-    struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
-                                     KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
     struct kvr_reqbody_query q;
     struct kvr_reqbody_route rq;
     struct kvr_score_query sq;
     struct kvr_score_result res;
     struct kvr_route_query rqy;
     struct kvr_route_decision d;
-    struct kvr_err err;
     struct kvr_buf *b = resp->body;
     char id[17];
     int rc, policy = -1;
 
-    if (content_kind(req->content_type) != BODY_JSON) {
-        fail(resp, 415, "POST /v1/route takes application/json");
-        return;
-    }
-    if (req->body_len == 0) {
-        fail(resp, req->has_length ? 400 : 411, req->has_length ? "empty request body"
-                                                                 : "request body required "
-                                                                   "(Content-Length)");
-        resp->close = !req->has_length;
-        return;
-    }
     if (t->rs == NULL && (t->rs = malloc(sizeof(*t->rs))) == NULL) {
         fail(resp, 500, "out of memory");
         return;
@@ -736,23 +716,8 @@ static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     struct route_scratch *rs = t->rs;
     rs->n = rs->nnames = 0;
     rs->full = false;
-    err.msg[0] = '\0';
-    t->chat.messages_str = NULL;
-    if (t->tok != NULL)
-        kvr_tmpl_ctx_reset(kvr_tokset_reader_ctx(t->tok));
-    rc = kvr_reqbody_query_ext(req->body, req->body_len, &sc, &q,
-                               t->tok ? kvr_tokset_reader_ctx(t->tok) : NULL,
-                               t->tok ? &t->chat : NULL, rs->in, KVR_HTTPAPI_MAX_PODS, &rq,
-                               &err);
-    if (rc == -E2BIG) {
-        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
-        fail(resp, 413, "%s", err.msg);
+    if (query_body(t, req, resp, &q, &rq, rs->in, KVR_HTTPAPI_MAX_PODS) != 0)
         return;
-    }
-    if (rc != 0) {
-        fail(resp, 400, "%s", err.msg[0] ? err.msg : "invalid body");
-        return;
-    }
     if (rq.policy != NULL && (policy = kvr_route_policy_parse(rq.policy)) < 0) {
         fail(resp, 400, "unknown policy \"%.100s\" (cost, cache_aware or score)", rq.policy);
         return;
@@ -785,18 +750,28 @@ static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     }
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_reqbody_cand *in = &rs->in[i];
-        struct kvr_route_cand *c = &rs->c[i];
-        *c = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
-                                     .has_requests = in->has_requests,
-                                     .has_tokens = in->has_tokens,
-                                     .active_requests = in->active_requests,
-                                     .active_tokens = in->active_tokens};
-        for (size_t k = 0; k < res.nentries; k++) {
-            if (res.entries[k].dp_rank == in->dp_rank && strcmp(res.entries[k].pod, in->pod) == 0) {
-                c->matched_blocks = res.entries[k].matched_blocks;
-                c->score = res.entries[k].score;
-                break;
-            }
+        rs->c[i] = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
+                                           .has_requests = in->has_requests,
+                                           .has_tokens = in->has_tokens,
+                                           .active_requests = in->active_requests,
+                                           .active_tokens = in->active_tokens};
+        rs->by_name[i] = (uint32_t)i;
+    }
+    /* each scored worker to its candidates: sorted by name, one binary search per entry */
+    qsort_r(rs->by_name, rs->n, sizeof(rs->by_name[0]), by_name_cmp, rs->in);
+    for (size_t k = 0; k < res.nentries; k++) {
+        const struct kvr_score_entry *e = &res.entries[k];
+        size_t lo = 0, hi = rs->n;
+        while (lo < hi) { /* the first candidate >= (pod, rank) */
+            size_t mid = (lo + hi) / 2;
+            if (cand_cmp(&rs->in[rs->by_name[mid]], e->pod, e->dp_rank) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (; lo < rs->n && cand_cmp(&rs->in[rs->by_name[lo]], e->pod, e->dp_rank) == 0; lo++) {
+            rs->c[rs->by_name[lo]].matched_blocks = e->matched_blocks;
+            rs->c[rs->by_name[lo]].score = e->score;
         }
     }
     rqy = (struct kvr_route_query){.query_blocks = res.query_blocks,
