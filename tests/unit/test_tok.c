@@ -27,39 +27,7 @@
 #include <utf8proc.h>
 
 #include "tok.h"
-
-static const char *tokref(void)
-{
-    const char *d = getenv("KVR_TOKREF");
-    return d && *d ? d : "build/tokref";
-}
-
-static unsigned test_seed(void)
-{
-    const char *s = getenv("KVR_TEST_SEED");
-    return s ? (unsigned)strtoul(s, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)clock();
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = (size_t)n;
-    }
-    return b;
-}
+#include "tok_common.h"
 
 /* ---- goldens ---------------------------------------------------------------------------- */
 

@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "tok.h"
+#include "tok_common.h"
 
 /* Sanitizer builds run a lighter load (the same cases, fewer of them). */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -39,33 +40,6 @@ static const char *const names[] = {"qwen3", "llama3", "deepseek_v3", "llama2", 
 static kvr_tok *toks[NM + 2]; /* + Qwen3 variants: lstrip/rstrip tokens, normalized tokens */
 static size_t ntoks;
 static unsigned seed;
-
-static const char *tokref(void)
-{
-    const char *d = getenv("KVR_TOKREF");
-    return d && *d ? d : "build/tokref";
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = (size_t)n;
-    }
-    return b;
-}
 
 /* Qwen3's file with its added tokens changed: lstrip+rstrip on <|im_start|>/<|im_end|>, or
  * normalized=true on every non-special one (matched in NFC text). */
@@ -105,8 +79,7 @@ static int setup(void **state)
 {
     (void)state;
     char p[512], err[512];
-    const char *s = getenv("KVR_TEST_SEED");
-    seed = s ? (unsigned)strtoul(s, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)clock();
+    seed = test_seed();
     printf("test_tok_cache: seed %u (KVR_TEST_SEED=%u replays it)\n", seed, seed);
     snprintf(p, sizeof p, "%s/qwen3/tokenizer.json", tokref());
     FILE *f = fopen(p, "rb");
