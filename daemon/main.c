@@ -58,8 +58,8 @@ static void usage(FILE *f)
             "      --version      print the version and exit\n"
             "  -h, --help         print this help and exit\n"
             "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [http] admin_token,\n"
-            "[index] max_memory and the [model] sections (changed tokenizers are loaded).\n");
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [route], [http]\n"
+            "admin_token, [index] max_memory and the [model] sections (changed tokenizers are loaded).\n");
 }
 
 /* kvrouterd -t: advice that does not fail the check. */
@@ -76,8 +76,11 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
 
     if (a->score != NULL)
         kvr_score_set_weights(a->score, live);
-    if (a->ingest != NULL)
+    if (a->ingest != NULL) {
         kvr_ingest_set_max_memory(a->ingest, live->max_memory > 0 ? (uint64_t)live->max_memory : 0);
+        kvr_ingest_set_assume_limits(a->ingest, live->route_assumed_ttl_ms,
+                                     live->route_assumed_max_blocks);
+    }
     if (a->http != NULL && kvr_http_set_admin_token(a->http, live->admin_token) != 0)
         kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");
     if (a->route != NULL)

@@ -269,6 +269,11 @@ size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, uint32_t *wids
     return k;
 }
 
+int64_t kvr_assume_oldest(const struct kvr_assume *a)
+{
+    return a->gtail != NIL ? a->pool[a->gtail].t : INT64_MAX;
+}
+
 size_t kvr_assume_drop_worker(struct kvr_assume *a, uint32_t wid)
 {
     size_t k = 0;

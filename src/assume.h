@@ -49,6 +49,9 @@ size_t kvr_assume_evict(struct kvr_assume *a, uint32_t wid, uint32_t max_blocks,
 size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, uint32_t *wids, uint64_t *keys,
                          size_t cap);
 
+/* The last-touch time of the oldest assumption held, or INT64_MAX when none is. */
+int64_t kvr_assume_oldest(const struct kvr_assume *a);
+
 /* Forgets every assumption of worker wid (the caller drops them from the index); returns
  * how many there were. */
 size_t kvr_assume_drop_worker(struct kvr_assume *a, uint32_t wid);

@@ -163,6 +163,10 @@ static const struct directive directives[] = {
      OFF(route_max_request_age_ms)},
     {"route", "max_tracked", T_U32, "100000", 1, 100000000, F_RELOADABLE, OFF(route_max_tracked)},
     {"route", "seed", T_U32, "0", 0, 4294967295.0, 0, OFF(route_seed)},
+    {"route", "assumed_ttl", T_DURATION, "120s", 1000, 7 * 24 * MS_H, F_RELOADABLE,
+     OFF(route_assumed_ttl_ms)},
+    {"route", "assumed_max_blocks", T_U32, "65536", 1, 16777216, F_RELOADABLE,
+     OFF(route_assumed_max_blocks)},
 
     {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
     {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
@@ -185,7 +189,9 @@ static const struct {
     double weight;
 } default_weights[] = {{"gpu", 1.0}, {"cpu", 0.8}, {"storage", 0.5},
                        /* locality REMOTE blocks; SGLang's EXTERNAL (shared pool) medium */
-                       {"remote", 0.6}, {"external", 0.4}};
+                       {"remote", 0.6}, {"external", 0.4},
+                       /* approximate mode's guesses (route.h): below a real GPU block */
+                       {"assumed", 0.7}};
 
 /* Parser state shared by the line reader and the inih handler. */
 struct pstate {
@@ -387,7 +393,7 @@ static int set_weight(struct kvr_conf *c, const struct directive *d, const char 
         if (c->nweights == KVR_CONF_MAX_TIERS)
             return set_msg(sc, -ENOSPC, "too many tiers in [score]: at most %d weight.<tier> "
                                         "entries (including the defaults gpu, cpu, storage, "
-                                        "remote, external)",
+                                        "remote, external, assumed)",
                            KVR_CONF_MAX_TIERS);
         memcpy(c->weights[i].name, lower, tl + 1);
         c->nweights++;
@@ -531,18 +537,8 @@ static int add_cidr(struct kvr_conf *c, const struct directive *d, const char *v
 
 static int set_bool(bool *field, const struct directive *d, const char *v, struct setctx *sc)
 {
-    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no",
-                                                                               "off", "0"};
-    for (size_t i = 0; i < 4; i++) {
-        if (strcasecmp(v, yes[i]) == 0) {
-            *field = true;
-            return 0;
-        }
-        if (strcasecmp(v, no[i]) == 0) {
-            *field = false;
-            return 0;
-        }
-    }
+    if (kvr_conf_parse_bool(v, field) == 0)
+        return 0;
     return bad_value(sc, d, v, "on or off (also true/false, yes/no, 1/0)");
 }
 

@@ -21,7 +21,7 @@
 #include "cidr.h"
 #include "err.h"
 
-#define KVR_CONF_MAX_TIERS 8
+#define KVR_CONF_MAX_TIERS 16 /* weights by name; the index itself holds 8 tiers */
 
 struct kvr_conf_connect {
     char *endpoint; /* tcp://host:port of an engine's PUB socket */
@@ -43,8 +43,19 @@ struct kvr_conf_model {
                          * tokenizer.json; relative paths are resolved against the config
                          * file's directory; NULL = no tokenizer (token ids only) */
     char *chat_template; /* a Jinja file overriding the tokenizer's chat template; NULL */
+    /* approximate mode (engines that publish no KV events; route.h): */
+    bool approximate;   /* approximate = BOOL: a decision to any worker of this model that
+                         * has no event stream is assumed; default off */
+    char **approximate_pods; /* approximate_pods = POD[,POD...]: these pods are assumed (when
+                              * they publish no events) even without approximate, and are
+                              * default route candidates (dp_rank 0) */
+    size_t napproximate_pods;
+    uint32_t block_size; /* block_size = N: the model's KV block size in tokens, used until
+                          * events teach one (they win); 0 = unset (approximate models then
+                          * use 16, vLLM's default) */
     int line;           /* of the section header */
-    int tokenizer_line, chat_template_line;
+    int tokenizer_line, chat_template_line, approximate_line, approximate_pods_line,
+        block_size_line;
 };
 
 struct kvr_conf {
@@ -121,7 +132,7 @@ struct kvr_conf {
     /* [score] — reloadable; weight.<tier> = number (repeatable by tier name) */
     struct kvr_conf_tier_weight weights[KVR_CONF_MAX_TIERS];
     size_t nweights;            /* defaults: gpu 1.0, cpu 0.8, storage 0.5, remote 0.6,
-                                 * external 0.4 */
+                                 * external 0.4, assumed 0.7 */
     double default_weight;      /* for tiers without a weight; default 0.5 */
 
     /* [tokenizer] */
@@ -138,6 +149,10 @@ struct kvr_conf {
     int64_t route_max_request_age_ms; /* tracked requests end after; default 10m */
     uint32_t route_max_tracked;       /* tracked requests at once; default 100000 */
     uint32_t route_seed;              /* tie-break random stream; 0 = from the clock */
+    int64_t route_assumed_ttl_ms;     /* approximate mode: an assumed block expires this long
+                                       * after the last decision that routed it; default 120s */
+    uint32_t route_assumed_max_blocks; /* approximate mode: assumed blocks per worker (LRU);
+                                        * default 65536 */
 
     /* [model "NAME"] sections — reloadable (SIGHUP loads changed tokenizers) */
     struct kvr_conf_model *models;

@@ -11,6 +11,8 @@
 /* Parses an unsigned decimal integer prefix of s: the count of digits consumed (value in
  * *out), -1 when s does not start with a digit, -ERANGE past UINT64_MAX. */
 int kvr_conf_parse_digits(const char *s, uint64_t *out);
+/* on/off, true/false, yes/no, 1/0 (any case) into *out: 0, or -EINVAL (*out unchanged). */
+int kvr_conf_parse_bool(const char *s, bool *out);
 /* 0 when ep is a valid ZMQ endpoint (tcp://HOST:PORT, ipc://PATH, inproc://NAME), else
  * -EINVAL. for_bind: the tcp host may be '*' and the port '*' or 0 (ephemeral). */
 int kvr_conf_check_endpoint(const char *ep, bool for_bind);

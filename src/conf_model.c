@@ -8,7 +8,9 @@
  * Keys: tokenizer = PATH (a directory holding tokenizer.json, or a tokenizer.json file). A
  * relative PATH is taken relative to the directory of the configuration file, so a config
  * and its tokenizers can move together. The files are not read here (conf stays pure
- * parsing): kvrouterd -t and startup load them (tokset).
+ * parsing): kvrouterd -t and startup load them (tokset). chat_template = PATH likewise.
+ * Approximate mode (engines without KV events, route.h): approximate = BOOL,
+ * approximate_pods = POD[, POD...] (commas or blanks between names), block_size = N.
  */
 #include "conf.h"
 #include "conf_int.h"
@@ -113,10 +115,113 @@ static char *resolve(const char *conf_path, const char *v)
     return p;
 }
 
+#define MAX_APPROX_PODS 4096 /* a route query's candidate limit */
+
+static bool pod_sep(char ch)
+{
+    return ch == ',' || ch == ' ' || ch == '\t';
+}
+
+/* approximate_pods: names separated by commas or blanks; each 1..KVR_NAME_MAX bytes without
+ * control characters, given once. */
+static int set_pods(struct kvr_conf_model *m, const char *v, char *msg, size_t msgcap)
+{
+    const char *p = v;
+
+    while (*p) {
+        while (pod_sep(*p))
+            p++;
+        if (*p == '\0')
+            break;
+        const char *s = p;
+        while (*p && !pod_sep(*p))
+            p++;
+        size_t n = (size_t)(p - s);
+        if (n > KVR_NAME_MAX) {
+            snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: a pod name longer than "
+                                  "%d bytes", m->name, KVR_NAME_MAX);
+            return -EINVAL;
+        }
+        for (size_t k = 0; k < n; k++)
+            if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f) {
+                snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: control character "
+                                      "in a pod name", m->name);
+                return -EINVAL;
+            }
+        for (size_t k = 0; k < m->napproximate_pods; k++)
+            if (strlen(m->approximate_pods[k]) == n && memcmp(m->approximate_pods[k], s, n) == 0) {
+                snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: pod '%.*s' is "
+                                      "listed twice", m->name, (int)(n > 200 ? 200 : n), s);
+                return -EINVAL;
+            }
+        if (m->napproximate_pods == MAX_APPROX_PODS) {
+            snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: more than %d pods",
+                     m->name, MAX_APPROX_PODS);
+            return -EINVAL;
+        }
+        char **grown = realloc(m->approximate_pods, (m->napproximate_pods + 1) * sizeof(*grown));
+        if (grown == NULL)
+            goto nomem;
+        m->approximate_pods = grown;
+        if ((grown[m->napproximate_pods] = strndup(s, n)) == NULL)
+            goto nomem;
+        m->napproximate_pods++;
+    }
+    if (m->napproximate_pods == 0) {
+        snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: expected pod names "
+                              "separated by commas", m->name);
+        return -EINVAL;
+    }
+    return 0;
+nomem:
+    snprintf(msg, msgcap, "out of memory");
+    return -ENOMEM;
+}
+
+static int dup_key(const struct kvr_conf_model *m, const char *key, int first, char *msg,
+                   size_t msgcap)
+{
+    snprintf(msg, msgcap, "duplicate key '%s' in [model \"%.200s\"] (first set on line %d)", key,
+             m->name, first);
+    return -EINVAL;
+}
+
 int kvr_conf_model_key(struct kvr_conf *c, const char *key, const char *value, int line,
                        char *msg, size_t msgcap)
 {
     struct kvr_conf_model *m = &c->models[c->nmodels - 1];
+
+    if (strcasecmp(key, "approximate") == 0) {
+        if (m->approximate_line != 0)
+            return dup_key(m, "approximate", m->approximate_line, msg, msgcap);
+        if (kvr_conf_parse_bool(value, &m->approximate) != 0) {
+            snprintf(msg, msgcap, "[model \"%.200s\"] approximate: expected on or off (also "
+                                  "true/false, yes/no, 1/0)", m->name);
+            return -EINVAL;
+        }
+        m->approximate_line = line;
+        return 0;
+    }
+    if (strcasecmp(key, "approximate_pods") == 0) {
+        if (m->approximate_pods_line != 0)
+            return dup_key(m, "approximate_pods", m->approximate_pods_line, msg, msgcap);
+        m->approximate_pods_line = line;
+        return set_pods(m, value, msg, msgcap);
+    }
+    if (strcasecmp(key, "block_size") == 0) {
+        uint64_t v;
+        if (m->block_size_line != 0)
+            return dup_key(m, "block_size", m->block_size_line, msg, msgcap);
+        int nd = kvr_conf_parse_digits(value, &v);
+        if (nd <= 0 || value[nd] != '\0' || v < 1 || v > 65536) {
+            snprintf(msg, msgcap, "[model \"%.200s\"] block_size: expected a number of tokens "
+                                  "(1..65536)", m->name);
+            return -EINVAL;
+        }
+        m->block_size = (uint32_t)v;
+        m->block_size_line = line;
+        return 0;
+    }
 
     if (strcasecmp(key, "tokenizer") == 0) {
         if (m->tokenizer != NULL) {
@@ -156,17 +261,25 @@ int kvr_conf_model_key(struct kvr_conf *c, const char *key, const char *value, i
         return 0;
     }
     snprintf(msg, msgcap, "unknown key '%.100s' in section [model \"%.200s\"] (expected "
-                          "tokenizer or chat_template)", key, m->name);
+                          "tokenizer, chat_template, approximate, approximate_pods or "
+                          "block_size)", key, m->name);
     return -EINVAL;
+}
+
+static void model_free(struct kvr_conf_model *m)
+{
+    free(m->name);
+    free(m->tokenizer);
+    free(m->chat_template);
+    for (size_t k = 0; k < m->napproximate_pods; k++)
+        free(m->approximate_pods[k]);
+    free(m->approximate_pods);
 }
 
 void kvr_conf_models_free(struct kvr_conf *c)
 {
-    for (size_t i = 0; i < c->nmodels; i++) {
-        free(c->models[i].name);
-        free(c->models[i].tokenizer);
-        free(c->models[i].chat_template);
-    }
+    for (size_t i = 0; i < c->nmodels; i++)
+        model_free(&c->models[i]);
     free(c->models);
     c->models = NULL;
     c->nmodels = 0;
@@ -187,7 +300,39 @@ static bool same_str(const char *a, const char *b)
 
 static bool same(const struct kvr_conf_model *a, const struct kvr_conf_model *b)
 {
+    if (a->approximate != b->approximate || a->block_size != b->block_size ||
+        a->napproximate_pods != b->napproximate_pods)
+        return false;
+    for (size_t k = 0; k < a->napproximate_pods; k++)
+        if (strcmp(a->approximate_pods[k], b->approximate_pods[k]) != 0)
+            return false;
     return same_str(a->tokenizer, b->tokenizer) && same_str(a->chat_template, b->chat_template);
+}
+
+/* A deep copy of f into *m (zeroed first): 0 or -ENOMEM (*m freed). */
+static int model_copy(struct kvr_conf_model *m, const struct kvr_conf_model *f)
+{
+    *m = *f;
+    m->name = strdup(f->name);
+    m->tokenizer = f->tokenizer ? strdup(f->tokenizer) : NULL;
+    m->chat_template = f->chat_template ? strdup(f->chat_template) : NULL;
+    m->approximate_pods = NULL;
+    m->napproximate_pods = 0;
+    bool bad = m->name == NULL || (f->tokenizer && m->tokenizer == NULL) ||
+               (f->chat_template && m->chat_template == NULL);
+    if (!bad && f->napproximate_pods > 0) {
+        m->approximate_pods = calloc(f->napproximate_pods, sizeof(char *));
+        bad = m->approximate_pods == NULL;
+        for (size_t k = 0; !bad && k < f->napproximate_pods; k++) {
+            bad = (m->approximate_pods[k] = strdup(f->approximate_pods[k])) == NULL;
+            m->napproximate_pods = k + 1;
+        }
+    }
+    if (bad) {
+        model_free(m);
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 int kvr_conf_models_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
@@ -199,18 +344,9 @@ int kvr_conf_models_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
     if (fresh->nmodels > 0 && (copy = calloc(fresh->nmodels, sizeof(*copy))) == NULL)
         return -ENOMEM;
     for (size_t i = 0; i < fresh->nmodels; i++) {
-        const struct kvr_conf_model *f = &fresh->models[i];
-        copy[i] = *f;
-        copy[i].name = strdup(f->name);
-        copy[i].tokenizer = f->tokenizer ? strdup(f->tokenizer) : NULL;
-        copy[i].chat_template = f->chat_template ? strdup(f->chat_template) : NULL;
-        if (copy[i].name == NULL || (f->tokenizer && copy[i].tokenizer == NULL) ||
-            (f->chat_template && copy[i].chat_template == NULL)) {
-            for (size_t j = 0; j <= i; j++) {
-                free(copy[j].name);
-                free(copy[j].tokenizer);
-                free(copy[j].chat_template);
-            }
+        if (model_copy(&copy[i], &fresh->models[i]) != 0) {
+            for (size_t j = 0; j < i; j++)
+                model_free(&copy[j]);
             free(copy);
             return -ENOMEM; /* the live list stays */
         }

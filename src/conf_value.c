@@ -212,3 +212,20 @@ int kvr_conf_check_endpoint(const char *ep, bool for_bind)
         return -EINVAL;
     return 0;
 }
+
+int kvr_conf_parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no",
+                                                                               "off", "0"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = true;
+            return 0;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}

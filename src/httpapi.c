@@ -610,6 +610,8 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     sq.cache_salt = q.cache_salt;
     sq.media = q.media;
     sq.nmedia = q.nmedia;
+    sq.block_size_hint = t->api->route != NULL ? kvr_route_block_size(t->api->route, q.model) : 0;
+    sq.want_hashes = false;
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc == -E2BIG) {
         kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
@@ -665,6 +667,7 @@ struct route_scratch {
     uint32_t by_name[KVR_HTTPAPI_MAX_PODS]; /* candidate indexes sorted by (pod, dp_rank) */
     char names[KVR_HTTPAPI_MAX_PODS * 32]; /* default candidates' pod names, copied */
     size_t nnames, n;
+    size_t nstream; /* default candidates: the first nstream are workers with events */
     bool full;
 };
 
@@ -694,6 +697,17 @@ static void add_worker(void *arg, const char *pod, uint32_t dp_rank)
     rs->in[rs->n] = (struct kvr_reqbody_cand){.pod = rs->names + rs->nnames, .dp_rank = dp_rank};
     rs->nnames += l;
     rs->n++;
+}
+
+/* An approximate_pods entry as a default candidate (dp_rank 0), unless a worker with events
+ * already is that candidate. */
+static void add_approx_pod(void *arg, const char *pod, uint32_t dp_rank)
+{
+    struct route_scratch *rs = arg;
+    for (size_t i = 0; i < rs->nstream; i++)
+        if (rs->in[i].dp_rank == dp_rank && strcmp(rs->in[i].pod, pod) == 0)
+            return;
+    add_worker(arg, pod, dp_rank);
 }
 
 static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
@@ -729,20 +743,26 @@ static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
         return;
     }
     rs->n = rq.ncands;
-    if (rs->n == 0 && t->api->ingest != NULL)
-        kvr_ingest_model_workers(t->api->ingest, q.model, add_worker, rs);
+    if (rs->n == 0) { /* the model's workers with events, and its approximate_pods */
+        if (t->api->ingest != NULL)
+            kvr_ingest_model_workers(t->api->ingest, q.model, add_worker, rs);
+        rs->nstream = rs->n;
+        kvr_route_approx_pods(t->api->route, q.model, add_approx_pod, rs);
+    }
     if (rs->n == 0) {
         fail(resp, 503, "no candidate: no worker of model \"%.300s\" has published events "
-                        "(send \"candidates\")", q.model);
+                        "(send \"candidates\", or list [model] approximate_pods)", q.model);
         return;
     }
+    uint32_t hint = kvr_route_block_size(t->api->route, q.model);
     /* score only the candidates' pods */
     for (size_t i = 0; i < rs->n; i++)
         rs->pods[i] = rs->in[i].pod;
     sq = (struct kvr_score_query){.model = q.model, .lora_name = q.lora_name,
                                   .tokens = q.tokens, .ntokens = q.ntokens, .pods = rs->pods,
                                   .npods = rs->n, .cache_salt = q.cache_salt,
-                                  .media = q.media, .nmedia = q.nmedia};
+                                  .media = q.media, .nmedia = q.nmedia,
+                                  .block_size_hint = hint, .want_hashes = hint != 0};
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc != 0) {
         fail(resp, rc == -E2BIG ? 413 : 500, "scoring failed: %s", strerror(-rc));
@@ -785,6 +805,16 @@ static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
              rc == -ENOSPC ? "[route] max_tracked requests are active" : strerror(-rc));
         return;
     }
+    /* approximate mode: the chosen worker now holds the request's blocks (its writer skips
+     * this when the worker publishes events) */
+    bool assumed = false;
+    if (res.hashes != NULL && t->api->ingest != NULL &&
+        kvr_route_assumes(t->api->route, q.model, ch->pod)) {
+        struct kvr_ingest_assumption as = {.model = q.model, .lora = q.lora_name,
+                                           .pod = ch->pod, .dp_rank = ch->dp_rank,
+                                           .content = res.hashes, .n = res.query_blocks};
+        assumed = kvr_ingest_assume(t->api->ingest, &as) == 0;
+    }
     put(b, "{\"model\":");
     put_json_str(b, q.model);
     put(b, ",\"pod\":");
@@ -812,6 +842,8 @@ static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
         put(b, ",\"route_id\":");
         put_json_str(b, id);
     }
+    if (assumed)
+        put(b, ",\"assumed\":true");
     put(b, ",\"candidates\":[");
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_route_cand *c = &rs->c[i];

@@ -79,6 +79,7 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     kvr_ratelimit_init(&ing->rl_bad, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     kvr_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     kvr_ingest_budget_init(ing);
+    kvr_ingest_set_assume_limits(ing, conf->route_assumed_ttl_ms, conf->route_assumed_max_blocks);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 
@@ -197,7 +198,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
             for (size_t k = 0; k < n; k++) {
                 struct kvr_queue_msg *it = kvr_queue_item(w->q, k);
                 if (it->kind == KVR_QUEUE_LIVE || it->kind == KVR_QUEUE_REPLAY ||
-                    it->kind == KVR_QUEUE_FORGET)
+                    it->kind == KVR_QUEUE_FORGET || it->kind == KVR_QUEUE_ASSUME)
                     kvr_queue_payload_release(&it->payload);
             }
             kvr_queue_release(w->q, n);
@@ -217,6 +218,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
         for (size_t k = 0; k < w->ndying; k++) /* forgotten; replays never ended */
             kvr_ingest_topic_free(w->dying[k]);
         free(w->dying);
+        kvr_ingest_assume_free(w);
         free(w->content);
         free(w->blocks);
         free(w->rm);

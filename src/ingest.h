@@ -111,6 +111,36 @@ size_t kvr_ingest_model_workers(struct kvr_ingest *ing, const char *model,
                                 void (*cb)(void *arg, const char *pod, uint32_t dp_rank),
                                 void *arg);
 
+/* ---- approximate mode (route.h: engines that publish no KV events) -------------------- */
+
+/* A routing decision to a worker, to be taken as the worker now holding the request's
+ * blocks. Strings are NUL-terminated and copied. */
+struct kvr_ingest_assumption {
+    const char *model;
+    const char *lora;        /* NULL = none */
+    const char *pod;
+    uint32_t dp_rank;
+    const uint64_t *content; /* the request's whole blocks' content hashes (score.h) */
+    size_t n;
+};
+/* Hands an assumption to the pod's writer thread without ever waiting (any thread; an HTTP
+ * loop calls it): 0 queued, -EAGAIN the writer's queue is full (dropped, counted),
+ * -ESHUTDOWN the writers are stopping, -ENOMEM, -EINVAL. Only the first assumed_max_blocks
+ * blocks are kept. The writer then, in queue order with the pod's events:
+ * - skips it (counted) when the worker has an event stream (or one restored from a
+ *   snapshot): real events always take precedence over assumptions;
+ * - else assumes the chain (assume.h): blocks already assumed are refreshed, new ones are
+ *   stored in the index under the worker's "assumed" tier, and the worker's least recently
+ *   routed blocks past assumed_max_blocks are removed.
+ * Assumptions expire assumed_ttl after the last decision that routed them, and a worker's
+ * first event batch drops all of its assumptions (its events say what it holds). */
+int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption *a);
+/* [route] assumed_ttl and assumed_max_blocks (reload, any thread): applied by the writers
+ * from their next assumption or expiry check. */
+void kvr_ingest_set_assume_limits(struct kvr_ingest *ing, int64_t ttl_ms, uint32_t max_blocks);
+/* Blocks assumed now, over all workers (any thread). */
+uint64_t kvr_ingest_assumed_blocks(struct kvr_ingest *ing);
+
 /* ---- the memory cap ([index] max_memory) --------------------------------------------- */
 
 /* A BlockStored is refused (not indexed, skip reason over_budget) when the index's bytes

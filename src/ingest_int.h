@@ -42,6 +42,9 @@ enum {
     SKIP_COUNT
 };
 enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
+/* Why an assumption was not applied (ingest_assume.c). */
+enum { AS_SKIP_EVENTS = 0, AS_SKIP_WORKER, AS_SKIP_OVER_BUDGET, AS_SKIP_INDEX, AS_SKIP_COUNT };
+struct kvr_assume;
 struct pend {
     uint64_t seq;
     struct kvr_queue_payload msg;
@@ -121,6 +124,11 @@ struct writer_stats {
     _Atomic uint64_t buffered, replay_aborts;
     _Atomic uint64_t pods_forgotten, workers_refused;
     _Atomic uint64_t budget_blocks; /* blocks of stores refused by the memory cap */
+    /* approximate mode (ingest_assume.c) */
+    _Atomic uint64_t as_applied;    /* assumptions applied */
+    _Atomic uint64_t as_skipped[AS_SKIP_COUNT]; /* assumptions not applied, by reason */
+    _Atomic uint64_t as_stored, as_refreshed, as_evicted, as_expired, as_dropped; /* blocks */
+    _Atomic uint64_t as_count;      /* gauge: blocks this writer assumes now */
 };
 
 struct writer {
@@ -147,6 +155,17 @@ struct writer {
                                      * pods (filled before start; `claimed` under reg_mu) */
     size_t nrestored;
     struct ing_snapjob *snap;       /* a snapshot part being taken (ingest_snap.c), or NULL */
+    /* approximate mode (ingest_assume.c), writer only */
+    struct kvr_assume *as;          /* created with the first assumption */
+    uint64_t *evented;              /* bit wid: the worker has an event stream (or a restored
+                                     * one): never assumed */
+    uint32_t nevented;              /* bits allocated */
+    uint8_t as_tier;                /* the index's "assumed" tier (0 = not interned yet) */
+    uint64_t *as_keys;              /* scratch: chain keys, evictions */
+    uint32_t *as_wids;
+    struct kvr_index_block *as_blocks;
+    size_t as_cap;
+    int64_t next_expire;            /* kvr_now_ms() of the next expiry check (0: none due) */
     struct writer_stats st;
 };
 
@@ -182,6 +201,9 @@ struct kvr_ingest {
     struct kvr_ratelimit rl_gap;
     struct kvr_ratelimit rl_budget; /* the memory cap's one warning (burst 1 per interval) */
     _Atomic uint64_t max_memory;    /* [index] max_memory (0 = none); set on reload */
+    _Atomic int64_t assume_ttl_ms;  /* [route] assumed_ttl; set on reload */
+    _Atomic uint32_t assume_max;    /* [route] assumed_max_blocks; set on reload */
+    _Atomic uint64_t assume_full;   /* assumptions dropped: the writer's queue was full */
 
     pthread_mutex_t life_mu;        /* start/stop */
     bool started, stopped;
@@ -206,6 +228,18 @@ int kvr_ingest_forget_pod(struct writer *w, const char *pod, uint64_t *removed);
 /* Frees a topic's state (streams, ranks, the FORGET payload; destroy). */
 void kvr_ingest_topic_free(struct ing_topic *it);
 void kvr_ingest_drop_pending(struct ing_stream *s);
+
+/* ingest_assume.c: approximate mode on the writer thread. An ASSUME item; the expiry check
+ * (the writer loop calls it every round; cheap when nothing is due); a worker that now has
+ * an event stream (its assumptions go, it is never assumed again while it has one); a
+ * worker whose pod is forgotten (the index already dropped its blocks); how long the loop
+ * may sleep before the next expiry (-1: none pending); destroy. */
+void kvr_ingest_assume_apply(struct writer *w, const struct kvr_queue_payload *p);
+void kvr_ingest_assume_expire(struct writer *w);
+void kvr_ingest_assume_evented(struct writer *w, uint32_t wid);
+void kvr_ingest_assume_forgotten(struct writer *w, uint32_t wid);
+int64_t kvr_ingest_assume_wait_ms(const struct writer *w);
+void kvr_ingest_assume_free(struct writer *w);
 
 /* ingest_snap.c: snapshots. A stream restored from a snapshot, until its first batch. */
 struct ing_restored {

@@ -289,4 +289,35 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                      "Time from the engine's batch timestamp to the batch being applied", NULL,
                      &ing->lag);
 
+    /* approximate mode (ingest_assume.c) */
+    kvr_metrics_counter(out, "route_assumptions_total",
+                        "Routing decisions to approximate-mode workers, by result", "result=\"applied\"",
+                        SUMW(as_applied));
+    {
+        static const char *const why[AS_SKIP_COUNT] = {"events", "max_workers", "over_budget",
+                                                       "index"};
+        for (int r = 0; r < AS_SKIP_COUNT; r++) {
+            snprintf(lab, sizeof(lab), "result=\"%s\"", why[r]);
+            kvr_metrics_counter(out, "route_assumptions_total", NULL, lab,
+                                SUMW_AT(as_skipped, r));
+        }
+    }
+    kvr_metrics_counter(out, "route_assumptions_total", NULL, "result=\"queue_full\"",
+                        KVR_CNT_GET(ing->assume_full));
+    kvr_metrics_counter(out, "route_assumed_blocks_total",
+                        "Assumed blocks, by what happened to them (stored: new; refreshed: "
+                        "routed again; evicted: past assumed_max_blocks; expired: past "
+                        "assumed_ttl; dropped: the worker published events or was forgotten)",
+                        "event=\"stored\"", SUMW(as_stored));
+    kvr_metrics_counter(out, "route_assumed_blocks_total", NULL, "event=\"refreshed\"",
+                        SUMW(as_refreshed));
+    kvr_metrics_counter(out, "route_assumed_blocks_total", NULL, "event=\"evicted\"",
+                        SUMW(as_evicted));
+    kvr_metrics_counter(out, "route_assumed_blocks_total", NULL, "event=\"expired\"",
+                        SUMW(as_expired));
+    kvr_metrics_counter(out, "route_assumed_blocks_total", NULL, "event=\"dropped\"",
+                        SUMW(as_dropped));
+    kvr_metrics_gauge(out, "route_assumed_blocks", "Blocks assumed now (approximate mode)", NULL,
+                      (double)kvr_ingest_assumed_blocks(ing));
+
 }

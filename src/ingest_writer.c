@@ -129,6 +129,7 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
         pthread_mutex_lock(&ing->reg_mu);
         s->wid = wid;
         pthread_mutex_unlock(&ing->reg_mu);
+        kvr_ingest_assume_evented(w, wid); /* events take precedence over assumptions */
         if (ing->intake.forget == NULL) /* nothing was handed back: forgettable again */
             it->releasing = false;
         kvr_log_info("events: stream pod=%s model=%s dp_rank=%u is back (worker %u)", t->pod,
@@ -176,6 +177,7 @@ static struct ing_stream *stream_of(struct writer *w, const struct kvr_queue_top
     ing->streams[ing->nstreams++] = s;
     pthread_mutex_unlock(&ing->reg_mu);
     it->ranks[dp_rank] = s;
+    kvr_ingest_assume_evented(w, wid); /* events take precedence over assumptions */
     kvr_ingest_snap_claim(w, t, s); /* resumes from a snapshot when it holds the stream */
     kvr_log_info("events: new stream pod=%s model=%s dp_rank=%u (worker %u)", t->pod, t->model,
                  dp_rank, wid);
@@ -491,6 +493,18 @@ static int forget_pod(struct writer *w, const char *pod, uint64_t *removed, bool
     /* looked up here, on the only thread that interns or forgets this pod: an id looked up
      * elsewhere may be stale (forgotten, then reused by another pod) */
     if (kvr_index_pod_lookup(ing->ix, pod, &pid) == 0) {
+        uint32_t wids[64];
+        size_t nw = kvr_index_pod_workers(ing->ix, pid, wids, 64);
+        if (nw > 64) { /* more ranks than the stack holds */
+            uint32_t *all = malloc(nw * sizeof(*all));
+            size_t got = all != NULL ? kvr_index_pod_workers(ing->ix, pid, all, nw) : 0;
+            for (size_t k = 0; k < got && k < nw; k++)
+                kvr_ingest_assume_forgotten(w, all[k]);
+            free(all);
+            nw = 64;
+        }
+        for (size_t k = 0; k < nw; k++)
+            kvr_ingest_assume_forgotten(w, wids[k]);
         rc = kvr_index_pod_forget(ing->ix, pid, &res);
         if (removed != NULL)
             *removed = res.cleared;
@@ -695,10 +709,14 @@ static void handle_item(struct writer *w, struct kvr_queue_msg *item)
     case KVR_QUEUE_CMD:
         handle_cmd(w, item->ctx);
         break;
+    case KVR_QUEUE_ASSUME:
+        kvr_ingest_assume_apply(w, &item->payload);
+        break;
     default:
         break;
     }
-    if (item->kind == KVR_QUEUE_LIVE || item->kind == KVR_QUEUE_REPLAY)
+    if (item->kind == KVR_QUEUE_LIVE || item->kind == KVR_QUEUE_REPLAY ||
+        item->kind == KVR_QUEUE_ASSUME)
         kvr_queue_payload_release(&item->payload);
 }
 
@@ -711,9 +729,16 @@ void *kvr_ingest_writer_main(void *arg)
     int64_t tick = fa <= 0 ? -1 : fa / 4 < 10 ? 10 : fa / 4 > 1000 ? 1000 : fa / 4;
 
     w->next_sweep = kvr_now_ms() + tick;
+    /* workers restored from a snapshot publish events: never assumed */
+    for (size_t i = 0; i < w->nrestored; i++)
+        kvr_ingest_assume_evented(w, w->restored[i].wid);
     for (;;) {
-        /* a snapshot part in progress: do not sleep, take its next step after the items */
-        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, w->snap != NULL ? 0 : tick);
+        /* a snapshot part in progress: do not sleep, take its next step after the items;
+         * else sleep until the idle sweep or the next assumption expires */
+        int64_t wait = w->snap != NULL ? 0 : tick, aw = kvr_ingest_assume_wait_ms(w);
+        if (aw >= 0 && (wait < 0 || aw < wait))
+            wait = aw;
+        size_t n = kvr_queue_acquire(w->q, ACQUIRE_BATCH, wait);
         if (n == 0 && kvr_queue_closed(w->q) && w->snap == NULL)
             break;
         for (size_t i = 0; i < n; i++)
@@ -722,6 +747,7 @@ void *kvr_ingest_writer_main(void *arg)
             kvr_queue_release(w->q, n);
         if (w->snap != NULL)
             kvr_ingest_snap_step(w);
+        kvr_ingest_assume_expire(w);
         if (tick > 0 && kvr_now_ms() >= w->next_sweep) {
             sweep_idle(w);
             w->next_sweep = kvr_now_ms() + tick;

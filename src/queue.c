@@ -122,6 +122,20 @@ void *kvr_queue_reserve(struct kvr_queue *q, bool *waited)
     return slot_at(q, t);
 }
 
+void *kvr_queue_try_reserve(struct kvr_queue *q)
+{
+    uint64_t t;
+
+    pthread_mutex_lock(&q->pmu);
+    t = atomic_load_explicit(&q->tail, memory_order_relaxed);
+    if (atomic_load(&q->closed) ||
+        t - atomic_load_explicit(&q->head, memory_order_acquire) >= q->cap) {
+        pthread_mutex_unlock(&q->pmu);
+        return NULL;
+    }
+    return slot_at(q, t);
+}
+
 void kvr_queue_commit(struct kvr_queue *q)
 {
     uint64_t t = atomic_load_explicit(&q->tail, memory_order_relaxed) + 1;

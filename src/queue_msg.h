@@ -64,11 +64,13 @@ enum kvr_queue_kind {
     KVR_QUEUE_FORGET = 6,     /* topic left the producer's table (the consumer released it):
                                * nothing more comes for it; payload owns the record: release
                                * it once the consumer no longer refers to the topic */
+    KVR_QUEUE_ASSUME = 7,     /* consumer-defined (never from the producer): an approximate-
+                               * mode assumption in payload, released by the consumer */
 };
 
 /* A slot of a writer queue (kvr_queue_create(depth, sizeof(struct kvr_queue_msg), ...)). */
 struct kvr_queue_msg {
-    struct kvr_queue_payload payload;   /* LIVE, REPLAY, FORGET: owned by the item */
+    struct kvr_queue_payload payload;   /* LIVE, REPLAY, FORGET, ASSUME: owned by the item */
     const struct kvr_queue_topic *topic; /* LIVE, REPLAY, PURGE, FORGET */
     void *ctx;                          /* REPLAY, REPLAY_END, CMD */
     uint64_t seq;                       /* LIVE, REPLAY */

@@ -36,8 +36,19 @@ struct tracked {
     struct tracked *prev, *next; /* start order, oldest first */
 };
 
+/* A [model] section's approximate-mode settings (models with none of them are not kept). */
+struct approx {
+    char *name;
+    bool all;       /* approximate = on */
+    uint32_t block_size;
+    char **pods;    /* approximate_pods */
+    size_t npods;
+};
+
 struct kvr_route {
     pthread_mutex_t mu;
+    struct approx *ap; /* under mu; replaced whole on reload */
+    size_t nap;
     int policy;
     double overlap_weight, temperature, rel_threshold, cache_threshold;
     uint64_t abs_threshold;
@@ -94,10 +105,104 @@ static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
     r->max_tracked = c->route_max_tracked;
 }
 
+static void approx_free(struct approx *ap, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(ap[i].name);
+        for (size_t k = 0; k < ap[i].npods; k++)
+            free(ap[i].pods[k]);
+        free(ap[i].pods);
+    }
+    free(ap);
+}
+
+/* The approximate-mode settings of c's [model] sections, copied: 0 or -ENOMEM. */
+static int approx_copy(const struct kvr_conf *c, struct approx **out, size_t *nout)
+{
+    struct approx *ap = calloc(c->nmodels ? c->nmodels : 1, sizeof(*ap));
+    size_t n = 0;
+
+    if (ap == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < c->nmodels; i++) {
+        const struct kvr_conf_model *m = &c->models[i];
+        if (!m->approximate && m->napproximate_pods == 0 && m->block_size == 0)
+            continue;
+        struct approx *a = &ap[n++];
+        a->all = m->approximate;
+        a->block_size = m->block_size;
+        if ((a->name = strdup(m->name)) == NULL)
+            goto nomem;
+        if (m->napproximate_pods > 0 &&
+            (a->pods = calloc(m->napproximate_pods, sizeof(char *))) == NULL)
+            goto nomem;
+        for (size_t k = 0; k < m->napproximate_pods; k++, a->npods++)
+            if ((a->pods[k] = strdup(m->approximate_pods[k])) == NULL)
+                goto nomem;
+    }
+    *out = ap;
+    *nout = n;
+    return 0;
+nomem:
+    approx_free(ap, n);
+    return -ENOMEM;
+}
+
+static const struct approx *approx_of(const struct kvr_route *r, const char *model)
+{
+    for (size_t i = 0; i < r->nap; i++)
+        if (strcmp(r->ap[i].name, model) == 0)
+            return &r->ap[i];
+    return NULL;
+}
+
+uint32_t kvr_route_block_size(struct kvr_route *r, const char *model)
+{
+    uint32_t bs = 0;
+
+    pthread_mutex_lock(&r->mu);
+    const struct approx *a = approx_of(r, model);
+    if (a != NULL)
+        bs = a->block_size ? a->block_size : (a->all || a->npods) ? 16 : 0;
+    pthread_mutex_unlock(&r->mu);
+    return bs;
+}
+
+bool kvr_route_assumes(struct kvr_route *r, const char *model, const char *pod)
+{
+    bool yes = false;
+
+    pthread_mutex_lock(&r->mu);
+    const struct approx *a = approx_of(r, model);
+    if (a != NULL) {
+        yes = a->all;
+        for (size_t k = 0; !yes && k < a->npods; k++)
+            yes = strcmp(a->pods[k], pod) == 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return yes;
+}
+
+size_t kvr_route_approx_pods(struct kvr_route *r, const char *model,
+                             void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg)
+{
+    size_t n = 0;
+
+    pthread_mutex_lock(&r->mu);
+    const struct approx *a = approx_of(r, model);
+    for (size_t k = 0; a != NULL && k < a->npods; k++, n++)
+        cb(arg, a->pods[k], 0);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 int kvr_route_create(const struct kvr_conf *c, struct kvr_route **out)
 {
     struct kvr_route *r = calloc(1, sizeof(*r));
-    if (r == NULL || (r->t = calloc(4096, sizeof(*r->t))) == NULL) {
+    if (r == NULL || (r->t = calloc(4096, sizeof(*r->t))) == NULL ||
+        approx_copy(c, &r->ap, &r->nap) != 0) {
+        if (r != NULL)
+            free(r->t);
         free(r);
         return -ENOMEM;
     }
@@ -127,15 +232,27 @@ void kvr_route_destroy(struct kvr_route *r)
         }
     }
     pthread_mutex_destroy(&r->mu);
+    approx_free(r->ap, r->nap);
     free(r->t);
     free(r);
 }
 
 void kvr_route_set_conf(struct kvr_route *r, const struct kvr_conf *c)
 {
+    struct approx *ap = NULL, *old;
+    size_t nap = 0, nold;
+    bool fresh = approx_copy(c, &ap, &nap) == 0; /* out of memory: the old settings stay */
+
     pthread_mutex_lock(&r->mu);
     set_conf(r, c);
+    old = fresh ? r->ap : NULL;
+    nold = r->nap;
+    if (fresh) {
+        r->ap = ap;
+        r->nap = nap;
+    }
     pthread_mutex_unlock(&r->mu);
+    approx_free(old, fresh ? nold : 0);
 }
 
 static size_t wbucket(const char *pod, uint32_t rank)

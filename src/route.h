@@ -22,7 +22,15 @@
  * active on the chosen worker (1 request, its prompt tokens) until kvr_route_end or
  * max_request_age.
  *
- * Uses conf (the [route] settings) only. Threads: any; one mutex for loads, tracked requests
+ * Approximate mode, for engines that publish no KV events ([model "NAME"] approximate,
+ * approximate_pods; Dynamo's --no-kv-events router, SGLang's approximate radix tree): a
+ * decision to such a worker is taken as the worker now holding the request's blocks. This
+ * module only says which decisions are assumed (kvr_route_assumes) and at which block size
+ * such a model is scored; the caller hands the blocks to the worker's ingest writer, which
+ * keeps them in the index's "assumed" tier with [route] assumed_ttl and assumed_max_blocks
+ * (assume.h), and never for a worker that publishes events (events take precedence).
+ *
+ * Uses conf (the [route] settings and the [model] sections' approximate keys) only. Threads: any; one mutex for loads, tracked requests
  * and the random stream (a decision holds it for a few µs).
  */
 #ifndef KVR_ROUTE_H
@@ -95,6 +103,19 @@ void kvr_route_loads(struct kvr_route *r,
 /* The tracked load of one worker (0, 0 when none). */
 void kvr_route_load(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint64_t *requests,
                     uint64_t *tokens);
+
+/* ---- approximate mode (any thread; under the route mutex) ------------------------------ */
+
+/* The block size to score `model` with while its events have taught none: [model]
+ * block_size, else 16 (vLLM's default) for a model in approximate mode, else 0. */
+uint32_t kvr_route_block_size(struct kvr_route *r, const char *model);
+/* Whether a decision to (model, pod) is to be assumed: [model] approximate is on, or the
+ * pod is in its approximate_pods. */
+bool kvr_route_assumes(struct kvr_route *r, const char *model, const char *pod);
+/* Calls cb(arg, pod, 0) for each pod of model's approximate_pods (default route
+ * candidates), under the route mutex (cb must not call back into route). Returns how many. */
+size_t kvr_route_approx_pods(struct kvr_route *r, const char *model,
+                             void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg);
 
 /* Prometheus lines: decisions by policy, tracked requests, expiries, per-worker loads. */
 void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out);

@@ -192,6 +192,15 @@ static void refresh_weights(struct kvr_score_ctx *c, struct kvr_score_result *re
     c->tiers_seen = ntiers;
 }
 
+/* The query's block content hashes into c->hashes, as ingest hashes events. */
+static void hash_query(struct kvr_score_ctx *c, const struct kvr_score_query *q, uint64_t seed,
+                       uint32_t nblocks, uint32_t bs)
+{
+    kvr_hash_blocks(seed, q->tokens, nblocks, bs, c->hashes);
+    kvr_hash_fold_query(c->hashes, nblocks, bs, q->cache_salt,
+                        q->cache_salt ? strlen(q->cache_salt) : 0, q->media, q->nmedia);
+}
+
 static int entry_cmp(const void *pa, const void *pb)
 {
     const struct kvr_score_entry *a = pa, *b = pb;
@@ -234,6 +243,8 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
         if (kvr_index_ns_lookup(ix, q->model, NULL, &base_ns, &base_seed) == 0)
             bs = kvr_index_ns_block_size(ix, base_ns);
     }
+    if (bs == 0)
+        bs = q->block_size_hint;
     if (bs == 0) { /* unknown model: block_size null, no scores */
         atomic_fetch_add_explicit(&s->unknown_model, 1, memory_order_relaxed);
         goto done;
@@ -242,6 +253,13 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
     nblocks = (uint32_t)(q->ntokens / bs);
     res->query_blocks = nblocks;
     kvr_hist_observe(&s->query_blocks, (double)nblocks);
+    if (q->want_hashes && nblocks > 0) { /* even for a namespace nothing was indexed in */
+        if (rc != 0)
+            seed = kvr_hash_ns_seed(q->model, strlen(q->model), q->lora_name,
+                                    q->lora_name ? strlen(q->lora_name) : 0);
+        hash_query(c, q, seed, nblocks, bs);
+        res->hashes = c->hashes;
+    }
     if (rc != 0 || nblocks == 0) /* LoRA never seen, or no whole block: nothing matches */
         goto observed;
 
@@ -256,9 +274,8 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
         pod_filter = c->pod_ids;
     }
 
-    kvr_hash_blocks(seed, q->tokens, nblocks, bs, c->hashes);
-    kvr_hash_fold_query(c->hashes, nblocks, bs, q->cache_salt,
-                        q->cache_salt ? strlen(q->cache_salt) : 0, q->media, q->nmedia);
+    if (res->hashes == NULL)
+        hash_query(c, q, seed, nblocks, bs);
     rc = kvr_index_find(c->reader, ns, c->hashes, nblocks, pod_filter, npods, c->weights, &hits,
                         &nhits);
     if (rc != 0)

@@ -15,6 +15,7 @@
 #ifndef KVR_SCORE_H
 #define KVR_SCORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +45,10 @@ struct kvr_score_query {
     const char *cache_salt;  /* NULL/"" = none; keys block 0 as the engine does */
     const struct kvr_hash_media *media; /* sorted by offset, not overlapping */
     size_t nmedia;
+    uint32_t block_size_hint; /* the block size when events have taught none (approximate
+                               * mode: route.h); 0 = none */
+    bool want_hashes;         /* res->hashes: the query's block content hashes, even when no
+                               * worker of the model is indexed yet */
 };
 
 struct kvr_score_entry {
@@ -61,6 +66,9 @@ struct kvr_score_result {
     const struct kvr_score_entry *entries; /* borrowed from ctx until its next query */
     size_t nentries;
     const char *tier_names[KVR_TIER_MAX]; /* names of tier ids in use (NULL = unused) */
+    const uint64_t *hashes; /* want_hashes: query_blocks content hashes (kvr_hash_blocks,
+                             * extra keys folded), borrowed from ctx until its next query;
+                             * else NULL */
 };
 
 /* 0, or -E2BIG when ntokens > the ctx's max_tokens. Unknown model/LoRA/pods → 0 with no

@@ -181,6 +181,11 @@ static void one_run(unsigned *r, size_t steps)
             assert_false(kvr_assume_holds(a, wid, 0xdeadbeefull));
         }
         check_state(a);
+        int64_t oldest = INT64_MAX;
+        for (size_t i = 0; i < nmodel; i++)
+            if (model[i].t < oldest)
+                oldest = model[i].t;
+        assert_true(kvr_assume_oldest(a) == oldest);
     }
     assert_true(kvr_assume_bytes(a) > 0);
     kvr_assume_destroy(a);

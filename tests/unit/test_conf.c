@@ -188,8 +188,22 @@ static const struct bad_case bad_cases[] = {
     {EV "[model \"a\"]\ntokenizer = x\ntokenizer = y\n",
      "t.conf:5: duplicate key 'tokenizer' in [model \"a\"] (first set on line 4)"},
     {EV "[model \"a\"]\ntokeniser = x\n",
-     "t.conf:4: unknown key 'tokeniser' in section [model \"a\"] (expected tokenizer or "
-     "chat_template)"},
+     "t.conf:4: unknown key 'tokeniser' in section [model \"a\"] (expected tokenizer, "
+     "chat_template, approximate, approximate_pods or block_size)"},
+    {EV "[model \"a\"]\napproximate = maybe\n",
+     "t.conf:4: [model \"a\"] approximate: expected on or off (also true/false, yes/no, 1/0)"},
+    {EV "[model \"a\"]\napproximate = on\napproximate = off\n",
+     "t.conf:5: duplicate key 'approximate' in [model \"a\"] (first set on line 4)"},
+    {EV "[model \"a\"]\napproximate_pods = p1, p2 p1\n",
+     "t.conf:4: [model \"a\"] approximate_pods: pod 'p1' is listed twice"},
+    {EV "[model \"a\"]\napproximate_pods = ,\n",
+     "t.conf:4: [model \"a\"] approximate_pods: expected pod names separated by commas"},
+    {EV "[model \"a\"]\nblock_size = 0\n",
+     "t.conf:4: [model \"a\"] block_size: expected a number of tokens (1..65536)"},
+    {EV "[model \"a\"]\nblock_size = 16x\n",
+     "t.conf:4: [model \"a\"] block_size: expected a number of tokens (1..65536)"},
+    {EV "[route]\nassumed_ttl = 10ms\n",
+     "t.conf:4: [route] assumed_ttl = 10ms is out of range (1s..168h)"},
     {EV "[tokenizer]\nmax_prompt_bytes = 10\n",
      "t.conf:4: [tokenizer] max_prompt_bytes = 10 is out of range (1KiB..1GiB)"},
     /* weights */
@@ -203,9 +217,11 @@ static const struct bad_case bad_cases[] = {
                                   "1..31 characters of [a-z0-9_-]"},
     {EV "[score]\nweight.g/pu = 1\n", "t.conf:4: invalid tier name 'g/pu' in [score] "
                                       "weight.g/pu: expected 1..31 characters of [a-z0-9_-]"},
-    {EV "[score]\nweight.t1 = 1\nweight.t2 = 1\nweight.t3 = 1\nweight.t4 = 1\n",
-     "t.conf:7: too many tiers in [score]: at most 8 weight.<tier> entries (including the "
-     "defaults gpu, cpu, storage, remote, external)"},
+    {EV "[score]\nweight.t1 = 1\nweight.t2 = 1\nweight.t3 = 1\nweight.t4 = 1\nweight.t5 = 1\n"
+        "weight.t6 = 1\nweight.t7 = 1\nweight.t8 = 1\nweight.t9 = 1\nweight.t10 = 1\n"
+        "weight.t11 = 1\n",
+     "t.conf:14: too many tiers in [score]: at most 16 weight.<tier> entries (including the "
+     "defaults gpu, cpu, storage, remote, external, assumed)"},
     {EV "[score]\ndefault_weight = inf\n", "t.conf:4: invalid value 'inf' for [score] "
                                            "default_weight: expected a number (e.g. 0.5)"},
     {EV "[score]\ndefault_weight = 1001\n", "t.conf:4: [score] default_weight = 1001 is out of "
@@ -303,7 +319,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.probe_connections, 16);
     assert_false(c.public_introspection);
     assert_false(c.access_log);
-    assert_int_equal(c.nweights, 5);
+    assert_int_equal(c.nweights, 6);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 1.0);
     assert_true(kvr_conf_tier_weight(&c, "remote") == 0.6);
     assert_true(kvr_conf_tier_weight(&c, "external") == 0.4);
@@ -378,7 +394,7 @@ static void test_values_units(void **state)
     assert_int_equal(c.max_headers, 8);
     assert_int_equal(c.idle_timeout_ms, 120000);
     assert_int_equal(c.request_timeout_ms, 250);
-    assert_int_equal(c.nweights, 6);
+    assert_int_equal(c.nweights, 7);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 2.0);
     assert_true(kvr_conf_tier_weight(&c, "NVME_1") == 0.3);
     assert_true(kvr_conf_tier_weight(&c, "cpu") == 0.8);
@@ -611,6 +627,31 @@ static void test_model_sections(void **state)
     assert_string_equal(c.models[0].tokenizer, "/other");
     assert_string_equal(c.models[2].name, "new");
     assert_int_equal(kvr_conf_apply_reload(&c, &fresh, &changed, NULL), 0);
+    kvr_conf_free(&c);
+    kvr_conf_free(&fresh);
+
+    /* approximate mode: the keys, their defaults, and a reload that changes only them */
+    load_ok(EV "[model \"m\"]\napproximate = yes\napproximate_pods = a,b  c\t,d\n"
+               "block_size = 32\n[model \"n\"]\n",
+            &c);
+    assert_true(c.models[0].approximate);
+    assert_int_equal(c.models[0].napproximate_pods, 4);
+    assert_string_equal(c.models[0].approximate_pods[2], "c");
+    assert_string_equal(c.models[0].approximate_pods[3], "d");
+    assert_int_equal(c.models[0].block_size, 32);
+    assert_false(c.models[1].approximate);
+    assert_int_equal(c.models[1].napproximate_pods, 0);
+    assert_int_equal(c.models[1].block_size, 0);
+    assert_int_equal(c.route_assumed_ttl_ms, 120000);
+    assert_int_equal(c.route_assumed_max_blocks, 65536);
+    assert_true(kvr_conf_tier_weight(&c, "assumed") == 0.7);
+    load_ok(EV "[model \"m\"]\napproximate = yes\napproximate_pods = a,b,c\n"
+               "block_size = 32\n[model \"n\"]\n[route]\nassumed_ttl = 5s\n",
+            &fresh);
+    assert_int_equal(kvr_conf_apply_reload(&c, &fresh, &changed, NULL), 2);
+    assert_int_equal(c.models[0].napproximate_pods, 3);
+    assert_string_equal(c.models[0].approximate_pods[1], "b");
+    assert_int_equal(c.route_assumed_ttl_ms, 5000);
     kvr_conf_free(&c);
     kvr_conf_free(&fresh);
 }

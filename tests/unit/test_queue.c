@@ -69,6 +69,40 @@ static void test_timeout(void **state)
     kvr_queue_destroy(q);
 }
 
+/* try_reserve never waits: NULL on a full ring (nothing queued changes), a slot again once
+ * the consumer released one, NULL once closed. */
+static void test_try_reserve(void **state)
+{
+    struct kvr_queue *q;
+    struct kvr_queue_stats st;
+    struct item *it;
+    (void)state;
+    assert_int_equal(kvr_queue_create(2, sizeof(struct item), &q), 0);
+    for (uint64_t i = 0; i < 2; i++) {
+        it = kvr_queue_try_reserve(q);
+        assert_non_null(it);
+        it->value = i;
+        kvr_queue_commit(q);
+    }
+    assert_null(kvr_queue_try_reserve(q));
+    kvr_queue_stats(q, &st);
+    assert_int_equal(st.depth, 2);
+    assert_int_equal(st.waits, 0);
+    assert_int_equal(kvr_queue_acquire(q, 1, 0), 1);
+    assert_int_equal(((struct item *)kvr_queue_item(q, 0))->value, 0);
+    kvr_queue_release(q, 1);
+    it = kvr_queue_try_reserve(q);
+    assert_non_null(it);
+    it->value = 2;
+    kvr_queue_commit(q);
+    kvr_queue_close(q);
+    assert_null(kvr_queue_try_reserve(q));
+    assert_int_equal(kvr_queue_acquire(q, 4, 0), 2);
+    assert_int_equal(((struct item *)kvr_queue_item(q, 1))->value, 2);
+    kvr_queue_release(q, 2);
+    kvr_queue_destroy(q);
+}
+
 static void test_bad_args(void **state)
 {
     struct kvr_queue *q;
@@ -203,6 +237,7 @@ int main(void)
         cmocka_unit_test(test_basic_fifo),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_try_reserve),
         cmocka_unit_test(test_close_drains),
         cmocka_unit_test(test_close_wakes_producer),
         cmocka_unit_test(test_mpsc_stress),
