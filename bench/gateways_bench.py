@@ -6,7 +6,12 @@ doing round-robin) and what it buys (the engines' prefix-cache hit rate on a rep
 Mooncake trace's conversations). Run by bench/gateways.sh.
 
 Setup: kvrouterd (Qwen3 tokenizer: the gateways send prompt TEXT), a second kvrouterd that
-tokenizes for the engines, N engine_sim engines (tests/integration/engine_sim.py). The
+tokenizes for the engines, N engine_sim engines (tests/integration/engine_sim.py). Three
+routings per gateway: kvrouterd fed by the engines' KV events ("kvrouterd"), kvrouterd in
+approximate mode ("approximate": a third kvrouterd with [model] approximate = on that gets no
+events at all, the engines publish to the tokenizing one instead; it assumes each routed
+request's blocks on the chosen engine, [route] assumed_ttl 120 s, assumed_max_blocks =
+the engines' cache size), and round-robin. The
 Mooncake trace (/work/shared/traces or $KVR_TRACE) gives each request's hash_ids (one per
 512-token block); each id becomes a deterministic text chunk of ~`CHUNK_WORDS` words, so
 equal ids at the same place are an equal text prefix (scaled down: the Python engines
@@ -136,29 +141,39 @@ def main():
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--conns", type=int, default=4)
     ap.add_argument("--timeout-ms", type=int, default=20, help="the gateways' routing budget")
+    ap.add_argument("--gateways", default="nginx,haproxy")
+    ap.add_argument("--modes", default="kvr,approx,rr",
+                    help="kvr (events), approx (approximate mode, no events), rr (round-robin)")
     ap.add_argument("--trace", default=os.environ.get(
         "KVR_TRACE", "/work/shared/traces/synthetic_trace.jsonl"))
     args = ap.parse_args()
     tok_dir = os.path.join(REPO, "build", "tokref", "qwen3")
     cfg = {'model "%s"' % MODEL: {"tokenizer": tok_dir}, "log": {"level": "info"}}
+    acfg = {'model "%s"' % MODEL: {"tokenizer": tok_dir, "approximate": "on"},
+            "route": {"assumed_max_blocks": str(args.num_blocks)}, "log": {"level": "info"}}
     tok = Daemon(config=cfg, ready_timeout=60)
     router = Daemon(config=cfg, ready_timeout=60)
+    approx = Daemon(config=acfg, ready_timeout=60) if "approx" in args.modes else None
+    names = {"kvr": "kvrouterd", "approx": "approximate", "rr": "round-robin"}
     engines = []
     try:
         prompts, ideal = trace_prompts(args.trace, args.requests, args.chunk_words)
-        url = "http://127.0.0.1:%d/v1/route" % router.http_port
         rows = []
-        for kind in ("nginx", "haproxy"):
-            for mode in ("kvr", "rr"):
+        for kind in args.gateways.split(","):
+            for mode in args.modes.split(","):
                 for e in engines:
                     e.close()
                 # fresh engines (empty caches) for each replay; the router forgets nothing
                 # about the old pods' blocks, but they are no candidates any more
-                engines = [EngineSim(MODEL, router.events, tok.http_port,
+                rt = approx if mode == "approx" else router
+                url = "http://127.0.0.1:%d/v1/route" % rt.http_port
+                events = tok.events if mode == "approx" else router.events
+                engines = [EngineSim(MODEL, events, tok.http_port,
                                      num_blocks=args.num_blocks) for _ in range(args.engines)]
                 for e in engines:
                     e.wait_subscriber()
-                gw = gwload.Gateway(kind, [e.pod for e in engines], url, mode=mode,
+                gw = gwload.Gateway(kind, [e.pod for e in engines], url,
+                                    mode="rr" if mode == "rr" else "kvr",
                                     fetch_timeout_ms=args.timeout_ms)
                 try:
                     hr, routes = replay(gw, prompts)
@@ -172,7 +187,7 @@ def main():
                     rps = throughput(gw, short, args.seconds, args.conns)
                 finally:
                     gw.close()
-                rows.append((kind, "kvrouterd" if mode == "kvr" else "round-robin", hr, rps,
+                rows.append((kind, names[mode], hr, rps,
                              percentile(lat, 50) * 1e3, percentile(lat, 99) * 1e3, routes))
                 print("done %s %s" % (kind, mode), file=sys.stderr, flush=True)
         print("\n%d engines (engine_sim, %d-block prefix cache each), %d Mooncake trace "
@@ -191,10 +206,17 @@ def main():
                 print("%s: added latency of the routing call p50 %+.2f ms, p99 %+.2f ms"
                       % (kind, m["kvrouterd"][0] - m["round-robin"][0],
                          m["kvrouterd"][1] - m["round-robin"][1]))
+        if approx is not None:
+            st, _, body = approx.request("GET", "/metrics", admin=True)
+            for line in body.decode().splitlines():
+                if line.startswith("kvrouter_route_assum"):
+                    print("approximate router: %s" % line)
     finally:
         for e in engines:
             e.close()
         router.stop()
+        if approx is not None:
+            approx.stop()
         tok.stop()
 
 
