@@ -282,3 +282,57 @@ def raw_post(gw, body, path="/v1/completions"):
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("kind", ["nginx", "haproxy"])
+def test_gateway_approximate_mode(daemon_factory, kind):
+    """Engines that publish no KV events (#17 approximate mode): a kvrouterd with
+    [model] approximate = on that never hears from the engines (they publish to the
+    tokenizing kvrouterd instead) routes each conversation's follow-up turns to the engine it
+    sent the earlier turns to, through the real gateway; the engines' own hit rate is far
+    above round-robin's through the same gateway."""
+    need_tools()
+    seed = int(os.environ.get("KVR_GW_SEED") or random.randrange(1 << 30))
+    print("KVR_GW_SEED=%d" % seed)
+    tok = daemon_factory(dict(model_cfg(), log={"level": "info"}), ready_timeout=60)
+    cfg = model_cfg()
+    cfg['model "%s"' % MODEL]["approximate"] = "on"
+    cfg["log"] = {"level": "info"}
+    router = daemon_factory(cfg, ready_timeout=60)
+    engines = [EngineSim(MODEL, tok.events, tok.http_port, num_blocks=8192)
+               for _ in range(N_ENGINES)]
+    try:
+        pods = [e.pod for e in engines]
+        url = "http://127.0.0.1:%d/v1/route" % router.http_port
+        gw = gwload.Gateway(kind, pods, url, mode="kvr", fetch_timeout_ms=200)
+        try:
+            apx = gwload.run_conversations(gw, MODEL, seed)
+        finally:
+            log = gw.log()
+            gw.close()
+        summary(kind + " + kvrouterd, approximate", apx)
+        assert all(r["status"] == 200 for r in apx), log
+        assert sum(r["route"] == "kvrouterd" for r in apx) >= 0.95 * len(apx), log
+        assert gwload.stick_rate(apx) >= 0.9
+        rr_gw = gwload.Gateway(kind, pods, url, mode="rr")
+        try:
+            rr = gwload.run_conversations(rr_gw, MODEL, seed + 1)
+        finally:
+            rr_gw.close()
+        summary(kind + " round-robin", rr)
+        assert gwload.hit_rate(apx) >= 0.7
+        assert gwload.hit_rate(apx) >= gwload.hit_rate(rr) + 0.25
+        want = 'kvrouter_route_assumptions_total{result="applied"} %d\n' % len(apx)
+        deadline = time.monotonic() + 10  # the writer applies them asynchronously
+        while True:
+            status, _, body = router.request("GET", "/metrics", admin=True)
+            text = body.decode()
+            if want in text:
+                break
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)
+        status, res = router.json("GET", "/v1/pods", admin=True)
+        assert res["pods"] == []  # it never heard an event
+    finally:
+        for e in engines:
+            e.close()
