@@ -58,6 +58,17 @@ def wait_matched(d, toks, pod, want, timeout=10):
     raise AssertionError("pod %s never matched %d blocks; last %r" % (pod, want, last))
 
 
+def wait_metric(d, name, labels, want, timeout=10):
+    """Counters move on the writer thread just after the index changes: poll."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = metric(d, name, labels)
+        if got == want:
+            return
+        assert time.monotonic() < deadline, (name, labels, got, want)
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def approx(daemon_factory):
     d = daemon_factory(cfg())
@@ -83,8 +94,8 @@ def test_follow_ups_land_where_the_prefix_was_routed(approx):
         res = route(d, {"model": MODEL, "token_ids": nxt})
         assert res["pod"] == pod and res["matched_blocks"] == 12, (i, res)
         wait_matched(d, nxt, pod, (len(nxt)) // BS)
-    assert metric(d, "route_assumptions_total", 'result="applied"') == 12
-    assert metric(d, "route_assumed_blocks") == 6 * (12 + 7)
+    wait_metric(d, "route_assumptions_total", 'result="applied"', 12)
+    wait_metric(d, "route_assumed_blocks", None, 6 * (12 + 7))
 
 
 def test_gateway_candidates_and_ranks(approx):
@@ -108,7 +119,7 @@ def test_gateway_candidates_and_ranks(approx):
 
 
 def test_cap_and_expiry(daemon_factory):
-    d = daemon_factory(cfg(assumed_max_blocks="8", assumed_ttl="1s"))
+    d = daemon_factory(cfg(assumed_max_blocks="8", assumed_ttl="2s"))
     need_http(d)
     toks = tokens_for(7, 20 * BS)
     pod = route(d, {"model": MODEL, "token_ids": toks})["pod"]
@@ -120,12 +131,12 @@ def test_cap_and_expiry(daemon_factory):
     # make room, its head stays
     wait_matched(d, other, pod, 5)
     wait_matched(d, toks, pod, 3)
-    assert metric(d, "route_assumed_blocks_total", 'event="evicted"') == 5
-    # nothing routed for > 1 s: everything expires
+    wait_metric(d, "route_assumed_blocks_total", 'event="evicted"', 5)
+    # nothing routed for > 2 s: everything expires
     wait_matched(d, toks, pod, 0, timeout=10)
     wait_matched(d, other, pod, 0, timeout=10)
-    assert metric(d, "route_assumed_blocks") == 0
-    assert metric(d, "route_assumed_blocks_total", 'event="expired"') == 8
+    wait_metric(d, "route_assumed_blocks", None, 0)
+    wait_metric(d, "route_assumed_blocks_total", 'event="expired"', 8)
 
 
 def test_events_take_precedence(approx):
@@ -139,17 +150,14 @@ def test_events_take_precedence(approx):
                 block_size=BS, num_blocks=256) as e:
         warm(e, d, "eng-a")
         wait_matched(d, toks, "eng-a", 0)
-        assert metric(d, "route_assumed_blocks_total", 'event="dropped"') == 10
+        wait_metric(d, "route_assumed_blocks_total", 'event="dropped"', 10)
         real = tokens_for(2, 6 * BS)
         r = e.rank(0)
         r.request(real)
         wait_pod(d, "eng-a", seq=r.publish())
         # routing to it again assumes nothing: only what it published counts
         route(d, {"model": MODEL, "token_ids": toks, "candidates": [{"pod": "eng-a"}]})
-        deadline = time.monotonic() + 10
-        while metric(d, "route_assumptions_total", 'result="events"') != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_metric(d, "route_assumptions_total", 'result="events"', 1)
         assert score_of(d, toks, "eng-a") is None
         assert score_of(d, real, "eng-a")["tiers"] == {"gpu": 6}
 
@@ -162,7 +170,7 @@ def test_delete_pod_and_reload(approx):
     st, res = d.json("DELETE", "/v1/pods/" + pod, admin=True)
     assert st == 200, res
     assert score_of(d, toks, pod) is None
-    assert metric(d, "route_assumed_blocks") == 0
+    wait_metric(d, "route_assumed_blocks", None, 0)
     # approximate off and no pods listed: decisions are no longer assumed, and without events
     # there is no default candidate
     with open(d.conf_path, "w") as f:
