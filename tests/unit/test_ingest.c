@@ -1204,7 +1204,8 @@ static uint32_t sc_matched(struct scorer *sc, const char *lora, const uint32_t *
                            const char *salt, const struct kvr_hash_media *m, size_t nm,
                            const char *pod)
 {
-    struct kvr_score_query q = {MODEL, lora, tok, n, NULL, 0, salt, m, nm};
+    struct kvr_score_query q = {.model = MODEL, .lora_name = lora, .tokens = tok, .ntokens = n,
+                                .cache_salt = salt, .media = m, .nmedia = nm};
     struct kvr_score_result r;
 
     assert_int_equal(kvr_score_query(sc->c, &q, &r), 0);

@@ -100,7 +100,8 @@ static void store(struct fx *f, const char *pod, uint32_t rank, const char *medi
 static int query(struct fx *f, const char *model, const char *lora, const uint32_t *tokens,
                  size_t n, const char *const *pods, size_t npods, struct kvr_score_result *r)
 {
-    struct kvr_score_query q = {model, lora, tokens, n, pods, npods, NULL, NULL, 0};
+    struct kvr_score_query q = {.model = model, .lora_name = lora, .tokens = tokens,
+                                .ntokens = n, .pods = pods, .npods = npods};
     return kvr_score_query(f->c, &q, r);
 }
 
@@ -283,6 +284,57 @@ static void test_models_and_lora(void **state)
     fx_free(f);
 }
 
+/* Approximate mode's inputs: block_size_hint scores a model events taught no block size
+ * (events' size wins once known), want_hashes returns the blocks' content hashes (even for
+ * a namespace never indexed), exactly as ingest hashes stored blocks. */
+static void test_block_size_hint_and_hashes(void **state)
+{
+    struct fx *f = fx_new(NULL);
+    uint32_t p[40];
+    uint64_t seed, want[5];
+    struct kvr_score_result r;
+    (void)state;
+
+    seq(p, 40, 11);
+    struct kvr_score_query q = {.model = "fresh", .tokens = p, .ntokens = 40,
+                                .block_size_hint = 8, .want_hashes = true};
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_int_equal(r.block_size, 8);
+    assert_int_equal(r.query_blocks, 5);
+    assert_int_equal(r.nentries, 0);
+    assert_non_null(r.hashes);
+    seed = kvr_hash_ns_seed("fresh", 5, NULL, 0);
+    kvr_hash_blocks(seed, p, 5, 8, want);
+    assert_memory_equal(r.hashes, want, sizeof(want));
+    /* a salt folds into block 0 as for a query without the hint */
+    q.cache_salt = "tenant";
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_true(r.hashes[0] != want[0] && r.hashes[1] == want[1]);
+    q.cache_salt = NULL;
+    /* without want_hashes: none */
+    q.want_hashes = false;
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_null(r.hashes);
+    /* blocks stored at size 8 match through the hint; once events teach 10, 10 wins */
+    store_bs(f, "w", 0, "GPU", "fresh", NULL, p, 40, 8);
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_int_equal(r.nentries, 1);
+    assert_int_equal(r.entries[0].matched_blocks, 5);
+    uint32_t ns;
+    assert_int_equal(kvr_index_ns_lookup(f->ix, "fresh", NULL, &ns, &seed), 0);
+    kvr_index_ns_set_block_size(f->ix, ns, 10);
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_int_equal(r.block_size, 10);
+    assert_int_equal(r.query_blocks, 4);
+    assert_int_equal(r.nentries, 0);
+    /* no hint and no learned size: unknown model */
+    q.model = "other";
+    q.block_size_hint = 0;
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_int_equal(r.block_size, 0);
+    fx_free(f);
+}
+
 /* ---- randomized comparison with a brute-force reference --------------------------------- */
 
 #define NW 12
@@ -425,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_tiers_and_weights),
         cmocka_unit_test(test_pod_filter_ranks_and_ties),
         cmocka_unit_test(test_models_and_lora),
+        cmocka_unit_test(test_block_size_hint_and_hashes),
         cmocka_unit_test(test_random_vs_reference),
         cmocka_unit_test(test_metrics),
     };
