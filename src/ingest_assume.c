@@ -9,6 +9,9 @@
  * per-worker LRU, touch times) and mirrors it into the index's "assumed" tier, so finds and
  * scores see assumed blocks like any tier, with their own weight ([score] weight.assumed).
  *
+ * Workers: a pod that only ever appears in decisions is interned like one with events;
+ * when its last assumption expires it is forgotten again (forget_if_idle).
+ *
  * Precedence: a worker with an event stream (or one restored from a snapshot) is never
  * assumed, and its first batch drops whatever was assumed before (kvr_ingest_assume_evented
  * from the stream's creation): events say what it holds. Assumed blocks are the only entries
@@ -259,6 +262,33 @@ static int pair_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* A pod known only through assumptions whose last assumption expired is forgotten, as
+ * [events] forget_after forgets idle pods with events: its worker ids go back for reuse
+ * (gateways that route to ever new pod names would otherwise fill max_workers). Only when
+ * none of its workers publishes events or holds an assumption, and it has no topic here. */
+static void forget_if_idle(struct writer *w, uint32_t wid)
+{
+    struct kvr_index *ix = w->ing->ix;
+    uint32_t pid = kvr_index_worker_pod_id(ix, wid), wids[64];
+    const char *pod = kvr_index_worker_pod(ix, wid);
+    struct kvr_index_wres res = {0};
+    size_t n;
+
+    if (pid == UINT32_MAX || pod == NULL)
+        return;
+    n = kvr_index_pod_workers(ix, pid, wids, 64);
+    if (n > 64) /* a pod of that many ranks stays */
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (evented(w, wids[i]) || kvr_assume_worker_count(w->as, wids[i]) > 0)
+            return;
+    for (size_t i = 0; i < w->ntopics; i++)
+        if (strcmp(w->topics[i]->t->pod, pod) == 0)
+            return;
+    if (kvr_index_pod_forget(ix, pid, &res) == 0)
+        KVR_CNT_OWN_INC(w->st.as_forgotten);
+}
+
 void kvr_ingest_assume_expire(struct writer *w)
 {
     int64_t now, ttl;
@@ -291,6 +321,8 @@ void kvr_ingest_assume_expire(struct writer *w)
                 for (j = i; j < k && v[j].wid == v[i].wid; j++)
                     w->as_keys[j - i] = v[j].key;
                 (void)kvr_index_remove(w->ing->ix, v[i].wid, w->as_tier, w->as_keys, j - i, &res);
+                if (kvr_assume_worker_count(w->as, v[i].wid) == 0)
+                    forget_if_idle(w, v[i].wid);
             }
             free(v);
         }

@@ -129,6 +129,7 @@ struct writer_stats {
     _Atomic uint64_t as_skipped[AS_SKIP_COUNT]; /* assumptions not applied, by reason */
     _Atomic uint64_t as_stored, as_refreshed, as_evicted, as_expired, as_dropped; /* blocks */
     _Atomic uint64_t as_count;      /* gauge: blocks this writer assumes now */
+    _Atomic uint64_t as_forgotten;  /* pods known only by assumptions, forgotten at expiry */
 };
 
 struct writer {

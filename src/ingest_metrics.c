@@ -317,6 +317,9 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                         SUMW(as_expired));
     kvr_metrics_counter(out, "route_assumed_blocks_total", NULL, "event=\"dropped\"",
                         SUMW(as_dropped));
+    kvr_metrics_counter(out, "route_assumed_pods_forgotten_total",
+                        "Pods known only through assumptions, forgotten when their last "
+                        "assumption expired (worker ids freed)", NULL, SUMW(as_forgotten));
     kvr_metrics_gauge(out, "route_assumed_blocks", "Blocks assumed now (approximate mode)", NULL,
                       (double)kvr_ingest_assumed_blocks(ing));
 

@@ -137,6 +137,8 @@ def test_cap_and_expiry(daemon_factory):
     wait_matched(d, other, pod, 0, timeout=10)
     wait_metric(d, "route_assumed_blocks", None, 0)
     wait_metric(d, "route_assumed_blocks_total", 'event="expired"', 8)
+    # a pod known only through assumptions is forgotten with its last one (ids reused)
+    wait_metric(d, "route_assumed_pods_forgotten_total", None, 1)
 
 
 def test_events_take_precedence(approx):
