@@ -1845,6 +1845,151 @@ static void test_extra_keys_diff(void **state)
     fx_free(f);
 }
 
+/* ---- approximate mode: the index mirrors a naive model of the assumptions ---------------- */
+
+#define AS_BS 4
+#define AS_NP 48
+#define AS_MAXB 24
+#define AS_NW 4
+#define AS_CAP 12
+
+struct as_row {
+    uint64_t key; /* FNV-1a of the prefix's tokens: an identity independent of the daemon's */
+    uint64_t stamp;
+};
+
+static uint64_t fnv_tokens(const uint32_t *t, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ t[i]) * 1099511628211ull;
+    return h;
+}
+
+static int as_find(const struct as_row *v, size_t n, uint64_t key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i].key == key)
+            return (int)i;
+    return -1;
+}
+
+/* Random routing decisions (prompts sharing prefixes, 4 workers, a 12-block cap per worker)
+ * through kvr_ingest_assume and the writer threads: after every few, each worker's
+ * assumed-tier block count and every prompt's longest match equal a naive model's (a list
+ * per worker: touched from the last block back, least recently touched out past the cap).
+ * Then a worker publishes an event: its assumptions are dropped and no new one is made. */
+static void test_assume_mirrors_model(void **state)
+{
+    (void)state;
+    const char *env = getenv("KVR_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)clock();
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    static uint32_t prompt[AS_NP][AS_MAXB * AS_BS];
+    size_t plen[AS_NP]; /* blocks */
+    struct as_row model[AS_NW][AS_CAP + AS_MAXB];
+    size_t nmodel[AS_NW] = {0};
+    uint64_t stamp = 0, applied = 0;
+    static const char *const pods[AS_NW] = {"ap-0", "ap-1", "ap-2", "ap-3"};
+    struct fx *f = fx_new();
+    uint64_t ns_seed = kvr_hash_ns_seed(MODEL, strlen(MODEL), NULL, 0);
+
+    printf("test_assume_mirrors_model: KVR_SEED=%llu\n", (unsigned long long)seed);
+#define RND() (rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, rng)
+    kvr_ingest_set_assume_limits(f->ing, 600000, AS_CAP);
+    for (size_t i = 0; i < AS_NP; i++) { /* a prompt = an earlier one's head + new blocks */
+        size_t head = 0;
+        if (i > 0 && RND() % 4 != 0) {
+            size_t j = RND() % i;
+            head = 1 + RND() % plen[j];
+            memcpy(prompt[i], prompt[j], head * AS_BS * sizeof(uint32_t));
+        }
+        plen[i] = head + 1 + RND() % 6;
+        if (plen[i] > AS_MAXB)
+            plen[i] = AS_MAXB;
+        for (size_t t = head * AS_BS; t < plen[i] * AS_BS; t++)
+            prompt[i][t] = (uint32_t)(RND() % 50000);
+    }
+    for (int step = 1; step <= 400; step++) {
+        size_t p = RND() % AS_NP, w = RND() % AS_NW, n = plen[p];
+        uint64_t content[AS_MAXB];
+        kvr_hash_blocks(ns_seed, prompt[p], n, AS_BS, content);
+        struct kvr_ingest_assumption a = {.model = MODEL, .pod = pods[w], .content = content,
+                                          .n = n};
+        int rc;
+        while ((rc = kvr_ingest_assume(f->ing, &a)) == -EAGAIN) /* 64-slot queues */
+            sleep_ms(1);
+        assert_int_equal(rc, 0);
+        applied++;
+        if (n > AS_CAP)
+            n = AS_CAP;
+        for (size_t k = n; k-- > 0;) {
+            uint64_t key = fnv_tokens(prompt[p], (k + 1) * AS_BS);
+            int i = as_find(model[w], nmodel[w], key);
+            if (i < 0)
+                i = (int)nmodel[w]++;
+            model[w][i] = (struct as_row){key, ++stamp};
+        }
+        while (nmodel[w] > AS_CAP) {
+            size_t lo = 0;
+            for (size_t i = 1; i < nmodel[w]; i++)
+                if (model[w][i].stamp < model[w][lo].stamp)
+                    lo = i;
+            model[w][lo] = model[w][--nmodel[w]];
+        }
+        if (step % 8 != 0)
+            continue;
+        wait_metric(f, "route_assumptions_total", "result=\"applied\"", (double)applied);
+        uint8_t tier;
+        assert_int_equal(kvr_index_tier_intern(f->ix, "assumed", 7, &tier), 0);
+        for (size_t wi = 0; wi < AS_NW; wi++) {
+            uint32_t wid;
+            if (kvr_index_worker_lookup(f->ix, pods[wi], 0, &wid) != 0) {
+                assert_int_equal(nmodel[wi], 0);
+                continue;
+            }
+            if (worker_tier_blocks(f, pods[wi], 0, tier) != nmodel[wi])
+                fail_msg("KVR_SEED=%llu step %d %s: %llu assumed blocks, model %zu",
+                         (unsigned long long)seed, step, pods[wi],
+                         (unsigned long long)worker_tier_blocks(f, pods[wi], 0, tier),
+                         nmodel[wi]);
+            for (size_t q = 0; q < AS_NP; q++) {
+                uint32_t want = 0;
+                while (want < plen[q] &&
+                       as_find(model[wi], nmodel[wi],
+                               fnv_tokens(prompt[q], (want + 1) * AS_BS)) >= 0)
+                    want++;
+                uint32_t got = matched(f, MODEL, NULL, prompt[q], plen[q] * AS_BS, AS_BS,
+                                       pods[wi], 0);
+                if (got != want)
+                    fail_msg("KVR_SEED=%llu step %d %s prompt %zu: matched %u, model %u",
+                             (unsigned long long)seed, step, pods[wi], q, got, want);
+            }
+        }
+    }
+    wait_metric(f, "route_assumed_blocks", NULL,
+                (double)(nmodel[0] + nmodel[1] + nmodel[2] + nmodel[3]));
+    /* ap-0 publishes events: its assumptions go, and it is never assumed again */
+    static const uint64_t h7[1] = {7};
+    struct tev ev = {.type = EV_STORED, .hashes = h7, .n = 1, .tokens = prompt[0],
+                     .ntok = AS_BS, .bs = AS_BS, .lora_id = -1};
+    publish(f->pub, "kv@ap-0@" MODEL, 0, &ev, 1, 0);
+    wait_seq(f, "ap-0", 0, 0, -1);
+    uint8_t tier;
+    assert_int_equal(kvr_index_tier_intern(f->ix, "assumed", 7, &tier), 0);
+    assert_int_equal(worker_tier_blocks(f, "ap-0", 0, tier), 0);
+    assert_int_equal(worker_tier_blocks(f, "ap-0", 0, KVR_TIER_GPU), 1);
+    uint64_t content[AS_MAXB];
+    kvr_hash_blocks(ns_seed, prompt[1], plen[1], AS_BS, content);
+    struct kvr_ingest_assumption a = {.model = MODEL, .pod = "ap-0", .content = content,
+                                      .n = plen[1]};
+    assert_int_equal(kvr_ingest_assume(f->ing, &a), 0);
+    wait_metric(f, "route_assumptions_total", "result=\"events\"", 1);
+    assert_int_equal(worker_tier_blocks(f, "ap-0", 0, tier), 0);
+#undef RND
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1867,6 +2012,7 @@ int main(void)
         cmocka_unit_test(test_sglang_forms),
         cmocka_unit_test(test_realwire_apply),
         cmocka_unit_test(test_extra_keys_diff),
+        cmocka_unit_test(test_assume_mirrors_model),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
     if (getenv("KVR_TEST_FILTER") != NULL)
