@@ -141,6 +141,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--conns", type=int, default=4)
     ap.add_argument("--timeout-ms", type=int, default=20, help="the gateways' routing budget")
+    ap.add_argument("--assumed-max-blocks", type=int, default=0,
+                    help="approximate mode's [route] assumed_max_blocks (0: --num-blocks)")
     ap.add_argument("--gateways", default="nginx,haproxy")
     ap.add_argument("--modes", default="kvr,approx,rr",
                     help="kvr (events), approx (approximate mode, no events), rr (round-robin)")
@@ -150,7 +152,8 @@ def main():
     tok_dir = os.path.join(REPO, "build", "tokref", "qwen3")
     cfg = {'model "%s"' % MODEL: {"tokenizer": tok_dir}, "log": {"level": "info"}}
     acfg = {'model "%s"' % MODEL: {"tokenizer": tok_dir, "approximate": "on"},
-            "route": {"assumed_max_blocks": str(args.num_blocks)}, "log": {"level": "info"}}
+            "route": {"assumed_max_blocks": str(args.assumed_max_blocks or args.num_blocks)},
+            "log": {"level": "info"}}
     tok = Daemon(config=cfg, ready_timeout=60)
     router = Daemon(config=cfg, ready_timeout=60)
     approx = Daemon(config=acfg, ready_timeout=60) if "approx" in args.modes else None
@@ -194,6 +197,9 @@ def main():
               "requests (%d words per 512-token block), routing budget %d ms"
               % (args.engines, args.num_blocks, len(prompts), args.chunk_words, args.timeout_ms))
         print("upper bound (one unbounded cache, trace blocks): hit rate %.3f" % ideal)
+        if approx is not None:
+            print("approximate mode: assumed_max_blocks %d per engine"
+                  % (args.assumed_max_blocks or args.num_blocks))
         print("%-8s %-12s %9s %9s %9s %9s  %s" % ("gateway", "routing", "hit rate", "req/s",
                                                  "p50 ms", "p99 ms", "replay routes"))
         base = {}
