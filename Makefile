@@ -146,13 +146,14 @@ deps-fuzz:
 # ---- tests ---------------------------------------------------------------------------
 test:
 	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST)"
-	@$(MAKE) --no-print-directory WERROR=1 all $(UNIT_BINS) $(FUZZ_REPLAY)
+	@$(MAKE) --no-print-directory -j$(NPROC) WERROR=1 all $(UNIT_BINS) $(FUZZ_REPLAY)
 	@$(MAKE) --no-print-directory WERROR=1 unit
 	@$(MAKE) --no-print-directory WERROR=1 fuzz-replay
 	@$(MAKE) --no-print-directory fuzz-replay-clang
 	@$(MAKE) --no-print-directory WERROR=1 integration
 
 # `make unit UNIT="test_a test_b"` runs only those.
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 UNIT ?=
 UNIT_RUN := $(if $(UNIT),$(UNIT:%=$(BUILD)/tests/%),$(UNIT_BINS))
 unit: $(UNIT_RUN)
