@@ -14,8 +14,10 @@
  *   connect endpoints (list, add, remove) are zsub's and are asked of it directly. /metrics
  *   appends ingest's lines, then zsub's.
  * Threads: handlers run on loop threads; shared state is read-only except `ready`.
+ * Files: POST /v1/route lives in httpapi_route.c; what the two share is httpapi_int.h.
  */
 #include "httpapi.h"
+#include "httpapi_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -31,40 +33,6 @@
 #include "metrics.h"
 #include "reqbody.h"
 
-
-struct kvr_httpapi {
-    const struct kvr_conf *conf;
-    struct kvr_score *score;
-    struct kvr_ingest *ingest;
-    struct kvr_zsub *zsub;
-    struct kvr_index *index;
-    struct kvr_snap *snap;
-    struct kvr_tokset *tokset;
-    struct kvr_route *route;
-    uint64_t max_prompt_bytes;
-    bool admin_listener;
-    bool public_introspection;
-    pthread_mutex_t token_lock; /* token, token_len: set on SIGHUP (main), read by loops */
-    char *token;      /* NULL = no auth */
-    size_t token_len;
-    uint32_t max_tokens;
-    void (*server_metrics)(void *arg, struct kvr_buf *out);
-    void *server_metrics_arg;
-    _Atomic bool ready;
-};
-
-struct kvr_httpapi_thread {
-    struct kvr_httpapi *api;
-    struct kvr_httpstats *stats;
-    struct kvr_score_ctx *sctx;
-    struct kvr_tokset_reader *tok; /* NULL without tokenizers */
-    uint32_t *tokens;
-    const char **pods;
-    struct kvr_hash_media media[KVR_REQBODY_MAX_MEDIA]; /* mm_hashes of a query */
-    struct route_scratch *rs; /* POST /v1/route, allocated on first use */
-    struct kvr_reqbody_chat chat; /* the request's chat keys (JSON bodies) */
-    char decoded[KVR_HTTPREQ_URL_MAX + 1];
-};
 
 int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi **out)
 {
@@ -192,35 +160,6 @@ void kvr_httpapi_thread_destroy(struct kvr_httpapi_thread *t)
 
 /* ---- small output helpers ---------------------------------------------------------------- */
 
-static void put(struct kvr_buf *b, const char *s)
-{
-    kvr_buf_append(b, s, strlen(s));
-}
-
-static void put_json_str(struct kvr_buf *b, const char *s)
-{
-    size_t n = strlen(s);
-    if (kvr_buf_reserve(b, 6 * n + 2) != 0)
-        return;
-    b->len += kvr_jtok_escape(b->data + b->len, s, n);
-    b->data[b->len] = '\0';
-}
-
-static void put_u64(struct kvr_buf *b, uint64_t v)
-{
-    char tmp[24];
-    int n = 0;
-    if (kvr_buf_reserve(b, 24) != 0)
-        return;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        b->data[b->len++] = tmp[--n];
-    b->data[b->len] = '\0';
-}
-
 static void put_i64(struct kvr_buf *b, int64_t v)
 {
     if (v < 0) {
@@ -265,10 +204,7 @@ void kvr_httpapi_put_double(struct kvr_buf *b, double v)
     kvr_buf_append(b, frac, (size_t)n);
 }
 
-static void fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
+void kvr_httpapi_fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
 {
     char msg[KVR_ERR_MSG_MAX + 64];
     va_list ap;
@@ -481,7 +417,7 @@ static int query_body_ok(const struct kvr_httpreq *req, struct kvr_httpresp *res
 
 /* The body of /v1/score, /v1/tokenize or (rq != NULL: JSON only, candidates into cands)
  * /v1/route into q: 0, or the error answered. */
-static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
+int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
                       struct kvr_httpresp *resp, struct kvr_reqbody_query *q,
                       struct kvr_reqbody_route *rq, struct kvr_reqbody_cand *cands, size_t cap)
 {
@@ -518,7 +454,7 @@ static int query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *re
 
 /* The query's text to token ids (into q->tokens, q->ntokens): the chat messages rendered
  * with the model's template, or the prompt; then tokenized. 0, or the error answered. */
-static int tokenize_prompt(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
+int kvr_httpapi_tokenize(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
                            struct kvr_httpresp *resp)
 {
     const struct kvr_reqbody_chat *ch = &t->chat;
@@ -593,9 +529,9 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     struct kvr_score_result res;
     int rc;
 
-    if (query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
+    if (kvr_httpapi_query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
         return;
-    if (!q.has_tokens && tokenize_prompt(t, &q, resp) != 0)
+    if (!q.has_tokens && kvr_httpapi_tokenize(t, &q, resp) != 0)
         return;
     if (t->sctx == NULL) {
         fail(resp, 503, "scoring is not available");
@@ -633,13 +569,13 @@ static void ep_tokenize(struct kvr_httpapi_thread *t, const struct kvr_httpreq *
     struct kvr_reqbody_query q;
     struct kvr_buf *b = resp->body;
 
-    if (query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
+    if (kvr_httpapi_query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
         return;
     if (q.has_tokens) {
         fail(resp, 400, "/v1/tokenize takes \"prompt\" (text), not \"token_ids\"");
         return;
     }
-    if (tokenize_prompt(t, &q, resp) != 0)
+    if (kvr_httpapi_tokenize(t, &q, resp) != 0)
         return;
     if (kvr_buf_reserve(b, 64 + strlen(q.model) * 6 + q.ntokens * 11) != 0) {
         fail(resp, 500, "out of memory");
@@ -656,214 +592,6 @@ static void ep_tokenize(struct kvr_httpapi_thread *t, const struct kvr_httpreq *
     put(b, "],\"count\":");
     put_u64(b, q.ntokens);
     put(b, "}\n");
-}
-
-/* ---- POST /v1/route -------------------------------------------------------------------- */
-
-struct route_scratch {
-    struct kvr_reqbody_cand in[KVR_HTTPAPI_MAX_PODS];
-    struct kvr_route_cand c[KVR_HTTPAPI_MAX_PODS];
-    const char *pods[KVR_HTTPAPI_MAX_PODS];
-    uint32_t by_name[KVR_HTTPAPI_MAX_PODS]; /* candidate indexes sorted by (pod, dp_rank) */
-    char names[KVR_HTTPAPI_MAX_PODS * 32]; /* default candidates' pod names, copied */
-    size_t nnames, n;
-    size_t nstream; /* default candidates: the first nstream are workers with events */
-    bool full;
-};
-
-static int cand_cmp(const struct kvr_reqbody_cand *a, const char *pod, uint32_t rank)
-{
-    int c = strcmp(a->pod, pod);
-    return c ? c : a->dp_rank < rank ? -1 : a->dp_rank > rank;
-}
-
-static int by_name_cmp(const void *a, const void *b, void *arg)
-{
-    const struct kvr_reqbody_cand *base = arg;
-    const struct kvr_reqbody_cand *x = &base[*(const uint32_t *)a];
-    const struct kvr_reqbody_cand *y = &base[*(const uint32_t *)b];
-    return cand_cmp(x, y->pod, y->dp_rank);
-}
-
-static void add_worker(void *arg, const char *pod, uint32_t dp_rank)
-{
-    struct route_scratch *rs = arg;
-    size_t l = strlen(pod) + 1;
-    if (rs->n >= KVR_HTTPAPI_MAX_PODS || rs->nnames + l > sizeof(rs->names)) {
-        rs->full = true;
-        return;
-    }
-    memcpy(rs->names + rs->nnames, pod, l);
-    rs->in[rs->n] = (struct kvr_reqbody_cand){.pod = rs->names + rs->nnames, .dp_rank = dp_rank};
-    rs->nnames += l;
-    rs->n++;
-}
-
-/* An approximate_pods entry as a default candidate (dp_rank 0), unless a worker with events
- * already is that candidate. */
-static void add_approx_pod(void *arg, const char *pod, uint32_t dp_rank)
-{
-    struct route_scratch *rs = arg;
-    for (size_t i = 0; i < rs->nstream; i++)
-        if (rs->in[i].dp_rank == dp_rank && strcmp(rs->in[i].pod, pod) == 0)
-            return;
-    add_worker(arg, pod, dp_rank);
-}
-
-static void ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
-                     struct kvr_httpresp *resp)
-{
-    struct kvr_reqbody_query q;
-    struct kvr_reqbody_route rq;
-    struct kvr_score_query sq;
-    struct kvr_score_result res;
-    struct kvr_route_query rqy;
-    struct kvr_route_decision d;
-    struct kvr_buf *b = resp->body;
-    char id[17];
-    int rc, policy = -1;
-
-    if (t->rs == NULL && (t->rs = malloc(sizeof(*t->rs))) == NULL) {
-        fail(resp, 500, "out of memory");
-        return;
-    }
-    struct route_scratch *rs = t->rs;
-    rs->n = rs->nnames = 0;
-    rs->full = false;
-    if (query_body(t, req, resp, &q, &rq, rs->in, KVR_HTTPAPI_MAX_PODS) != 0)
-        return;
-    if (rq.policy != NULL && (policy = kvr_route_policy_parse(rq.policy)) < 0) {
-        fail(resp, 400, "unknown policy \"%.100s\" (cost, cache_aware or score)", rq.policy);
-        return;
-    }
-    if (!q.has_tokens && tokenize_prompt(t, &q, resp) != 0)
-        return;
-    if (t->sctx == NULL) {
-        fail(resp, 503, "scoring is not available");
-        return;
-    }
-    rs->n = rq.ncands;
-    if (rs->n == 0) { /* the model's workers with events, and its approximate_pods */
-        if (t->api->ingest != NULL)
-            kvr_ingest_model_workers(t->api->ingest, q.model, add_worker, rs);
-        rs->nstream = rs->n;
-        kvr_route_approx_pods(t->api->route, q.model, add_approx_pod, rs);
-    }
-    if (rs->n == 0) {
-        fail(resp, 503, "no candidate: no worker of model \"%.300s\" has published events "
-                        "(send \"candidates\", or list [model] approximate_pods)", q.model);
-        return;
-    }
-    uint32_t hint = kvr_route_block_size(t->api->route, q.model);
-    /* score only the candidates' pods */
-    for (size_t i = 0; i < rs->n; i++)
-        rs->pods[i] = rs->in[i].pod;
-    sq = (struct kvr_score_query){.model = q.model, .lora_name = q.lora_name,
-                                  .tokens = q.tokens, .ntokens = q.ntokens, .pods = rs->pods,
-                                  .npods = rs->n, .cache_salt = q.cache_salt,
-                                  .media = q.media, .nmedia = q.nmedia,
-                                  .block_size_hint = hint, .want_hashes = hint != 0};
-    rc = kvr_score_query(t->sctx, &sq, &res);
-    if (rc != 0) {
-        fail(resp, rc == -E2BIG ? 413 : 500, "scoring failed: %s", strerror(-rc));
-        return;
-    }
-    for (size_t i = 0; i < rs->n; i++) {
-        const struct kvr_reqbody_cand *in = &rs->in[i];
-        rs->c[i] = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
-                                           .has_requests = in->has_requests,
-                                           .has_tokens = in->has_tokens,
-                                           .active_requests = in->active_requests,
-                                           .active_tokens = in->active_tokens};
-        rs->by_name[i] = (uint32_t)i;
-    }
-    /* each scored worker to its candidates: sorted by name, one binary search per entry */
-    qsort_r(rs->by_name, rs->n, sizeof(rs->by_name[0]), by_name_cmp, rs->in);
-    for (size_t k = 0; k < res.nentries; k++) {
-        const struct kvr_score_entry *e = &res.entries[k];
-        size_t lo = 0, hi = rs->n;
-        while (lo < hi) { /* the first candidate >= (pod, rank) */
-            size_t mid = (lo + hi) / 2;
-            if (cand_cmp(&rs->in[rs->by_name[mid]], e->pod, e->dp_rank) < 0)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        for (; lo < rs->n && cand_cmp(&rs->in[rs->by_name[lo]], e->pod, e->dp_rank) == 0; lo++) {
-            rs->c[rs->by_name[lo]].matched_blocks = e->matched_blocks;
-            rs->c[rs->by_name[lo]].score = e->score;
-        }
-    }
-    rqy = (struct kvr_route_query){.query_blocks = res.query_blocks,
-                                   .block_size = res.block_size, .prompt_tokens = q.ntokens,
-                                   .policy = policy, .cands = rs->c, .ncands = rs->n};
-    kvr_route_decide(t->api->route, &rqy, &d);
-    const struct kvr_route_cand *ch = &rs->c[d.chosen];
-    id[0] = '\0';
-    if (rq.track && (rc = kvr_route_track(t->api->route, ch->pod, ch->dp_rank, q.ntokens, id)) != 0) {
-        fail(resp, rc == -ENOSPC ? 503 : 500, "cannot track the request: %s",
-             rc == -ENOSPC ? "[route] max_tracked requests are active" : strerror(-rc));
-        return;
-    }
-    /* approximate mode: the chosen worker now holds the request's blocks (its writer skips
-     * this when the worker publishes events) */
-    bool assumed = false;
-    if (res.hashes != NULL && t->api->ingest != NULL &&
-        kvr_route_assumes(t->api->route, q.model, ch->pod)) {
-        struct kvr_ingest_assumption as = {.model = q.model, .lora = q.lora_name,
-                                           .pod = ch->pod, .dp_rank = ch->dp_rank,
-                                           .content = res.hashes, .n = res.query_blocks};
-        assumed = kvr_ingest_assume(t->api->ingest, &as) == 0;
-    }
-    put(b, "{\"model\":");
-    put_json_str(b, q.model);
-    put(b, ",\"pod\":");
-    put_json_str(b, ch->pod);
-    put(b, ",\"dp_rank\":");
-    put_u64(b, ch->dp_rank);
-    put(b, ",\"matched_blocks\":");
-    put_u64(b, ch->matched_blocks);
-    put(b, ",\"query_blocks\":");
-    put_u64(b, res.query_blocks);
-    put(b, ",\"block_size\":");
-    if (res.block_size)
-        put_u64(b, res.block_size);
-    else
-        put(b, "null");
-    if (!q.has_tokens) {
-        put(b, ",\"tokens\":");
-        put_u64(b, q.ntokens);
-    }
-    put(b, ",\"policy\":");
-    put_json_str(b, kvr_route_policy_name(d.policy));
-    put(b, ",\"reason\":");
-    put_json_str(b, d.reason);
-    if (id[0]) {
-        put(b, ",\"route_id\":");
-        put_json_str(b, id);
-    }
-    if (assumed)
-        put(b, ",\"assumed\":true");
-    put(b, ",\"candidates\":[");
-    for (size_t i = 0; i < rs->n; i++) {
-        const struct kvr_route_cand *c = &rs->c[i];
-        put(b, i ? ",{\"pod\":" : "{\"pod\":");
-        put_json_str(b, c->pod);
-        put(b, ",\"dp_rank\":");
-        put_u64(b, c->dp_rank);
-        put(b, ",\"matched_blocks\":");
-        put_u64(b, c->matched_blocks);
-        put(b, ",\"active_requests\":");
-        put_u64(b, c->active_requests);
-        put(b, ",\"active_tokens\":");
-        put_u64(b, c->active_tokens);
-        put(b, d.policy == KVR_ROUTE_COST ? ",\"cost\":"
-               : d.policy == KVR_ROUTE_CACHE_AWARE ? ",\"match_rate\":"
-                                                   : ",\"score\":");
-        kvr_httpapi_put_double(b, c->cost);
-        put(b, "}");
-    }
-    put(b, rs->full ? "],\"candidates_truncated\":true}\n" : "]}\n");
 }
 
 /* ---- pods -------------------------------------------------------------------------------- */
@@ -1215,7 +943,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
             RET_VOID(method_not_allowed(resp, ALLOW_POST));
         if (api->route == NULL)
             RET_VOID(fail(resp, 503, "routing is not available"));
-        RET_VOID(ep_route(t, req, resp));
+        RET_VOID(kvr_httpapi_ep_route(t, req, resp));
     }
     if (req->path_len > 11 && memcmp(req->path, "/v1/routes/", 11) == 0) {
         resp->endpoint = KVR_EP_ROUTE;
