@@ -653,12 +653,28 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     put(b, "}");
 }
 
+/* One approximate-mode worker (kvr_ingest_assumed_workers). */
+static void assumed_cb(void *arg, const char *pod, uint32_t dp_rank, uint64_t blocks)
+{
+    struct json_list *l = arg;
+    put(l->b, l->n++ ? ",{\"pod\":" : "{\"pod\":");
+    put_json_str(l->b, pod);
+    put(l->b, ",\"dp_rank\":");
+    put_u64(l->b, dp_rank);
+    put(l->b, ",\"blocks\":");
+    put_u64(l->b, blocks);
+    put(l->b, "}");
+}
+
 static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
     struct json_list pc = {resp->body, 0, t->api->route};
+    struct json_list ac = {resp->body, 0, NULL};
 
     put(resp->body, "{\"pods\":[");
     kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
+    put(resp->body, "],\"assumed\":[");
+    kvr_ingest_assumed_workers(t->api->ingest, assumed_cb, &ac);
     put(resp->body, "]}\n");
 }
 

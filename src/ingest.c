@@ -98,6 +98,7 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
         struct writer *w = &ing->w[i];
         w->ing = ing;
         w->idx = i;
+        pthread_mutex_init(&w->as_mu, NULL);
         rc = kvr_queue_create(conf->queue_depth ? conf->queue_depth : 4096,
                               sizeof(struct kvr_queue_msg), &w->q);
         if (rc == 0)
@@ -219,6 +220,7 @@ void kvr_ingest_destroy(struct kvr_ingest *ing)
             kvr_ingest_topic_free(w->dying[k]);
         free(w->dying);
         kvr_ingest_assume_free(w);
+        pthread_mutex_destroy(&w->as_mu);
         free(w->content);
         free(w->blocks);
         free(w->rm);

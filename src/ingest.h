@@ -140,6 +140,12 @@ int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption
 void kvr_ingest_set_assume_limits(struct kvr_ingest *ing, int64_t ttl_ms, uint32_t max_blocks);
 /* Blocks assumed now, over all workers (any thread). */
 uint64_t kvr_ingest_assumed_blocks(struct kvr_ingest *ing);
+/* The workers holding assumptions now and how many blocks each (any thread; cb runs under
+ * a writer's lock that its writer takes once per assumption: keep it short). */
+void kvr_ingest_assumed_workers(struct kvr_ingest *ing,
+                                void (*cb)(void *arg, const char *pod, uint32_t dp_rank,
+                                           uint64_t blocks),
+                                void *arg);
 
 /* ---- the memory cap ([index] max_memory) --------------------------------------------- */
 

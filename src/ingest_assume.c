@@ -132,6 +132,80 @@ static void publish_count(struct writer *w)
     KVR_CNT_SET(w->st.as_count, w->as != NULL ? kvr_assume_count(w->as) : 0);
 }
 
+/* Worker wid's entry in the published list follows its count (added, updated, removed at
+ * 0). Out of memory: the list misses the worker (only the listing is affected). */
+static void publish_worker(struct writer *w, uint32_t wid)
+{
+    uint64_t n = w->as != NULL ? kvr_assume_worker_count(w->as, wid) : 0;
+    uint32_t at = wid < w->as_pub_nat ? w->as_pub_at[wid] : 0;
+
+    if (at == 0 && n == 0)
+        return;
+    if (at == 0) {
+        const char *pod = kvr_index_worker_pod(w->ing->ix, wid);
+        char *dup;
+        if (pod == NULL || (dup = strdup(pod)) == NULL)
+            return;
+        if (wid >= w->as_pub_nat) {
+            uint32_t nn = w->as_pub_nat ? w->as_pub_nat : 256;
+            while (nn <= wid)
+                nn *= 2;
+            uint32_t *v = realloc(w->as_pub_at, nn * sizeof(*v));
+            if (v == NULL) {
+                free(dup);
+                return;
+            }
+            memset(v + w->as_pub_nat, 0, (nn - w->as_pub_nat) * sizeof(*v));
+            w->as_pub_at = v;
+            w->as_pub_nat = nn;
+        }
+        pthread_mutex_lock(&w->as_mu);
+        if (w->as_npub == w->as_cappub) {
+            size_t nc = w->as_cappub ? w->as_cappub * 2 : 16;
+            struct as_pub *v = realloc(w->as_pub, nc * sizeof(*v));
+            if (v == NULL) {
+                pthread_mutex_unlock(&w->as_mu);
+                free(dup);
+                return;
+            }
+            w->as_pub = v;
+            w->as_cappub = nc;
+        }
+        w->as_pub[w->as_npub] = (struct as_pub){dup, wid, kvr_index_worker_rank(w->ing->ix, wid),
+                                                n};
+        w->as_pub_at[wid] = (uint32_t)++w->as_npub;
+        pthread_mutex_unlock(&w->as_mu);
+        return;
+    }
+    pthread_mutex_lock(&w->as_mu);
+    if (n > 0) {
+        w->as_pub[at - 1].blocks = n;
+        pthread_mutex_unlock(&w->as_mu);
+        return;
+    }
+    char *gone = w->as_pub[at - 1].pod;
+    w->as_pub[at - 1] = w->as_pub[--w->as_npub];
+    if (at - 1 < w->as_npub)
+        w->as_pub_at[w->as_pub[at - 1].wid] = at;
+    w->as_pub_at[wid] = 0;
+    pthread_mutex_unlock(&w->as_mu);
+    free(gone);
+}
+
+void kvr_ingest_assumed_workers(struct kvr_ingest *ing,
+                                void (*cb)(void *arg, const char *pod, uint32_t dp_rank,
+                                           uint64_t blocks),
+                                void *arg)
+{
+    for (uint32_t i = 0; i < ing->nwriters; i++) {
+        struct writer *w = &ing->w[i];
+        pthread_mutex_lock(&w->as_mu);
+        for (size_t k = 0; k < w->as_npub; k++)
+            cb(arg, w->as_pub[k].pod, w->as_pub[k].dp_rank, w->as_pub[k].blocks);
+        pthread_mutex_unlock(&w->as_mu);
+    }
+}
+
 /* The next expiry check: when the oldest assumption expires, plus a little slack so that a
  * busy fleet's steady trickle of expiries is taken in batches. */
 static void plan_expiry(struct writer *w, int64_t ttl)
@@ -174,6 +248,7 @@ static void drop_worker(struct writer *w, uint32_t wid)
         return;
     (void)kvr_index_clear(w->ing->ix, wid, w->as_tier, &res);
     KVR_CNT_OWN_ADD(w->st.as_dropped, n);
+    publish_worker(w, wid); /* the list first: a reader that saw the gauge sees it */
     publish_count(w);
 }
 
@@ -250,6 +325,7 @@ void kvr_ingest_assume_apply(struct writer *w, const struct kvr_queue_payload *p
     }
     evict_over(w, wid, max);
     KVR_CNT_OWN_INC(w->st.as_applied);
+    publish_worker(w, wid); /* the list first: a reader that saw the gauge sees it */
     publish_count(w);
     if (w->next_expire == 0)
         plan_expiry(w, ttl);
@@ -311,6 +387,7 @@ void kvr_ingest_assume_expire(struct writer *w)
                 struct kvr_index_wres res = {0};
                 (void)kvr_index_remove(w->ing->ix, w->as_wids[i], w->as_tier, &w->as_keys[i], 1,
                                        &res);
+                publish_worker(w, w->as_wids[i]);
             }
         } else {
             for (size_t i = 0; i < k; i++)
@@ -321,6 +398,7 @@ void kvr_ingest_assume_expire(struct writer *w)
                 for (j = i; j < k && v[j].wid == v[i].wid; j++)
                     w->as_keys[j - i] = v[j].key;
                 (void)kvr_index_remove(w->ing->ix, v[i].wid, w->as_tier, w->as_keys, j - i, &res);
+                publish_worker(w, v[i].wid); /* before a forget frees its pod name */
                 if (kvr_assume_worker_count(w->as, v[i].wid) == 0)
                     forget_if_idle(w, v[i].wid);
             }
@@ -364,12 +442,20 @@ void kvr_ingest_assume_forgotten(struct writer *w, uint32_t wid)
     if (w->as != NULL && kvr_assume_worker_count(w->as, wid) > 0) {
         /* the index dropped the blocks already (kvr_index_pod_forget) */
         KVR_CNT_OWN_ADD(w->st.as_dropped, kvr_assume_drop_worker(w->as, wid));
+        publish_worker(w, wid);
         publish_count(w);
     }
 }
 
 void kvr_ingest_assume_free(struct writer *w)
 {
+    for (size_t k = 0; k < w->as_npub; k++)
+        free(w->as_pub[k].pod);
+    free(w->as_pub);
+    free(w->as_pub_at);
+    w->as_pub = NULL;
+    w->as_pub_at = NULL;
+    w->as_npub = w->as_cappub = 0;
     kvr_assume_destroy(w->as);
     w->as = NULL;
     free(w->evented);

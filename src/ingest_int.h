@@ -45,6 +45,11 @@ enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
 /* Why an assumption was not applied (ingest_assume.c). */
 enum { AS_SKIP_EVENTS = 0, AS_SKIP_WORKER, AS_SKIP_OVER_BUDGET, AS_SKIP_INDEX, AS_SKIP_COUNT };
 struct kvr_assume;
+struct as_pub {
+    char *pod;
+    uint32_t wid, dp_rank;
+    uint64_t blocks;
+};
 struct pend {
     uint64_t seq;
     struct kvr_queue_payload msg;
@@ -167,6 +172,13 @@ struct writer {
     struct kvr_index_block *as_blocks;
     size_t as_cap;
     int64_t next_expire;            /* kvr_now_ms() of the next expiry check (0: none due) */
+    /* the workers holding assumptions, for kvr_ingest_assumed_workers (any thread): written
+     * by the writer under as_mu, read under it */
+    pthread_mutex_t as_mu;
+    struct as_pub *as_pub;          /* dense */
+    size_t as_npub, as_cappub;
+    uint32_t *as_pub_at;            /* writer only: wid -> index in as_pub + 1 (0: none) */
+    uint32_t as_pub_nat;
     struct writer_stats st;
 };
 

@@ -96,6 +96,14 @@ def test_follow_ups_land_where_the_prefix_was_routed(approx):
         wait_matched(d, nxt, pod, (len(nxt)) // BS)
     wait_metric(d, "route_assumptions_total", 'result="applied"', 12)
     wait_metric(d, "route_assumed_blocks", None, 6 * (12 + 7))
+    # /v1/pods lists the workers known only through assumptions, with their blocks
+    per_pod = {}
+    for pod, _ in owners.values():
+        per_pod[pod] = per_pod.get(pod, 0) + 12 + 7
+    st, res = d.json("GET", "/v1/pods", admin=True)
+    assert st == 200 and res["pods"] == [], res
+    assert {(a["pod"], a["dp_rank"]): a["blocks"] for a in res["assumed"]} == \
+        {(p, 0): n for p, n in per_pod.items()}, res
 
 
 def test_gateway_candidates_and_ranks(approx):
@@ -139,6 +147,8 @@ def test_cap_and_expiry(daemon_factory):
     wait_metric(d, "route_assumed_blocks_total", 'event="expired"', 8)
     # a pod known only through assumptions is forgotten with its last one (ids reused)
     wait_metric(d, "route_assumed_pods_forgotten_total", None, 1)
+    st, res = d.json("GET", "/v1/pods", admin=True)
+    assert st == 200 and res["assumed"] == [], res
 
 
 def test_events_take_precedence(approx):
