@@ -183,6 +183,13 @@ def test_delete_pod_and_reload(approx):
     assert st == 200, res
     assert score_of(d, toks, pod) is None
     wait_metric(d, "route_assumed_blocks", None, 0)
+    # [route] assumed_max_blocks reloads: the next decision assumes 2 blocks, not 4
+    with open(d.conf_path, "w") as f:
+        f.write(render_config(d.config | {"route": {"policy": "cost", "seed": "11",
+                                                    "assumed_max_blocks": "2"}}))
+    assert d.reload().group(1) == "ok"
+    pod = route(d, {"model": MODEL, "token_ids": toks})["pod"]
+    wait_matched(d, toks, pod, 2)
     # approximate off and no pods listed: decisions are no longer assumed, and without events
     # there is no default candidate
     with open(d.conf_path, "w") as f:
