@@ -125,8 +125,24 @@ void *kvr_queue_reserve(struct kvr_queue *q, bool *waited)
 void *kvr_queue_try_reserve(struct kvr_queue *q)
 {
     uint64_t t;
+    int tries = 0;
 
-    pthread_mutex_lock(&q->pmu);
+    /* A producer waiting in kvr_queue_reserve for a full ring holds pmu meanwhile: a plain
+     * lock here would wait with it. So: a full ring gives up at once, and pmu is only tried
+     * (a producer that is merely filling its slot lets go within a few hundred cycles). */
+    for (;;) {
+        if (atomic_load(&q->closed) ||
+            atomic_load_explicit(&q->tail, memory_order_relaxed) -
+                    atomic_load_explicit(&q->head, memory_order_acquire) >= q->cap)
+            return NULL;
+        if (pthread_mutex_trylock(&q->pmu) == 0)
+            break;
+        if (++tries == 256)
+            return NULL;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
     t = atomic_load_explicit(&q->tail, memory_order_relaxed);
     if (atomic_load(&q->closed) ||
         t - atomic_load_explicit(&q->head, memory_order_acquire) >= q->cap) {

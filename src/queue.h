@@ -31,8 +31,9 @@ void kvr_queue_destroy(struct kvr_queue *q);
  * unspecified) with the producer lock held, or NULL once the queue is closed (lock not held).
  * *waited (may be NULL) is set to true when the call had to wait. */
 void *kvr_queue_reserve(struct kvr_queue *q, bool *waited);
-/* As kvr_queue_reserve, but never waits: NULL (lock not held) when the ring is full or the
- * queue closed (the caller counts what it gave up). For producers that must not
+/* As kvr_queue_reserve, but never waits: NULL (lock not held) when the ring is full, the
+ * queue closed, or another producer keeps the producer lock (it may be waiting for room)
+ * beyond a short spin; the caller counts what it gave up. For producers that must not
  * block (an HTTP loop thread handing a command to a writer). */
 void *kvr_queue_try_reserve(struct kvr_queue *q);
 /* Publishes the reserved slot to the consumer and releases the producer lock. */

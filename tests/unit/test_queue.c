@@ -16,6 +16,12 @@
 #include "log.h"
 #include "queue.h"
 
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 struct item {
     uint32_t producer;
     uint64_t value;
@@ -100,6 +106,45 @@ static void test_try_reserve(void **state)
     assert_int_equal(kvr_queue_acquire(q, 4, 0), 2);
     assert_int_equal(((struct item *)kvr_queue_item(q, 1))->value, 2);
     kvr_queue_release(q, 2);
+    kvr_queue_destroy(q);
+}
+
+static void *waiting_producer(void *arg)
+{
+    struct kvr_queue *q = arg;
+    struct item *it = kvr_queue_reserve(q, NULL); /* waits for room, holding the lock */
+    assert_non_null(it);
+    it->value = 99;
+    kvr_queue_commit(q);
+    return NULL;
+}
+
+/* A producer waiting for room holds the producer lock: try_reserve must not wait with it. */
+static void test_try_reserve_beside_a_waiting_producer(void **state)
+{
+    struct kvr_queue *q;
+    struct kvr_queue_stats st;
+    pthread_t th;
+    (void)state;
+    assert_int_equal(kvr_queue_create(1, sizeof(struct item), &q), 0);
+    struct item *it = kvr_queue_try_reserve(q);
+    assert_non_null(it);
+    it->value = 1;
+    kvr_queue_commit(q);
+    assert_int_equal(pthread_create(&th, NULL, waiting_producer, q), 0);
+    for (int i = 0; i < 1000; i++) { /* until the producer is waiting */
+        kvr_queue_stats(q, &st);
+        if (st.waits > 0)
+            break;
+        sleep_ms(1);
+    }
+    assert_null(kvr_queue_try_reserve(q)); /* returns; does not hang */
+    assert_int_equal(kvr_queue_acquire(q, 1, 1000), 1);
+    kvr_queue_release(q, 1);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(kvr_queue_acquire(q, 1, 1000), 1);
+    assert_int_equal(((struct item *)kvr_queue_item(q, 0))->value, 99);
+    kvr_queue_release(q, 1);
     kvr_queue_destroy(q);
 }
 
@@ -238,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_try_reserve),
+        cmocka_unit_test(test_try_reserve_beside_a_waiting_producer),
         cmocka_unit_test(test_close_drains),
         cmocka_unit_test(test_close_wakes_producer),
         cmocka_unit_test(test_mpsc_stress),
