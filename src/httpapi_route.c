@@ -103,6 +103,7 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         return;
     }
     rs->n = rq.ncands;
+    rs->nstream = 0;
     if (rs->n == 0) { /* the model's workers with events, and its approximate_pods */
         if (t->api->ingest != NULL)
             kvr_ingest_model_workers(t->api->ingest, q.model, add_worker, rs);
@@ -166,9 +167,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         return;
     }
     /* approximate mode: the chosen worker now holds the request's blocks (its writer skips
-     * this when the worker publishes events) */
+     * this when the worker publishes events; a default candidate known from its events is
+     * not even handed over) */
     bool assumed = false;
-    if (res.hashes != NULL && t->api->ingest != NULL &&
+    if (res.hashes != NULL && t->api->ingest != NULL && d.chosen >= rs->nstream &&
         kvr_route_assumes(t->api->route, q.model, ch->pod)) {
         struct kvr_ingest_assumption as = {.model = q.model, .lora = q.lora_name,
                                            .pod = ch->pod, .dp_rank = ch->dp_rank,

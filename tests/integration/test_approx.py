@@ -172,6 +172,12 @@ def test_events_take_precedence(approx):
         wait_metric(d, "route_assumptions_total", 'result="events"', 1)
         assert score_of(d, toks, "eng-a") is None
         assert score_of(d, real, "eng-a")["tiers"] == {"gpu": 6}
+        # without candidates: eng-a is a candidate once (by its events), chosen for what it
+        # holds, and not handed to approximate mode at all
+        res = route(d, {"model": MODEL, "token_ids": real})
+        assert sorted(c["pod"] for c in res["candidates"]) == sorted(PODS), res
+        assert res["pod"] == "eng-a" and res["matched_blocks"] == 6, res
+        assert "assumed" not in res, res
 
 
 def test_delete_pod_and_reload(approx):
