@@ -290,7 +290,8 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         return 0;
     /* the record goes to the first tombstone of its probe run (churn that stores again
      * what it removed finds its own tombstone there: the map neither fills up with
-     * tombstones nor grows), else to the empty slot ending the run, if within the max load */
+     * tombstones nor grows, and the probe stops at it, RECMAP_OWN_TOMB), else to the empty
+     * slot ending the run, if within the max load */
     uint32_t i = rh, tb = UINT32_MAX;
     if (m->tomb == 0) { /* the usual case, and a shorter loop */
         for (; m->s[i].nc != 0; i = rec_next(m, i))
@@ -298,12 +299,15 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
                 return 0; /* duplicate */
     } else {
         for (; m->s[i].nc != 0; i = rec_next(m, i)) {
-            if (m->s[i].nc == REC_TOMB) {
+            if (m->s[i].key == key) {
+                if (m->s[i].nc != REC_TOMB)
+                    return 0; /* duplicate */
                 if (tb == UINT32_MAX)
                     tb = i;
-            } else if (m->s[i].key == key) {
-                return 0; /* duplicate */
+                break; /* its own tombstone: not live further on (RECMAP_OWN_TOMB) */
             }
+            if (m->s[i].nc == REC_TOMB && tb == UINT32_MAX)
+                tb = i;
         }
     }
     if (tb != UINT32_MAX)
