@@ -658,6 +658,7 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
             ring.ch[k] = la_chain;
             ring.kh[k] = key_hash(la_chain);
             pf_slot(ix, ring.kh[k]);
+            __builtin_prefetch(&ix->sh[ring.kh[k] & (NSHARD - 1)], 1);
             ring.rh[k] = 0;
             ring.rk[k] = rec_key(blocks[la].engine_hash);
             if (H->recs.s != NULL) {
