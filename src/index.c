@@ -25,7 +25,8 @@
  *   the workers interned at one time, not ever.
  * - Memory follows contents: shard tables, maps and holder arrays shrink, emptied slab chunks
  *   are unmapped (but one spare), a writer call's cached nodes go back to the slab when it
- *   ends, and an idle index holds nothing for past contents.
+ *   ends, and an idle index holds nothing for past contents but a writer slot's few kept
+ *   4-holder arrays (HS_KEEP, at most 12 KB a slot).
  * Internal invariants are checked with KVR_ASSERT (on in release builds).
  *
  * FILES
@@ -132,8 +133,9 @@ void kvr_index_destroy(struct kvr_index *ix)
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
             if (!((uintptr_t)e->ret[k].p & RET_NODE)) /* nodes: in the slab's chunks */
-                free(e->ret[k].p);
+                free((void *)((uintptr_t)e->ret[k].p & ~(uintptr_t)RET_HS));
         free(e->ret);
+        kvr_ix_hs_cache_free(e);
     }
     while (ix->slab.all != NULL) {
         struct nchunk *c = ix->slab.all;
