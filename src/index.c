@@ -25,8 +25,7 @@
  *   the workers interned at one time, not ever.
  * - Memory follows contents: shard tables, maps and holder arrays shrink, emptied slab chunks
  *   are unmapped (but one spare), a writer call's cached nodes go back to the slab when it
- *   ends, and an idle index holds nothing for past contents but a writer slot's few kept
- *   4-holder arrays (HS_KEEP, at most 12 KB a slot).
+ *   ends, and an idle index holds nothing for past contents.
  * Internal invariants are checked with KVR_ASSERT (on in release builds).
  *
  * FILES
@@ -133,9 +132,8 @@ void kvr_index_destroy(struct kvr_index *ix)
         struct ebr_slot *e = &ix->slots[i];
         for (size_t k = 0; k < e->nret; k++)
             if (!((uintptr_t)e->ret[k].p & RET_NODE)) /* nodes: in the slab's chunks */
-                free((void *)((uintptr_t)e->ret[k].p & ~(uintptr_t)RET_HS));
+                free(e->ret[k].p);
         free(e->ret);
-        kvr_ix_hs_cache_free(e);
     }
     while (ix->slab.all != NULL) {
         struct nchunk *c = ix->slab.all;

@@ -141,8 +141,6 @@ void kvr_ix_ebr_reclaim(struct kvr_index *ix, struct ebr_slot *s)
     for (; k < s->nret && s->ret[k].epoch + 2 <= e; k++) {
         if ((uintptr_t)s->ret[k].p & RET_NODE)
             node_cache_put(s, (void *)((uintptr_t)s->ret[k].p & ~(uintptr_t)RET_NODE));
-        else if ((uintptr_t)s->ret[k].p & RET_HS)
-            hs_cache_put(s, (void *)((uintptr_t)s->ret[k].p & ~(uintptr_t)RET_HS));
         else
             sl_free(s, s->ret[k].p);
     }

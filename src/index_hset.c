@@ -43,35 +43,10 @@ static inline uint32_t hs_lb(const uint32_t *e, uint32_t n, uint32_t holder)
 
 static struct hset *hs_new(struct ebr_slot *s, uint32_t cap)
 {
-    struct hset *hs;
-    if (cap == HS_KEEP_CAP && s->hfree != NULL) { /* a kept one (index_int.h, HS_KEEP) */
-        hs = s->hfree;
-        memcpy(&s->hfree, (void *)hs, sizeof(s->hfree));
-        s->nhfree--;
-    } else {
-        hs = sl_alloc(s, sizeof(*hs) + 2 * (size_t)cap * sizeof(uint32_t));
-    }
+    struct hset *hs = sl_alloc(s, sizeof(*hs) + 2 * (size_t)cap * sizeof(uint32_t));
     if (hs != NULL)
         ST(hs->cap, cap);
     return hs;
-}
-
-/* What a replaced array is retired as: one of HS_KEEP_CAP holders tagged, to be kept. */
-static void *hs_old(struct hset *hs)
-{
-    return LD(hs->cap) == HS_KEEP_CAP ? (void *)((uintptr_t)hs | RET_HS) : (void *)hs;
-}
-
-/* Frees the slot's kept holder arrays (index destroy). */
-void kvr_ix_hs_cache_free(struct ebr_slot *s)
-{
-    while (s->hfree != NULL) {
-        struct hset *nx;
-        memcpy(&nx, (void *)s->hfree, sizeof(nx));
-        sl_free(s, s->hfree);
-        s->hfree = nx;
-    }
-    s->nhfree = 0;
 }
 
 /* Node locked. Adds holder: 1 added, 0 already there, -ENOMEM. *old gets an array to
@@ -120,7 +95,7 @@ int kvr_ix_hs_add(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
         ST(nhh[i], holder);
         ST(nnc[i], nchild);
         ST(nd->h, (uint64_t)(uintptr_t)nh);
-        *old = hs_old(hs);
+        *old = hs;
     } else {
         hv_move(hh + i + 1, hh + i, cnt - i);
         hv_move(nc + i + 1, nc + i, cnt - i);
@@ -157,7 +132,7 @@ int kvr_ix_hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
     if (cnt == 2) {
         ST(nd->h, pack_el(LD(hh[1 - i]), LD(nc[1 - i])));
         N_SET(nd, 1u);
-        *old = hs_old(hs);
+        *old = hs;
         return 1;
     }
     if (cap > 4 && cnt - 1 <= cap / 4) {
@@ -170,7 +145,7 @@ int kvr_ix_hs_del(struct ebr_slot *s, struct node *nd, uint32_t holder, uint32_t
             hv_move(nnc + i, nc + i + 1, cnt - i - 1);
             ST(nd->h, (uint64_t)(uintptr_t)nh);
             N_SET(nd, (cnt - 1) | N_EXT);
-            *old = hs_old(hs);
+            *old = hs;
             return 1;
         }
         /* no memory to shrink: keep the big array */

@@ -135,8 +135,6 @@ struct ebr_slot {
     struct node *nfresh; /* nodes taken from chunks' free lists for this call */
     struct node *nnext;  /* nodes reclaimed during this call */
     struct node *rb, *re; /* a run of never-used nodes of one chunk, taken for this call */
-    struct hset *hfree;   /* freed holder arrays of HS_KEEP_CAP holders, kept for reuse */
-    uint32_t nhfree;      /* their number, at most HS_KEEP */
     /* owner-written (relaxed), summed by stats */
     int64_t bytes, entries, pairs, orphans;
 } __attribute__((aligned(64)));
@@ -478,28 +476,6 @@ static inline struct node *node_alloc(struct kvr_index *ix, struct ebr_slot *s)
  * end of a writer call serve the next call on that slot; whatever that call does not use is
  * freed when it ends, so an idle index holds no cached nodes (memory follows contents). */
 #define RET_NODE 1ull /* tag in a retired pointer: a node, recycled through the cache */
-#define RET_HS 2ull   /* tag in a retired pointer: a holder array of HS_KEEP_CAP holders */
-
-/* Holder arrays of HS_KEEP_CAP holders (the 1 -> 2 holders step allocates one, the 2 -> 1
- * step frees one: the trace's round-robin churn did 2.4M of each in 7.6M stored blocks,
- * malloc + free ~120 instructions a stored block) are kept by the slot that reclaims them,
- * up to HS_KEEP (12 KB), and serve its next ones (index_hset.c). */
-#define HS_KEEP_CAP 4u
-#define HS_KEEP 256u
-
-void kvr_ix_hs_cache_free(struct ebr_slot *s);
-
-/* Reclaimed holder array (RET_HS): kept for reuse, or freed beyond HS_KEEP. */
-static inline void hs_cache_put(struct ebr_slot *s, void *p)
-{
-    if (s->nhfree >= HS_KEEP) {
-        sl_free(s, p);
-        return;
-    }
-    memcpy(p, (void *)&s->hfree, sizeof(s->hfree));
-    s->hfree = p;
-    s->nhfree++;
-}
 
 static inline void node_cache_put(struct ebr_slot *s, void *p)
 {
