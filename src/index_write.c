@@ -33,13 +33,14 @@
  * create, counters accumulated and published once per call. remove runs a rolling
  * pipeline whose stages each put a block's next misses in flight several blocks before the
  * next stage needs them (reverse-map home; record, its node and the slot after it; the
- * node's table slot and shard), then removes the blocks in order; unstore_fast deletes the usual block (last copy, no alias,
- * the entry held by this holder alone) in one critical section and leaves a tombstone in
- * the reverse map. Both check everything before changing anything and leave all other cases
- * to the general store_one/unstore, so results are identical. Node runs from the slab, the
- * uncontended node lock inline and hole_lose's usual case (the parent is the next block
- * removed) inline in unstore_fast trim both. What each of these saved, and the look-aheads
- * and windows tried and dropped: docs/index.md, store and remove.
+ * node's table slot and shard), then removes the blocks in order; unstore_fast deletes the
+ * usual block (last copy, no alias, the entry held by this holder alone) in one critical
+ * section and leaves a tombstone in the reverse map. Both check everything before changing
+ * anything and leave all other cases to the general store_one/unstore, so results are
+ * identical. Node runs from the slab, the uncontended node lock inline and hole_lose's
+ * usual case (the parent is the next block removed) inline in unstore_fast trim both. What
+ * each of these saved, and the look-aheads and windows tried and dropped: docs/index.md,
+ * store and remove.
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
