@@ -560,6 +560,17 @@ static inline uint32_t rec_next(const struct recmap *m, uint32_t i)
 #define RECMAP_LOAD 7 /* max load, in eighths */
 #endif
 
+/* RECMAP_OWN_TOMB: a search for key may stop at a tombstone left by key itself. A tombstone
+ * keeps its key, and key, when live, precedes every tombstone it left in its probe run: it
+ * was deleted at that slot, and an insertion takes the first free slot (tombstone or empty)
+ * of the run, so a later insertion of key lands there or before; nothing else moves a record
+ * but a rehash, which clears all tombstones, and a slot is emptied only at the end of a run
+ * (recmap_del), which takes the tombstones before it along. So the first slot holding key,
+ * live or not, decides: lookups miss there, insertions take the first tombstone up to it.
+ * Churn (a remove, then a store of the same blocks, as a full engine cache evicts and
+ * recomputes) finds each block's own tombstone instead of walking to the end of a run that
+ * tombstones keep long (docs/index.md, steady state). */
+
 /* Grows once for `more` insertions ahead (a store of many blocks) when they cannot fit
  * even with every tombstone reused; tombstones alone never cause a rehash here (a store
  * after a remove usually reuses them: recmap_slot and store_fast take the first tombstone
@@ -577,8 +588,8 @@ static inline struct rec *recmap_get_key(const struct recmap *m, uint64_t key)
         return NULL;
     uint32_t i = rec_home(m, key);
     while (m->s[i].nc != 0) {
-        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
-            return &m->s[i];
+        if (m->s[i].key == key) /* its own tombstone ends the search (RECMAP_OWN_TOMB) */
+            return m->s[i].nc != REC_TOMB ? &m->s[i] : NULL;
         i = rec_next(m, i);
     }
     return NULL;
@@ -593,8 +604,8 @@ static inline struct rec *recmap_get(const struct recmap *m, uint64_t eh)
 static inline struct rec *recmap_get_at(const struct recmap *m, uint64_t key, uint32_t i)
 {
     while (m->s[i].nc != 0) {
-        if (m->s[i].key == key && m->s[i].nc != REC_TOMB)
-            return &m->s[i];
+        if (m->s[i].key == key)
+            return m->s[i].nc != REC_TOMB ? &m->s[i] : NULL;
         i = rec_next(m, i);
     }
     return NULL;
@@ -608,12 +619,15 @@ static inline struct rec *recmap_slot(struct ebr_slot *s, struct recmap *m, uint
     if (m->s != NULL) {
         uint32_t i = rec_home(m, key), t = UINT32_MAX;
         for (; m->s[i].nc != 0; i = rec_next(m, i)) {
-            if (m->s[i].nc == REC_TOMB) {
+            if (m->s[i].key == key) {
+                if (m->s[i].nc != REC_TOMB)
+                    return &m->s[i];
                 if (t == UINT32_MAX)
                     t = i;
-            } else if (m->s[i].key == key) {
-                return &m->s[i];
+                break; /* its own tombstone: key is not live further on (RECMAP_OWN_TOMB) */
             }
+            if (m->s[i].nc == REC_TOMB && t == UINT32_MAX)
+                t = i;
         }
         if (t != UINT32_MAX) /* reusing a tombstone needs no room */
             return &m->s[t];

@@ -30,16 +30,17 @@
  * store_fast then does the usual block in one pass from the ring (new engine hash, the
  * previous block's entry counted it provisionally or position 0, no absent children, no
  * parked blocks, a table and map with room): one probe of each map, one shard lock, join or
- * create, counters accumulated and published once per call. remove works in windows of
- * RM_WIN blocks, each in stages that put all their misses in flight before the next stage
- * needs them (reverse-map homes, records and their nodes, the nodes' table slots), then
- * removes the blocks in order; unstore_fast deletes the usual block (last copy, no alias,
- * the entry held by this holder alone) in one critical section and leaves a tombstone in
- * the reverse map. Both check everything before changing anything and leave all other cases
- * to the general store_one/unstore, so results are identical. Node runs from the slab, the
- * uncontended node lock inline and hole_lose's usual case (the parent is the next block
- * removed) inline in unstore_fast trim both. What each of these saved, and the look-aheads
- * and windows tried and dropped: docs/index.md, store and remove.
+ * create, counters accumulated and published once per call. remove runs a rolling
+ * pipeline whose stages each put a block's next misses in flight several blocks before the
+ * next stage needs them (reverse-map home; record, its node and the slot after it; the
+ * node's table slot and shard), then removes the blocks in order; unstore_fast deletes the
+ * usual block (last copy, no alias, the entry held by this holder alone) in one critical
+ * section and leaves a tombstone in the reverse map. Both check everything before changing
+ * anything and leave all other cases to the general store_one/unstore, so results are
+ * identical. Node runs from the slab, the uncontended node lock inline and hole_lose's
+ * usual case (the parent is the next block removed) inline in unstore_fast trim both. What
+ * each of these saved, and the look-aheads and windows tried and dropped: docs/index.md,
+ * store and remove.
  *
  * ORPHANS (store whose parent engine hash the worker does not know in any tier)
  * The blocks are never indexed at a guessed position. Up to opts.orphan_capacity blocks per
@@ -290,7 +291,8 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
         return 0;
     /* the record goes to the first tombstone of its probe run (churn that stores again
      * what it removed finds its own tombstone there: the map neither fills up with
-     * tombstones nor grows), else to the empty slot ending the run, if within the max load */
+     * tombstones nor grows, and the probe stops at it, RECMAP_OWN_TOMB), else to the empty
+     * slot ending the run, if within the max load */
     uint32_t i = rh, tb = UINT32_MAX;
     if (m->tomb == 0) { /* the usual case, and a shorter loop */
         for (; m->s[i].nc != 0; i = rec_next(m, i))
@@ -298,12 +300,15 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
                 return 0; /* duplicate */
     } else {
         for (; m->s[i].nc != 0; i = rec_next(m, i)) {
-            if (m->s[i].nc == REC_TOMB) {
+            if (m->s[i].key == key) {
+                if (m->s[i].nc != REC_TOMB)
+                    return 0; /* duplicate */
                 if (tb == UINT32_MAX)
                     tb = i;
-            } else if (m->s[i].key == key) {
-                return 0; /* duplicate */
+                break; /* its own tombstone: not live further on (RECMAP_OWN_TOMB) */
             }
+            if (m->s[i].nc == REC_TOMB && tb == UINT32_MAX)
+                tb = i;
         }
     }
     if (tb != UINT32_MAX)
@@ -654,6 +659,7 @@ int kvr_index_store(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint32_t n
             ring.ch[k] = la_chain;
             ring.kh[k] = key_hash(la_chain);
             pf_slot(ix, ring.kh[k]);
+            __builtin_prefetch(&ix->sh[ring.kh[k] & (NSHARD - 1)], 1);
             ring.rh[k] = 0;
             ring.rk[k] = rec_key(blocks[la].engine_hash);
             if (H->recs.s != NULL) {
@@ -698,13 +704,58 @@ uint32_t kvr_index_copies(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-#define RM_WIN 32 /* remove: blocks looked up per window, in stages */
+/* remove's look-ahead, a rolling pipeline over the blocks: RM_D1 blocks ahead a block's
+ * reverse-map home is prefetched, RM_D2 ahead its record is looked up (its node and the
+ * slot after it prefetched), RM_D3 ahead the node's chain is read (its table slot and shard
+ * prefetched), then the block is removed. */
+#define RM_D1 16
+#define RM_D2 10
+#define RM_D3 5
+#define RM_RING 32 /* > RM_D1, a power of two */
 
 /* A record looked up ahead by remove, if it is still eh's (not deleted since; the caller
- * drops the window's records when the map is resized). */
+ * drops the records looked up when the map is resized). */
 static inline struct rec *rm_ahead(struct rec *r, uint64_t key)
 {
     return r != NULL && REC_LIVE(r) && r->key == key ? r : NULL;
+}
+
+/* The removal of hashes[i] (its key and the record looked up ahead, maybe stale). */
+static void rm_block(struct wctx *c, struct holder *H, uint32_t tier, uint32_t hid,
+                     const uint64_t *hashes, size_t i, size_t n, const uint64_t *key,
+                     struct rec **lr, struct rm_acc *acc)
+{
+    struct rec *r = NULL;
+    if (H != NULL) {
+        r = rm_ahead(lr[i % RM_RING], key[i % RM_RING]);
+        if (r == NULL)
+            r = recmap_get_key(&H->recs, key[i % RM_RING]);
+    }
+    if (r != NULL) {
+        /* removals usually walk a chain tail first: the next one is the parent */
+        struct rec *nx = NULL;
+        if (i + 1 < n) {
+            uint32_t k = (uint32_t)((i + 1) % RM_RING);
+            nx = rm_ahead(lr[k], key[k]);
+            if (nx == NULL)
+                nx = recmap_get_key(&H->recs, key[k]);
+        }
+        struct node *hint = nx ? REC_ND(nx) : NULL;
+        if (!unstore_fast(c, H, hid, r, hint, acc))
+            unstore(c, H, tier, r, hint);
+        return;
+    }
+    struct worker *w = c->w;
+    uint32_t k;
+    for (k = 0; k < w->norph; k++)
+        if (w->orph[k].eh == hashes[i] && w->orph[k].tier == tier)
+            break;
+    if (k < w->norph) {
+        orph_remove_at(c, k, 1);
+        c->res->orphans_dropped++;
+    } else {
+        c->res->unknown_removes++;
+    }
 }
 
 int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uint64_t *hashes,
@@ -723,78 +774,49 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
     uint32_t hid = HOLDER(wid, tier);
     if (H != NULL)
         ebr_reserve(&c, n + 16);
-    /* Windows of RM_WIN blocks (and the next one, whose node is the hint), in stages that
-     * each issue all their misses before the next stage needs them: reverse-map homes
-     * (slots prefetched), records (nodes prefetched), the nodes' table slots (for
-     * unlinking); then the blocks are removed in order. Records never move until the map
-     * is resized (tombstones): a record looked up ahead is used if still live and eh's,
-     * and all are dropped when the map's array changes. */
-    uint32_t home[RM_WIN + 1];
-    uint64_t key[RM_WIN + 1];
-    struct rec *lr[RM_WIN + 1];
-    for (size_t b = 0; b < n; b += RM_WIN) {
-        size_t w = n - b < RM_WIN ? n - b : RM_WIN;
-        size_t wl = b + w < n ? w + 1 : w; /* looked up: the window and the next block */
-        struct rec *base = NULL;
-        for (size_t j = 0; j < wl; j++)
-            key[j] = rec_key(hashes[b + j]);
-        if (H != NULL && H->recs.s != NULL) {
-            struct recmap *m = &H->recs;
-            base = m->s;
-            for (size_t j = 0; j < wl; j++) {
-                home[j] = rec_home(m, key[j]);
-                __builtin_prefetch(&m->s[home[j]]);
-            }
-            for (size_t j = 0; j < wl; j++) {
-                lr[j] = recmap_get_at(m, key[j], home[j]);
-                if (lr[j] != NULL)
-                    __builtin_prefetch(REC_ND(lr[j]));
-            }
-            /* the node was H's when looked up and stays allocated during the call (epoch):
-             * its immutable chain is safe to read, only to prefetch */
-            for (size_t j = 0; j < w; j++)
-                if (lr[j] != NULL)
-                    pf_slot(ix, key_hash(REC_ND(lr[j])->chain));
-        } else {
-            for (size_t j = 0; j < wl; j++)
-                lr[j] = NULL;
+    /* Records never move until the map is resized (tombstones): a record looked up ahead
+     * is used if still live and eh's, and all are dropped when the map's array changes
+     * (the next one is the hint: it must have been looked up before its parent's removal,
+     * hence RM_D2 >= 1). */
+    uint64_t key[RM_RING];
+    struct rec *lr[RM_RING] = {0};
+    struct rec *base = H != NULL ? H->recs.s : NULL;
+    for (size_t t = 0; t < n + RM_D1; t++) {
+        size_t j = t;
+        if (j < n) { /* its map slot */
+            key[j % RM_RING] = rec_key(hashes[j]);
+            lr[j % RM_RING] = NULL;
+            if (base != NULL)
+                __builtin_prefetch(&base[rec_home(&H->recs, key[j % RM_RING])]);
         }
-        for (size_t j = 0; j < w; j++) {
-            size_t i = b + j;
-            struct rec *r = NULL;
-            if (H != NULL) {
-                if (H->recs.s != base) { /* resized: records looked up so far are stale */
-                    base = H->recs.s;
-                    for (size_t k = j; k < wl; k++)
-                        lr[k] = NULL;
-                }
-                r = rm_ahead(lr[j], key[j]);
-                if (r == NULL)
-                    r = recmap_get_key(&H->recs, key[j]);
-            }
+        j = t - (RM_D1 - RM_D2);
+        if (t >= RM_D1 - RM_D2 && j < n && base != NULL) { /* its record, its node */
+            const struct recmap *m = &H->recs;
+            struct rec *r = recmap_get_at(m, key[j % RM_RING], rec_home(m, key[j % RM_RING]));
+            lr[j % RM_RING] = r;
             if (r != NULL) {
-                /* removals usually walk a chain tail first: the next one is the parent */
-                struct rec *nx = NULL;
-                if (i + 1 < n) {
-                    nx = rm_ahead(lr[j + 1], key[j + 1]);
-                    if (nx == NULL)
-                        nx = recmap_get_key(&H->recs, key[j + 1]);
-                }
-                struct node *hint = nx ? REC_ND(nx) : NULL;
-                if (!unstore_fast(&c, H, hid, r, hint, &acc))
-                    unstore(&c, H, tier, r, hint);
-                continue;
+                __builtin_prefetch(REC_ND(r));
+                __builtin_prefetch(r + 1); /* recmap_del reads the next slot */
             }
-            uint32_t k;
-            for (k = 0; k < c.w->norph; k++)
-                if (c.w->orph[k].eh == hashes[i] && c.w->orph[k].tier == tier)
-                    break;
-            if (k < c.w->norph) {
-                orph_remove_at(&c, k, 1);
-                c.res->orphans_dropped++;
-            } else {
-                c.res->unknown_removes++;
-            }
+        }
+        j = t - (RM_D1 - RM_D3);
+        struct rec *r3;
+        if (t >= RM_D1 - RM_D3 && j < n &&
+            (r3 = rm_ahead(lr[j % RM_RING], key[j % RM_RING])) != NULL) {
+            /* the record is live (removals since may have deleted it: a hash named twice);
+             * its node stays allocated during the call (epoch): its immutable chain is
+             * safe to read, only to prefetch */
+            uint64_t kh = key_hash(REC_ND(r3)->chain);
+            pf_slot(ix, kh);
+            __builtin_prefetch(&ix->sh[kh & (NSHARD - 1)]);
+        }
+        if (t < RM_D1)
+            continue;
+        j = t - RM_D1;
+        rm_block(&c, H, tier, hid, hashes, j, n, key, lr, &acc);
+        if (H != NULL && H->recs.s != base) { /* resized: records looked up are stale */
+            base = H->recs.s;
+            memset(lr, 0, sizeof(lr));
         }
     }
     if (H != NULL)
