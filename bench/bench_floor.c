@@ -33,7 +33,19 @@
  *       pre-sized (no growth), then growing as the index grows: each shard table from 16 slots,
  *       rebuilt twice as large when 3/4 full, each map from empty, room for the call's
  *       blocks reserved at its start (at least doubling, at most 7/8 full).
- * (a)-(c) and the first (d) never grow: the table has the next power of two >= 2 x S x B
+ *   (e) as (c) and (d), but 8-byte reverse records (issue #18): the top 32 bits of the engine
+ *       hash's mix as tag, the node's index (chunk number x nodes a chunk + slot: chunks never
+ *       move) + 1 in the low 31 bits, bit 31 "more copies" (their counts would go to a side
+ *       table; no block is stored twice here). The home comes from the tag (multiply-high),
+ *       so a growing map rehashes without the key. The node's holder element carries the
+ *       mix's low 32 bits beside the holder: the store confirms a tag match by the node
+ *       index (it knows its node), a removal (here the lookup pass) by reading the node,
+ *       which a removal reads anyway to drop its holder. Pre-sized one table (as (c)),
+ *       pre-sized 1024 shards and growing (as the two (d)); the maps have half the bytes.
+ *   (f) as (e), but a call's records are built in bulk: collected while the table is filled,
+ *       sorted by tag (two byte-wide counting passes over its top 16 bits, so by home), then
+ *       inserted in one sweep over the holder's map (prefetch ST_AHEAD records ahead).
+ * (a)-(c) and the pre-sized (d), (e), (f) never grow: the table has the next power of two >= 2 x S x B
  * slots (2M for the default shape, at most half full), the maps the next power of two >= 2
  * x the records a holder gets (16K). Memory: pre-sized arrays are allocated before the
  * timed calls and populated then (MADV_POPULATE_WRITE, as the index's sl_calloc_pop does
@@ -60,6 +72,11 @@
 
 #include "bench_common.h"
 #include "hash.h"
+
+#ifndef ST_AHEAD
+#define ST_AHEAD 8 /* blocks looked ahead, as the index's store */
+#endif
+#define ST_RING 32
 
 static void die(const char *what)
 {
@@ -166,7 +183,15 @@ struct recmap {
     uint32_t cap, n;
 };
 
-enum mode { M_TAB, M_NODE, M_MAP };
+/* (e), (f): an 8-byte record, tag << 32 | more copies << 31 | (node index + 1); 0 empty. */
+#define R8_IDX ((1ull << 31) - 1)
+#define R8_MORE (1ull << 31)
+struct recmap8 {
+    uint64_t *s;
+    uint32_t cap, n;
+};
+
+enum mode { M_TAB, M_NODE, M_MAP, M_MAP8, M_BULK8 };
 
 struct floor {
     struct shard *sh;
@@ -175,7 +200,10 @@ struct floor {
     uint64_t *presized; /* the pre-sized table's mapping (NULL when growing) */
     size_t presized_len;
     struct recmap *maps;
+    struct recmap8 *maps8;
     uint32_t nmaps;
+    uint64_t *bk; /* (f): the call's records, then sorted (2 x the call's blocks) */
+    uint32_t nbk;
     struct node *bump, *bend;
     void **chunks;
     size_t nchunks, cchunks;
@@ -196,6 +224,23 @@ static struct node *node_new(struct floor *f)
         f->chunks[f->nchunks++] = f->bump;
     }
     return f->bump++;
+}
+
+/* A node's index: chunk number x NODES_PER_CHUNK + slot (chunks never move). A new node is
+ * in the last chunk; a found one (a duplicate, rare) is looked for in all. */
+static uint32_t node_index(const struct floor *f, const struct node *nd)
+{
+    for (size_t i = f->nchunks; i-- > 0;) {
+        const struct node *c = f->chunks[i];
+        if (nd >= c && nd < c + NODES_PER_CHUNK)
+            return (uint32_t)(i * NODES_PER_CHUNK + (size_t)(nd - c));
+    }
+    die("node not in a chunk");
+    return 0;
+}
+static inline struct node *node_at(const struct floor *f, uint64_t idx)
+{
+    return (struct node *)f->chunks[idx / NODES_PER_CHUNK] + idx % NODES_PER_CHUNK;
 }
 
 /* The index's tab_rebuild: at least 16 slots, at most half full after it; an entry's new
@@ -268,12 +313,80 @@ static void recmap_reserve(struct recmap *m, size_t more)
     recmap_resize(m, rec_cap_for(need > grown ? need : grown));
 }
 
+/* 8-byte maps: the home comes from the tag (its top bits), so a rehash needs no key. */
+static inline uint32_t r8_home(const struct recmap8 *m, uint32_t tag)
+{
+    return (uint32_t)(((uint64_t)tag * m->cap) >> 32);
+}
+
+static void recmap8_reserve(struct recmap8 *m, size_t more)
+{
+    size_t need = (size_t)m->n + more;
+    if (need * 8 <= (size_t)m->cap * 7)
+        return;
+    size_t grown = (size_t)m->cap * 2 * 7 / 8 + 1;
+    uint32_t cap = rec_cap_for(need > grown ? need : grown);
+    uint64_t *ns = xcalloc(cap, sizeof(*ns));
+    if ((size_t)cap * sizeof(*ns) >= (16u << 10))
+        populate(ns, (size_t)cap * sizeof(*ns));
+    struct recmap8 nm = {ns, cap, m->n};
+    for (uint32_t i = 0; i < m->cap; i++) {
+        uint64_t v = m->s[i];
+        if (v == 0)
+            continue;
+        uint32_t j = r8_home(&nm, (uint32_t)(v >> 32));
+        while (ns[j] != 0)
+            j = j + 1 == cap ? 0 : j + 1;
+        ns[j] = v;
+    }
+    free(m->s);
+    *m = nm;
+}
+
+/* Find-or-insert of record v (tag << 32 | node index + 1). A tag match is a duplicate only
+ * if it names the same node: the store knows its node, so the check is exact. */
+static inline void r8_insert(struct floor *f, struct recmap8 *m, uint32_t q, uint64_t v)
+{
+    uint64_t x;
+    while ((x = m->s[q]) != 0) {
+        if ((x & ~R8_MORE) == v) {
+            m->s[q] = x | R8_MORE; /* another copy (counts beyond 1 in a side table) */
+            f->dups++;
+            return;
+        }
+        q = q + 1 == m->cap ? 0 : q + 1;
+    }
+    m->s[q] = v;
+    m->n++;
+}
+
+/* (f): sort the call's records by tag (so by home) in two byte passes over the tag's top 16
+ * bits, then insert them in one sweep over the map. */
+static void bulk_insert(struct floor *f, struct recmap8 *m, uint32_t n)
+{
+    uint64_t *a = f->bk, *b = f->bk + f->nbk;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t cnt[257] = {0};
+        unsigned sh = 48 + 8 * (unsigned)pass;
+        for (uint32_t i = 0; i < n; i++)
+            cnt[((a[i] >> sh) & 0xff) + 1]++;
+        for (int d = 0; d < 256; d++)
+            cnt[d + 1] += cnt[d];
+        for (uint32_t i = 0; i < n; i++)
+            b[cnt[(a[i] >> sh) & 0xff]++] = a[i];
+        uint64_t *t = a;
+        a = b;
+        b = t;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (i + ST_AHEAD < n)
+            __builtin_prefetch(&m->s[r8_home(m, (uint32_t)(a[i + ST_AHEAD] >> 32))]);
+        r8_insert(f, m, r8_home(m, (uint32_t)(a[i] >> 32)), a[i]);
+    }
+}
+
 /* ---- the store ----------------------------------------------------------------------- */
 
-#ifndef ST_AHEAD
-#define ST_AHEAD 8 /* blocks looked ahead, as the index's store */
-#endif
-#define ST_RING 32
 
 /* One sequence of n blocks for holder. mode is a constant in each caller below, so the
  * compiler emits one loop per variant without the others' work. */
@@ -283,8 +396,11 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
 {
     uint64_t rch[ST_RING], rh[ST_RING], rk[ST_RING];
     struct recmap *m = &f->maps[holder];
+    struct recmap8 *m8 = &f->maps8[holder];
     if (mode == M_MAP)
         recmap_reserve(m, n);
+    if (mode == M_MAP8 || mode == M_BULK8)
+        recmap8_reserve(m8, n);
     uint64_t chain = KVR_HASH_CHAIN_ROOT, pchain = KVR_HASH_CHAIN_ROOT;
     uint32_t ahead = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -302,6 +418,10 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
                 rk[r] = k;
                 __builtin_prefetch(&m->s[rec_home(m, k)]);
             }
+            if (mode == M_MAP8 || mode == M_BULK8)
+                rk[r] = mixh(eh[ahead]);
+            if (mode == M_MAP8)
+                __builtin_prefetch(&m8->s[r8_home(m8, (uint32_t)(rk[r] >> 32))]);
         }
         uint32_t r = i % ST_RING;
         uint64_t c = rch[r], h = rh[r];
@@ -334,7 +454,10 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
                 f->dups++;
             } else {
                 nd = node_new(f);
-                *nd = (struct node){c, pchain, 0, 1, holder};
+                /* (e), (f): the holder element also carries the low 32 bits of the engine
+                 * hash's mix, which confirm a tag match */
+                *nd = (struct node){c, pchain, 0, 1,
+                                    mode >= M_MAP8 ? holder | rk[r] << 32 : holder};
                 sh->slot[j] = (uint64_t)(uintptr_t)nd | tag << 48;
                 sh->used++;
             }
@@ -352,8 +475,21 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
                 m->n++;
             }
         }
+        if (mode == M_MAP8 || mode == M_BULK8) {
+            uint32_t ix = nd == f->bump - 1 /* new: in the last chunk */
+                              ? (uint32_t)((f->nchunks - 1) * NODES_PER_CHUNK +
+                                           (size_t)(nd - (f->bend - NODES_PER_CHUNK)))
+                              : node_index(f, nd);
+            uint64_t rv = rk[r] >> 32 << 32 | (uint64_t)(ix + 1);
+            if (mode == M_MAP8)
+                r8_insert(f, m8, r8_home(m8, (uint32_t)(rk[r] >> 32)), rv);
+            else
+                f->bk[i] = rv;
+        }
         pchain = c;
     }
+    if (mode == M_BULK8)
+        bulk_insert(f, m8, n);
 }
 
 static void store_tab(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
@@ -371,6 +507,16 @@ static void store_map(struct floor *f, const uint64_t *c, const uint64_t *e, uin
 {
     store_seq(f, c, e, n, w, M_MAP);
 }
+static void store_map8(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
+                       uint32_t w)
+{
+    store_seq(f, c, e, n, w, M_MAP8);
+}
+static void store_bulk8(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
+                        uint32_t w)
+{
+    store_seq(f, c, e, n, w, M_BULK8);
+}
 
 /* ---- setup, check, teardown ---------------------------------------------------------- */
 
@@ -385,8 +531,12 @@ static void floor_init(struct floor *f, enum mode mode, enum layout lay, uint64_
                        uint32_t nholders, uint32_t per_holder)
 {
     memset(f, 0, sizeof(*f));
-    f->nmaps = mode == M_MAP ? nholders : 0;
+    f->nmaps = mode >= M_MAP ? nholders : 0;
     f->maps = xcalloc(nholders, sizeof(*f->maps));
+    f->maps8 = xcalloc(nholders, sizeof(*f->maps8));
+    f->nbk = per_holder; /* >= one call's blocks */
+    if (mode == M_BULK8)
+        f->bk = xcalloc(2 * (size_t)f->nbk, sizeof(uint64_t));
     uint32_t nsh = lay == L_ONE ? 1 : NSHARD;
     f->sh = xcalloc(nsh, sizeof(*f->sh));
     f->shmask = nsh - 1;
@@ -411,10 +561,15 @@ static void floor_init(struct floor *f, enum mode mode, enum layout lay, uint64_
     uint32_t mc = 16;
     while (mc < (uint64_t)per_holder * 2)
         mc <<= 1;
-    for (uint32_t w = 0; w < f->nmaps; w++) {
+    for (uint32_t w = 0; w < f->nmaps && mode == M_MAP; w++) {
         f->maps[w].s = xcalloc(mc, sizeof(struct rec));
         f->maps[w].cap = mc;
         populate(f->maps[w].s, (size_t)mc * sizeof(struct rec));
+    }
+    for (uint32_t w = 0; w < f->nmaps && mode >= M_MAP8; w++) {
+        f->maps8[w].s = xcalloc(mc, sizeof(uint64_t));
+        f->maps8[w].cap = mc;
+        populate(f->maps8[w].s, (size_t)mc * sizeof(uint64_t));
     }
 }
 
@@ -426,9 +581,13 @@ static void floor_free(struct floor *f)
         for (uint64_t i = 0; i <= f->shmask; i++)
             free(f->sh[i].slot);
     free(f->sh);
-    for (uint32_t w = 0; w < f->nmaps; w++)
+    for (uint32_t w = 0; w < f->nmaps; w++) {
         free(f->maps[w].s);
+        free(f->maps8[w].s);
+    }
     free(f->maps);
+    free(f->maps8);
+    free(f->bk);
     for (size_t i = 0; i < f->nchunks; i++)
         (void)munmap(f->chunks[i], HUGE_SZ);
     free(f->chunks);
@@ -463,7 +622,7 @@ static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *con
                         break;
                 }
             }
-            if (!found || (mode != M_TAB && (nd->parent_chain != pchain || nd->h != w))) {
+            if (!found || (mode != M_TAB && (nd->parent_chain != pchain || (mode >= M_MAP8 ? (uint32_t)nd->h : nd->h) != w))) {
                 bad++;
             } else if (mode == M_MAP) {
                 const struct recmap *m = &f->maps[w];
@@ -474,6 +633,25 @@ static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *con
                 const struct node *rn = (const struct node *)(uintptr_t)(m->s[q].nc & PTR_MASK);
                 if (m->s[q].nc == 0 || rn != nd)
                     bad++;
+            } else if (mode >= M_MAP8) {
+                /* as a removal would: the first record whose tag matches and whose node's
+                 * holder element carries the mix's low 32 bits and this holder */
+                const struct recmap8 *m = &f->maps8[w];
+                uint64_t k = mixh(eng[at]);
+                const struct node *rn = NULL;
+                for (uint32_t q = r8_home(m, (uint32_t)(k >> 32)); m->s[q] != 0;
+                     q = q + 1 == m->cap ? 0 : q + 1) {
+                    uint64_t v = m->s[q];
+                    if (v >> 32 != k >> 32)
+                        continue;
+                    const struct node *x = node_at(f, (v & R8_IDX) - 1);
+                    if (x->h == (w | k << 32)) {
+                        rn = x;
+                        break;
+                    }
+                }
+                if (rn != nd)
+                    bad++;
             }
             pchain = chain;
         }
@@ -481,9 +659,9 @@ static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *con
     for (uint64_t i = 0; i <= f->shmask; i++)
         used += f->sh[i].used;
     for (uint32_t w = 0; w < f->nmaps; w++)
-        recs += f->maps[w].n;
+        recs += f->maps[w].n + f->maps8[w].n;
     uint64_t want = (uint64_t)nseq * nblk - f->dups;
-    if (used != want || (mode == M_MAP && recs != want))
+    if (used != want || (mode >= M_MAP && recs != want))
         bad++;
     return bad;
 }
@@ -554,6 +732,18 @@ int main(void)
             nblk, nw, lat);
     variant("(d) (c), 1024 shards, all growing", store_map, M_MAP, L_GROW, cont, eng, nseq,
             nblk, nw, lat);
+    variant("(e) (c), 8-byte records", store_map8, M_MAP8, L_ONE, cont, eng, nseq, nblk, nw,
+            lat);
+    variant("(e) (d), 8-byte records, pre-sized", store_map8, M_MAP8, L_SHARDS, cont, eng,
+            nseq, nblk, nw, lat);
+    variant("(e) (d), 8-byte records, all growing", store_map8, M_MAP8, L_GROW, cont, eng,
+            nseq, nblk, nw, lat);
+    variant("(f) (e), records sorted, one sweep", store_bulk8, M_BULK8, L_ONE, cont, eng,
+            nseq, nblk, nw, lat);
+    variant("(f) (e) sorted, 1024 shards, pre-sized", store_bulk8, M_BULK8, L_SHARDS, cont,
+            eng, nseq, nblk, nw, lat);
+    variant("(f) (e) sorted, 1024 shards, all growing", store_bulk8, M_BULK8, L_GROW, cont,
+            eng, nseq, nblk, nw, lat);
     printf("  every stored block found again by a lookup pass after each variant\n");
     free(lat);
     free(eng);
