@@ -61,7 +61,8 @@
  * the benchmark fails if one is missing or wrong: every insert is a real insert.
  *
  * Environment: KVR_BENCH_SEQS, KVR_BENCH_BLOCKS, KVR_BENCH_WORKERS (default 976 / 1024 /
- * 128, as bench_index), KVR_BENCH_SEED.
+ * 128, as bench_index), KVR_BENCH_SEED; KVR_FLOOR_ONLY runs only the variants whose name
+ * starts with it ("(c)", "(e) (c)": for callgrind, with --toggle-collect=store_map etc.).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -672,6 +673,9 @@ static void variant(const char *name, store_fn *fn, enum mode mode, enum layout 
                     const uint64_t *cont, const uint64_t *eng, uint32_t nseq, uint32_t nblk,
                     uint32_t nw, double *lat)
 {
+    const char *only = getenv("KVR_FLOOR_ONLY");
+    if (only != NULL && strncmp(name, only, strlen(only)) != 0)
+        return;
     struct floor f;
     uint32_t per_holder = (nseq + nw - 1) / nw * nblk;
     floor_init(&f, mode, lay, (uint64_t)nseq * nblk, nw, per_holder);
