@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/floor.sh — the floor of an index store's per-block work (bench/bench_floor.c), to
-# read next to bench_index's "store (per sequence, from empty)" line. One core, < 1 s.
+# read next to bench_index's "store (per sequence, from empty)" line. One core, ~1.5 s.
 # Env: BUILD (default build/release); KVR_BENCH_SEQS / KVR_BENCH_BLOCKS / KVR_BENCH_WORKERS
 # (shape, as bench/index.sh), KVR_BENCH_SEED; KVR_FLOOR_ONLY (run only the variants whose
 # name starts with it, e.g. "(e) (c)").
