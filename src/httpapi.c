@@ -353,11 +353,9 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
         put_u64(b, r->block_size);
     else
         put(b, "null");
-    put(b, ",\"query_blocks\":");
-    put_u64(b, r->query_blocks);
+    put_kv_u64(b, ",\"query_blocks\":", r->query_blocks);
     if (prompt_tokens >= 0) { /* the query was text: how many tokens it made */
-        put(b, ",\"tokens\":");
-        put_u64(b, (uint64_t)prompt_tokens);
+        put_kv_u64(b, ",\"tokens\":", (uint64_t)prompt_tokens);
     }
     put(b, ",\"scores\":[");
     for (size_t i = 0; i < r->nentries; i++) {
@@ -365,12 +363,9 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
         bool first = true;
         put(b, i ? ",{\"pod\":" : "{\"pod\":");
         put_json_str(b, e->pod);
-        put(b, ",\"dp_rank\":");
-        put_u64(b, e->dp_rank);
-        put(b, ",\"matched_blocks\":");
-        put_u64(b, e->matched_blocks);
-        put(b, ",\"matched_tokens\":");
-        put_u64(b, e->matched_tokens);
+        put_kv_u64(b, ",\"dp_rank\":", e->dp_rank);
+        put_kv_u64(b, ",\"matched_blocks\":", e->matched_blocks);
+        put_kv_u64(b, ",\"matched_tokens\":", e->matched_tokens);
         put(b, ",\"tiers\":{");
         for (int t = 0; t < KVR_TIER_MAX; t++) {
             const char *name = r->tier_names[t];
@@ -382,8 +377,7 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
                 put(b, ",");
             first = false;
             put_json_str(b, name);
-            put(b, ":");
-            put_u64(b, e->tiers[t]);
+            put_kv_u64(b, ":", e->tiers[t]);
         }
         put(b, "},\"score\":");
         kvr_httpapi_put_double(b, e->score);
@@ -589,8 +583,7 @@ static void ep_tokenize(struct kvr_httpapi_thread *t, const struct kvr_httpreq *
             put(b, ",");
         put_u64(b, q.tokens[i]);
     }
-    put(b, "],\"count\":");
-    put_u64(b, q.ntokens);
+    put_kv_u64(b, "],\"count\":", q.ntokens);
     put(b, "}\n");
 }
 
@@ -613,10 +606,8 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     put_json_str(b, s->pod ? s->pod : "");
     put(b, ",\"model\":");
     put_json_str(b, s->model ? s->model : "");
-    put(b, ",\"dp_rank\":");
-    put_u64(b, s->dp_rank);
-    put(b, ",\"blocks\":");
-    put_u64(b, s->blocks);
+    put_kv_u64(b, ",\"dp_rank\":", s->dp_rank);
+    put_kv_u64(b, ",\"blocks\":", s->blocks);
     put(b, ",\"tiers\":{");
     for (int i = 0; i < KVR_TIER_MAX; i++) {
         if (s->tier_names[i] == NULL || s->tier_blocks[i] == 0)
@@ -625,30 +616,22 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
             put(b, ",");
         first = false;
         put_json_str(b, s->tier_names[i]);
-        put(b, ":");
-        put_u64(b, s->tier_blocks[i]);
+        put_kv_u64(b, ":", s->tier_blocks[i]);
     }
-    put(b, "},\"last_seq\":");
-    put_u64(b, s->last_seq);
-    put(b, ",\"gaps\":");
-    put_u64(b, s->gaps);
-    put(b, ",\"replays\":");
-    put_u64(b, s->replays);
-    put(b, ",\"restarts\":");
-    put_u64(b, s->restarts);
+    put_kv_u64(b, "},\"last_seq\":", s->last_seq);
+    put_kv_u64(b, ",\"gaps\":", s->gaps);
+    put_kv_u64(b, ",\"replays\":", s->replays);
+    put_kv_u64(b, ",\"restarts\":", s->restarts);
     put(b, ",\"state\":");
     put_json_str(b, kvr_stream_state_name(s->state));
-    put(b, ",\"orphans\":");
-    put_u64(b, s->orphans);
+    put_kv_u64(b, ",\"orphans\":", s->orphans);
     put(b, ",\"last_event_age_ms\":");
     put_i64(b, s->last_event_age_ms);
     if (pc->route != NULL) {
         uint64_t rq, tk;
         kvr_route_load(pc->route, s->pod ? s->pod : "", s->dp_rank, &rq, &tk);
-        put(b, ",\"active_requests\":");
-        put_u64(b, rq);
-        put(b, ",\"active_tokens\":");
-        put_u64(b, tk);
+        put_kv_u64(b, ",\"active_requests\":", rq);
+        put_kv_u64(b, ",\"active_tokens\":", tk);
     }
     put(b, "}");
 }
@@ -659,10 +642,8 @@ static void assumed_cb(void *arg, const char *pod, uint32_t dp_rank, uint64_t bl
     struct json_list *l = arg;
     put(l->b, l->n++ ? ",{\"pod\":" : "{\"pod\":");
     put_json_str(l->b, pod);
-    put(l->b, ",\"dp_rank\":");
-    put_u64(l->b, dp_rank);
-    put(l->b, ",\"blocks\":");
-    put_u64(l->b, blocks);
+    put_kv_u64(l->b, ",\"dp_rank\":", dp_rank);
+    put_kv_u64(l->b, ",\"blocks\":", blocks);
     put(l->b, "}");
 }
 
@@ -699,8 +680,7 @@ static void ep_pod_delete(struct kvr_httpapi_thread *t, const char *raw, size_t 
     }
     put(resp->body, "{\"pod\":");
     put_json_str(resp->body, t->decoded);
-    put(resp->body, ",\"removed_blocks\":");
-    put_u64(resp->body, removed);
+    put_kv_u64(resp->body, ",\"removed_blocks\":", removed);
     put(resp->body, "}\n");
 }
 

@@ -86,6 +86,13 @@ static inline void put_u64(struct kvr_buf *b, uint64_t v)
     b->data[b->len] = '\0';
 }
 
+/* A member: key (with its comma, colon and quotes: ",\"dp_rank\":") and an integer. */
+static inline void put_kv_u64(struct kvr_buf *b, const char *key, uint64_t v)
+{
+    put(b, key);
+    put_u64(b, v);
+}
+
 /* An error answer: status and {"error": "<fmt>"}. */
 void kvr_httpapi_fail(struct kvr_httpresp *resp, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

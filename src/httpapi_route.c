@@ -181,20 +181,16 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     put_json_str(b, q.model);
     put(b, ",\"pod\":");
     put_json_str(b, ch->pod);
-    put(b, ",\"dp_rank\":");
-    put_u64(b, ch->dp_rank);
-    put(b, ",\"matched_blocks\":");
-    put_u64(b, ch->matched_blocks);
-    put(b, ",\"query_blocks\":");
-    put_u64(b, res.query_blocks);
+    put_kv_u64(b, ",\"dp_rank\":", ch->dp_rank);
+    put_kv_u64(b, ",\"matched_blocks\":", ch->matched_blocks);
+    put_kv_u64(b, ",\"query_blocks\":", res.query_blocks);
     put(b, ",\"block_size\":");
     if (res.block_size)
         put_u64(b, res.block_size);
     else
         put(b, "null");
     if (!q.has_tokens) {
-        put(b, ",\"tokens\":");
-        put_u64(b, q.ntokens);
+        put_kv_u64(b, ",\"tokens\":", q.ntokens);
     }
     put(b, ",\"policy\":");
     put_json_str(b, kvr_route_policy_name(d.policy));
@@ -211,14 +207,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         const struct kvr_route_cand *c = &rs->c[i];
         put(b, i ? ",{\"pod\":" : "{\"pod\":");
         put_json_str(b, c->pod);
-        put(b, ",\"dp_rank\":");
-        put_u64(b, c->dp_rank);
-        put(b, ",\"matched_blocks\":");
-        put_u64(b, c->matched_blocks);
-        put(b, ",\"active_requests\":");
-        put_u64(b, c->active_requests);
-        put(b, ",\"active_tokens\":");
-        put_u64(b, c->active_tokens);
+        put_kv_u64(b, ",\"dp_rank\":", c->dp_rank);
+        put_kv_u64(b, ",\"matched_blocks\":", c->matched_blocks);
+        put_kv_u64(b, ",\"active_requests\":", c->active_requests);
+        put_kv_u64(b, ",\"active_tokens\":", c->active_tokens);
         put(b, d.policy == KVR_ROUTE_COST ? ",\"cost\":"
                : d.policy == KVR_ROUTE_CACHE_AWARE ? ",\"match_rate\":"
                                                    : ",\"score\":");

@@ -126,6 +126,10 @@ class Rank:
         ctx = engine.ctx
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        # every subscription is reported, also one the XPUB already holds: a restarted
+        # daemon's may arrive before the killed one's pipe is torn down, and would otherwise
+        # be swallowed as a duplicate (wait_subscriber then timed out under load)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.pub.setsockopt(zmq.SNDHWM, engine.hwm)
         self.pub.setsockopt(zmq.RCVHWM, engine.hwm)
         for opt, val in engine.pub_options.items():  # e.g. CURVE client keys
