@@ -4,8 +4,9 @@
  * probing, max load 3/4) of 8-byte slots: node pointer | 16-bit tag << 48, 0 empty,
  * 1 tombstone. A slot's home is the hash's top bits and its tag the top 16 bits, so a rebuild
  * of up to 2^16 slots places entries from their tags without touching nodes. Unlinking before
- * an empty slot clears the tombstones behind it. Tables grow, and shrink when an eighth full
- * (memory follows live contents), by a rebuild published whole; readers (tab_find, inline in
+ * an empty slot clears the tombstones behind it. Tables grow, shrink when an eighth full
+ * (memory follows live contents) and are rebuilt at the same size when tombstones pile up
+ * (kvr_ix_tab_unlink_locked), by a rebuild published whole; readers (tab_find, inline in
  * index_int.h) see slots change only by release stores, and find each shard's table with its
  * shift in one compact array (ix->tabw) that stays in L1.
  * Writers take the table's mask and shift from the shard (copies kept under its lock, in the
@@ -98,6 +99,15 @@ struct table *kvr_ix_tab_unlink_locked(struct kvr_index *ix, struct ebr_slot *s,
     }
     if (mask + 1 > 16 && sh->live * 8 < mask + 1)
         return tab_rebuild(ix, s, sh, sh->live) == 0 ? t : NULL;
+    /* Clear tombstones in place (same capacity) once they are an eighth of the table and
+     * slots in use pass 5/8, while live entries fill at most 5/8: probes are long only at
+     * high use, and a rebuild then comes after at least cap/8 deletions, so its cost (one
+     * pass over the table) is a few slots a deletion. Without it a flat shard's tombstones
+     * fill it to the 3/4 mark, and one whose live entries are just over half of it then
+     * doubles (docs/index.md, trace). */
+    if ((sh->used - sh->live) * 8 > mask + 1 && sh->used * 8 > (mask + 1) * 5 &&
+        sh->live * 8 <= (mask + 1) * 5)
+        return tab_rebuild(ix, s, sh, (mask + 1) / 2) == 0 ? t : NULL;
     return NULL;
 }
 
