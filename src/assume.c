@@ -257,14 +257,14 @@ size_t kvr_assume_evict(struct kvr_assume *a, uint32_t wid, uint32_t max_blocks,
     return k;
 }
 
-size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, uint32_t *wids, uint64_t *keys,
+size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, struct kvr_assume_pair *out,
                          size_t cap)
 {
     size_t k = 0;
 
     while (k < cap && a->gtail != NIL && a->pool[a->gtail].t < before_ms) {
-        wids[k] = a->pool[a->gtail].wid;
-        keys[k++] = node_del(a, a->gtail);
+        out[k].wid = a->pool[a->gtail].wid;
+        out[k++].key = node_del(a, a->gtail);
     }
     return k;
 }

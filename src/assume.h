@@ -44,9 +44,15 @@ int kvr_assume_touch(struct kvr_assume *a, uint32_t wid, const uint64_t *keys, s
 size_t kvr_assume_evict(struct kvr_assume *a, uint32_t wid, uint32_t max_blocks, uint64_t *out,
                         size_t cap);
 
+/* One assumption: a worker and a block's key. */
+struct kvr_assume_pair {
+    uint64_t key;
+    uint32_t wid;
+};
+
 /* Pops the assumptions of any worker last touched before before_ms, oldest first, at most
- * cap of them, into wids/keys; returns how many (0: none is that old). */
-size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, uint32_t *wids, uint64_t *keys,
+ * cap of them, into out; returns how many (0: none is that old). */
+size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, struct kvr_assume_pair *out,
                          size_t cap);
 
 /* The last-touch time of the oldest assumption held, or INT64_MAX when none is. */

@@ -412,8 +412,9 @@ static int query_body_ok(const struct kvr_httpreq *req, struct kvr_httpresp *res
 /* The body of /v1/score, /v1/tokenize or (rq != NULL: JSON only, candidates into cands)
  * /v1/route into q: 0, or the error answered. */
 int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
-                      struct kvr_httpresp *resp, struct kvr_reqbody_query *q,
-                      struct kvr_reqbody_route *rq, struct kvr_reqbody_cand *cands, size_t cap)
+                           struct kvr_httpresp *resp, struct kvr_reqbody_query *q,
+                           struct kvr_reqbody_route *rq, struct kvr_reqbody_cand *cands,
+                           size_t cap)
 {
     struct kvr_reqbody_scratch sc = {t->tokens, t->api->max_tokens, t->pods,
                                      KVR_HTTPAPI_MAX_PODS, t->media, KVR_REQBODY_MAX_MEDIA};
@@ -446,10 +447,23 @@ int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpre
     return 0;
 }
 
+/* A query about to be scored (httpapi_int.h). */
+int kvr_httpapi_score_ready(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
+                            struct kvr_httpresp *resp)
+{
+    if (!q->has_tokens && kvr_httpapi_tokenize(t, q, resp) != 0)
+        return -1;
+    if (t->sctx == NULL) {
+        fail(resp, 503, "scoring is not available");
+        return -1;
+    }
+    return 0;
+}
+
 /* The query's text to token ids (into q->tokens, q->ntokens): the chat messages rendered
  * with the model's template, or the prompt; then tokenized. 0, or the error answered. */
 int kvr_httpapi_tokenize(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
-                           struct kvr_httpresp *resp)
+                         struct kvr_httpresp *resp)
 {
     const struct kvr_reqbody_chat *ch = &t->chat;
     bool chat = ch->messages_str != NULL;
@@ -523,14 +537,9 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     struct kvr_score_result res;
     int rc;
 
-    if (kvr_httpapi_query_body(t, req, resp, &q, NULL, NULL, 0) != 0)
+    if (kvr_httpapi_query_body(t, req, resp, &q, NULL, NULL, 0) != 0 ||
+        kvr_httpapi_score_ready(t, &q, resp) != 0)
         return;
-    if (!q.has_tokens && kvr_httpapi_tokenize(t, &q, resp) != 0)
-        return;
-    if (t->sctx == NULL) {
-        fail(resp, 503, "scoring is not available");
-        return;
-    }
     sq.model = q.model;
     sq.lora_name = q.lora_name;
     sq.tokens = q.tokens;
@@ -540,7 +549,6 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     sq.cache_salt = q.cache_salt;
     sq.media = q.media;
     sq.nmedia = q.nmedia;
-    sq.block_size_hint = t->api->route != NULL ? kvr_route_block_size(t->api->route, q.model) : 0;
     sq.want_hashes = false;
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc == -E2BIG) {

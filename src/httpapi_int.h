@@ -109,6 +109,11 @@ int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpre
 int kvr_httpapi_tokenize(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
                          struct kvr_httpresp *resp);
 
+/* A query about to be scored: its text tokenized when it came as text, and the thread able
+ * to score (503 otherwise): 0, or -1 with the error answered. */
+int kvr_httpapi_score_ready(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
+                            struct kvr_httpresp *resp);
+
 /* POST /v1/route (httpapi_route.c). */
 void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
                           struct kvr_httpresp *resp);

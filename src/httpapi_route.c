@@ -96,12 +96,8 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         fail(resp, 400, "unknown policy \"%.100s\" (cost, cache_aware or score)", rq.policy);
         return;
     }
-    if (!q.has_tokens && kvr_httpapi_tokenize(t, &q, resp) != 0)
+    if (kvr_httpapi_score_ready(t, &q, resp) != 0)
         return;
-    if (t->sctx == NULL) {
-        fail(resp, 503, "scoring is not available");
-        return;
-    }
     rs->n = rq.ncands;
     rs->nstream = 0;
     if (rs->n == 0) { /* the model's workers with events, and its approximate_pods */
@@ -115,7 +111,6 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                         "(send \"candidates\", or list [model] approximate_pods)", q.model);
         return;
     }
-    uint32_t hint = kvr_route_block_size(t->api->route, q.model);
     /* score only the candidates' pods */
     for (size_t i = 0; i < rs->n; i++)
         rs->pods[i] = rs->in[i].pod;
@@ -123,7 +118,7 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                   .tokens = q.tokens, .ntokens = q.ntokens, .pods = rs->pods,
                                   .npods = rs->n, .cache_salt = q.cache_salt,
                                   .media = q.media, .nmedia = q.nmedia,
-                                  .block_size_hint = hint, .want_hashes = hint != 0};
+                                  .want_hashes = true}; /* for approximate mode */
     rc = kvr_score_query(t->sctx, &sq, &res);
     if (rc != 0) {
         fail(resp, rc == -E2BIG ? 413 : 500, "scoring failed: %s", strerror(-rc));

@@ -226,10 +226,10 @@ static bool ensure_scratch(struct writer *w, size_t n)
     if (k == NULL)
         return false;
     w->as_keys = k;
-    uint32_t *wi = realloc(w->as_wids, cap * sizeof(*wi));
-    if (wi == NULL)
+    struct kvr_assume_pair *pr = realloc(w->as_pairs, cap * sizeof(*pr));
+    if (pr == NULL)
         return false;
-    w->as_wids = wi;
+    w->as_pairs = pr;
     struct kvr_index_block *b = realloc(w->as_blocks, cap * sizeof(*b));
     if (b == NULL)
         return false;
@@ -331,10 +331,11 @@ void kvr_ingest_assume_apply(struct writer *w, const struct kvr_queue_payload *p
         plan_expiry(w, ttl);
 }
 
-/* Removes (wid, key) pairs from the index, one call per worker: sorted by worker first. */
+/* Expired (wid, key) pairs are removed from the index one call per worker: by worker. */
 static int pair_cmp(const void *a, const void *b)
 {
-    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint32_t x = ((const struct kvr_assume_pair *)a)->wid;
+    uint32_t y = ((const struct kvr_assume_pair *)b)->wid;
     return x < y ? -1 : x > y;
 }
 
@@ -375,34 +376,17 @@ void kvr_ingest_assume_expire(struct writer *w)
     ttl = atomic_load_explicit(&w->ing->assume_ttl_ms, memory_order_relaxed);
     if (!ensure_scratch(w, AS_EXPIRE_BATCH))
         return;
-    while ((k = kvr_assume_expire(w->as, now - ttl, w->as_wids, w->as_keys, AS_EXPIRE_BATCH)) >
-           0) {
-        /* pack (wid, key) pairs as 16-byte records to sort them by worker */
-        struct pr {
-            uint32_t wid, pad;
-            uint64_t key;
-        } *v = malloc(k * sizeof(*v));
-        if (v == NULL) { /* remove one at a time */
-            for (size_t i = 0; i < k; i++) {
-                struct kvr_index_wres res = {0};
-                (void)kvr_index_remove(w->ing->ix, w->as_wids[i], w->as_tier, &w->as_keys[i], 1,
-                                       &res);
-                publish_worker(w, w->as_wids[i]);
-            }
-        } else {
-            for (size_t i = 0; i < k; i++)
-                v[i] = (struct pr){w->as_wids[i], 0, w->as_keys[i]};
-            qsort(v, k, sizeof(*v), pair_cmp);
-            for (size_t i = 0, j; i < k; i = j) {
-                struct kvr_index_wres res = {0};
-                for (j = i; j < k && v[j].wid == v[i].wid; j++)
-                    w->as_keys[j - i] = v[j].key;
-                (void)kvr_index_remove(w->ing->ix, v[i].wid, w->as_tier, w->as_keys, j - i, &res);
-                publish_worker(w, v[i].wid); /* before a forget frees its pod name */
-                if (kvr_assume_worker_count(w->as, v[i].wid) == 0)
-                    forget_if_idle(w, v[i].wid);
-            }
-            free(v);
+    while ((k = kvr_assume_expire(w->as, now - ttl, w->as_pairs, AS_EXPIRE_BATCH)) > 0) {
+        struct kvr_assume_pair *v = w->as_pairs;
+        qsort(v, k, sizeof(*v), pair_cmp); /* one remove call per worker */
+        for (size_t i = 0, j; i < k; i = j) {
+            struct kvr_index_wres res = {0};
+            for (j = i; j < k && v[j].wid == v[i].wid; j++)
+                w->as_keys[j - i] = v[j].key;
+            (void)kvr_index_remove(w->ing->ix, v[i].wid, w->as_tier, w->as_keys, j - i, &res);
+            publish_worker(w, v[i].wid); /* before a forget frees its pod name */
+            if (kvr_assume_worker_count(w->as, v[i].wid) == 0)
+                forget_if_idle(w, v[i].wid);
         }
         KVR_CNT_OWN_ADD(w->st.as_expired, k);
     }
@@ -420,19 +404,20 @@ int64_t kvr_ingest_assume_wait_ms(const struct writer *w)
 
 void kvr_ingest_assume_evented(struct writer *w, uint32_t wid)
 {
+    drop_worker(w, wid);
     if (wid >= w->nevented) {
         uint32_t nb = w->nevented ? w->nevented : 1024;
         while (nb <= wid)
             nb *= 2;
         uint64_t *e = realloc(w->evented, nb / 8);
-        if (e == NULL) /* without the bit the worker may be assumed: counted, not fatal */
+        if (e == NULL) /* out of memory: a later decision may still assume it (the next
+                        * batch's stream creation does not come again: the bit is lost) */
             return;
         memset(e + w->nevented / 64, 0, (nb - w->nevented) / 8);
         w->evented = e;
         w->nevented = nb;
     }
     w->evented[wid / 64] |= 1ull << (wid % 64);
-    drop_worker(w, wid);
 }
 
 void kvr_ingest_assume_forgotten(struct writer *w, uint32_t wid)
@@ -460,10 +445,10 @@ void kvr_ingest_assume_free(struct writer *w)
     w->as = NULL;
     free(w->evented);
     free(w->as_keys);
-    free(w->as_wids);
+    free(w->as_pairs);
     free(w->as_blocks);
     w->as_blocks = NULL;
     w->evented = NULL;
     w->as_keys = NULL;
-    w->as_wids = NULL;
+    w->as_pairs = NULL;
 }

@@ -45,6 +45,7 @@ enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
 /* Why an assumption was not applied (ingest_assume.c). */
 enum { AS_SKIP_EVENTS = 0, AS_SKIP_WORKER, AS_SKIP_OVER_BUDGET, AS_SKIP_INDEX, AS_SKIP_COUNT };
 struct kvr_assume;
+struct kvr_assume_pair;
 struct as_pub {
     char *pod;
     uint32_t wid, dp_rank;
@@ -168,7 +169,7 @@ struct writer {
     uint32_t nevented;              /* bits allocated */
     uint8_t as_tier;                /* the index's "assumed" tier (0 = not interned yet) */
     uint64_t *as_keys;              /* scratch: chain keys, evictions */
-    uint32_t *as_wids;
+    struct kvr_assume_pair *as_pairs; /* scratch: expiries, sorted by worker */
     struct kvr_index_block *as_blocks;
     size_t as_cap;
     int64_t next_expire;            /* kvr_now_ms() of the next expiry check (0: none due) */

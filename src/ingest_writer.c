@@ -493,18 +493,19 @@ static int forget_pod(struct writer *w, const char *pod, uint64_t *removed, bool
     /* looked up here, on the only thread that interns or forgets this pod: an id looked up
      * elsewhere may be stale (forgotten, then reused by another pod) */
     if (kvr_index_pod_lookup(ing->ix, pod, &pid) == 0) {
-        uint32_t wids[64];
-        size_t nw = kvr_index_pod_workers(ing->ix, pid, wids, 64);
-        if (nw > 64) { /* more ranks than the stack holds */
-            uint32_t *all = malloc(nw * sizeof(*all));
-            size_t got = all != NULL ? kvr_index_pod_workers(ing->ix, pid, all, nw) : 0;
-            for (size_t k = 0; k < got && k < nw; k++)
-                kvr_ingest_assume_forgotten(w, all[k]);
-            free(all);
+        /* its workers' approximate-mode state goes with them (their ids will be reused) */
+        uint32_t buf[64], *wids = buf;
+        size_t nw = kvr_index_pod_workers(ing->ix, pid, buf, 64);
+        if (nw > 64 && (wids = malloc(nw * sizeof(*wids))) != NULL) {
+            kvr_index_pod_workers(ing->ix, pid, wids, nw); /* this thread interns them */
+        } else if (nw > 64) { /* out of memory: the first 64 */
+            wids = buf;
             nw = 64;
         }
         for (size_t k = 0; k < nw; k++)
             kvr_ingest_assume_forgotten(w, wids[k]);
+        if (wids != buf)
+            free(wids);
         rc = kvr_index_pod_forget(ing->ix, pid, &res);
         if (removed != NULL)
             *removed = res.cleared;

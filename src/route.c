@@ -40,7 +40,6 @@ struct tracked {
 struct approx {
     char *name;
     bool all;       /* approximate = on */
-    uint32_t block_size;
     char **pods;    /* approximate_pods */
     size_t npods;
 };
@@ -126,11 +125,10 @@ static int approx_copy(const struct kvr_conf *c, struct approx **out, size_t *no
         return -ENOMEM;
     for (size_t i = 0; i < c->nmodels; i++) {
         const struct kvr_conf_model *m = &c->models[i];
-        if (!m->approximate && m->napproximate_pods == 0 && m->block_size == 0)
+        if (!m->approximate && m->napproximate_pods == 0)
             continue;
         struct approx *a = &ap[n++];
         a->all = m->approximate;
-        a->block_size = m->block_size;
         if ((a->name = strdup(m->name)) == NULL)
             goto nomem;
         if (m->napproximate_pods > 0 &&
@@ -154,18 +152,6 @@ static const struct approx *approx_of(const struct kvr_route *r, const char *mod
         if (strcmp(r->ap[i].name, model) == 0)
             return &r->ap[i];
     return NULL;
-}
-
-uint32_t kvr_route_block_size(struct kvr_route *r, const char *model)
-{
-    uint32_t bs = 0;
-
-    pthread_mutex_lock(&r->mu);
-    const struct approx *a = approx_of(r, model);
-    if (a != NULL)
-        bs = a->block_size ? a->block_size : (a->all || a->npods) ? 16 : 0;
-    pthread_mutex_unlock(&r->mu);
-    return bs;
 }
 
 bool kvr_route_assumes(struct kvr_route *r, const char *model, const char *pod)

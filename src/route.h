@@ -25,10 +25,11 @@
  * Approximate mode, for engines that publish no KV events ([model "NAME"] approximate,
  * approximate_pods; Dynamo's --no-kv-events router, SGLang's approximate radix tree): a
  * decision to such a worker is taken as the worker now holding the request's blocks. This
- * module only says which decisions are assumed (kvr_route_assumes) and at which block size
- * such a model is scored; the caller hands the blocks to the worker's ingest writer, which
- * keeps them in the index's "assumed" tier with [route] assumed_ttl and assumed_max_blocks
- * (assume.h), and never for a worker that publishes events (events take precedence).
+ * module only says which decisions are assumed (kvr_route_assumes); the caller hands the
+ * blocks to the worker's ingest writer, which keeps them in the index's "assumed" tier with
+ * [route] assumed_ttl and assumed_max_blocks (assume.h), and never for a worker that
+ * publishes events (events take precedence). The block size such a model is scored at while
+ * no event taught one is score's ([model] block_size, else 16).
  *
  * Uses conf (the [route] settings and the [model] sections' approximate keys) only. Threads: any; one mutex for loads, tracked requests
  * and the random stream (a decision holds it for a few µs).
@@ -106,9 +107,6 @@ void kvr_route_load(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint
 
 /* ---- approximate mode (any thread; under the route mutex) ------------------------------ */
 
-/* The block size to score `model` with while its events have taught none: [model]
- * block_size, else 16 (vLLM's default) for a model in approximate mode, else 0. */
-uint32_t kvr_route_block_size(struct kvr_route *r, const char *model);
 /* Whether a decision to (model, pod) is to be assumed: [model] approximate is on, or the
  * pod is in its approximate_pods. */
 bool kvr_route_assumes(struct kvr_route *r, const char *model, const char *pod);

@@ -10,7 +10,10 @@
  *   weight generation or the number of tiers in use changes (one relaxed load per query
  *   otherwise).
  * - The block size is the namespace's (learned from events); a LoRA namespace that has none
- *   yet falls back to its base model's. A partial tail block is not hashed.
+ *   yet falls back to its base model's, and a model whose events taught none to the
+ *   configured one ([model] block_size, 16 for approximate mode: conf's table, copied into
+ *   each ctx with the weights, so the lookup takes no lock). A partial tail block is not
+ *   hashed.
  * Threads: kvr_score_query on the ctx's thread; kvr_score_set_weights and kvr_score_metrics
  * from any thread.
  */
@@ -33,14 +36,22 @@ struct weight_conf {
     double weight;
 };
 
+/* A model's configured block size (used while its events have taught none). */
+struct bs_conf {
+    char *model;
+    uint32_t block_size;
+};
+
 struct kvr_score {
     struct kvr_index *ix;
     uint32_t max_workers;
 
-    pthread_mutex_t wlock;                     /* protects wconf, nw, wdefault */
+    pthread_mutex_t wlock;                     /* protects wconf, nw, wdefault, bsc, nbsc */
     struct weight_conf wconf[KVR_CONF_MAX_TIERS];
     size_t nw;
     double wdefault;
+    struct bs_conf *bsc;
+    size_t nbsc;
     _Atomic uint64_t wgen;                     /* bumped after each change */
 
     struct kvr_hist latency;      /* seconds */
@@ -61,10 +72,67 @@ struct kvr_score_ctx {
     uint64_t wgen_seen;
     uint8_t tiers_seen;
     double weights[KVR_TIER_MAX];
+    struct bs_conf *bsc; /* the ctx's copy of s->bsc, taken with the weights */
+    size_t nbsc;
 };
+
+static void bs_free(struct bs_conf *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].model);
+    free(v);
+}
+
+/* A copy of the configured block sizes of src[0..n): 0 or -ENOMEM (*out untouched). */
+static int bs_copy(const struct bs_conf *src, size_t n, struct bs_conf **out)
+{
+    struct bs_conf *v = calloc(n ? n : 1, sizeof(*v));
+    if (v == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        v[i].block_size = src[i].block_size;
+        if ((v[i].model = strdup(src[i].model)) == NULL) {
+            bs_free(v, i);
+            return -ENOMEM;
+        }
+    }
+    *out = v;
+    return 0;
+}
+
+/* The [model] sections' block sizes: block_size, else 16 (vLLM's default) for a model in
+ * approximate mode (it may never have events to learn one from). */
+static void load_block_sizes(struct kvr_score *s, const struct kvr_conf *conf)
+{
+    struct bs_conf *v = calloc(conf->nmodels ? conf->nmodels : 1, sizeof(*v)), *old;
+    size_t n = 0, nold;
+
+    if (v == NULL)
+        return; /* out of memory: the previous sizes stay */
+    for (size_t i = 0; i < conf->nmodels; i++) {
+        const struct kvr_conf_model *m = &conf->models[i];
+        uint32_t bs = m->block_size ? m->block_size
+                      : (m->approximate || m->napproximate_pods) ? 16 : 0;
+        if (bs == 0)
+            continue;
+        if ((v[n].model = strdup(m->name)) == NULL) {
+            bs_free(v, n);
+            return;
+        }
+        v[n++].block_size = bs;
+    }
+    pthread_mutex_lock(&s->wlock);
+    old = s->bsc;
+    nold = s->nbsc;
+    s->bsc = v;
+    s->nbsc = n;
+    pthread_mutex_unlock(&s->wlock);
+    bs_free(old, nold);
+}
 
 static void load_weights(struct kvr_score *s, const struct kvr_conf *conf)
 {
+    load_block_sizes(s, conf);
     pthread_mutex_lock(&s->wlock);
     s->nw = conf->nweights < KVR_CONF_MAX_TIERS ? conf->nweights : KVR_CONF_MAX_TIERS;
     for (size_t i = 0; i < s->nw; i++) {
@@ -107,6 +175,7 @@ void kvr_score_destroy(struct kvr_score *s)
     if (s == NULL)
         return;
     pthread_mutex_destroy(&s->wlock);
+    bs_free(s->bsc, s->nbsc);
     free(s);
 }
 
@@ -154,6 +223,7 @@ void kvr_score_ctx_destroy(struct kvr_score_ctx *c)
     if (c == NULL)
         return;
     kvr_index_reader_destroy(c->reader);
+    bs_free(c->bsc, c->nbsc);
     free(c->hashes);
     free(c->pod_ids);
     free(c->entries);
@@ -186,6 +256,14 @@ static void refresh_weights(struct kvr_score_ctx *c, struct kvr_score_result *re
                 break;
             }
         c->weights[t] = w;
+    }
+    if (gen != c->wgen_seen) {
+        struct bs_conf *v;
+        if (bs_copy(s->bsc, s->nbsc, &v) == 0) { /* out of memory: the old copy stays */
+            bs_free(c->bsc, c->nbsc);
+            c->bsc = v;
+            c->nbsc = s->nbsc;
+        }
     }
     pthread_mutex_unlock(&s->wlock);
     c->wgen_seen = gen;
@@ -243,8 +321,9 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
         if (kvr_index_ns_lookup(ix, q->model, NULL, &base_ns, &base_seed) == 0)
             bs = kvr_index_ns_block_size(ix, base_ns);
     }
-    if (bs == 0)
-        bs = q->block_size_hint;
+    for (size_t i = 0; bs == 0 && i < c->nbsc; i++)
+        if (strcmp(c->bsc[i].model, q->model) == 0)
+            bs = c->bsc[i].block_size;
     if (bs == 0) { /* unknown model: block_size null, no scores */
         atomic_fetch_add_explicit(&s->unknown_model, 1, memory_order_relaxed);
         goto done;

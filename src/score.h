@@ -1,7 +1,8 @@
 /* score.h — a query (model, lora, token ids, pod filter) → ranked worker scores.
  *
- * The prompt is cut into the model's block size (learned from its events; a partial tail
- * block does not count), hashed with hash.h exactly as ingest hashes events (a cache_salt
+ * The prompt is cut into the model's block size (learned from its events, else its
+ * [model] block_size, else 16 for a model in approximate mode; a partial tail block does not
+ * count), hashed with hash.h exactly as ingest hashes events (a cache_salt
  * and media items fold in as the engine's extra keys: kvr_hash_fold_query), and looked up
  * with kvr_index_find(). score = sum over the matched blocks of the best tier weight the
  * worker holds each at. Entries are sorted by score desc, then pod, then dp_rank.
@@ -29,7 +30,7 @@ struct kvr_score_ctx; /* per thread */
 
 int kvr_score_create(struct kvr_index *ix, const struct kvr_conf *conf, struct kvr_score **out);
 void kvr_score_destroy(struct kvr_score *s);
-/* Re-reads the tier weights from conf (reload). */
+/* Re-reads the tier weights and the [model] block sizes from conf (reload). */
 void kvr_score_set_weights(struct kvr_score *s, const struct kvr_conf *conf);
 
 int kvr_score_ctx_create(struct kvr_score *s, uint32_t max_tokens, struct kvr_score_ctx **out);
@@ -45,8 +46,6 @@ struct kvr_score_query {
     const char *cache_salt;  /* NULL/"" = none; keys block 0 as the engine does */
     const struct kvr_hash_media *media; /* sorted by offset, not overlapping */
     size_t nmedia;
-    uint32_t block_size_hint; /* the block size when events have taught none (approximate
-                               * mode: route.h); 0 = none */
     bool want_hashes;         /* res->hashes: the query's block content hashes, even when no
                                * worker of the model is indexed yet */
 };

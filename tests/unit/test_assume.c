@@ -108,7 +108,7 @@ static void one_run(unsigned *r, size_t steps)
     int64_t now = 1000;
     int chain[NODES];
     uint64_t keys[NODES], out[NODES * WORKERS];
-    uint32_t wids[NODES * WORKERS];
+    struct kvr_assume_pair px[NODES * WORKERS];
 
     build_tree(r);
     nmodel = 0;
@@ -155,15 +155,15 @@ static void one_run(unsigned *r, size_t steps)
         } else if (op < 90) { /* expiry: everything older than a random age, in small bites */
             int64_t before = now - (int64_t)(rand_r(r) % 200);
             size_t capx = 1 + (size_t)rand_r(r) % 50;
-            size_t ne = kvr_assume_expire(a, before, wids, out, capx);
+            size_t ne = kvr_assume_expire(a, before, px, capx);
             for (size_t k = 0; k < ne; k++) {
                 size_t lo = SIZE_MAX;
                 for (size_t i = 0; i < nmodel; i++)
                     if (lo == SIZE_MAX || model[i].stamp < model[lo].stamp)
                         lo = i;
                 assert_true(lo != SIZE_MAX && model[lo].t < before);
-                assert_int_equal(wids[k], model[lo].wid);
-                assert_true(out[k] == tree[model[lo].node].key);
+                assert_int_equal(px[k].wid, model[lo].wid);
+                assert_true(px[k].key == tree[model[lo].node].key);
                 model_del(lo);
             }
             if (ne < capx) /* stopped early: the oldest left is not that old */
@@ -222,10 +222,11 @@ static void test_edges(void **state)
     assert_int_equal(kvr_assume_evict(a, 3, 1, out, 8), 1);
     assert_true(out[0] == 2);
     /* expiry is by time: nothing before 6, key 1 before 7 */
-    uint32_t w[8];
-    assert_int_equal(kvr_assume_expire(a, 6, w, out, 8), 0);
-    assert_int_equal(kvr_assume_expire(a, 7, w, out, 8), 1);
-    assert_int_equal(w[0], 3);
+    struct kvr_assume_pair px[8];
+    assert_int_equal(kvr_assume_expire(a, 6, px, 8), 0);
+    assert_int_equal(kvr_assume_expire(a, 7, px, 8), 1);
+    assert_int_equal(px[0].wid, 3);
+    assert_true(px[0].key == 1);
     assert_int_equal(kvr_assume_count(a), 0);
     assert_int_equal(kvr_assume_drop_worker(a, 99), 0);
     assert_int_equal(kvr_assume_worker_count(a, 1u << 30), 0);

@@ -284,12 +284,14 @@ static void test_models_and_lora(void **state)
     fx_free(f);
 }
 
-/* Approximate mode's inputs: block_size_hint scores a model events taught no block size
- * (events' size wins once known), want_hashes returns the blocks' content hashes (even for
- * a namespace never indexed), exactly as ingest hashes stored blocks. */
-static void test_block_size_hint_and_hashes(void **state)
+/* Approximate mode's inputs: a model events taught no block size is scored at its
+ * [model] block_size, or 16 when it is in approximate mode (events' size wins once known;
+ * a reload changes it); want_hashes returns the blocks' content hashes (even for a namespace
+ * never indexed), exactly as ingest hashes stored blocks. */
+static void test_configured_block_size_and_hashes(void **state)
 {
-    struct fx *f = fx_new(NULL);
+    struct fx *f = fx_new("[model \"fresh\"]\nblock_size = 8\n"
+                          "[model \"apx\"]\napproximate = on\n[model \"plain\"]\n");
     uint32_t p[40];
     uint64_t seed, want[5];
     struct kvr_score_result r;
@@ -297,7 +299,7 @@ static void test_block_size_hint_and_hashes(void **state)
 
     seq(p, 40, 11);
     struct kvr_score_query q = {.model = "fresh", .tokens = p, .ntokens = 40,
-                                .block_size_hint = 8, .want_hashes = true};
+                                .want_hashes = true};
     assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
     assert_int_equal(r.block_size, 8);
     assert_int_equal(r.query_blocks, 5);
@@ -306,7 +308,7 @@ static void test_block_size_hint_and_hashes(void **state)
     seed = kvr_hash_ns_seed("fresh", 5, NULL, 0);
     kvr_hash_blocks(seed, p, 5, 8, want);
     assert_memory_equal(r.hashes, want, sizeof(want));
-    /* a salt folds into block 0 as for a query without the hint */
+    /* a salt folds into block 0 as for any query */
     q.cache_salt = "tenant";
     assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
     assert_true(r.hashes[0] != want[0] && r.hashes[1] == want[1]);
@@ -315,23 +317,30 @@ static void test_block_size_hint_and_hashes(void **state)
     q.want_hashes = false;
     assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
     assert_null(r.hashes);
-    /* blocks stored at size 8 match through the hint; once events teach 10, 10 wins */
-    store_bs(f, "w", 0, "GPU", "fresh", NULL, p, 40, 8);
+    /* approximate mode without block_size: 16; a section with neither: unknown model */
+    q.model = "apx";
     assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
-    assert_int_equal(r.nentries, 1);
-    assert_int_equal(r.entries[0].matched_blocks, 5);
-    uint32_t ns;
-    assert_int_equal(kvr_index_ns_lookup(f->ix, "fresh", NULL, &ns, &seed), 0);
-    kvr_index_ns_set_block_size(f->ix, ns, 10);
+    assert_int_equal(r.block_size, 16);
+    assert_int_equal(r.query_blocks, 2);
+    q.model = "plain";
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_int_equal(r.block_size, 0);
+    /* a reload changes the configured size from the next query on */
+    struct kvr_conf c2;
+    load_conf(&c2, "[model \"fresh\"]\nblock_size = 4\n");
+    kvr_score_set_weights(f->s, &c2);
+    kvr_conf_free(&c2);
+    q.model = "fresh";
+    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
+    assert_int_equal(r.block_size, 4);
+    assert_int_equal(r.query_blocks, 10);
+    /* once events teach a size (here 10), it wins over the configured one */
+    store_bs(f, "w", 0, "GPU", "fresh", NULL, p, 40, 10);
     assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
     assert_int_equal(r.block_size, 10);
     assert_int_equal(r.query_blocks, 4);
-    assert_int_equal(r.nentries, 0);
-    /* no hint and no learned size: unknown model */
-    q.model = "other";
-    q.block_size_hint = 0;
-    assert_int_equal(kvr_score_query(f->c, &q, &r), 0);
-    assert_int_equal(r.block_size, 0);
+    assert_int_equal(r.nentries, 1);
+    assert_int_equal(r.entries[0].matched_blocks, 4);
     fx_free(f);
 }
 
@@ -477,7 +486,7 @@ int main(void)
         cmocka_unit_test(test_tiers_and_weights),
         cmocka_unit_test(test_pod_filter_ranks_and_ties),
         cmocka_unit_test(test_models_and_lora),
-        cmocka_unit_test(test_block_size_hint_and_hashes),
+        cmocka_unit_test(test_configured_block_size_and_hashes),
         cmocka_unit_test(test_random_vs_reference),
         cmocka_unit_test(test_metrics),
     };
