@@ -42,6 +42,11 @@
  *       index (it knows its node), a removal (here the lookup pass) by reading the node,
  *       which a removal reads anyway to drop its holder. Pre-sized one table (as (c)),
  *       pre-sized 1024 shards and growing (as the two (d)); the maps have half the bytes.
+ *   (g) (b) in the growing 1024-shard layout of (d): the entry table alone, with no reverse
+ *       map at all (a design that found removals some other way would still pay this).
+ *   (h) (d) growing, but each holder's reverse map segmented (extendible hashing: a
+ *       directory by the key's top bits, 4 KB segments of 16-byte records, a full segment
+ *       split in two): growth moves one segment's records instead of rehashing the map.
  *   (f) as (e), but a call's records are built in bulk: collected while the table is filled,
  *       sorted by tag (two byte-wide counting passes over its top 16 bits, so by home), then
  *       inserted in one sweep over the holder's map (prefetch ST_AHEAD records ahead).
@@ -192,7 +197,23 @@ struct recmap8 {
     uint32_t cap, n;
 };
 
-enum mode { M_TAB, M_NODE, M_MAP, M_MAP8, M_BULK8 };
+enum mode { M_TAB, M_NODE, M_MAP, M_SEG, M_MAP8, M_BULK8 };
+
+/* (h): a segmented reverse map (extendible hashing): a directory indexed by the key's top
+ * gd bits points at 4 KB segments of 16-byte records, linear probing within a segment from
+ * the key's low bits. A full segment (7/8) splits in two by its next key bit (the directory
+ * doubles when the segment's depth is its depth): growth moves one segment's records, in
+ * L1, into one new 4 KB segment, instead of rehashing the whole map into a fresh array. */
+#define SEG_RECS 256u
+#define SEG_MAX (SEG_RECS * 7 / 8)
+struct seg {
+    uint32_t ld, n; /* local depth, records */
+    struct rec r[SEG_RECS];
+};
+struct segmap {
+    struct seg **dir; /* 1 << gd entries */
+    uint32_t gd, n;
+};
 
 struct floor {
     struct shard *sh;
@@ -202,6 +223,7 @@ struct floor {
     size_t presized_len;
     struct recmap *maps;
     struct recmap8 *maps8;
+    struct segmap *segs;
     uint32_t nmaps;
     uint64_t *bk; /* (f): the call's records, then sorted (2 x the call's blocks) */
     uint32_t nbk;
@@ -314,6 +336,80 @@ static void recmap_reserve(struct recmap *m, size_t more)
     recmap_resize(m, rec_cap_for(need > grown ? need : grown));
 }
 
+static inline struct seg *seg_of(const struct segmap *m, uint64_t k)
+{
+    return m->dir[m->gd ? k >> (64 - m->gd) : 0];
+}
+
+static void seg_split(struct segmap *m, struct seg *sg, uint64_t k)
+{
+    if (sg->ld == m->gd) { /* the directory doubles */
+        struct seg **nd = xcalloc((size_t)2 << m->gd, sizeof(*nd));
+        for (size_t i = 0; i < (size_t)1 << m->gd; i++)
+            nd[2 * i] = nd[2 * i + 1] = m->dir[i];
+        free(m->dir);
+        m->dir = nd;
+        m->gd++;
+    }
+    uint32_t old = sg->ld;
+    struct seg *ns = malloc(sizeof(*ns));
+    if (ns == NULL)
+        die("out of memory");
+    struct rec tmp[SEG_RECS];
+    memcpy(tmp, sg->r, sizeof(tmp));
+    memset(sg->r, 0, sizeof(sg->r));
+    memset(ns->r, 0, sizeof(ns->r));
+    sg->ld = ns->ld = old + 1;
+    sg->n = ns->n = 0;
+    for (uint32_t i = 0; i < SEG_RECS; i++) {
+        if (tmp[i].nc == 0)
+            continue;
+        struct seg *to = (tmp[i].key >> (63 - old)) & 1 ? ns : sg;
+        uint32_t q = (uint32_t)tmp[i].key & (SEG_RECS - 1);
+        while (to->r[q].nc != 0)
+            q = (q + 1) & (SEG_RECS - 1);
+        to->r[q] = tmp[i];
+        to->n++;
+    }
+    /* the directory entries of sg's prefix whose next bit is 1 now point at ns */
+    uint64_t prefix = old ? k >> (64 - old) : 0;
+    size_t span = (size_t)1 << (m->gd - old), start = (size_t)prefix * span;
+    for (size_t i = start + span / 2; i < start + span; i++)
+        m->dir[i] = ns;
+}
+
+/* find-or-insert of (k, nd): 1 inserted, 0 another copy */
+static inline int seg_insert(struct segmap *m, uint64_t k, struct node *nd)
+{
+    for (;;) {
+        struct seg *sg = seg_of(m, k);
+        uint32_t q = (uint32_t)k & (SEG_RECS - 1);
+        while (sg->r[q].nc != 0 && sg->r[q].key != k)
+            q = (q + 1) & (SEG_RECS - 1);
+        if (sg->r[q].nc != 0) {
+            sg->r[q].nc += 1ull << 48;
+            return 0;
+        }
+        if (sg->n + 1 > SEG_MAX) {
+            seg_split(m, sg, k);
+            continue;
+        }
+        sg->r[q] = (struct rec){k, (uint64_t)(uintptr_t)nd | 1ull << 48};
+        sg->n++;
+        m->n++;
+        return 1;
+    }
+}
+
+static const struct rec *seg_get(const struct segmap *m, uint64_t k)
+{
+    const struct seg *sg = seg_of(m, k);
+    for (uint32_t q = (uint32_t)k & (SEG_RECS - 1); sg->r[q].nc != 0; q = (q + 1) & (SEG_RECS - 1))
+        if (sg->r[q].key == k)
+            return &sg->r[q];
+    return NULL;
+}
+
 /* 8-byte maps: the home comes from the tag (its top bits), so a rehash needs no key. */
 static inline uint32_t r8_home(const struct recmap8 *m, uint32_t tag)
 {
@@ -398,6 +494,7 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
     uint64_t rch[ST_RING], rh[ST_RING], rk[ST_RING];
     struct recmap *m = &f->maps[holder];
     struct recmap8 *m8 = &f->maps8[holder];
+    struct segmap *sgm = &f->segs[holder];
     if (mode == M_MAP)
         recmap_reserve(m, n);
     if (mode == M_MAP8 || mode == M_BULK8)
@@ -418,6 +515,11 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
                 uint64_t k = mixh(eh[ahead]);
                 rk[r] = k;
                 __builtin_prefetch(&m->s[rec_home(m, k)]);
+            }
+            if (mode == M_SEG) {
+                uint64_t k = mixh(eh[ahead]);
+                rk[r] = k;
+                __builtin_prefetch(&seg_of(sgm, k)->r[(uint32_t)k & (SEG_RECS - 1)]);
             }
             if (mode == M_MAP8 || mode == M_BULK8)
                 rk[r] = mixh(eh[ahead]);
@@ -476,6 +578,8 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
                 m->n++;
             }
         }
+        if (mode == M_SEG && !seg_insert(sgm, rk[r], nd))
+            f->dups++;
         if (mode == M_MAP8 || mode == M_BULK8) {
             uint32_t ix = nd == f->bump - 1 /* new: in the last chunk */
                               ? (uint32_t)((f->nchunks - 1) * NODES_PER_CHUNK +
@@ -508,6 +612,11 @@ static void store_map(struct floor *f, const uint64_t *c, const uint64_t *e, uin
 {
     store_seq(f, c, e, n, w, M_MAP);
 }
+static void store_seg(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
+                      uint32_t w)
+{
+    store_seq(f, c, e, n, w, M_SEG);
+}
 static void store_map8(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
                        uint32_t w)
 {
@@ -535,6 +644,11 @@ static void floor_init(struct floor *f, enum mode mode, enum layout lay, uint64_
     f->nmaps = mode >= M_MAP ? nholders : 0;
     f->maps = xcalloc(nholders, sizeof(*f->maps));
     f->maps8 = xcalloc(nholders, sizeof(*f->maps8));
+    f->segs = xcalloc(nholders, sizeof(*f->segs));
+    for (uint32_t w = 0; w < nholders && mode == M_SEG; w++) {
+        f->segs[w].dir = xcalloc(1, sizeof(struct seg *));
+        f->segs[w].dir[0] = xcalloc(1, sizeof(struct seg));
+    }
     f->nbk = per_holder; /* >= one call's blocks */
     if (mode == M_BULK8)
         f->bk = xcalloc(2 * (size_t)f->nbk, sizeof(uint64_t));
@@ -585,7 +699,13 @@ static void floor_free(struct floor *f)
     for (uint32_t w = 0; w < f->nmaps; w++) {
         free(f->maps[w].s);
         free(f->maps8[w].s);
+        struct segmap *m = &f->segs[w];
+        for (size_t i = 0; m->dir != NULL && i < (size_t)1 << m->gd; i++)
+            if (i == 0 || m->dir[i] != m->dir[i - 1])
+                free(m->dir[i]);
+        free(m->dir);
     }
+    free(f->segs);
     free(f->maps);
     free(f->maps8);
     free(f->bk);
@@ -634,6 +754,10 @@ static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *con
                 const struct node *rn = (const struct node *)(uintptr_t)(m->s[q].nc & PTR_MASK);
                 if (m->s[q].nc == 0 || rn != nd)
                     bad++;
+            } else if (mode == M_SEG) {
+                const struct rec *rr = seg_get(&f->segs[w], mixh(eng[at]));
+                if (rr == NULL || (const struct node *)(uintptr_t)(rr->nc & PTR_MASK) != nd)
+                    bad++;
             } else if (mode >= M_MAP8) {
                 /* as a removal would: the first record whose tag matches and whose node's
                  * holder element carries the mix's low 32 bits and this holder */
@@ -660,7 +784,7 @@ static uint64_t check(const struct floor *f, enum mode mode, const uint64_t *con
     for (uint64_t i = 0; i <= f->shmask; i++)
         used += f->sh[i].used;
     for (uint32_t w = 0; w < f->nmaps; w++)
-        recs += f->maps[w].n + f->maps8[w].n;
+        recs += f->maps[w].n + f->maps8[w].n + f->segs[w].n;
     uint64_t want = (uint64_t)nseq * nblk - f->dups;
     if (used != want || (mode >= M_MAP && recs != want))
         bad++;
@@ -742,6 +866,10 @@ int main(void)
             nseq, nblk, nw, lat);
     variant("(e) (d), 8-byte records, all growing", store_map8, M_MAP8, L_GROW, cont, eng,
             nseq, nblk, nw, lat);
+    variant("(h) (d), segmented maps, growing", store_seg, M_SEG, L_GROW, cont, eng, nseq,
+            nblk, nw, lat);
+    variant("(g) (b), 1024 shards, growing: no reverse map", store_node, M_NODE, L_GROW,
+            cont, eng, nseq, nblk, nw, lat);
     variant("(f) (e), records sorted, one sweep", store_bulk8, M_BULK8, L_ONE, cont, eng,
             nseq, nblk, nw, lat);
     variant("(f) (e) sorted, 1024 shards, pre-sized", store_bulk8, M_BULK8, L_SHARDS, cont,

@@ -29,8 +29,8 @@
  * 1024 / 128), KVR_BENCH_BIG_WORKERS (default 4096, 0 = skip), KVR_BENCH_QUERIES (finds per
  * kind, default 2000), KVR_TRACE (trace path; default ../shared/traces/synthetic_trace.jsonl
  * from the repository root, "" = skip), KVR_TRACE_REQUESTS (limit), KVR_TRACE_PASSES,
- * KVR_TRACE_ASSIGN (hash or rr; default both), KVR_BENCH_SEED, KVR_BENCH_STRIDE (shape 1
- * jump_stride, default 32).
+ * KVR_TRACE_ASSIGN (hash or rr; default both), KVR_TRACE_ROUNDS (1 = the writer alone only,
+ * default 2), KVR_BENCH_SEED, KVR_BENCH_STRIDE (shape 1 jump_stride, default 32).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -44,6 +44,7 @@
 #include "bench_common.h"
 #include "hash.h"
 #include "index.h"
+#include "index_int.h" /* trace_diag only: the tables' and maps' shape after each pass */
 
 static void *xmalloc(size_t n)
 {
@@ -384,6 +385,7 @@ struct query {
 
 struct trace_run {
     struct kvr_index *ix;
+    int diag; /* KVR_TRACE_DIAG */
     uint32_t ns;
     uint32_t wid[TR_WORKERS];
     uint64_t *qc; /* query contents */
@@ -422,6 +424,59 @@ static void thread_times(double *user_us, double *sys_us)
     *sys_us = (double)ru.ru_stime.tv_sec * 1e6 + (double)ru.ru_stime.tv_usec;
 }
 
+
+/* KVR_TRACE_DIAG=1: after each pass, the shape of the index's tables (a diagnosis aid for
+ * the long-run decline, docs/index.md: trace): shard tables' capacity, live entries and
+ * tombstones and the mean distance of a live entry from its home; the same for the reverse
+ * maps; node chunks and their live nodes. Reads writer-private state: only between passes,
+ * with the writer between calls. */
+static void trace_diag(struct kvr_index *ix, int pass)
+{
+    uint64_t tcap = 0, tlive = 0, ttomb = 0, tdist = 0;
+    for (uint32_t k = 0; k < NSHARD; k++) {
+        struct table *t = ix->sh[k].tab;
+        if (t == NULL)
+            continue;
+        tcap += t->mask + 1;
+        for (uint64_t i = 0; i <= t->mask; i++) {
+            uint64_t v = t->slot[i];
+            if (v == SLOT_TOMB)
+                ttomb++;
+            else if (v != 0) {
+                struct node *x = (struct node *)(uintptr_t)(v & PTR_MASK);
+                uint64_t home = key_hash(x->chain) >> t->shift;
+                tlive++;
+                tdist += (i - home) & t->mask;
+            }
+        }
+    }
+    uint64_t rcap = 0, rn = 0, rtomb = 0, rdist = 0;
+    for (uint32_t w = 0; w < ix->nworkers; w++) {
+        struct worker *wk = ix->workers[w];
+        if (wk == NULL || wk->h[0] == NULL || wk->h[0]->recs.s == NULL)
+            continue;
+        struct recmap *m = &wk->h[0]->recs;
+        rcap += m->cap;
+        for (uint32_t i = 0; i < m->cap; i++) {
+            if (m->s[i].nc == REC_TOMB)
+                rtomb++;
+            else if (m->s[i].nc != 0) {
+                uint32_t home = rec_home(m, m->s[i].key);
+                rn++;
+                rdist += i >= home ? i - home : i + m->cap - home;
+            }
+        }
+    }
+    uint64_t chunks = 0, cl = 0;
+    for (struct nchunk *c = ix->slab.all; c != NULL; c = c->anext)
+        chunks++, cl += c->live;
+    printf("    diag %d: shards %.2fM slots, %.2fM live, %.2fM tomb, dist %.2f | recmaps "
+           "%.2fM slots, %.2fM live, %.2fM tomb, dist %.2f | %llu chunks, %.0f%% live\n",
+           pass + 1, tcap / 1e6, tlive / 1e6, ttomb / 1e6, tlive ? (double)tdist / tlive : 0,
+           rcap / 1e6, rn / 1e6, rtomb / 1e6, rn ? (double)rdist / rn : 0,
+           (unsigned long long)chunks, chunks ? 100.0 * cl / ((double)chunks * NCHUNK_NODES) : 0);
+}
+
 static void *trace_writer(void *arg)
 {
     struct trace_run *t = arg;
@@ -458,6 +513,8 @@ static void *trace_writer(void *arg)
         t->pass_sys_us[p] = s1 - s0;
         t->pass_ops[p] = pops;
         ops += pops;
+        if (t->diag)
+            trace_diag(t->ix, p);
     }
     t->writer_us = now_us() - t0;
     t->writer_cpu_us = cpu_us() - c0;
@@ -570,6 +627,7 @@ static int trace(const char *path, long limit, int by_hash)
      * remixed with the pass number) while the LRUs carry on, so the caches fill and their
      * evictions turn into removes: the steady state of a running fleet. */
     t.npass = (int)envl("KVR_TRACE_PASSES", 4);
+    t.diag = (int)envl("KVR_TRACE_DIAG", 0);
     if (t.npass < 1)
         t.npass = 1;
     if (t.npass > TR_MAX_PASSES)
@@ -663,7 +721,8 @@ static int trace(const char *path, long limit, int by_hash)
 
     /* writer alone first (throughput without a concurrent reader), then with one reader
      * on a fresh index */
-    for (int round = 0; round < 2; round++) {
+    int nround = (int)envl("KVR_TRACE_ROUNDS", 2);
+    for (int round = 0; round < nround && round < 2; round++) {
         if (round == 1) {
             kvr_index_destroy(t.ix);
             kvr_index_create(&o, &t.ix);
