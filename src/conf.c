@@ -1,15 +1,16 @@
 /* conf.c — INI file → validated struct kvr_conf, driven by one table of directives.
  *
- * Files: conf.c (the directive table, setters, INI walk, cross-checks, reload) and
- * conf_value.c (the syntax of values: sizes, durations, HOST:PORT, ZMQ endpoints), sharing
- * conf_int.h.
+ * Files: conf.c (the directive table, setters, INI walk, cross-checks), conf_value.c (the
+ * syntax of values: sizes, durations, HOST:PORT, ZMQ endpoints), conf_model.c ([model "NAME"]
+ * sections) and conf_reload.c (SIGHUP: kvr_conf_apply_reload, moved out of this file), sharing
+ * conf_int.h, which also holds the table's types so that conf_reload.c can walk it.
  *
  * Design
- *   - `directives[]` below is the single source of truth: section, key, type, default (as the
- *     text a user would write), range, flags (repeatable, reloadable, empty-ok) and the field
- *     offset in struct kvr_conf. Defaults are applied by parsing the default text through the
- *     same setter as user input, so a default can never bypass validation. Reload and the
- *     "needs a restart" report walk the same table.
+ *   - `kvr_conf_directives[]` below is the single source of truth: section, key, type,
+ *     default (as the text a user would write), range, flags (repeatable, reloadable,
+ *     empty-ok) and the field offset in struct kvr_conf. Defaults are applied by parsing the
+ *     default text through the same setter as user input, so a default can never bypass
+ *     validation. Reload and the "needs a restart" report (conf_reload.c) walk the same table.
  *   - libinih (Debian package, version 55) does the INI tokenizing through ini_parse_stream()
  *     with our own line reader. The reader is what gives us exact line numbers (the packaged
  *     library is built without INI_HANDLER_LINENO) and lets us normalise what the compiled-in
@@ -52,39 +53,6 @@
 #define CONF_MAX_FILE_BYTES (1 << 20)
 #define MAX_POD_ID 256
 
-enum dtype {
-    T_LEVEL,     /* int: enum kvr_log_level */
-    T_FORMAT,    /* int: enum kvr_log_format */
-    T_DURATION,  /* int64_t ms */
-    T_SIZE,      /* int64_t bytes */
-    T_U32,       /* uint32_t plain integer */
-    T_I64,       /* int64_t plain integer */
-    T_STRING,    /* char * */
-    T_BIND,      /* char **bind + nbind (endpoint list) */
-    T_CONNECT,   /* struct kvr_conf_connect * + nconnect */
-    T_HOSTPORT,  /* char * "IP:PORT" */
-    T_WEIGHT,    /* weight.<tier>: weights[] */
-    T_DOUBLE,    /* double */
-    T_CIDR,      /* struct kvr_cidr * + count (repeatable address ranges) */
-    T_BOOL,      /* bool: on/off, true/false, yes/no, 1/0 */
-};
-
-enum {
-    F_REPEATABLE = 1u << 0,
-    F_RELOADABLE = 1u << 1,
-    F_EMPTY_OK = 1u << 2,
-};
-
-struct directive {
-    const char *section;
-    const char *name; /* "weight.*" matches any weight.<tier> */
-    enum dtype type;
-    const char *def;  /* default as config text; NULL = unset */
-    double min, max;  /* inclusive range for numeric types */
-    unsigned flags;
-    size_t off;       /* offset of the field in struct kvr_conf */
-};
-
 #define OFF(f) offsetof(struct kvr_conf, f)
 #define MS_S 1000.0
 #define MS_M 60000.0
@@ -94,7 +62,7 @@ struct directive {
 #define GiB (1024.0 * 1024.0 * 1024.0)
 
 /* The table. Keep conf/kvrouterd.conf in sync (tests load it and compare against defaults). */
-static const struct directive directives[] = {
+const struct directive kvr_conf_directives[] = {
     {"log", "level", T_LEVEL, "info", 0, 3, F_RELOADABLE, OFF(log_level)},
     {"log", "format", T_FORMAT, "text", 0, 1, F_RELOADABLE, OFF(log_format)},
     {"log", "ratelimit_interval", T_DURATION, "10s", 1, MS_H, F_RELOADABLE, OFF(log_ratelimit_ms)},
@@ -179,7 +147,8 @@ static const struct directive directives[] = {
 
     {"daemon", "shutdown_timeout", T_DURATION, "5s", 0, MS_H, 0, OFF(shutdown_timeout_ms)},
 };
-#define NDIRECTIVES (sizeof(directives) / sizeof(directives[0]))
+#define NDIRECTIVES (sizeof(kvr_conf_directives) / sizeof(kvr_conf_directives[0]))
+const size_t kvr_conf_ndirectives = NDIRECTIVES;
 
 static const char *const sections[] = {"log", "events", "index", "http", "score", "route",
                                        "tokenizer", "state", "daemon"};
@@ -207,9 +176,6 @@ struct pstate {
     int section_line;     /* line of the last [section] header */
     bool in_model;        /* the last header was [model "NAME"] (inih sees "[model]") */
 };
-
-#define FIELD(c, d, T) ((T *)(void *)((char *)(c) + (d)->off))
-#define CFIELD(c, d, T) ((const T *)(const void *)((const char *)(c) + (d)->off))
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
@@ -623,7 +589,7 @@ static int set_value(struct kvr_conf *c, const struct directive *d, const char *
 static const struct directive *find_directive(const char *section, const char *name)
 {
     for (size_t i = 0; i < NDIRECTIVES; i++) {
-        const struct directive *d = &directives[i];
+        const struct directive *d = &kvr_conf_directives[i];
         if (strcasecmp(d->section, section) != 0)
             continue;
         if (d->type == T_WEIGHT ? strncasecmp(name, "weight.", 7) == 0
@@ -646,7 +612,7 @@ static int apply_defaults(struct kvr_conf *c, struct kvr_err *err)
     struct setctx sc;
 
     for (size_t i = 0; i < NDIRECTIVES; i++) {
-        const struct directive *d = &directives[i];
+        const struct directive *d = &kvr_conf_directives[i];
         if (d->def == NULL)
             continue;
         if (set_value(c, d, d->name, d->def, NULL, &sc) != 0)
@@ -814,7 +780,7 @@ static int conf_handler(void *user, const char *section, const char *name, const
         fail(st, st->lineno, -EINVAL, "unknown key '%.100s' in section [%s]", name, section);
         return 0;
     }
-    idx = (size_t)(d - directives);
+    idx = (size_t)(d - kvr_conf_directives);
     if (!(d->flags & F_REPEATABLE) && st->seen_line[idx] != 0) {
         fail(st, st->lineno, -EINVAL, "duplicate key '%s' in section [%s] (first set on line %d)",
              d->name, d->section, st->seen_line[idx]);
@@ -836,7 +802,7 @@ static int conf_handler(void *user, const char *section, const char *name, const
 static int seen_line(const struct pstate *st, const char *section, const char *name)
 {
     const struct directive *d = find_directive(section, name);
-    return d ? st->seen_line[d - directives] : 0;
+    return d ? st->seen_line[d - kvr_conf_directives] : 0;
 }
 
 static int later(int a, int b)
@@ -1109,186 +1075,6 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->route_policy);
     kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));
-}
-
-/* ---- reload -------------------------------------------------------------------------- */
-
-static void list_add(struct kvr_err *e, size_t *len, const char *section, const char *name)
-{
-    int n;
-    if (e == NULL || *len >= sizeof(e->msg) - 1)
-        return;
-    n = snprintf(e->msg + *len, sizeof(e->msg) - *len, "%s%s.%s", *len ? ", " : "", section, name);
-    if (n > 0)
-        *len += (size_t)n;
-    if (*len >= sizeof(e->msg))
-        *len = sizeof(e->msg) - 1;
-}
-
-static bool str_eq(const char *a, const char *b)
-{
-    if (a == NULL || b == NULL)
-        return a == b;
-    return strcmp(a, b) == 0;
-}
-
-static bool field_equal(const struct directive *d, const struct kvr_conf *a,
-                        const struct kvr_conf *b)
-{
-    switch (d->type) {
-    case T_LEVEL:
-    case T_FORMAT:
-        return *CFIELD(a, d, int) == *CFIELD(b, d, int);
-    case T_DURATION:
-    case T_SIZE:
-    case T_I64:
-        return *CFIELD(a, d, int64_t) == *CFIELD(b, d, int64_t);
-    case T_U32:
-        return *CFIELD(a, d, uint32_t) == *CFIELD(b, d, uint32_t);
-    case T_DOUBLE:
-        return *CFIELD(a, d, double) == *CFIELD(b, d, double);
-    case T_STRING:
-    case T_HOSTPORT:
-        return str_eq(*CFIELD(a, d, char *), *CFIELD(b, d, char *));
-    case T_BIND:
-        if (a->nbind != b->nbind)
-            return false;
-        for (size_t i = 0; i < a->nbind; i++)
-            if (!str_eq(a->bind[i], b->bind[i]))
-                return false;
-        return true;
-    case T_CONNECT:
-        if (a->nconnect != b->nconnect)
-            return false;
-        for (size_t i = 0; i < a->nconnect; i++)
-            if (!str_eq(a->connect[i].endpoint, b->connect[i].endpoint) ||
-                !str_eq(a->connect[i].replay, b->connect[i].replay) ||
-                !str_eq(a->connect[i].pod, b->connect[i].pod))
-                return false;
-        return true;
-    case T_CIDR:
-        return a->nallow == b->nallow &&
-               (a->nallow == 0 || memcmp(a->allow, b->allow, a->nallow * sizeof(*a->allow)) == 0);
-    case T_BOOL:
-        return *CFIELD(a, d, bool) == *CFIELD(b, d, bool);
-    case T_WEIGHT:
-        return true; /* compared per tier in kvr_conf_apply_reload */
-    }
-    return true;
-}
-
-static void field_copy(const struct directive *d, struct kvr_conf *dst, const struct kvr_conf *src)
-{
-    switch (d->type) {
-    case T_LEVEL:
-    case T_FORMAT:
-        *FIELD(dst, d, int) = *CFIELD(src, d, int);
-        break;
-    case T_DURATION:
-    case T_SIZE:
-    case T_I64:
-        *FIELD(dst, d, int64_t) = *CFIELD(src, d, int64_t);
-        break;
-    case T_U32:
-        *FIELD(dst, d, uint32_t) = *CFIELD(src, d, uint32_t);
-        break;
-    case T_DOUBLE:
-        *FIELD(dst, d, double) = *CFIELD(src, d, double);
-        break;
-    case T_BOOL:
-        *FIELD(dst, d, bool) = *CFIELD(src, d, bool);
-        break;
-    case T_STRING: { /* [http] admin_token: live owns its copy; on ENOMEM keep the old one */
-        const char *v = *CFIELD(src, d, char *);
-        char *dup = v != NULL ? strdup(v) : NULL;
-        char **f = FIELD(dst, d, char *);
-        if (v != NULL && dup == NULL)
-            break;
-        if (*f != NULL)
-            explicit_bzero(*f, strlen(*f));
-        free(*f);
-        *f = dup;
-        break;
-    }
-    default:
-        break; /* only scalar types and strings are reloadable (weights: the caller) */
-    }
-}
-
-struct model_list {
-    struct kvr_err *changed;
-    size_t *len;
-    int n;
-};
-
-static void model_changed(void *arg, const char *name)
-{
-    struct model_list *ml = arg;
-    char n[KVR_NAME_MAX + 8];
-    snprintf(n, sizeof(n), "\"%s\"", name);
-    list_add(ml->changed, ml->len, "model", n);
-    ml->n++;
-}
-
-int kvr_conf_apply_reload(struct kvr_conf *live, const struct kvr_conf *fresh,
-                          struct kvr_err *changed, struct kvr_err *ignored)
-{
-    size_t clen = 0, ilen = 0;
-    int nchanged = 0;
-
-    if (changed != NULL)
-        changed->msg[0] = '\0';
-    if (ignored != NULL)
-        ignored->msg[0] = '\0';
-    for (size_t i = 0; i < NDIRECTIVES; i++) {
-        const struct directive *d = &directives[i];
-        if (d->type == T_WEIGHT)
-            continue;
-        if (field_equal(d, live, fresh))
-            continue;
-        if (d->flags & F_RELOADABLE) {
-            field_copy(d, live, fresh);
-            list_add(changed, &clen, d->section, d->name);
-            nchanged++;
-        } else {
-            list_add(ignored, &ilen, d->section, d->name);
-        }
-    }
-    /* Weights: a tier changed when its effective weight differs (added, removed, new value). */
-    for (size_t i = 0; i < fresh->nweights; i++) {
-        const char *t = fresh->weights[i].name;
-        bool found = false;
-        for (size_t j = 0; j < live->nweights; j++) {
-            if (strcmp(live->weights[j].name, t) == 0) {
-                found = live->weights[j].weight == fresh->weights[i].weight;
-                break;
-            }
-        }
-        if (!found) {
-            char n[48];
-            snprintf(n, sizeof(n), "weight.%s", t);
-            list_add(changed, &clen, "score", n);
-            nchanged++;
-        }
-    }
-    for (size_t j = 0; j < live->nweights; j++) {
-        bool present = false;
-        for (size_t i = 0; i < fresh->nweights; i++)
-            present |= strcmp(live->weights[j].name, fresh->weights[i].name) == 0;
-        if (!present) {
-            char n[48];
-            snprintf(n, sizeof(n), "weight.%s", live->weights[j].name);
-            list_add(changed, &clen, "score", n);
-            nchanged++;
-        }
-    }
-    memcpy(live->weights, fresh->weights, sizeof(live->weights));
-    live->nweights = fresh->nweights;
-    struct model_list ml = {changed, &clen, 0};
-    if (kvr_conf_models_reload(live, fresh, model_changed, &ml) < 0)
-        list_add(ignored, &ilen, "model", "* (out of memory: the previous [model] sections stay)");
-    nchanged += ml.n;
-    return nchanged;
 }
 
 double kvr_conf_tier_weight(const struct kvr_conf *c, const char *tier)
