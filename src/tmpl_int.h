@@ -1,7 +1,9 @@
 /* tmpl_int.h — private structures of the tmpl module, shared by its parts:
  *   tmpl_val.c      arena, values, Python-compatible str()/repr()/json/compare
  *   tmpl_lex.c      source -> tokens (Jinja2's whitespace control applied here)
- *   tmpl_parse.c    tokens -> AST (compile), the content-format detector
+ *   tmpl_parse.c    tokens -> AST (compile): expressions, the height check, the content-format
+ *                   detector
+ *   tmpl_stmt.c     the statement parsers ({% for/if/set/macro/call/filter/with %}, bodies)
  *   tmpl_render.c   AST evaluation: statements, expressions, scopes, limits
  *   tmpl_builtin.c  filters, tests, attributes, dict/list methods, globals
  *   tmpl_str.c      str methods, case mapping, `%` formatting, Markup
@@ -14,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tmpl.h"
 
@@ -26,6 +29,13 @@
 #define tb_splitlines kvr_tmpl_tb_splitlines
 #define tb_title_filter kvr_tmpl_tb_title_filter
 #define tb_to_items kvr_tmpl_tb_to_items
+#define nvec_push kvr_tmpl_nvec_push
+#define parse_body kvr_tmpl_parse_body
+#define parse_expr kvr_tmpl_parse_expr
+#define parse_filter_name kvr_tmpl_parse_filter_name
+#define parse_tuple kvr_tmpl_parse_tuple
+#define perr kvr_tmpl_perr
+#define svec_push kvr_tmpl_svec_push
 #define tarena_alloc kvr_tmpl_tarena_alloc
 #define tarena_free kvr_tmpl_tarena_free
 #define tarena_reset kvr_tmpl_tarena_reset
@@ -251,6 +261,100 @@ struct kvr_tmpl {
     struct tnode *root; /* a body: kind N_WITH with v/nv as the statements */
     int content_parts;
 };
+
+/* ---- parser: tmpl_parse.c (tokens, expressions, compile) and tmpl_stmt.c (statements) ----
+ * Only those two files use this section. The token tests, expect_op() and node() are tiny and
+ * run for every token or node: static inline, so neither file pays a call into the other. */
+#define MAX_NEST 200
+
+struct parser {
+    struct ttoken *t;
+    size_t n, i;
+    struct tarena *a;
+    char *err;
+    size_t errlen;
+    int depth;
+    int loops;            /* for-loops around the current statement (break/continue) */
+    struct tnode *macro;  /* macro being parsed (varargs detection) */
+    size_t nodes;         /* nodes made (sizes the height pass's stack) */
+};
+
+/* "line N: ..." into P->err unless an error is already there; returns -EINVAL */
+int perr(struct parser *P, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static inline struct ttoken *cur(struct parser *P)
+{
+    return &P->t[P->i];
+}
+
+static inline bool is_op(struct parser *P, const char *op)
+{
+    struct ttoken *t = cur(P);
+    size_t l = strlen(op);
+    return t->type == TK_OP && t->n == l && memcmp(t->p, op, l) == 0;
+}
+
+static inline bool is_name(struct parser *P, const char *name)
+{
+    struct ttoken *t = cur(P);
+    size_t l = strlen(name);
+    return t->type == TK_NAME && t->n == l && memcmp(t->p, name, l) == 0;
+}
+
+static inline bool tok_is_name(const struct ttoken *t, const char *name)
+{
+    size_t l = strlen(name);
+    return t->type == TK_NAME && t->n == l && memcmp(t->p, name, l) == 0;
+}
+
+static inline int expect_op(struct parser *P, const char *op)
+{
+    if (!is_op(P, op))
+        return perr(P, "expected '%s'", op);
+    P->i++;
+    return 0;
+}
+
+static inline struct tnode *node(struct parser *P, int kind)
+{
+    struct tnode *n = tarena_alloc(P->a, sizeof(*n));
+    if (n) {
+        P->nodes++;
+        memset(n, 0, sizeof(*n));
+        n->kind = (uint16_t)kind;
+        n->line = cur(P)->line;
+    }
+    return n;
+}
+
+/* growable node vectors */
+struct nvec {
+    struct tnode **v;
+    size_t n, cap;
+};
+/* appends x (NULL: -ENOMEM, so a failed node() can be pushed unchecked); 0 or -ENOMEM */
+int nvec_push(struct parser *P, struct nvec *v, struct tnode *x);
+struct svec {
+    const char **s;
+    size_t *l;
+    size_t n, cap;
+};
+int svec_push(struct parser *P, struct svec *v, const char *s, size_t l);
+
+/* Names an expression may not use and a for/set may not assign to. Static here, not extern,
+ * so each user's sizeof(reserved) still counts the table. */
+static const char *const reserved[] = {"for", "if", "else", "elif", "in", "is", "and", "or", "not",
+                                       "endfor", "endif", "recursive"};
+
+/* tmpl_parse.c: an expression (the conditional `x if c else y` included); an expression or an
+ * unparenthesized tuple (cond false: no conditional, as after a for's `in`); a filter name and
+ * its arguments applied to *io. tmpl_stmt.c: statements up to one of the end tags (ends NULL:
+ * to the end of the template; *which: the index of the tag found, its name consumed, `%}` not).
+ * All return 0, -EINVAL (perr filled) or -ENOMEM. */
+int parse_expr(struct parser *P, struct tnode **out);
+int parse_tuple(struct parser *P, struct tnode **out, bool cond);
+int parse_filter_name(struct parser *P, struct tnode **io);
+int parse_body(struct parser *P, const char *const *ends, struct nvec *body, int *which);
 
 /* ---- render ---- */
 struct tframe {
