@@ -197,6 +197,29 @@ static int parse_macro_params(struct parser *P, struct tnode *n)
     return 0;
 }
 
+/* The body of a block statement that has one end tag ({% endset %}, {% endfilter %}, ...),
+ * up to that tag; the caller ends the tag's block (endmacro may carry a name first). */
+static int body_until(struct parser *P, const char *end, struct nvec *out)
+{
+    const char *const ends[] = {end, NULL};
+    int which;
+    return parse_body(P, ends, out, &which);
+}
+
+/* A macro's or call block's body: parsed as macro m, with no loop of the outer body open
+ * (loop controls and caller() resolve against m). */
+static int macro_body(struct parser *P, struct tnode *m, const char *end, struct nvec *out)
+{
+    struct tnode *outer = P->macro;
+    int loops = P->loops;
+    P->macro = m;
+    P->loops = 0;
+    int rc = body_until(P, end, out);
+    P->macro = outer;
+    P->loops = loops;
+    return rc;
+}
+
 static int parse_stmt(struct parser *P, struct nvec *body)
 {
     struct ttoken *t = cur(P);
@@ -285,10 +308,8 @@ static int parse_stmt(struct parser *P, struct nvec *body)
                     TRY(parse_filter_chain(P, &n->a));
                 }
                 TRY(block_end(P));
-                static const char *const ends[] = {"endset", NULL};
                 struct nvec b = {0};
-                int which;
-                TRY(parse_body(P, ends, &b, &which));
+                TRY(body_until(P, "endset", &b));
                 TRY(block_end(P));
                 n->v = b.v;
                 n->nv = b.n;
@@ -306,16 +327,8 @@ static int parse_stmt(struct parser *P, struct nvec *body)
         P->i++;
         TRY(parse_macro_params(P, n));
         TRY(block_end(P));
-        struct tnode *outer = P->macro;
-        int loops = P->loops;
-        P->macro = n;
-        P->loops = 0;
-        static const char *const ends[] = {"endmacro", NULL};
         struct nvec b = {0};
-        int which;
-        TRY(parse_body(P, ends, &b, &which));
-        P->macro = outer;
-        P->loops = loops;
+        TRY(macro_body(P, n, "endmacro", &b));
         if (cur(P)->type == TK_NAME)
             P->i++; /* {% endmacro name %} */
         TRY(block_end(P));
@@ -337,16 +350,8 @@ static int parse_stmt(struct parser *P, struct nvec *body)
         if (n->a->kind != N_CALL)
             return perr(P, "expected a call after {%% call %%}");
         TRY(block_end(P));
-        struct tnode *outer = P->macro;
-        int loops = P->loops;
-        P->macro = caller;
-        P->loops = 0;
-        static const char *const ends[] = {"endcall", NULL};
         struct nvec b = {0};
-        int which;
-        TRY(parse_body(P, ends, &b, &which));
-        P->macro = outer;
-        P->loops = loops;
+        TRY(macro_body(P, caller, "endcall", &b));
         TRY(block_end(P));
         caller->v = b.v;
         caller->nv = b.n;
@@ -358,10 +363,8 @@ static int parse_stmt(struct parser *P, struct nvec *body)
         n->line = t->line;
         TRY(parse_filter_chain(P, &n->a));
         TRY(block_end(P));
-        static const char *const ends[] = {"endfilter", NULL};
         struct nvec b = {0};
-        int which;
-        TRY(parse_body(P, ends, &b, &which));
+        TRY(body_until(P, "endfilter", &b));
         TRY(block_end(P));
         n->v = b.v;
         n->nv = b.n;
@@ -385,10 +388,8 @@ static int parse_stmt(struct parser *P, struct nvec *body)
             TRY(nvec_push(P, &vals, e));
         }
         TRY(block_end(P));
-        static const char *const ends[] = {"endwith", NULL};
         struct nvec b = {0};
-        int which;
-        TRY(parse_body(P, ends, &b, &which));
+        TRY(body_until(P, "endwith", &b));
         TRY(block_end(P));
         n->names = names.s;
         n->namelens = names.l;
