@@ -206,6 +206,19 @@ static int body_until(struct parser *P, const char *end, struct nvec *out)
     return parse_body(P, ends, out, &which);
 }
 
+/* `%}`, the body up to {% end %}, and the end tag's `%}`: the block statements whose body
+ * follows their opening tag directly (set block, filter, with); the body goes to n->v. */
+static int body_into(struct parser *P, struct tnode *n, const char *end)
+{
+    struct nvec b = {0};
+    TRY(block_end(P));
+    TRY(body_until(P, end, &b));
+    TRY(block_end(P));
+    n->v = b.v;
+    n->nv = b.n;
+    return 0;
+}
+
 /* A macro's or call block's body: parsed as macro m, with no loop of the outer body open
  * (loop controls and caller() resolve against m). */
 static int macro_body(struct parser *P, struct tnode *m, const char *end, struct nvec *out)
@@ -307,12 +320,7 @@ static int parse_stmt(struct parser *P, struct nvec *body)
                     P->i++;
                     TRY(parse_filter_chain(P, &n->a));
                 }
-                TRY(block_end(P));
-                struct nvec b = {0};
-                TRY(body_until(P, "endset", &b));
-                TRY(block_end(P));
-                n->v = b.v;
-                n->nv = b.n;
+                TRY(body_into(P, n, "endset"));
             }
         }
     } else if (tok_is_name(t, "macro")) {
@@ -362,12 +370,7 @@ static int parse_stmt(struct parser *P, struct nvec *body)
             return -ENOMEM;
         n->line = t->line;
         TRY(parse_filter_chain(P, &n->a));
-        TRY(block_end(P));
-        struct nvec b = {0};
-        TRY(body_until(P, "endfilter", &b));
-        TRY(block_end(P));
-        n->v = b.v;
-        n->nv = b.n;
+        TRY(body_into(P, n, "endfilter"));
     } else if (tok_is_name(t, "with")) {
         n = node(P, N_WITH);
         if (n == NULL)
@@ -387,17 +390,12 @@ static int parse_stmt(struct parser *P, struct nvec *body)
             TRY(parse_expr(P, &e));
             TRY(nvec_push(P, &vals, e));
         }
-        TRY(block_end(P));
-        struct nvec b = {0};
-        TRY(body_until(P, "endwith", &b));
-        TRY(block_end(P));
+        TRY(body_into(P, n, "endwith"));
         n->names = names.s;
         n->namelens = names.l;
         n->nnames = names.n;
         n->w = vals.v;
         n->nw = vals.n;
-        n->v = b.v;
-        n->nv = b.n;
     } else if (tok_is_name(t, "break") || tok_is_name(t, "continue")) {
         if (P->loops == 0)
             return perr(P, "'%.*s' outside a loop", (int)t->n, t->p);
