@@ -597,36 +597,19 @@ store_seq(struct floor *f, const uint64_t *cont, const uint64_t *eh, uint32_t n,
         bulk_insert(f, m8, n);
 }
 
-static void store_tab(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
-                      uint32_t w)
-{
-    store_seq(f, c, e, n, w, M_TAB);
-}
-static void store_node(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
-                       uint32_t w)
-{
-    store_seq(f, c, e, n, w, M_NODE);
-}
-static void store_map(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
-                      uint32_t w)
-{
-    store_seq(f, c, e, n, w, M_MAP);
-}
-static void store_seg(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
-                      uint32_t w)
-{
-    store_seq(f, c, e, n, w, M_SEG);
-}
-static void store_map8(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
-                       uint32_t w)
-{
-    store_seq(f, c, e, n, w, M_MAP8);
-}
-static void store_bulk8(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,
-                        uint32_t w)
-{
-    store_seq(f, c, e, n, w, M_BULK8);
-}
+/* One entry point per mode: store_seq inlined with its mode constant, one loop each. */
+#define STORE_FN(fn, mode)                                                                  \
+    static void fn(struct floor *f, const uint64_t *c, const uint64_t *e, uint32_t n,       \
+                   uint32_t w)                                                              \
+    {                                                                                       \
+        store_seq(f, c, e, n, w, mode);                                                     \
+    }
+STORE_FN(store_tab, M_TAB)
+STORE_FN(store_node, M_NODE)
+STORE_FN(store_map, M_MAP)
+STORE_FN(store_seg, M_SEG)
+STORE_FN(store_map8, M_MAP8)
+STORE_FN(store_bulk8, M_BULK8)
 
 /* ---- setup, check, teardown ---------------------------------------------------------- */
 
