@@ -72,12 +72,14 @@ endif
 OPT ?= -O2
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
-CFLAGS_ALL  = -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) $(SANFLAGS) -pthread -Isrc $(PKG_CFLAGS) \
+CFLAGS_ALL  = -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) $(SANFLAGS) -pthread -Isrc $(SRC_DIRS:%=-I%) $(PKG_CFLAGS) \
               -DKVR_VERSION='"$(VERSION)"' -DKVR_GIT_REV='"$(GIT_REV)"' $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
 LIBS_ALL    = $(PKG_LIBS) -lm $(LIBS)
 
-SRCS       := $(sort $(wildcard src/*.c))
+SRCS       := $(sort $(wildcard src/*.c src/*/*.c))
+# Transitional while modules move into their subsystem folders: every folder is on the path.
+SRC_DIRS   := $(patsubst %/,%,$(sort $(dir $(wildcard src/*/*.c src/*/*.h))))
 OBJS       := $(SRCS:src/%.c=$(BUILD)/src/%.o)
 LIB        := $(BUILD)/libkvr.a
 BIN        := $(BUILD)/kvrouterd
@@ -205,7 +207,7 @@ bench:
 # ---- fuzzing (clang + libFuzzer) -----------------------------------------------------
 FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined \
-               -fno-sanitize-recover=all -Isrc $(PKG_CFLAGS)
+               -fno-sanitize-recover=all -Isrc $(SRC_DIRS:%=-I%) $(PKG_CFLAGS)
 fuzz:
 	@$(MAKE) --no-print-directory deps-deb DEPS="$(DEB_BUILD) $(DEB_FUZZ)"
 	@mkdir -p $(FUZZ_BUILD)
