@@ -12,7 +12,7 @@
 #   make docker-test build the Dockerfile with buildah and run it with podman (as root)
 #   make SANITIZE=address,undefined ... / make SANITIZE=thread ...
 #
-# Every src/*.c is a module compiled into build/<variant>/libkvr.a; tests/unit/test_*.c,
+# Every src/<subsystem>/*.c is a module compiled into build/<variant>/libkvr.a; tests/unit/test_*.c,
 # tests/fuzz/fuzz_*.c and bench/bench_*.c are discovered by name, so adding a module or a
 # test needs no edit here.
 
@@ -72,14 +72,12 @@ endif
 OPT ?= -O2
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhttp_parser
-CFLAGS_ALL  = -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) $(SANFLAGS) -pthread -Isrc $(SRC_DIRS:%=-I%) $(PKG_CFLAGS) \
+CFLAGS_ALL  = -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) $(SANFLAGS) -pthread -Isrc $(PKG_CFLAGS) \
               -DKVR_VERSION='"$(VERSION)"' -DKVR_GIT_REV='"$(GIT_REV)"' $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) -pthread $(LDFLAGS)
 LIBS_ALL    = $(PKG_LIBS) -lm $(LIBS)
 
 SRCS       := $(sort $(wildcard src/*.c src/*/*.c))
-# Transitional while modules move into their subsystem folders: every folder is on the path.
-SRC_DIRS   := $(patsubst %/,%,$(sort $(dir $(wildcard src/*/*.c src/*/*.h))))
 OBJS       := $(SRCS:src/%.c=$(BUILD)/src/%.o)
 LIB        := $(BUILD)/libkvr.a
 BIN        := $(BUILD)/kvrouterd
@@ -90,7 +88,7 @@ FUZZ_REPLAY := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 BENCH_SRCS := $(sort $(wildcard bench/bench_*.c))
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-deb deps-tok deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
+.PHONY: layers all deps deps-deb deps-tok deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
 .DEFAULT_GOAL := all
 
 # build/kvrouterd always points at the binary of the variant built last (tests use it).
@@ -148,11 +146,16 @@ deps-fuzz:
 # ---- tests ---------------------------------------------------------------------------
 test:
 	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST)"
+	@$(MAKE) --no-print-directory layers
 	@$(MAKE) --no-print-directory -j$(NPROC) WERROR=1 all $(UNIT_BINS) $(FUZZ_REPLAY)
 	@$(MAKE) --no-print-directory WERROR=1 unit
 	@$(MAKE) --no-print-directory WERROR=1 fuzz-replay
 	@$(MAKE) --no-print-directory fuzz-replay-clang
 	@$(MAKE) --no-print-directory WERROR=1 integration
+
+# The folders of src/ are layers: no include runs upward (scripts/check-layers.py holds the map).
+layers:
+	@$(PYTHON) scripts/check-layers.py src
 
 # ThreadSanitizer builds read tests/tsan.supp (libuv's uninstrumented closes; the file says
 # why); other builds ignore TSAN_OPTIONS.
@@ -207,7 +210,7 @@ bench:
 # ---- fuzzing (clang + libFuzzer) -----------------------------------------------------
 FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined \
-               -fno-sanitize-recover=all -Isrc $(SRC_DIRS:%=-I%) $(PKG_CFLAGS)
+               -fno-sanitize-recover=all -Isrc $(PKG_CFLAGS)
 fuzz:
 	@$(MAKE) --no-print-directory deps-deb DEPS="$(DEB_BUILD) $(DEB_FUZZ)"
 	@mkdir -p $(FUZZ_BUILD)

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 
 #include "bench_common.h"
-#include "index.h"
+#include "index/index.h"
 
 static struct kvr_index *ix;
 static uint32_t g_wid[2];

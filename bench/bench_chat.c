@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "tmpl.h"
-#include "tok.h"
+#include "text/tmpl.h"
+#include "text/tok.h"
 
 static const char *words[] = {"the", "cache", "router", "prefix", "block", "engine", "token",
                               "request", "latency", "fleet", "score", "GPU", "memory", "Zürich",

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "hash.h"
+#include "index/hash.h"
 
 static uint64_t rng = 42;
 

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 
 #include "../tests/unit/decode_batch_gen.h"
-#include "decode.h"
-#include "log.h"
+#include "events/decode.h"
+#include "core/log.h"
 
 static volatile uint64_t g_sink;
 

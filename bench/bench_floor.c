@@ -77,7 +77,7 @@
 #include <time.h>
 
 #include "bench_common.h"
-#include "hash.h"
+#include "index/hash.h"
 
 #ifndef ST_AHEAD
 #define ST_AHEAD 8 /* blocks looked ahead, as the index's store */
@@ -110,7 +110,7 @@ static void report(const char *name, double *v, size_t n, uint32_t nblk)
            v[n / 2] * 1e3 / nblk);
 }
 
-/* The index's hashes (src/index_int.h): key_hash of a chain picks shard, home and tag; mix64 of
+/* The index's hashes (src/index/index_int.h): key_hash of a chain picks shard, home and tag; mix64 of
  * an engine hash (mixh, bench_common.h) is the reverse-map key. */
 static inline uint64_t key_hash(uint64_t chain)
 {

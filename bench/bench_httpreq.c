@@ -16,13 +16,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "conf.h"
-#include "hash.h"
-#include "httpapi.h"
-#include "httpreq.h"
-#include "index.h"
-#include "reqbody.h"
-#include "score.h"
+#include "core/conf.h"
+#include "index/hash.h"
+#include "http/httpapi.h"
+#include "http/httpreq.h"
+#include "index/index.h"
+#include "http/reqbody.h"
+#include "route/score.h"
 
 #define NTOK 8192
 #define BS 16

@@ -42,9 +42,9 @@
 #include <time.h>
 
 #include "bench_common.h"
-#include "hash.h"
-#include "index.h"
-#include "index_int.h" /* trace_diag only: the tables' and maps' shape after each pass */
+#include "index/hash.h"
+#include "index/index.h"
+#include "index/index_int.h" /* trace_diag only: the tables' and maps' shape after each pass */
 
 static void *xmalloc(size_t n)
 {

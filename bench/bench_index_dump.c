@@ -1,4 +1,4 @@
-/* bench_index_dump.c — a worker's dump and restore (src/index_dump.c), the index's part of a
+/* bench_index_dump.c — a worker's dump and restore (src/index/index_dump.c), the index's part of a
  * snapshot: how long writing and loading the index take, and how many bytes a (holder,
  * block) pair costs on disk (the issue's targets: <= 24 bytes a pair, write >= 10M pairs/s,
  * load >= 5M pairs/s).
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "buf.h"
-#include "index.h"
+#include "core/buf.h"
+#include "index/index.h"
 
 static void *xmalloc(size_t n)
 {

@@ -18,8 +18,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "jtok.h"
-#include "reqbody.h"
+#include "http/jtok.h"
+#include "http/reqbody.h"
 
 static double now_s(void)
 {

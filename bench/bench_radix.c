@@ -7,7 +7,7 @@
  * and Dynamo's NestedMap, not our index. This benchmark writes the two radix trees the seed
  * describes, as comparators (they are NOT index backends of the daemon), and runs them in
  * one run (one process tree), on one workload and one random stream, next to the positional
- * index (kvr_index_* from src/index.h), so a reader can see on this machine why the
+ * index (kvr_index_* from src/index/index.h), so a reader can see on this machine why the
  * positional index was chosen. Notes and figures: docs/radix.md.
  *
  * The comparators (Dynamo's RadixTree and ConcurrentRadixTree, from the seed's description
@@ -90,8 +90,8 @@
 #include <unistd.h>
 
 #include "bench_common.h"
-#include "hash.h"
-#include "index.h"
+#include "index/hash.h"
+#include "index/index.h"
 
 static void *xmalloc(size_t n)
 {

@@ -19,11 +19,11 @@
 #include <unistd.h>
 
 #include "bench_common.h"
-#include "conf.h"
-#include "index.h"
-#include "ingest.h"
-#include "log.h"
-#include "snap.h"
+#include "core/conf.h"
+#include "index/index.h"
+#include "events/ingest.h"
+#include "core/log.h"
+#include "state/snap.h"
 
 static const struct kvr_index_opts IXO = {.max_workers = 16384, .orphan_capacity = 0};
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "tmpl.h"
+#include "text/tmpl.h"
 
 static const char *words[] = {"the", "cache", "router", "prefix", "block", "engine", "token",
                               "request", "latency", "fleet", "score", "GPU", "memory", "Zürich",

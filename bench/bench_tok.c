@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "tok.h"
+#include "text/tok.h"
 
 int main(int argc, char **argv)
 {

@@ -15,18 +15,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
-#include "daemon.h"
-#include "http.h"
-#include "index.h"
-#include "ingest.h"
-#include "log.h"
-#include "notify.h"
-#include "score.h"
-#include "snap.h"
-#include "route.h"
-#include "tokset.h"
-#include "zsub.h"
+#include "core/conf.h"
+#include "daemon/daemon.h"
+#include "http/http.h"
+#include "index/index.h"
+#include "events/ingest.h"
+#include "core/log.h"
+#include "core/notify.h"
+#include "route/score.h"
+#include "state/snap.h"
+#include "route/route.h"
+#include "text/tokset.h"
+#include "events/zsub.h"
 
 #ifndef KVR_DEFAULT_CONF
 #define KVR_DEFAULT_CONF "/etc/kvrouterd/kvrouterd.conf"

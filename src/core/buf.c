@@ -9,7 +9,7 @@
  * oom makes further appends no-ops, so an out-of-memory rendering is truncated, never
  * corrupted.
  */
-#include "buf.h"
+#include "core/buf.h"
 
 #include <errno.h>
 #include <stdarg.h>

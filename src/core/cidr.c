@@ -4,7 +4,7 @@
  * reference); zsub (the ZAP handler, the pod check) and conf (validation) use it.
  * Threads: any.
  */
-#include "cidr.h"
+#include "core/cidr.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

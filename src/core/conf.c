@@ -30,8 +30,8 @@
  *
  * Pure parsing: no threads, no sockets, no globals written. Errors are "FILE:LINE: message".
  */
-#include "conf.h"
-#include "conf_int.h"
+#include "core/conf.h"
+#include "core/conf_int.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -47,8 +47,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base.h"
-#include "log.h"
+#include "core/base.h"
+#include "core/log.h"
 
 #define CONF_MAX_FILE_BYTES (1 << 20)
 #define MAX_POD_ID 256

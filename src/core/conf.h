@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cidr.h"
-#include "err.h"
+#include "core/cidr.h"
+#include "core/err.h"
 
 #define KVR_CONF_MAX_TIERS 16 /* weights by name; the index itself holds 8 tiers */
 

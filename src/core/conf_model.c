@@ -12,8 +12,8 @@
  * Approximate mode (engines without KV events, route.h): approximate = BOOL,
  * approximate_pods = POD[, POD...] (commas or blanks between names), block_size = N.
  */
-#include "conf.h"
-#include "conf_int.h"
+#include "core/conf.h"
+#include "core/conf_int.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "base.h"
+#include "core/base.h"
 
 int kvr_conf_model_header(const char *hdr, size_t n, char *name, size_t cap, char *msg,
                           size_t msgcap)

@@ -13,8 +13,8 @@
  * No threads of its own and no locks: the caller owns *live while this runs (daemon.c calls
  * it on the main thread, then hands live to the modules' reload callbacks).
  */
-#include "conf.h"
-#include "conf_int.h"
+#include "core/conf.h"
+#include "core/conf_int.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base.h"
+#include "core/base.h"
 
 static void list_add(struct kvr_err *e, size_t *len, const char *section, const char *name)
 {

@@ -8,8 +8,8 @@
  *
  * Pure functions; any thread.
  */
-#include "conf.h"
-#include "conf_int.h"
+#include "core/conf.h"
+#include "core/conf_int.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

@@ -8,7 +8,7 @@
  * filled cache). Two threads racing on the first call both compute the same value, so no
  * lock or once-flag is needed; __builtin_cpu_init() is idempotent.
  */
-#include "cpu.h"
+#include "core/cpu.h"
 
 #include <stdatomic.h>
 

@@ -1,5 +1,5 @@
 /* err.c — struct kvr_err helpers. No allocation, safe on any thread. */
-#include "err.h"
+#include "core/err.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
  * Messages are escaped in both formats (JSON string escapes; in text, control bytes and the
  * backslash as C-style escapes), so no message can span or forge lines.
  */
-#include "log.h"
+#include "core/log.h"
 
 #include <errno.h>
 #include <stdarg.h>

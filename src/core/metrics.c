@@ -3,7 +3,7 @@
  * Histograms keep non-cumulative atomic bucket counts; rendering turns them cumulative.
  * The sum is a double kept as bits in an atomic u64 and updated with a CAS loop.
  */
-#include "metrics.h"
+#include "core/metrics.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h" /* struct kvr_buf: what the renderers write into */
+#include "core/buf.h" /* struct kvr_buf: what the renderers write into */
 
 /* Histogram with fixed upper bounds (le), plus +Inf. Values are in the unit of the metric
  * (seconds for latencies). Up to KVR_HIST_MAX_BUCKETS finite bounds. */

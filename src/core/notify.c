@@ -10,7 +10,7 @@
  * non-blocking: a full receive queue makes a send fail with -EAGAIN rather than stall the
  * main thread. Threads: owner thread only.
  */
-#include "notify.h"
+#include "core/notify.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,7 +18,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 
-#include "err.h"
+#include "core/err.h"
 
 struct kvr_notify {
     int fd;                   /* -1 when disabled */

@@ -14,7 +14,7 @@
  * small adapters from ingest's intake interface to zsub, so that neither module includes
  * the other; main only calls it in order.
  */
-#include "daemon.h"
+#include "daemon/daemon.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -23,11 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "log.h"
-#include "queue_msg.h"
-#include "snap.h"
-#include "tokset.h"
+#include "core/buf.h"
+#include "core/log.h"
+#include "events/queue_msg.h"
+#include "state/snap.h"
+#include "text/tokset.h"
 
 void kvr_daemon_format_ready(struct kvr_buf *b, const struct kvr_daemon_listeners *l)
 {

@@ -16,12 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conf.h"
-#include "err.h"
-#include "ingest.h"
-#include "metrics.h"
-#include "notify.h"
-#include "zsub.h"
+#include "core/conf.h"
+#include "core/err.h"
+#include "events/ingest.h"
+#include "core/metrics.h"
+#include "core/notify.h"
+#include "events/zsub.h"
 
 #ifndef KVR_VERSION
 #define KVR_VERSION "0.0.0"

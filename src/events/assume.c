@@ -9,13 +9,13 @@
  * Everything an operation may need is allocated before it changes anything, so -ENOMEM
  * leaves the store as it was.
  */
-#include "assume.h"
+#include "events/assume.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "hash.h"
+#include "index/hash.h"
 
 #define NIL UINT32_MAX
 #define POOL_MAX (UINT32_MAX - 1)

@@ -101,9 +101,9 @@
  *
  * Threads: a decoder belongs to one thread; the frame helpers are pure.
  */
-#include "decode.h"
-#include "decode_int.h"
-#include "log.h"
+#include "events/decode.h"
+#include "events/decode_int.h"
+#include "core/log.h"
 
 #include <errno.h>
 #include <msgpack.h>

@@ -8,7 +8,7 @@
 #ifndef KVR_DECODE_INT_H
 #define KVR_DECODE_INT_H
 
-#include "decode.h"
+#include "events/decode.h"
 
 #include <msgpack.h>
 #include <stdbool.h>

@@ -12,9 +12,9 @@
  * Threads: kvr_decode_prescan() works on one decoder (its owner's thread);
  * kvr_decode_u32_run() is pure, any thread.
  */
-#include "decode_int.h"
+#include "events/decode_int.h"
 
-#include "cpu.h"
+#include "core/cpu.h"
 
 #include <errno.h>
 #include <stdatomic.h>

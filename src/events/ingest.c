@@ -36,8 +36,8 @@
  * ingest_writer.c the writer loop (sequence verdicts, replay buffering); ingest_apply.c
  * events → index; ingest_metrics.c the readers (streams, /metrics). They share ingest_int.h.
  */
-#include "ingest.h"
-#include "ingest_int.h"
+#include "events/ingest.h"
+#include "events/ingest_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -48,13 +48,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base.h"
-#include "decode.h"
-#include "hash.h"
-#include "log.h"
-#include "queue.h"
-#include "queue_msg.h"
-#include "stream.h"
+#include "core/base.h"
+#include "events/decode.h"
+#include "index/hash.h"
+#include "core/log.h"
+#include "events/queue.h"
+#include "events/queue_msg.h"
+#include "events/stream.h"
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
 

@@ -25,13 +25,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conf.h"
-#include "err.h"
-#include "index.h"
-#include "metrics.h"
-#include "queue.h"
-#include "queue_msg.h"
-#include "stream.h" /* enum kvr_stream_state */
+#include "core/conf.h"
+#include "core/err.h"
+#include "index/index.h"
+#include "core/metrics.h"
+#include "events/queue.h"
+#include "events/queue_msg.h"
+#include "events/stream.h" /* enum kvr_stream_state */
 
 struct kvr_ingest;
 

@@ -34,7 +34,7 @@
  * of each hash to that count (removing the difference) instead of removing one copy: a
  * producer that reports only the last copy's removal cannot leave entries behind.
  */
-#include "ingest_int.h"
+#include "events/ingest_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -43,7 +43,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "hash.h"
+#include "index/hash.h"
 
 /* Bytes a (holder, block) pair costs the index, with its reverse-map record: 63.3 in
  * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (README "Memory

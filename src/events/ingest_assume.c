@@ -23,15 +23,15 @@
  * key[i] = mix64(key[i-1] * KVR_HASH_CHAIN_MUL + content[i]), from the namespace's seed, so
  * equal prefixes get equal keys and a prefix's blocks are found again by later requests.
  */
-#include "ingest.h"
-#include "ingest_int.h"
+#include "events/ingest.h"
+#include "events/ingest_int.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "assume.h"
-#include "hash.h"
+#include "events/assume.h"
+#include "index/hash.h"
 
 #define AS_PAIR_BYTES 64u /* the memory cap's estimate of a stored block (ingest_apply.c) */
 #define AS_EXPIRE_BATCH 1024

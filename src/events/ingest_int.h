@@ -16,15 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base.h"
-#include "decode.h"
-#include "index.h"
-#include "ingest.h"
-#include "log.h"
-#include "metrics.h"
-#include "queue.h"
-#include "queue_msg.h"
-#include "stream.h"
+#include "core/base.h"
+#include "events/decode.h"
+#include "index/index.h"
+#include "events/ingest.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "events/queue.h"
+#include "events/queue_msg.h"
+#include "events/stream.h"
 
 #define MAX_DP_RANK 4096
 #define LORA_CACHE 4

@@ -7,7 +7,7 @@
  * contract (the Prometheus families and HELP texts scrapers rely on, checked by
  * test_ingest's metric assertions and the integration tests); it never writes.
  */
-#include "ingest_int.h"
+#include "events/ingest_int.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * last_seq (it is their only writer), so the part is taken on the writer thread, between two
  * items of its queue (a CMD_SNAPSHOT item posted behind whatever was queued). The writer
  * only walks its streams and calls the sink; encoding, checksums and files are the snap
- * module's (src/snap.c), so ingest knows nothing of the format. Readers are never involved:
+ * module's (src/state/snap.c), so ingest knows nothing of the format. Readers are never involved:
  * kvr_index_worker_dump() runs on the writer, and scoring keeps reading the index meanwhile.
  * The writer's stall is the time its part takes, measured and reported (kvrouterd_snapshot_
  * writer_stall_seconds).
@@ -22,7 +22,7 @@
  * Threads: an entry is written by its writer thread (or before start); `claimed` is changed
  * under reg_mu, which the /v1/pods listing holds while it reads the entries.
  */
-#include "ingest_int.h"
+#include "events/ingest_int.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -27,7 +27,7 @@
  *    has not ended (REPLAY items carry the stream), as soon as the last REPLAY_END comes.
  * So topics, streams and worker slots follow the pods alive now, not every pod ever seen.
  */
-#include "ingest_int.h"
+#include "events/ingest_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -16,7 +16,7 @@
  *
  * Threads: producers serialize on `pmu` (held from reserve to commit/cancel); one consumer.
  */
-#include "queue.h"
+#include "events/queue.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -15,7 +15,7 @@
  * Invariants: replaying ⇒ based. !has_last ⇒ (replaying or the next verdict is APPLY).
  * Threads: one writer thread per stream.
  */
-#include "stream.h"
+#include "events/stream.h"
 
 #include <string.h>
 

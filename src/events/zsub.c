@@ -45,8 +45,8 @@
  * monitors, key files, -t's endpoint checks); zsub_frame.c the pure frame parsers. They
  * share zsub_int.h.
  */
-#include "zsub.h"
-#include "zsub_int.h"
+#include "events/zsub.h"
+#include "events/zsub_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -59,8 +59,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "base.h"
-#include "log.h"
+#include "core/base.h"
+#include "core/log.h"
 
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer builds only. libzmq is not instrumented: its I/O thread fills receive

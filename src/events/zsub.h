@@ -31,12 +31,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cidr.h"
-#include "err.h"
-#include "log.h"
-#include "metrics.h"
-#include "queue.h"
-#include "queue_msg.h"
+#include "core/cidr.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "events/queue.h"
+#include "events/queue_msg.h"
 
 struct kvr_zsub;
 

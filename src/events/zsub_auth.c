@@ -29,7 +29,7 @@
  * receive thread; the key-file and endpoint checks anywhere (pure but for file reads and
  * getifaddrs/getaddrinfo).
  */
-#include "zsub_int.h"
+#include "events/zsub_int.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

@@ -7,7 +7,7 @@
  * msgpack decoder's header for three byte functions; batches themselves are never looked at
  * here. Threads: any.
  */
-#include "zsub.h"
+#include "events/zsub.h"
 
 #include <errno.h>
 #include <string.h>

@@ -17,9 +17,9 @@
 #include <stdint.h>
 #include <zmq.h>
 
-#include "base.h"
-#include "log.h"
-#include "zsub.h"
+#include "core/base.h"
+#include "core/log.h"
+#include "events/zsub.h"
 
 #define NAME_MAX_LEN (KVR_NAME_MAX - 1) /* 255: the longest pod or model name accepted */
 #define RECV_BURST 512   /* messages read from one socket before polling the others */

@@ -11,7 +11,7 @@
  *
  * Threads: the receive thread only.
  */
-#include "zsub_int.h"
+#include "events/zsub_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

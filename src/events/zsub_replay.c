@@ -11,7 +11,7 @@
  * Threads: kvr_zsub_replay() from any thread (posts under cmu, wakes the receive thread);
  * everything else on the receive thread.
  */
-#include "zsub_int.h"
+#include "events/zsub_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

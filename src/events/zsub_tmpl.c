@@ -17,7 +17,7 @@
  * Pure functions, no allocation, any thread; zsub's receive thread builds addresses when a
  * replay starts, conf (kvrouterd -t, via daemon.c) checks templates.
  */
-#include "zsub.h"
+#include "events/zsub.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

@@ -40,7 +40,7 @@
  *   pending write to finish), then the loop ends and the thread is joined.
  * Threads: the public functions run on the main thread; everything else on the loop threads.
  */
-#include "http.h"
+#include "http/http.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -53,10 +53,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "buf.h"
-#include "httpapi.h"
-#include "httpreq.h"
-#include "log.h"
+#include "core/buf.h"
+#include "http/httpapi.h"
+#include "http/httpreq.h"
+#include "core/log.h"
 
 #define READ_BUF_SIZE (256u * 1024u)
 #define LISTEN_BACKLOG 1024

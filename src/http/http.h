@@ -12,13 +12,13 @@
 
 #include <stdbool.h>
 
-#include "conf.h"
-#include "err.h"
-#include "ingest.h"
-#include "score.h"
-#include "snap.h"
-#include "tokset.h"
-#include "zsub.h"
+#include "core/conf.h"
+#include "core/err.h"
+#include "events/ingest.h"
+#include "route/score.h"
+#include "state/snap.h"
+#include "text/tokset.h"
+#include "events/zsub.h"
 
 struct kvr_http;
 

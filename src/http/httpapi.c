@@ -16,8 +16,8 @@
  * Threads: handlers run on loop threads; shared state is read-only except `ready`.
  * Files: POST /v1/route lives in httpapi_route.c; what the two share is httpapi_int.h.
  */
-#include "httpapi.h"
-#include "httpapi_int.h"
+#include "http/httpapi.h"
+#include "http/httpapi_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -29,9 +29,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "jtok.h"
-#include "metrics.h"
-#include "reqbody.h"
+#include "http/jtok.h"
+#include "core/metrics.h"
+#include "http/reqbody.h"
 
 
 int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi **out)

@@ -41,16 +41,16 @@
 
 #include <stdbool.h>
 
-#include "buf.h"
-#include "conf.h"
-#include "httpreq.h"
-#include "index.h"
-#include "ingest.h"
-#include "score.h"
-#include "route.h"
-#include "snap.h"
-#include "tokset.h"
-#include "zsub.h"
+#include "core/buf.h"
+#include "core/conf.h"
+#include "http/httpreq.h"
+#include "index/index.h"
+#include "events/ingest.h"
+#include "route/score.h"
+#include "route/route.h"
+#include "state/snap.h"
+#include "text/tokset.h"
+#include "events/zsub.h"
 
 #define KVR_HTTPAPI_MAX_PODS 4096 /* pod filter entries per score query */
 

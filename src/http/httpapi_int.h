@@ -7,7 +7,7 @@
 #ifndef KVR_HTTPAPI_INT_H
 #define KVR_HTTPAPI_INT_H
 
-#include "httpapi.h"
+#include "http/httpapi.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,9 +15,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "buf.h"
-#include "jtok.h"
-#include "reqbody.h"
+#include "core/buf.h"
+#include "http/jtok.h"
+#include "http/reqbody.h"
 
 struct route_scratch;
 

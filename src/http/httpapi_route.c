@@ -7,16 +7,16 @@
  * assumption to the chosen worker's writer (ingest.h). Threads: a loop thread's handler,
  * with that thread's scratch (t->rs, allocated on first use).
  */
-#include "httpapi_int.h"
+#include "http/httpapi_int.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ingest.h"
-#include "route.h"
-#include "score.h"
+#include "events/ingest.h"
+#include "route/route.h"
+#include "route/score.h"
 
 /* ---- POST /v1/route -------------------------------------------------------------------- */
 

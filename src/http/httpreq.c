@@ -14,7 +14,7 @@
  * - The clock is the caller's (now_ms per feed), so timeouts are testable without sleeping.
  * Threads: the connection's loop thread only.
  */
-#include "httpreq.h"
+#include "http/httpreq.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -24,9 +24,9 @@
 #include <strings.h>
 #include <time.h>
 
-#include "jtok.h"
-#include "log.h"
-#include "metrics.h"
+#include "http/jtok.h"
+#include "core/log.h"
+#include "core/metrics.h"
 
 #define BUF_KEEP_MAX (1u << 20) /* buffers larger than this are freed once idle */
 /* http-parser's own header-size check fires before it hands us the URL or header bytes of

@@ -45,7 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 #define KVR_HTTPREQ_URL_MAX 4096
 #define KVR_HTTPREQ_CTYPE_MAX 128

@@ -17,10 +17,10 @@
  *   no formatting.
  * Pure; any thread.
  */
-#include "jtok.h"
-#include "jtok_int.h"
+#include "http/jtok.h"
+#include "http/jtok_int.h"
 
-#include "cpu.h"
+#include "core/cpu.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  * is in jtok_int.h; the per-token path in jtok.c reports every error precisely.
  * Pure; any thread.
  */
-#include "jtok_int.h"
+#include "http/jtok_int.h"
 
 #include <string.h>
 

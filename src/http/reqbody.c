@@ -13,16 +13,16 @@
  * compare them).
  * Pure; any thread.
  */
-#include "reqbody.h"
+#include "http/reqbody.h"
 
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
 
-#include "base.h" /* KVR_NAME_MAX */
-#include "decode.h"
-#include "jtok.h"
-#include "reqbody_int.h"
+#include "core/base.h" /* KVR_NAME_MAX */
+#include "events/decode.h"
+#include "http/jtok.h"
+#include "http/reqbody_int.h"
 
 #define MP_MAX_DEPTH 64
 

@@ -24,9 +24,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "tmpl.h"
-#include "hash.h" /* struct kvr_hash_media */
+#include "core/err.h"
+#include "text/tmpl.h"
+#include "index/hash.h" /* struct kvr_hash_media */
 
 /* mm_hashes items: the engine's media identifiers (vLLM extra keys) with their placeholder
  * ranges in token_ids, sorted by offset and not overlapping (else 400). */

@@ -16,7 +16,7 @@
  *   or absent one becomes {}), as vLLM's _postprocess_messages does.
  * JSON only; numbers become int64 (no fraction or exponent, in range) or double.
  */
-#include "reqbody_int.h"
+#include "http/reqbody_int.h"
 
 #include <errno.h>
 #include <stdlib.h>

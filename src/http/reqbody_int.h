@@ -4,9 +4,9 @@
 #ifndef KVR_REQBODY_INT_H
 #define KVR_REQBODY_INT_H
 
-#include "jtok.h"
-#include "reqbody.h"
-#include "tmpl.h"
+#include "http/jtok.h"
+#include "http/reqbody.h"
+#include "text/tmpl.h"
 
 /* Any JSON value at the cursor into a template value in ctx (depth: nesting so far). */
 int kvr_reqbody_json_value(struct kvr_jtok *j, kvr_tmpl_ctx *ctx, int depth, kvr_tmpl_val **out,

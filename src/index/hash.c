@@ -11,7 +11,7 @@
  * keep a salt from ever equalling a media id or an embeddings digest with the same bytes.
  * Pure functions, any thread.
  */
-#include "hash.h"
+#include "index/hash.h"
 
 #include <stdbool.h>
 #include <string.h>

@@ -46,7 +46,7 @@
  * nodes included), added at malloc and removed at free (retired and cached memory counts
  * until it is really freed).
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 /* ---- creation ---------------------------------------------------------------------------- */
 

@@ -13,14 +13,14 @@
  * - Readers (kvr_index_find through a per-thread struct kvr_index_reader, and the stats and
  *   lookup getters) run concurrently with writers; they never wait behind a lock held for
  *   more than one entry update and make no heap allocation. The scheme is described in
- *   src/index_int.h (CONCURRENCY), the module's map in src/index.c.
+ *   src/index/index_int.h (CONCURRENCY), the module's map in src/index/index.c.
  *
  * Errors: negative errno (-EINVAL bad argument, -ENOMEM, -ENOSPC a configured limit).
  */
 #ifndef KVR_INDEX_H
 #define KVR_INDEX_H
 
-#include "base.h" /* KVR_NAME_MAX */
+#include "core/base.h" /* KVR_NAME_MAX */
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
 /* index_dump.c — one worker's part of a snapshot: its state encoded as a blob, and the blob
  * restored into a fresh worker, so that a restarted kvrouterd (or a replica bootstrapped from
  * a peer) rebuilds the positional index exactly, not approximately. The snapshot container
- * (file, magic, checksums, streams, which writer dumps which worker) is src/snap.c's; this
+ * (file, magic, checksums, streams, which writer dumps which worker) is src/state/snap.c's; this
  * file knows only the index's structures.
  *
  * WHAT IS STORED, WHAT IS RECOMPUTED
@@ -36,9 +36,9 @@
  * Scratch hash tables are seeded per call, so a crafted blob cannot make their probes
  * quadratic.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
-#include "buf.h"
+#include "core/buf.h"
 
 #include <pthread.h>
 #include <time.h>

@@ -17,7 +17,7 @@
  * Accounting: sl_* (per slot, owner-written) and g_* (interning, atomic) in index_int.h add
  * malloc_usable_size() at allocation and remove it at free.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 struct ebr_slot *kvr_ix_slot_claim(struct kvr_index *ix, int reader)
 {

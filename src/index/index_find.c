@@ -38,7 +38,7 @@
  * through the general per-worker classification and output.
  * Where find's time goes, and the searches tried and dropped: docs/index.md, find.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 struct slowst {
     uint32_t wid;

@@ -10,7 +10,7 @@
  * array back, to retire after unlocking. Readers copy a set under the seqlock
  * (kvr_ix_hs_read_seq) and retry when it moved; a torn read is never used.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 void kvr_ix_node_lock(struct node *nd)
 {

@@ -62,10 +62,10 @@
 #ifndef KVR_INDEX_INT_H
 #define KVR_INDEX_INT_H
 
-#include "index.h"
+#include "index/index.h"
 
-#include "hash.h"
-#include "log.h"
+#include "index/hash.h"
+#include "core/log.h"
 
 #include <errno.h>
 #include <malloc.h>

@@ -41,7 +41,7 @@
  * after a grace period its id may belong to another pod, whose hits then carry that pod's
  * own name (never the forgotten one's).
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 static uint64_t str_hash(const void *p, size_t n)
 {

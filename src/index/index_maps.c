@@ -18,7 +18,7 @@
  * the counting maps are here. tests/unit/test_index_maps.c checks both against a model. Why
  * these load factors, and the populated doublings: docs/index.md, growth.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 #ifndef POP_MIN
 #define POP_MIN (16u << 10) /* sl_calloc_pop: smaller arrays are calloc'd */

@@ -16,7 +16,7 @@
  * kvr_ix_entry_add and kvr_ix_entry_del hold the shard lock, then the node's (lock order:
  * index_int.h), and retire what they replaced after unlocking.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 /* Under the shard lock: publishes the shard's table for readers. */
 static void tab_publish(struct kvr_index *ix, struct shard *sh, struct table *t)

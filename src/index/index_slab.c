@@ -12,7 +12,7 @@
  * kept as a spare (counted in bytes), so memory follows contents. What the huge pages save
  * and what their first touch costs: docs/index.md, growth.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 static struct nchunk *nchunk_of(void *x)
 {

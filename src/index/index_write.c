@@ -54,7 +54,7 @@
  * its first blocks and drops the rest. A remove naming a parked block drops it (counted in
  * orphans_dropped); clear/purge drop the worker's parked blocks of the cleared tiers.
  */
-#include "index_int.h"
+#include "index/index_int.h"
 
 struct wctx {
     struct kvr_index *ix;

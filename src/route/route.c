@@ -5,7 +5,7 @@
  * and the tracked requests (a table by id, plus a list in start order so that expiry only
  * looks at the oldest).
  */
-#include "route.h"
+#include "route/route.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "metrics.h"
+#include "core/metrics.h"
 
 #define WBUCKETS 1024
 

@@ -41,8 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
-#include "conf.h"
+#include "core/buf.h"
+#include "core/conf.h"
 
 enum kvr_route_policy { KVR_ROUTE_COST = 0, KVR_ROUTE_CACHE_AWARE, KVR_ROUTE_SCORE };
 

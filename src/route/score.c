@@ -17,7 +17,7 @@
  * Threads: kvr_score_query on the ctx's thread; kvr_score_set_weights and kvr_score_metrics
  * from any thread.
  */
-#include "score.h"
+#include "route/score.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -26,8 +26,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "hash.h"
-#include "log.h"
+#include "index/hash.h"
+#include "core/log.h"
 
 #define SCORE_MAX_PODS 4096 /* pod filter entries per query (ctx scratch) */
 

@@ -20,10 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conf.h"
-#include "hash.h"
-#include "index.h"
-#include "metrics.h"
+#include "core/conf.h"
+#include "index/hash.h"
+#include "index/index.h"
+#include "core/metrics.h"
 
 struct kvr_score;     /* shared: index, weights, latency histograms */
 struct kvr_score_ctx; /* per thread */

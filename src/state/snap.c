@@ -23,7 +23,7 @@
  * Threads: kvr_snap_take/save serialize on s->mu; the periodic thread waits on s->th_cv with
  * a deadline so stop() wakes it at once. Metrics are relaxed atomics.
  */
-#include "snap.h"
+#include "state/snap.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -37,9 +37,9 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include <xxhash.h>
 
-#include "base.h"
-#include "log.h"
-#include "metrics.h"
+#include "core/base.h"
+#include "core/log.h"
+#include "core/metrics.h"
 
 #ifndef KVR_VERSION
 #define KVR_VERSION "0.0.0"

@@ -31,10 +31,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
-#include "err.h"
-#include "index.h"
-#include "ingest.h"
+#include "core/buf.h"
+#include "core/err.h"
+#include "index/index.h"
+#include "events/ingest.h"
 
 #define KVR_SNAP_VERSION 1
 #define KVR_SNAP_FILE "snapshot.kvr"

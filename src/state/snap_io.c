@@ -14,7 +14,7 @@
  *
  * Threads: startup (main thread) and whoever saves (the periodic thread, main at shutdown).
  */
-#include "snap.h"
+#include "state/snap.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "core/log.h"
 
 /* ---- files -------------------------------------------------------------------------------- */
 

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "tmpl.h"
+#include "text/tmpl.h"
 
 /* The module's internal functions are global across its files: they link as kvr_tmpl_*
  * (house style: every exported name carries the module prefix) and read short here. */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tmpl_int.h"
+#include "text/tmpl_int.h"
 
 struct lex {
     const char *s;

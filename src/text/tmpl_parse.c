@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tmpl_int.h"
+#include "text/tmpl_int.h"
 
 int perr(struct parser *P, const char *fmt, ...)
 {

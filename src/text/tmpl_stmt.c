@@ -9,7 +9,7 @@
  */
 #include <errno.h>
 
-#include "tmpl_int.h"
+#include "text/tmpl_int.h"
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 

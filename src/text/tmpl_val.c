@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tmpl_int.h"
+#include "text/tmpl_int.h"
 
 tval tv_undef_const = {.type = TV_UNDEF};
 tval tv_none_const = {.type = TV_NONE};

@@ -6,7 +6,7 @@
  * are converted back to raw bytes at load, so the hot path works on the text's own bytes and
  * never builds the GPT-2 "Ġ" strings. Loading is tok_load.c; what both share, tok_int.h.
  */
-#include "tok_int.h"
+#include "text/tok_int.h"
 
 #include <limits.h>
 #include <stdio.h>

@@ -28,7 +28,7 @@
  * conversation turn of that size is cached; a short question after a cached system prompt
  * is not). One mutex: a lookup holds it for a binary search, one memcmp and an id copy.
  */
-#include "tok_int.h"
+#include "text/tok_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

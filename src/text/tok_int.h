@@ -7,7 +7,7 @@
 #ifndef KVR_TOK_INT_H
 #define KVR_TOK_INT_H
 
-#include "tok.h"
+#include "text/tok.h"
 
 #include <errno.h>
 #include <stdbool.h>

@@ -4,7 +4,7 @@
  * approximated. Byte-level vocabularies are converted back to raw bytes here, so the encoder
  * works on the text's own bytes. The loader keeps no cJSON objects past load.
  */
-#include "tok_int.h"
+#include "text/tok_int.h"
 
 #include <fcntl.h>
 #include <limits.h>

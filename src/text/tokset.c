@@ -6,7 +6,7 @@
  * the old table alone owned. Tokenizers that did not change are shared by both tables
  * (owned by whichever table is current; the old table frees only those it does not pass on).
  */
-#include "tokset.h"
+#include "text/tokset.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -20,10 +20,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "log.h"
-#include "metrics.h"
-#include "tmpl.h"
-#include "tok.h"
+#include "core/log.h"
+#include "core/metrics.h"
+#include "text/tmpl.h"
+#include "text/tok.h"
 
 struct fid { /* identity of a file as reload compares it; all zero: absent */
     dev_t dev;

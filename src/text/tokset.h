@@ -17,10 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
-#include "conf.h"
-#include "err.h"
-#include "tmpl.h"
+#include "core/buf.h"
+#include "core/conf.h"
+#include "core/err.h"
+#include "text/tmpl.h"
 
 struct kvr_tokset;
 struct kvr_tokset_reader;

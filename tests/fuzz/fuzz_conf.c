@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
+#include "core/conf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

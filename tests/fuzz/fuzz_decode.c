@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decode.h"
+#include "events/decode.h"
 #include "fuzz_frames.h"
 
 static struct kvr_decoder *g_def, *g_tight, *g_def_ref, *g_tight_ref;

@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
-#include "hash.h"
-#include "httpapi.h"
-#include "httpreq.h"
-#include "index.h"
-#include "score.h"
+#include "core/conf.h"
+#include "index/hash.h"
+#include "http/httpapi.h"
+#include "http/httpreq.h"
+#include "index/index.h"
+#include "route/score.h"
 
 static struct kvr_conf conf;
 static struct kvr_index *ix;

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "index.h"
+#include "core/buf.h"
+#include "index/index.h"
 
 static struct kvr_index *mk(uint32_t *w0, uint32_t *w1)
 {

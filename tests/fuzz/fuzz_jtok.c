@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jtok.h"
-#include "reqbody.h"
+#include "http/jtok.h"
+#include "http/reqbody.h"
 
 #define MAXTOK 4096
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "zsub.h"
+#include "events/zsub.h"
 
 static void check(int ok)
 {

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "index.h"
-#include "snap.h"
+#include "index/index.h"
+#include "state/snap.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

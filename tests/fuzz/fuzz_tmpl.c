@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tmpl.h"
+#include "text/tmpl.h"
 
 struct src {
     const uint8_t *p;

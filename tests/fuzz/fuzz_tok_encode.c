@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "fuzz_tok_common.h"
-#include "tok.h"
+#include "text/tok.h"
 
 static kvr_tok *tk[4];
 static kvr_tok_scratch *sc, *sc2;

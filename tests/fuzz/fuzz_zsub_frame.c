@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "fuzz_frames.h"
-#include "zsub.h"
+#include "events/zsub.h"
 
 static void check(int ok)
 {

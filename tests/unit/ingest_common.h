@@ -26,12 +26,12 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
-#include "conf.h"
-#include "hash.h"
-#include "index.h"
-#include "ingest.h"
-#include "log.h"
-#include "metrics.h"
+#include "core/conf.h"
+#include "index/hash.h"
+#include "index/index.h"
+#include "events/ingest.h"
+#include "core/log.h"
+#include "core/metrics.h"
 
 #define WAIT_MS 10000
 

@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "assume.h"
-#include "hash.h"
+#include "events/assume.h"
+#include "index/hash.h"
 
 static unsigned seed;
 

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 static void test_append_grows_and_terminates(void **state)
 {

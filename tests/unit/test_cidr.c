@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "cidr.h"
+#include "core/cidr.h"
 
 static bool in(const char *range, const char *addr)
 {

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "conf.h"
-#include "log.h"
+#include "core/conf.h"
+#include "core/log.h"
 
 #define EV "[events]\nbind = tcp://*:5557\n" /* minimal event source (2 lines) */
 

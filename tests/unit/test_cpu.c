@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "cpu.h"
+#include "core/cpu.h"
 
 static void test_has_matches_features(void **state)
 {

@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "daemon.h"
+#include "daemon/daemon.h"
 
 static void test_ready_line(void **state)
 {

@@ -1,4 +1,4 @@
-/* test_decode.c — src/decode.c against byte-exact fixtures (spec §7 and one per wire era /
+/* test_decode.c — src/events/decode.c against byte-exact fixtures (spec §7 and one per wire era /
  * edge case), limits, truncation, trailing bytes, and the no-allocation
  * promise once warm. Fixture bytes come from tests/unit/gen_decode_fixtures.py (msgspec's
  * encoding rules through Python msgpack); the two §7 fixtures were also checked byte for
@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "decode.h"
+#include "events/decode.h"
 #include "decode_batch_gen.h"
 
 /* ---- allocation counter (plain glibc builds; sanitizers bring their own malloc) -------- */

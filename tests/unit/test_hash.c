@@ -8,7 +8,7 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
-#include "hash.h"
+#include "index/hash.h"
 
 static void test_block_is_xxh3_of_le_u32(void **state)
 {

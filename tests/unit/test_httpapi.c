@@ -13,12 +13,12 @@
 
 #include <cmocka.h>
 
-#include "conf.h"
-#include "hash.h"
-#include "httpapi.h"
-#include "httpreq.h"
-#include "index.h"
-#include "score.h"
+#include "core/conf.h"
+#include "index/hash.h"
+#include "http/httpapi.h"
+#include "http/httpreq.h"
+#include "index/index.h"
+#include "route/score.h"
 
 struct fx {
     struct kvr_conf conf;

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "httpreq.h"
+#include "http/httpreq.h"
 
 static struct kvr_httpreq_limits g_lim = {
     .max_body = 1000,

@@ -10,8 +10,8 @@
 
 #include <cmocka.h>
 
-#include "hash.h"
-#include "index.h"
+#include "index/hash.h"
+#include "index/index.h"
 
 #define MAXN 4096
 

@@ -39,8 +39,8 @@
 
 #include <cmocka.h>
 
-#include "hash.h"
-#include "index.h"
+#include "index/hash.h"
+#include "index/index.h"
 
 /* ---- rng ---- */
 static uint64_t rng_s;

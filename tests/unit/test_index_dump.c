@@ -1,4 +1,4 @@
-/* test_index_dump.c — a worker's dump and restore (src/index_dump.c) must rebuild the index
+/* test_index_dump.c — a worker's dump and restore (src/index/index_dump.c) must rebuild the index
  * exactly: the restored index is compared with the original, which is the reference (the
  * original itself is checked against a naive model by test_index_diff.c).
  *
@@ -34,8 +34,8 @@
 
 #include <cmocka.h>
 
-#include "buf.h"
-#include "index_int.h"
+#include "core/buf.h"
+#include "index/index_int.h"
 
 static uint64_t g_seed, g_rng;
 static int g_round;

@@ -1,4 +1,4 @@
-/* test_index_maps.c — the index's per-holder maps alone (src/index_maps.c, index_int.h):
+/* test_index_maps.c — the index's per-holder maps alone (src/index/index_maps.c, index_int.h):
  * the reverse map (recmap: engine hash -> node | copies, tombstones, resize and shrink) and
  * the counting map (cmap: key -> count, backward-shift deletion), each driven by a random
  * operation sequence against a naive reference model (as Redis tests dict.c).
@@ -26,7 +26,7 @@
 
 #include <cmocka.h>
 
-#include "index_int.h"
+#include "index/index_int.h"
 
 static uint64_t g_seed, g_rng;
 static uint64_t g_op; /* operation number, for failure messages */

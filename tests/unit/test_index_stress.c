@@ -34,9 +34,9 @@
 
 #include <cmocka.h>
 
-#include "hash.h"
-#include "index.h"
-#include "log.h"
+#include "index/hash.h"
+#include "index/index.h"
+#include "core/log.h"
 
 #define CHECK(c)                                                                            \
     do {                                                                                    \

@@ -11,10 +11,10 @@
 
 #include <stdatomic.h>
 
-#include "decode.h"
-#include "queue.h"
-#include "queue_msg.h"
-#include "score.h"
+#include "events/decode.h"
+#include "events/queue.h"
+#include "events/queue_msg.h"
+#include "route/score.h"
 
 /* ---- the producer side, without sockets ---------------------------------------------- */
 

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "jtok.h"
+#include "http/jtok.h"
 
 static char *dup_exact(const char *s, size_t len)
 {

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "log.h"
+#include "core/log.h"
 
 /* Logs through a pipe: cap_begin(), kvr_log(...), cap_end() returns what was written
  * (NUL-terminated, static buffer). */

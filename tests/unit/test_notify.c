@@ -9,7 +9,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "notify.h"
+#include "core/notify.h"
 
 static void test_disabled_without_socket(void **state)
 {

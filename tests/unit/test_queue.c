@@ -1,4 +1,4 @@
-/* test_queue.c — bounded in-place queue (src/queue.c): FIFO order, back-pressure (the
+/* test_queue.c — bounded in-place queue (src/events/queue.c): FIFO order, back-pressure (the
  * producer waits, nothing is dropped), timeouts, close/drain, multiple producers. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "log.h"
-#include "queue.h"
+#include "core/log.h"
+#include "events/queue.h"
 
 static void sleep_ms(int ms)
 {

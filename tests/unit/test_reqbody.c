@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "reqbody.h"
+#include "http/reqbody.h"
 
 static uint32_t g_tokens[64];
 static const char *g_pods[4];

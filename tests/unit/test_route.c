@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "route.h"
+#include "route/route.h"
 
 static unsigned seed;
 

@@ -15,10 +15,10 @@
 
 #include <cmocka.h>
 
-#include "conf.h"
-#include "hash.h"
-#include "index.h"
-#include "score.h"
+#include "core/conf.h"
+#include "index/hash.h"
+#include "index/index.h"
+#include "route/score.h"
 
 #define BS 4
 #define MAXTOK 4096

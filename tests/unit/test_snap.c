@@ -29,11 +29,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "conf.h"
-#include "index.h"
-#include "ingest.h"
-#include "log.h"
-#include "snap.h"
+#include "core/conf.h"
+#include "index/index.h"
+#include "events/ingest.h"
+#include "core/log.h"
+#include "state/snap.h"
 
 static uint64_t g_seed, g_rng;
 

@@ -1,4 +1,4 @@
-/* test_stream.c — the pure per-stream seq state machine (src/stream.c). */
+/* test_stream.c — the pure per-stream seq state machine (src/events/stream.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "stream.h"
+#include "events/stream.h"
 
 #define ACT(v) ((v) & KVR_STREAM_ACTION_MASK)
 

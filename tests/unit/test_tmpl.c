@@ -26,7 +26,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "tmpl.h"
+#include "text/tmpl.h"
 
 static unsigned test_seed(void)
 {

@@ -26,7 +26,7 @@
 #include <cmocka.h>
 #include <utf8proc.h>
 
-#include "tok.h"
+#include "text/tok.h"
 #include "tok_common.h"
 
 /* ---- goldens ---------------------------------------------------------------------------- */

@@ -25,7 +25,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "tok.h"
+#include "text/tok.h"
 #include "tok_common.h"
 
 /* Sanitizer builds run a lighter load (the same cases, fewer of them). */

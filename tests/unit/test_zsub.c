@@ -21,8 +21,8 @@
 #include <zmq.h>
 
 #include "ingest_common.h"
-#include "daemon.h"
-#include "zsub.h"
+#include "daemon/daemon.h"
+#include "events/zsub.h"
 
 /* Payload frames are opaque to zsub: any bytes do (these are two small msgpack batches). */
 static const unsigned char PAYLOAD_ARRAY[] = {0x92, 0xcb, 0x41, 0xd9, 0x00, 0x00, 0x00, 0x00,
