@@ -376,10 +376,17 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
     if ((rc = kvr_tokset_check(c, err)) != 0)
         return rc;
     if (c->state_dir != NULL && c->state_dir[0] != '\0') {
-        rc = kvr_snap_check_dir(c->state_dir, &e);
-        if (rc != 0)
+        rc = kvr_snap_check_dir(c->state_dir, false, &e);
+        if (rc < 0)
             return kvr_err_set(err, rc, "%s:%d: [state] dir: %s", c->path, c->state_dir_line,
                                e.msg);
+        if (rc == 1 && warn != NULL) {
+            char m[KVR_ERR_MSG_MAX + 4200];
+            snprintf(m, sizeof(m), "%s:%d: note: [state] dir %s does not exist yet; kvrouterd "
+                                   "creates it (mode 0750) when it starts",
+                     c->path, c->state_dir_line, c->state_dir);
+            warn(arg, m);
+        }
     }
     for (size_t i = 0; i < c->nconnect && warn != NULL; i++) {
         const char *eps[2] = {c->connect[i].endpoint, c->connect[i].replay};

@@ -76,8 +76,16 @@ int kvr_snap_apply(const void *data, size_t len, struct kvr_index *ix, struct kv
 /* ---- files ------------------------------------------------------------------------------ */
 
 /* dir exists, is a directory, and a file can be created in it (a probe file is created and
- * removed). For kvrouterd -t and startup. */
-int kvr_snap_check_dir(const char *dir, struct kvr_err *err);
+ * removed). When dir is missing but its parent directory exists, as a fresh machine's
+ * /var/lib/kvrouterd under /var/lib (systemd's StateDirectory makes it for the unit, nothing
+ * does elsewhere):
+ *   - create (startup): dir is made with mode 0750 (less what the umask takes), logged, then
+ *     probed; a concurrent creator's EEXIST is not an error;
+ *   - !create (kvrouterd -t, which changes nothing on disk): the parent must be a writable
+ *     directory; returns 1, "would be created".
+ * Returns 0 (usable), 1 (see above) or a negative errno with err set: -ENOENT (dir and its
+ * parent missing), -ENOTDIR, -EACCES, -ENAMETOOLONG. */
+int kvr_snap_check_dir(const char *dir, bool create, struct kvr_err *err);
 /* Writes data to DIR/snapshot.tmp, fsyncs it, renames it to DIR/snapshot.kvr and fsyncs
  * DIR: a crash or a failed write (disk full) leaves the previous snapshot as it was. */
 int kvr_snap_write_file(const char *dir, const void *data, size_t len, struct kvr_err *err);

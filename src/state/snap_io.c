@@ -48,16 +48,68 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-int kvr_snap_check_dir(const char *dir, struct kvr_err *err)
+/* The parent of dir (trailing slashes ignored): "." for a bare name, "/" for a top-level one. */
+static int parent_of(const char *dir, char *out, size_t cap)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    while (n > 0 && dir[n - 1] != '/')
+        n--;
+    if (n == 0)
+        return snprintf(out, cap, ".") < (int)cap ? 0 : -ENAMETOOLONG;
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    if (n >= cap)
+        return -ENAMETOOLONG;
+    memcpy(out, dir, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* dir is missing: make it (create) or say whether it could be made (!create). */
+static int missing_dir(const char *dir, bool create, struct kvr_err *err)
+{
+    char parent[PATH_MAX];
+    struct stat sb;
+
+    if (parent_of(dir, parent, sizeof(parent)) != 0)
+        return kvr_err_set(err, -ENAMETOOLONG, "state directory %s: path too long", dir);
+    if (stat(parent, &sb) != 0)
+        return kvr_err_set(err, -ENOENT, "state directory %s: No such file or directory (nor "
+                                         "its parent %s)", dir, parent);
+    if (!S_ISDIR(sb.st_mode))
+        return kvr_err_set(err, -ENOTDIR, "state directory %s: parent %s is not a directory",
+                           dir, parent);
+    if (!create) {
+        if (access(parent, W_OK | X_OK) != 0)
+            return kvr_err_set(err, -EACCES, "state directory %s is missing and cannot be "
+                                             "created: %s is not writable", dir, parent);
+        return 1;
+    }
+    if (mkdir(dir, 0750) != 0 && errno != EEXIST)
+        return kvr_err_set(err, -errno, "state directory %s cannot be created: %s", dir,
+                           strerror(errno));
+    kvr_log_info("created state directory %s", dir);
+    return 0;
+}
+
+int kvr_snap_check_dir(const char *dir, bool create, struct kvr_err *err)
 {
     struct stat sb;
     char probe[PATH_MAX];
-    int fd;
+    int fd, rc;
 
     if (dir == NULL || dir[0] == '\0')
         return kvr_err_set(err, -EINVAL, "no state directory");
-    if (stat(dir, &sb) != 0)
-        return kvr_err_set(err, -errno, "state directory %s: %s", dir, strerror(errno));
+    if (stat(dir, &sb) != 0) {
+        if (errno != ENOENT)
+            return kvr_err_set(err, -errno, "state directory %s: %s", dir, strerror(errno));
+        if ((rc = missing_dir(dir, create, err)) != 0)
+            return rc;
+        if (stat(dir, &sb) != 0)
+            return kvr_err_set(err, -errno, "state directory %s: %s", dir, strerror(errno));
+    }
     if (!S_ISDIR(sb.st_mode))
         return kvr_err_set(err, -ENOTDIR, "state directory %s: not a directory", dir);
     if ((size_t)snprintf(probe, sizeof(probe), "%s/.kvrouterd-probe.%ld", dir,
@@ -428,7 +480,7 @@ int kvr_snap_boot(const struct kvr_snap_boot_opts *o, struct kvr_index **ix,
     kvr_buf_init(&out->bytes);
     kvr_buf_init(&pbuf);
     if (have_dir) {
-        rc = kvr_snap_check_dir(o->dir, err);
+        rc = kvr_snap_check_dir(o->dir, true, err);
         if (rc != 0)
             return rc;
         snprintf(path, sizeof(path), "%s/%s", o->dir, KVR_SNAP_TMP);

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kvrharness import REPO, merge_config, render_config, run_kvr
+from kvrharness import REPO, Daemon, merge_config, render_config, run_kvr
 
 VERSION = open(os.path.join(REPO, "VERSION")).read().strip()
 
@@ -49,14 +49,66 @@ def test_check_config_ok(tmp_path):
 
 
 def test_check_shipped_config(tmp_path):
-    # [state] dir is the systemd unit's /var/lib/kvrouterd, which -t requires to exist and be
-    # writable: checked here with it pointed at a temporary directory
+    # [state] dir is the systemd unit's /var/lib/kvrouterd: checked here with it pointed at a
+    # temporary directory (the shipped file as it is: test_check_shipped_config_as_is)
     text = open(os.path.join(REPO, "conf", "kvrouterd.conf")).read()
     assert "\ndir = /var/lib/kvrouterd\n" in text
     path = tmp_path / "kvrouterd.conf"
     path.write_text(text.replace("\ndir = /var/lib/kvrouterd\n", "\ndir = %s\n" % tmp_path))
     r = run_kvr(["-t", "-c", str(path)])
     assert r.returncode == 0, r.stderr
+
+
+def test_check_shipped_config_as_is():
+    # A fresh checkout on a machine without /var/lib/kvrouterd: -t accepts the shipped file,
+    # says the directory will be made at start, and changes nothing on disk.
+    state = "/var/lib/kvrouterd"
+    existed = os.path.isdir(state)
+    r = run_kvr(["-t", "-c", os.path.join(REPO, "conf", "kvrouterd.conf")])
+    if not existed and not os.access("/var/lib", os.W_OK | os.X_OK):
+        assert r.returncode == 1
+        assert "[state] dir: state directory /var/lib/kvrouterd is missing and cannot be " \
+               "created: /var/lib is not writable" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    assert "is valid" in r.stderr
+    if not existed:
+        assert "does not exist yet; kvrouterd creates it (mode 0750)" in r.stderr
+        assert not os.path.exists(state)
+
+
+def test_missing_state_dir_is_created_at_start(tmp_path):
+    state = tmp_path / "var" / "lib" / "kvrouterd"
+    state.parent.mkdir(parents=True)
+    conf = render_config(merge_config({"state": {"dir": str(state)}}))
+    path = write_conf(tmp_path, conf)
+    r = run_kvr(["-t", "-c", path])
+    assert r.returncode == 0, r.stderr
+    assert "%s:" % path in r.stderr and "does not exist yet" in r.stderr
+    assert not state.exists()
+    old = os.umask(0o022)
+    try:
+        d = Daemon(config_text=conf, tmpdir=str(tmp_path))
+    finally:
+        os.umask(old)
+    try:
+        assert state.is_dir()
+        assert (state.stat().st_mode & 0o777) == 0o750
+        d.wait_log(r"created state directory %s" % re.escape(str(state)))
+    finally:
+        assert d.stop() == 0
+    # its parent missing too: a clear error at -t and at start, nothing made
+    deeper = tmp_path / "nowhere" / "kvrouterd"
+    conf2 = render_config(merge_config({"state": {"dir": str(deeper)}}))
+    path2 = write_conf(tmp_path, conf2, name="k2.conf")
+    for args in (["-t", "-c", path2], ["-c", path2]):
+        r = run_kvr(args)
+        assert r.returncode == 1
+        assert "state directory %s: No such file or directory (nor its parent %s)" \
+            % (deeper, deeper.parent) in r.stderr, r.stderr
+        if args[0] == "-t":
+            assert r.stderr.startswith("%s:" % path2) and "[state] dir:" in r.stderr
+    assert not deeper.parent.exists()
 
 
 @pytest.mark.parametrize("text,line,msg", [

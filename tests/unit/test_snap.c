@@ -667,13 +667,21 @@ static void test_unusable_dir(void **state)
     (void)state;
 
     make_dir();
-    CHECK(kvr_snap_check_dir(g_dir, &err) == 0);
+    CHECK(kvr_snap_check_dir(g_dir, false, &err) == 0);
+    CHECK(kvr_snap_check_dir(g_dir, true, &err) == 0);
+    /* neither the directory nor its parent: nothing is created, at -t or at startup */
+    snprintf(path, sizeof(path), "%s/missing/deeper", g_dir);
+    CHECK(kvr_snap_check_dir(path, false, &err) == -ENOENT);
+    CHECK(strstr(err.msg, "missing/deeper") != NULL);
+    CHECK(kvr_snap_check_dir(path, true, &err) == -ENOENT);
     snprintf(path, sizeof(path), "%s/missing", g_dir);
-    CHECK(kvr_snap_check_dir(path, &err) == -ENOENT);
-    CHECK(strstr(err.msg, "missing") != NULL);
+    CHECK(access(path, F_OK) != 0);
     snprintf(path, sizeof(path), "%s/file", g_dir);
     write_bytes(path, "x", 1);
-    CHECK(kvr_snap_check_dir(path, &err) == -ENOTDIR);
+    CHECK(kvr_snap_check_dir(path, false, &err) == -ENOTDIR);
+    snprintf(path, sizeof(path), "%s/file/below", g_dir); /* the parent is a file */
+    CHECK(kvr_snap_check_dir(path, true, &err) == -ENOTDIR);
+    snprintf(path, sizeof(path), "%s/file", g_dir);
     /* startup: an error, not a daemon without snapshots */
     struct kvr_snap_boot_opts bo = {.dir = path, .index = IXO};
     assert_int_equal(kvr_index_create(&IXO, &ix), 0);
@@ -682,8 +690,48 @@ static void test_unusable_dir(void **state)
     if (geteuid() != 0) { /* root writes anywhere */
         snprintf(path, sizeof(path), "%s/ro", g_dir);
         mkdir(path, 0500);
-        CHECK(kvr_snap_check_dir(path, &err) == -EACCES);
+        CHECK(kvr_snap_check_dir(path, false, &err) == -EACCES);
+        snprintf(path, sizeof(path), "%s/ro/state", g_dir); /* cannot be created */
+        CHECK(kvr_snap_check_dir(path, false, &err) == -EACCES);
+        CHECK(kvr_snap_check_dir(path, true, &err) == -EACCES);
     }
+    rm_dir();
+}
+
+/* A missing state directory whose parent exists (a fresh machine's /var/lib/kvrouterd): -t
+ * accepts it without creating it; startup creates it, mode 0750 less the umask, and boots. */
+static void test_missing_dir_created(void **state)
+{
+    struct kvr_err err;
+    struct kvr_index *ix;
+    struct kvr_snap_boot bt;
+    struct stat sb;
+    char path[320], slashed[330];
+    mode_t um = umask(022);
+    (void)state;
+
+    umask(um);
+    make_dir();
+    snprintf(path, sizeof(path), "%s/state", g_dir);
+    CHECK(kvr_snap_check_dir(path, false, &err) == 1);
+    CHECK(stat(path, &sb) != 0 && errno == ENOENT); /* -t changes nothing */
+    CHECK(kvr_snap_check_dir(path, true, &err) == 0);
+    CHECK(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode));
+    assert_int_equal(sb.st_mode & 0777, 0750 & ~um);
+    CHECK(kvr_snap_check_dir(path, true, &err) == 0); /* exists now: unchanged */
+    CHECK(rmdir(path) == 0);
+    /* trailing slashes name the same directory */
+    snprintf(slashed, sizeof(slashed), "%s//", path);
+    CHECK(kvr_snap_check_dir(slashed, false, &err) == 1);
+    CHECK(kvr_snap_check_dir(slashed, true, &err) == 0);
+    CHECK(rmdir(path) == 0);
+    /* startup: kvr_snap_boot makes it and starts empty */
+    struct kvr_snap_boot_opts bo = {.dir = path, .index = IXO};
+    assert_int_equal(kvr_index_create(&IXO, &ix), 0);
+    CHECK(kvr_snap_boot(&bo, &ix, &bt, &err) == 0);
+    CHECK(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode));
+    kvr_snap_boot_free(&bt);
+    kvr_index_destroy(ix);
     rm_dir();
 }
 
@@ -723,6 +771,7 @@ int main(void)
         cmocka_unit_test(test_disk_full_keeps_old),
         cmocka_unit_test(test_clock_skew),
         cmocka_unit_test(test_unusable_dir),
+        cmocka_unit_test(test_missing_dir_created),
 #ifdef FUZZ_SEEDS_DIR
         cmocka_unit_test(test_write_seeds),
 #endif
