@@ -621,7 +621,9 @@ def main(argv=None):
                     help="trace requests longer than this (prompt + output) are left out")
     ap.add_argument("--trace", default=os.environ.get(
         "KVR_TRACE", "/work/shared/traces/synthetic_trace.jsonl"))
-    ap.add_argument("--trace-start", type=float, default=0.0, help="trace time (s) to start at")
+    ap.add_argument("--trace-start", type=float, default=780.0,
+                    help="trace time (s) to start at (the first ~10 minutes are mostly new "
+                    "conversations: little prefix reuse)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--route-threads", type=int, default=4)
     ap.add_argument("--llmd-ttft-bound", type=float, default=1.0,
