@@ -37,6 +37,7 @@ Usage: /usr/bin/python3 bench/fleet_sim.py --help; bench/fleet.sh runs a short v
 
 import argparse
 import datetime
+import gc
 import heapq
 import http.client
 import json
@@ -487,11 +488,20 @@ def run_cell(args, workload, rate, router_name, reqs=None):
         ctx = fleet_routers.Ctx(fleet.pods, MODEL, args.block_size, fleet.engines, args.seed,
                                 args.llmd_ttft_bound)
         router = fleet_routers.make(router_name, ctx)
+        load0 = os.getloadavg()[0]
+        # the corpus, the requests and the block pools are millions of long-lived objects:
+        # keep the cyclic GC's full collections (stalls of a second) off them
+        gc.collect()
+        gc.freeze()
         cpu0 = os.times()
-        loop = Loop(fleet, router, reqs, args, realtime=True, kvr_port=daemon.http_port).run()
+        try:
+            loop = Loop(fleet, router, reqs, args, realtime=True, kvr_port=daemon.http_port).run()
+        finally:
+            gc.unfreeze()
         cpu1 = os.times()
         res = summarize(loop, reqs, args, fleet)
         res["cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        res["loadavg"] = [load0, os.getloadavg()[0]]
         res["workload_info"] = info
         if args.validate_sample > 0:
             res["validation"] = validate(fleet, daemon, reqs, args.validate_sample, args.seed)
@@ -583,6 +593,32 @@ def report(results, routers, workloads, loads):
     return "\n".join(out)
 
 
+def report_from(args):
+    results = {}
+    metas = []
+    for path in args.report_from.split(","):
+        with open(path) as f:
+            data = json.load(f)
+        metas.append(data["meta"])
+        for res in data["results"]:
+            res["source"] = os.path.basename(path)
+            results[(res["router"], res["workload"], res["load"])] = res
+    order = lambda xs: list(dict.fromkeys(xs))  # noqa: E731
+    routers = order(k[0] for k in results)
+    workloads = order(k[1] for k in results)
+    loads = sorted(set(k[2] for k in results))
+    table = report(results, routers, workloads, loads)
+    flagged = ["%s/%s/%s" % (k[1], load_label(k[2]), k[0]) for k, v in results.items()
+               if not v.get("ok", True)]
+    print(table)
+    if flagged:
+        print("\nflagged: " + ", ".join(flagged))
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
 def git_rev():
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
@@ -638,7 +674,12 @@ def main(argv=None):
     ap.add_argument("--calibrate-only", action="store_true")
     ap.add_argument("--json", default=os.path.join(ROOT, "build", "fleet", "results.json"))
     ap.add_argument("--md", default=None, help="also write the tables here")
+    ap.add_argument("--report-from", default=None,
+                    help="FILE[,FILE...]: no run, the tables from earlier --json files (a cell "
+                    "found in a later file replaces the earlier one)")
     args = ap.parse_args(argv)
+    if args.report_from:
+        return report_from(args)
     if not os.environ.get("KVR_BIN"):
         os.environ["KVR_BIN"] = os.path.join(ROOT, "build", "release", "kvrouterd")
 
