@@ -14,6 +14,7 @@ Each router sees only what the real system it stands for sees:
   simulated engines at decision time: a gateway that knows its engines exactly).
 * kvrouterd:<policy>: /v1/route with that policy name and no loads (a new policy can be
   measured without code change; "kvrouterd:" + "" = the daemon's default, like -gw).
+  llm-d:<seconds> is llm-d with that stickiness bound.
 * sglang: SGLang gateway's cache_aware over kvrouterd's exact overlaps (/v1/score) and
   its own in-flight request counts: least loaded when max - min > 64 and max > 1.5 min,
   else the best match if its match rate >= 0.3, else least loaded.
@@ -333,6 +334,12 @@ def make(name, ctx):
     if name.startswith("kvrouterd:"):
         pol = name.split(":", 1)[1] or None
         return Kvrouterd(ctx, name, pol, False)
+    if name.startswith("llm-d:"):  # llm-d:<stickiness bound, s>
+        bound = float(name.split(":", 1)[1])
+        sub = Ctx(ctx.pods, ctx.model, ctx.block_size, ctx.engines, ctx.seed, bound)
+        r = LlmD(sub)
+        r.name = name
+        return r
     f = ROUTERS.get(name)
     if f is None:
         raise ValueError("unknown router %r (known: %s, kvrouterd:<policy>)"
@@ -345,4 +352,6 @@ def make(name, ctx):
 def describe(name):
     if name.startswith("kvrouterd:"):
         return "kvrouterd `%s`, no loads" % (name.split(":", 1)[1] or "default")
+    if name.startswith("llm-d:"):
+        return "llm-d, stickiness bound %s s" % name.split(":", 1)[1]
     return DESCRIPTIONS.get(name, name)
