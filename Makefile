@@ -44,7 +44,8 @@ DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack py
              $(DEB_GATEWAY)
 DEB_BENCH := wrk nginx-light
 # What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
-# vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.
+# vLLM engine, ZeroMQ + msgpack) and the msgpack query example (docs/http-api.md); `make run`
+# installs them.
 DEB_RUN   := python3 python3-zmq python3-msgpack
 DEB_FUZZ  := clang libclang-rt-14-dev
 DEPS      ?= $(DEB_BUILD)

@@ -7,7 +7,7 @@
  * sequence numbers or replays, which stay in ingest.c. Runs only on the writer thread that
  * owns the stream (w); touches w's caches and counters and the stream's group masks.
  *
- * THE MEMORY CAP ([index] max_memory, README "Memory cap")
+ * THE MEMORY CAP ([index] max_memory, docs/operations.md "Memory cap")
  * Before a BlockStored reaches the index, the writer compares the index's bytes
  * (kvr_index_bytes: a sum over the few epoch slots in use, ~3 ns) plus an estimate of the
  * store (BUDGET_PAIR_BYTES a block) with the cap; over it, the event is skipped with reason
@@ -46,8 +46,8 @@
 #include "index/hash.h"
 
 /* Bytes a (holder, block) pair costs the index, with its reverse-map record: 63.3 in
- * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (README "Memory
- * cap"); a store of n blocks is refused when bytes + n × this would pass the cap. Only an
+ * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (docs/operations.md
+ * "Memory cap"); a store of n blocks is refused when bytes + n × this would pass the cap. Only an
  * estimate of the next step: what the index really allocates is what is compared. */
 #define BUDGET_PAIR_BYTES 64u
 
