@@ -468,8 +468,15 @@ static int parse_unary(struct parser *P, struct tnode **out, bool with_filter)
     return 0;
 }
 
-static int binop(struct parser *P, struct tnode **io, int kind, int op, struct tnode *rhs)
+/* One step of a left-associative level: at a binary operator, steps past it, parses the right
+ * operand with sub (the next tighter level) and makes *io the node (*io op rhs) of kind. The
+ * node is made after its right operand, so it takes the line the operand ends on. */
+static int binop(struct parser *P, struct tnode **io, int kind, int op,
+                 int (*sub)(struct parser *, struct tnode **))
 {
+    P->i++;
+    struct tnode *rhs;
+    TRY(sub(P, &rhs));
     struct tnode *n = node(P, kind);
     if (n == NULL)
         return -ENOMEM;
@@ -480,15 +487,17 @@ static int binop(struct parser *P, struct tnode **io, int kind, int op, struct t
     return 0;
 }
 
+/* a unary operand with its filters and tests: the operand of ** (binop's sub) */
+static int parse_unary_filtered(struct parser *P, struct tnode **out)
+{
+    return parse_unary(P, out, true);
+}
+
 static int parse_pow(struct parser *P, struct tnode **out)
 {
-    TRY(parse_unary(P, out, true));
-    while (is_op(P, "**")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_unary(P, &r, true));
-        TRY(binop(P, out, N_BINOP, OP_POW, r));
-    }
+    TRY(parse_unary_filtered(P, out));
+    while (is_op(P, "**"))
+        TRY(binop(P, out, N_BINOP, OP_POW, parse_unary_filtered));
     return 0;
 }
 
@@ -500,22 +509,15 @@ static int parse_math2(struct parser *P, struct tnode **out)
                : is_op(P, "%") ? OP_MOD : -1;
         if (op < 0)
             return 0;
-        P->i++;
-        struct tnode *r;
-        TRY(parse_pow(P, &r));
-        TRY(binop(P, out, N_BINOP, op, r));
+        TRY(binop(P, out, N_BINOP, op, parse_pow));
     }
 }
 
 static int parse_concat(struct parser *P, struct tnode **out)
 {
     TRY(parse_math2(P, out));
-    while (is_op(P, "~")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_math2(P, &r));
-        TRY(binop(P, out, N_CONCAT, 0, r));
-    }
+    while (is_op(P, "~"))
+        TRY(binop(P, out, N_CONCAT, 0, parse_math2));
     return 0;
 }
 
@@ -526,10 +528,7 @@ static int parse_math1(struct parser *P, struct tnode **out)
         int op = is_op(P, "+") ? OP_ADD : is_op(P, "-") ? OP_SUB : -1;
         if (op < 0)
             return 0;
-        P->i++;
-        struct tnode *r;
-        TRY(parse_concat(P, &r));
-        TRY(binop(P, out, N_BINOP, op, r));
+        TRY(binop(P, out, N_BINOP, op, parse_concat));
     }
 }
 
@@ -606,24 +605,16 @@ static int parse_not(struct parser *P, struct tnode **out)
 static int parse_and(struct parser *P, struct tnode **out)
 {
     TRY(parse_not(P, out));
-    while (is_name(P, "and")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_not(P, &r));
-        TRY(binop(P, out, N_AND, 0, r));
-    }
+    while (is_name(P, "and"))
+        TRY(binop(P, out, N_AND, 0, parse_not));
     return 0;
 }
 
 static int parse_or(struct parser *P, struct tnode **out)
 {
     TRY(parse_and(P, out));
-    while (is_name(P, "or")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_and(P, &r));
-        TRY(binop(P, out, N_OR, 0, r));
-    }
+    while (is_name(P, "or"))
+        TRY(binop(P, out, N_OR, 0, parse_and));
     return 0;
 }
 
