@@ -119,6 +119,18 @@ static int parse_args(struct parser *P, struct tnode *n)
     return 0;
 }
 
+/* at '(' after *io: *io becomes the call of *io with those arguments */
+static int parse_call(struct parser *P, struct tnode **io)
+{
+    struct tnode *c = node(P, N_CALL);
+    if (c == NULL)
+        return -ENOMEM;
+    c->a = *io;
+    TRY(parse_args(P, c));
+    *io = c;
+    return 0;
+}
+
 int parse_filter_name(struct parser *P, struct tnode **io)
 {
     struct ttoken *t = cur(P);
@@ -197,14 +209,9 @@ static int parse_filter_expr(struct parser *P, struct tnode **io)
             TRY(parse_filter(P, io));
         else if (is_name(P, "is"))
             TRY(parse_test(P, io));
-        else if (is_op(P, "(")) {
-            struct tnode *c = node(P, N_CALL);
-            if (c == NULL)
-                return -ENOMEM;
-            c->a = *io;
-            TRY(parse_args(P, c));
-            *io = c;
-        } else
+        else if (is_op(P, "("))
+            TRY(parse_call(P, io));
+        else
             return 0;
     }
 }
@@ -286,12 +293,7 @@ static int parse_postfix(struct parser *P, struct tnode **io)
         } else if (is_op(P, "[")) {
             TRY(parse_subscript(P, io));
         } else if (is_op(P, "(")) {
-            struct tnode *c = node(P, N_CALL);
-            if (c == NULL)
-                return -ENOMEM;
-            c->a = *io;
-            TRY(parse_args(P, c));
-            *io = c;
+            TRY(parse_call(P, io));
         } else {
             return 0;
         }
