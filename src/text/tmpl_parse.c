@@ -300,35 +300,50 @@ static int parse_postfix(struct parser *P, struct tnode **io)
     }
 }
 
-/* ( ... ) after '(' was seen: a parenthesized expression or a tuple */
-static int parse_paren(struct parser *P, struct tnode **out)
+/* At an opening bracket: the expressions up to close, separated by commas (a trailing one
+ * allowed), into items, and past close; *comma tells whether any comma was seen. */
+static int parse_items(struct parser *P, const char *close, struct nvec *items, bool *comma)
 {
     P->i++;
-    struct nvec items = {0};
-    bool comma = false;
-    while (!is_op(P, ")")) {
-        if (items.n) {
+    *comma = false;
+    while (!is_op(P, close)) {
+        if (items->n) {
             TRY(expect_op(P, ","));
-            comma = true;
-            if (is_op(P, ")"))
+            *comma = true;
+            if (is_op(P, close))
                 break;
         }
         struct tnode *e;
         TRY(parse_expr(P, &e));
-        TRY(nvec_push(P, &items, e));
+        TRY(nvec_push(P, items, e));
     }
     P->i++;
+    return 0;
+}
+
+/* a node of kind (N_TUPLE, N_LIST) holding items */
+static int seq_node(struct parser *P, int kind, const struct nvec *items, struct tnode **out)
+{
+    struct tnode *n = node(P, kind);
+    if (n == NULL)
+        return -ENOMEM;
+    n->v = items->v;
+    n->nv = items->n;
+    *out = n;
+    return 0;
+}
+
+/* ( ... ) after '(' was seen: a parenthesized expression or a tuple */
+static int parse_paren(struct parser *P, struct tnode **out)
+{
+    struct nvec items = {0};
+    bool comma;
+    TRY(parse_items(P, ")", &items, &comma));
     if (items.n == 1 && !comma) {
         *out = items.v[0];
         return 0;
     }
-    struct tnode *n = node(P, N_TUPLE);
-    if (n == NULL)
-        return -ENOMEM;
-    n->v = items.v;
-    n->nv = items.n;
-    *out = n;
-    return 0;
+    return seq_node(P, N_TUPLE, &items, out);
 }
 
 static int parse_primary(struct parser *P, struct tnode **out)
@@ -389,24 +404,10 @@ static int parse_primary(struct parser *P, struct tnode **out)
         if (is_op(P, "(")) {
             TRY(parse_paren(P, &n));
         } else if (is_op(P, "[")) {
-            P->i++;
             struct nvec items = {0};
-            while (!is_op(P, "]")) {
-                if (items.n) {
-                    TRY(expect_op(P, ","));
-                    if (is_op(P, "]"))
-                        break;
-                }
-                struct tnode *e;
-                TRY(parse_expr(P, &e));
-                TRY(nvec_push(P, &items, e));
-            }
-            P->i++;
-            n = node(P, N_LIST);
-            if (n == NULL)
-                return -ENOMEM;
-            n->v = items.v;
-            n->nv = items.n;
+            bool comma;
+            TRY(parse_items(P, "]", &items, &comma));
+            TRY(seq_node(P, N_LIST, &items, &n));
         } else if (is_op(P, "{")) {
             P->i++;
             struct nvec keys = {0}, vals = {0};
@@ -667,13 +668,7 @@ int parse_tuple(struct parser *P, struct tnode **out, bool cond)
         *out = items.v[0];
         return 0;
     }
-    struct tnode *n = node(P, N_TUPLE);
-    if (n == NULL)
-        return -ENOMEM;
-    n->v = items.v;
-    n->nv = items.n;
-    *out = n;
-    return 0;
+    return seq_node(P, N_TUPLE, &items, out);
 }
 
 /* ---- tree height ----
