@@ -131,20 +131,32 @@ static int parse_call(struct parser *P, struct tnode **io)
     return 0;
 }
 
-int parse_filter_name(struct parser *P, struct tnode **io)
+/* At the name after '|' or 'is' (what: "filter" or "test"; after: that operator): a node
+ * of kind applied to io, named by it, if known() knows the name; past the name. */
+static int parse_applied_name(struct parser *P, struct tnode *io, int kind,
+                              int (*known)(const char *, size_t), const char *what,
+                              const char *after, struct tnode **out)
 {
     struct ttoken *t = cur(P);
     if (t->type != TK_NAME)
-        return perr(P, "expected a filter name after '|'");
-    if (!tb_known_filter(t->p, t->n))
-        return perr(P, "unsupported filter '%.*s'", (int)t->n, t->p);
-    struct tnode *n = node(P, N_FILTER);
+        return perr(P, "expected a %s name after '%s'", what, after);
+    if (!known(t->p, t->n))
+        return perr(P, "unsupported %s '%.*s'", what, (int)t->n, t->p);
+    struct tnode *n = node(P, kind);
     if (n == NULL)
         return -ENOMEM;
     n->s = t->p;
     n->sn = t->n;
-    n->a = *io;
+    n->a = io;
     P->i++;
+    *out = n;
+    return 0;
+}
+
+int parse_filter_name(struct parser *P, struct tnode **io)
+{
+    struct tnode *n;
+    TRY(parse_applied_name(P, *io, N_FILTER, tb_known_filter, "filter", "|", &n));
     if (is_op(P, "."))
         return perr(P, "dotted filter names are not supported");
     if (is_op(P, "("))
@@ -168,20 +180,10 @@ static int parse_test(struct parser *P, struct tnode **io)
         neg = true;
         P->i++;
     }
-    struct ttoken *t = cur(P);
-    if (t->type != TK_NAME)
-        return perr(P, "expected a test name after 'is'");
-    if (!tb_known_test(t->p, t->n))
-        return perr(P, "unsupported test '%.*s'", (int)t->n, t->p);
-    struct tnode *n = node(P, N_TEST);
-    if (n == NULL)
-        return -ENOMEM;
-    n->s = t->p;
-    n->sn = t->n;
-    n->a = *io;
+    struct tnode *n;
+    TRY(parse_applied_name(P, *io, N_TEST, tb_known_test, "test", "is", &n));
     n->op = neg;
-    P->i++;
-    t = cur(P);
+    struct ttoken *t = cur(P);
     if (is_op(P, "(")) {
         TRY(parse_args(P, n));
     } else if ((t->type == TK_NAME || t->type == TK_STRING || t->type == TK_INT ||
