@@ -1,5 +1,6 @@
 /* tmpl_int.h — private structures of the tmpl module, shared by its parts:
- *   tmpl_val.c      arena, values, Python-compatible str()/repr()/json/compare
+ *   tmpl_val.c      arena, values, Python-compatible str()/repr()/json/compare, the
+ *                   "line N: " form of every error message (tmpl_verr)
  *   tmpl_lex.c      source -> tokens (Jinja2's whitespace control applied here)
  *   tmpl_parse.c    tokens -> AST (compile): expressions, the height check, the content-format
  *                   detector
@@ -13,6 +14,7 @@
 #ifndef KVR_TMPL_INT_H
 #define KVR_TMPL_INT_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -53,6 +55,7 @@
 #define tbuf_putc kvr_tmpl_tbuf_putc
 #define terr kvr_tmpl_terr
 #define tmpl_lex kvr_tmpl_tmpl_lex
+#define tmpl_verr kvr_tmpl_tmpl_verr
 #define tr_call_macro kvr_tmpl_tr_call_macro
 #define tr_count_iter kvr_tmpl_tr_count_iter
 #define tu8_dec kvr_tmpl_tu8_dec
@@ -103,6 +106,12 @@ void *tarena_alloc(struct tarena *a, size_t n);
 void tarena_reset(struct tarena *a); /* keeps the first chunk */
 void tarena_free(struct tarena *a);
 char *tarena_strdup(struct tarena *a, const char *s, size_t n);
+
+/* ---- errors (tmpl_val.c) ----
+ * err (errlen bytes; 0: no message) = "line N: " (line < 0: no prefix) and fmt over ap, cut
+ * to fit: the one form of the lexer's, the parser's and the render's messages. */
+void tmpl_verr(char *err, size_t errlen, int line, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 /* ---- values ---- */
 enum tval_type {

@@ -19,16 +19,11 @@
 int perr(struct parser *P, const char *fmt, ...)
 {
     if (P->errlen && P->err[0] == 0) {
-        int line = P->i < P->n ? P->t[P->i].line : P->t[P->n - 1].line;
-        int k = snprintf(P->err, P->errlen, "line %d: ", line);
-        if (k < 0)
-            k = 0;
-        if ((size_t)k < P->errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(P->err + k, P->errlen - (size_t)k, fmt, ap);
-            va_end(ap);
-        }
+        va_list ap;
+        va_start(ap, fmt);
+        tmpl_verr(P->err, P->errlen, P->i < P->n ? P->t[P->i].line : P->t[P->n - 1].line, fmt,
+                  ap);
+        va_end(ap);
     }
     return -EINVAL;
 }

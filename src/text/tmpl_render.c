@@ -27,18 +27,10 @@ struct rstate {
 int terr(struct trender *r, const struct tnode *n, int rc, const char *fmt, ...)
 {
     if (r->errlen && r->err[0] == 0) {
-        int k = 0;
-        if (n) {
-            k = snprintf(r->err, r->errlen, "line %d: ", n->line);
-            if (k < 0)
-                k = 0;
-        }
-        if ((size_t)k < r->errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(r->err + k, r->errlen - (size_t)k, fmt, ap);
-            va_end(ap);
-        }
+        va_list ap;
+        va_start(ap, fmt);
+        tmpl_verr(r->err, r->errlen, n ? n->line : -1, fmt, ap);
+        va_end(ap);
     }
     return rc;
 }

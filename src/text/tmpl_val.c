@@ -1,6 +1,6 @@
 /* tmpl_val.c — the value model of the template engine: an arena per render ctx (values are
  * never freed one by one: a render's temporaries die with kvr_tmpl_ctx_reset), the public
- * constructors, and the conversions whose bytes must match Python's: str() and repr() of
+ * constructors, the "line N: " form of every error message, and the conversions whose bytes must match Python's: str() and repr() of
  * None/bools/ints/floats/lists/dicts, float repr (shortest round-trip digits), json.dumps with
  * ensure_ascii=False, ==, ordering, and Python's notion of whitespace for strip().
  */
@@ -89,6 +89,22 @@ char *tarena_strdup(struct tarena *a, const char *s, size_t n)
         memcpy(p, s, n);
     p[n] = 0;
     return p;
+}
+
+/* ---- errors ---- */
+void tmpl_verr(char *err, size_t errlen, int line, const char *fmt, va_list ap)
+{
+    int k = 0;
+
+    if (errlen == 0)
+        return;
+    if (line >= 0) {
+        k = snprintf(err, errlen, "line %d: ", line);
+        if (k < 0)
+            k = 0;
+    }
+    if ((size_t)k < errlen)
+        vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
 }
 
 /* ---- buffers ---- */
