@@ -16,17 +16,6 @@
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-static int oom(struct trender *r, const struct tnode *n)
-{
-    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
-}
-
-static bool eqs(const char *a, size_t an, const char *b)
-{
-    size_t bn = strlen(b);
-    return an == bn && memcmp(a, b, an) == 0;
-}
-
 static int in_list(const char *name, size_t nn, const char *const *list)
 {
     for (int i = 0; list[i]; i++)
@@ -54,13 +43,6 @@ int tb_global(const char *name, size_t nn)
     static const char *const g[] = {"range", "namespace", "dict", "raise_exception",
                                     "strftime_now", NULL};
     return in_list(name, nn, g);
-}
-
-static tval *mkstr(struct trender *r, struct tbuf *b)
-{
-    if (b->err)
-        return NULL;
-    return tv_str_nocopy(r->a, b->p ? b->p : "", b->n);
 }
 
 static int to_str_val(struct trender *r, const struct tnode *n, tval *x, tval **out)
@@ -97,14 +79,6 @@ static tval *arg(tval **args, size_t nargs, size_t i, const char **kn, size_t *k
     if (name && kwarg(kn, knl, kv, nkw, name, &v))
         return v;
     return NULL;
-}
-
-static int need_str(struct trender *r, const struct tnode *n, tval *v, const char *what)
-{
-    if (v == NULL || v->type != TV_STR)
-        return terr(r, n, -EINVAL, "%s must be a string, not %s", what,
-                    v ? tv_typename(v) : "nothing");
-    return 0;
 }
 
 int tb_to_items(struct trender *r, const struct tnode *n, tval *x, tval **out)

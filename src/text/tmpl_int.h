@@ -14,6 +14,7 @@
 #ifndef KVR_TMPL_INT_H
 #define KVR_TMPL_INT_H
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -430,6 +431,36 @@ int tb_global(const char *name, size_t nn);
 
 int terr(struct trender *r, const struct tnode *n, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Small helpers of the render side (tmpl_render.c, tmpl_builtin.c, tmpl_str.c): static
+ * inline here, one definition instead of a copy in each file. */
+static inline int oom(struct trender *r, const struct tnode *n)
+{
+    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
+}
+
+static inline bool eqs(const char *a, size_t an, const char *b) /* a[0..an) == b */
+{
+    size_t bn = strlen(b);
+    return an == bn && memcmp(a, b, an) == 0;
+}
+
+/* the string built in b (NULL if building it failed) */
+static inline tval *mkstr(struct trender *r, struct tbuf *b)
+{
+    if (b->err)
+        return NULL;
+    return tv_str_nocopy(r->a, b->p ? b->p : "", b->n);
+}
+
+/* 0 when v is a string; else -EINVAL, "<what> must be a string, not <type>" */
+static inline int need_str(struct trender *r, const struct tnode *n, tval *v, const char *what)
+{
+    if (v == NULL || v->type != TV_STR)
+        return terr(r, n, -EINVAL, "%s must be a string, not %s", what,
+                    v ? tv_typename(v) : "nothing");
+    return 0;
+}
 /* invoke a macro value (tmpl_render.c) */
 int tr_call_macro(struct trender *r, const struct tnode *at, tval *m, tval **args,
                   size_t nargs, const char **kn, size_t *knl, tval **kv, size_t nkw,

@@ -35,11 +35,6 @@ int terr(struct trender *r, const struct tnode *n, int rc, const char *fmt, ...)
     return rc;
 }
 
-static int oom(struct trender *r, const struct tnode *n)
-{
-    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
-}
-
 int tr_count_iter(struct trender *r, const struct tnode *n)
 {
     if (++r->iters > r->ctx->lim.max_iters)
