@@ -872,16 +872,6 @@ static tval *unsafe(struct trender *r, const char *name, size_t nn, const char *
     return u;
 }
 
-static tval *undef_attr(struct trender *r, const char *name, size_t nn)
-{
-    tval *u = tv_new(r->a, TV_UNDEF);
-    if (u) {
-        u->u.s.p = name;
-        u->u.s.n = nn;
-    }
-    return u;
-}
-
 tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
 {
     int k;
@@ -894,18 +884,18 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
         /* fallthrough */
     case TV_NS: {
         tval *v = tv_dict_get(obj, name, nn);
-        return v ? v : undef_attr(r, name, nn);
+        return v ? v : tv_undef(r->a, name, nn);
     }
     case TV_STR:
         if ((k = in_list(name, nn, str_methods)))
             return method(r, obj, str_methods, k);
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     case TV_LIST:
         if ((k = in_list(name, nn, list_methods)))
             return method(r, obj, list_methods, k);
         if (in_list(name, nn, list_unsafe))
             return unsafe(r, name, nn, obj->tuple ? "tuple" : "list");
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     case TV_LOOP: {
         struct tloop *lp = obj->u.loop;
         int64_t v;
@@ -919,20 +909,20 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
         else if (eqs(name, nn, "first")) return tv_bool(lp->i == 0);
         else if (eqs(name, nn, "last")) return tv_bool(lp->i + 1 == lp->n);
         else if (eqs(name, nn, "previtem"))
-            return lp->i > 0 ? lp->items->u.l.v[lp->i - 1] : undef_attr(r, name, nn);
+            return lp->i > 0 ? lp->items->u.l.v[lp->i - 1] : tv_undef(r->a, name, nn);
         else if (eqs(name, nn, "nextitem"))
-            return lp->i + 1 < lp->n ? lp->items->u.l.v[lp->i + 1] : undef_attr(r, name, nn);
+            return lp->i + 1 < lp->n ? lp->items->u.l.v[lp->i + 1] : tv_undef(r->a, name, nn);
         else if (eqs(name, nn, "cycle")) {
             tval *c = tv_new(r->a, TV_CYCLER);
             if (c)
                 c->u.loop = lp;
             return c;
         } else
-            return undef_attr(r, name, nn);
+            return tv_undef(r->a, name, nn);
         return tv_int(r->a, v);
     }
     default:
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     }
 }
 

@@ -91,6 +91,7 @@
 #define tv_true_const kvr_tmpl_tv_true_const
 #define tv_truthy kvr_tmpl_tv_truthy
 #define tv_typename kvr_tmpl_tv_typename
+#define tv_undef kvr_tmpl_tv_undef
 #define tv_undef_const kvr_tmpl_tv_undef_const
 
 /* ---- arena ---- */
@@ -169,6 +170,8 @@ void tbuf_put(struct tbuf *b, const char *s, size_t n);
 void tbuf_putc(struct tbuf *b, char c);
 
 tval *tv_new(struct tarena *a, int type);
+/* an Undefined that names what was missing (name NULL: none); its use fails with the name */
+tval *tv_undef(struct tarena *a, const char *name, size_t nn);
 tval *tv_str(struct tarena *a, const char *s, size_t n); /* copies */
 tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n);
 tval *tv_int(struct tarena *a, int64_t i);

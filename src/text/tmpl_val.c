@@ -156,14 +156,25 @@ tval *tv_new(struct tarena *a, int type)
     return v;
 }
 
-tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n)
+/* a value of type with u.s = (s, n): a string, or an Undefined naming what is missing */
+static tval *tv_new_s(struct tarena *a, int type, const char *s, size_t n)
 {
-    tval *v = tv_new(a, TV_STR);
+    tval *v = tv_new(a, type);
     if (v) {
         v->u.s.p = s;
         v->u.s.n = n;
     }
     return v;
+}
+
+tval *tv_undef(struct tarena *a, const char *name, size_t nn)
+{
+    return tv_new_s(a, TV_UNDEF, name, nn);
+}
+
+tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n)
+{
+    return tv_new_s(a, TV_STR, s, n);
 }
 
 tval *tv_str(struct tarena *a, const char *s, size_t n)
