@@ -152,16 +152,8 @@ int kvr_ix_entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
                 kvr_ix_ebr_retire(ix, s, oldt);
             return -ENOMEM;
         }
-        x->chain = chain;
-        x->parent_chain = pchain;
-        x->seq = 0;
-        x->n = 1u | (root ? N_ROOT : 0u);
-        x->h = pack_el(holder, nchild);
-        KVR_ASSERT(((uintptr_t)x >> 48) == 0);
-        if (LD(t->slot[ins]) == 0)
-            sh->used++;
-        sh->live++;
-        STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
+        node_init(x, chain, pchain, root, holder, nchild);
+        tab_insert_locked(sh, t, ins, x, h);
         shard_unlock(sh);
         if (oldt != NULL)
             kvr_ix_ebr_retire(ix, s, oldt);
