@@ -321,14 +321,9 @@ static int check_auth(struct kvr_httpapi *api, const struct kvr_httpreq *req,
     return 0;
 }
 
-/* JSON body presence and type for endpoints that take one (score has its own). */
-static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+/* A body is there (411 when unframed, 400 when empty): 0, or the error answered. */
+static int need_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
 {
-    if (content_kind(req->content_type) != BODY_JSON) {
-        fail(resp, 415, "unsupported content type '%s' (use application/json)",
-             req->content_type);
-        return -1;
-    }
     if (req->body_len == 0) {
         if (!req->has_length) {
             /* a body sent without framing would be parsed as the next request: close */
@@ -339,6 +334,17 @@ static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *re
         return -1;
     }
     return 0;
+}
+
+/* JSON body presence and type for endpoints that take one (score has its own). */
+static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+{
+    if (content_kind(req->content_type) != BODY_JSON) {
+        fail(resp, 415, "unsupported content type '%s' (use application/json)",
+             req->content_type);
+        return -1;
+    }
+    return need_body(req, resp);
 }
 
 /* ---- POST /v1/score -------------------------------------------------------------------- */
@@ -397,16 +403,7 @@ static int query_body_ok(const struct kvr_httpreq *req, struct kvr_httpresp *res
                                     "application/msgpack)", req->content_type);
         return -1;
     }
-    if (req->body_len == 0) {
-        if (!req->has_length) {
-            /* a body sent without framing would be parsed as the next request: close */
-            fail(resp, 411, "request body required (Content-Length)");
-            resp->close = true;
-        } else
-            fail(resp, 400, "empty request body");
-        return -1;
-    }
-    return 0;
+    return need_body(req, resp);
 }
 
 /* The body of /v1/score, /v1/tokenize or (rq != NULL: JSON only, candidates into cands)
@@ -908,6 +905,13 @@ static void not_here(struct kvr_httpresp *resp)
                     "[http] admin_listen unless public_introspection = on)");
 }
 
+/* An admin route asked on the main listener while an admin listener is configured. */
+static void not_admin(struct kvr_httpresp *resp)
+{
+    fail(resp, 404, "not found on this listener (admin endpoints are served on "
+                    "[http] admin_listen)");
+}
+
 #define ALLOW_GET "Allow: GET\r\n"
 #define ALLOW_POST "Allow: POST\r\n"
 #define ALLOW_DELETE "Allow: DELETE\r\n"
@@ -994,8 +998,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     if (req->path_len > 9 && memcmp(req->path, "/v1/pods/", 9) == 0) {
         resp->endpoint = KVR_EP_POD_DELETE;
         if (!admin_ok)
-            RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are served on "
-                                   "[http] admin_listen)"));
+            RET_VOID(not_admin(resp));
         if (m != HTTP_DELETE)
             RET_VOID(method_not_allowed(resp, ALLOW_DELETE));
         if (check_auth(api, req, resp) != 0)
@@ -1007,8 +1010,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     if (path_is(req, "/v1/snapshot")) {
         resp->endpoint = KVR_EP_OTHER;
         if (!admin_ok)
-            RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are served on "
-                                   "[http] admin_listen)"));
+            RET_VOID(not_admin(resp));
         if (m != HTTP_GET)
             RET_VOID(method_not_allowed(resp, ALLOW_GET));
         if (check_auth(api, req, resp) != 0)
@@ -1025,8 +1027,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
             RET_VOID(method_not_allowed(resp, admin_ok ? ALLOW_ALL : ALLOW_GET));
         if (m != HTTP_GET) {
             if (!admin_ok)
-                RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are "
-                                       "served on [http] admin_listen)"));
+                RET_VOID(not_admin(resp));
             if (check_auth(api, req, resp) != 0)
                 return;
         }

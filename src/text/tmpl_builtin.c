@@ -16,17 +16,6 @@
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-static int oom(struct trender *r, const struct tnode *n)
-{
-    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
-}
-
-static bool eqs(const char *a, size_t an, const char *b)
-{
-    size_t bn = strlen(b);
-    return an == bn && memcmp(a, b, an) == 0;
-}
-
 static int in_list(const char *name, size_t nn, const char *const *list)
 {
     for (int i = 0; list[i]; i++)
@@ -54,13 +43,6 @@ int tb_global(const char *name, size_t nn)
     static const char *const g[] = {"range", "namespace", "dict", "raise_exception",
                                     "strftime_now", NULL};
     return in_list(name, nn, g);
-}
-
-static tval *mkstr(struct trender *r, struct tbuf *b)
-{
-    if (b->err)
-        return NULL;
-    return tv_str_nocopy(r->a, b->p ? b->p : "", b->n);
 }
 
 static int to_str_val(struct trender *r, const struct tnode *n, tval *x, tval **out)
@@ -97,14 +79,6 @@ static tval *arg(tval **args, size_t nargs, size_t i, const char **kn, size_t *k
     if (name && kwarg(kn, knl, kv, nkw, name, &v))
         return v;
     return NULL;
-}
-
-static int need_str(struct trender *r, const struct tnode *n, tval *v, const char *what)
-{
-    if (v == NULL || v->type != TV_STR)
-        return terr(r, n, -EINVAL, "%s must be a string, not %s", what,
-                    v ? tv_typename(v) : "nothing");
-    return 0;
 }
 
 int tb_to_items(struct trender *r, const struct tnode *n, tval *x, tval **out)
@@ -898,16 +872,6 @@ static tval *unsafe(struct trender *r, const char *name, size_t nn, const char *
     return u;
 }
 
-static tval *undef_attr(struct trender *r, const char *name, size_t nn)
-{
-    tval *u = tv_new(r->a, TV_UNDEF);
-    if (u) {
-        u->u.s.p = name;
-        u->u.s.n = nn;
-    }
-    return u;
-}
-
 tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
 {
     int k;
@@ -920,18 +884,18 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
         /* fallthrough */
     case TV_NS: {
         tval *v = tv_dict_get(obj, name, nn);
-        return v ? v : undef_attr(r, name, nn);
+        return v ? v : tv_undef(r->a, name, nn);
     }
     case TV_STR:
         if ((k = in_list(name, nn, str_methods)))
             return method(r, obj, str_methods, k);
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     case TV_LIST:
         if ((k = in_list(name, nn, list_methods)))
             return method(r, obj, list_methods, k);
         if (in_list(name, nn, list_unsafe))
             return unsafe(r, name, nn, obj->tuple ? "tuple" : "list");
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     case TV_LOOP: {
         struct tloop *lp = obj->u.loop;
         int64_t v;
@@ -945,20 +909,20 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
         else if (eqs(name, nn, "first")) return tv_bool(lp->i == 0);
         else if (eqs(name, nn, "last")) return tv_bool(lp->i + 1 == lp->n);
         else if (eqs(name, nn, "previtem"))
-            return lp->i > 0 ? lp->items->u.l.v[lp->i - 1] : undef_attr(r, name, nn);
+            return lp->i > 0 ? lp->items->u.l.v[lp->i - 1] : tv_undef(r->a, name, nn);
         else if (eqs(name, nn, "nextitem"))
-            return lp->i + 1 < lp->n ? lp->items->u.l.v[lp->i + 1] : undef_attr(r, name, nn);
+            return lp->i + 1 < lp->n ? lp->items->u.l.v[lp->i + 1] : tv_undef(r->a, name, nn);
         else if (eqs(name, nn, "cycle")) {
             tval *c = tv_new(r->a, TV_CYCLER);
             if (c)
                 c->u.loop = lp;
             return c;
         } else
-            return undef_attr(r, name, nn);
+            return tv_undef(r->a, name, nn);
         return tv_int(r->a, v);
     }
     default:
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     }
 }
 

@@ -1,6 +1,6 @@
 /* tmpl_val.c — the value model of the template engine: an arena per render ctx (values are
  * never freed one by one: a render's temporaries die with kvr_tmpl_ctx_reset), the public
- * constructors, and the conversions whose bytes must match Python's: str() and repr() of
+ * constructors, the "line N: " form of every error message, and the conversions whose bytes must match Python's: str() and repr() of
  * None/bools/ints/floats/lists/dicts, float repr (shortest round-trip digits), json.dumps with
  * ensure_ascii=False, ==, ordering, and Python's notion of whitespace for strip().
  */
@@ -91,6 +91,22 @@ char *tarena_strdup(struct tarena *a, const char *s, size_t n)
     return p;
 }
 
+/* ---- errors ---- */
+void tmpl_verr(char *err, size_t errlen, int line, const char *fmt, va_list ap)
+{
+    int k = 0;
+
+    if (errlen == 0)
+        return;
+    if (line >= 0) {
+        k = snprintf(err, errlen, "line %d: ", line);
+        if (k < 0)
+            k = 0;
+    }
+    if ((size_t)k < errlen)
+        vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+}
+
 /* ---- buffers ---- */
 void tbuf_put(struct tbuf *b, const char *s, size_t n)
 {
@@ -140,14 +156,25 @@ tval *tv_new(struct tarena *a, int type)
     return v;
 }
 
-tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n)
+/* a value of type with u.s = (s, n): a string, or an Undefined naming what is missing */
+static tval *tv_new_s(struct tarena *a, int type, const char *s, size_t n)
 {
-    tval *v = tv_new(a, TV_STR);
+    tval *v = tv_new(a, type);
     if (v) {
         v->u.s.p = s;
         v->u.s.n = n;
     }
     return v;
+}
+
+tval *tv_undef(struct tarena *a, const char *name, size_t nn)
+{
+    return tv_new_s(a, TV_UNDEF, name, nn);
+}
+
+tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n)
+{
+    return tv_new_s(a, TV_STR, s, n);
 }
 
 tval *tv_str(struct tarena *a, const char *s, size_t n)
