@@ -584,6 +584,7 @@ void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
     uint64_t dec[KVR_ROUTE_NPOLICIES], tt, en, ex, nt, cf, pe, ps, fd, ab, rj, bs, np;
     pthread_mutex_lock(&r->mu);
     expire(r, now_ms());
+    route_flight_age_all(r, route_now_ns());
     memcpy(dec, r->decisions, sizeof(dec));
     tt = r->tracked_total, en = r->ended, ex = r->expired, nt = r->ntracked;
     cf = r->confirmed, pe = r->pend_expired, ps = r->pend_estimated, fd = r->flight_dropped;

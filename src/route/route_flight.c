@@ -149,6 +149,13 @@ void route_flight_age(struct kvr_route *r, struct wload *w, int64_t now)
     }
 }
 
+void route_flight_age_all(struct kvr_route *r, int64_t now)
+{
+    for (size_t i = 0; i < WBUCKETS; i++)
+        for (struct wload *w = r->w[i]; w != NULL; w = w->next)
+            route_flight_age(r, w, now);
+}
+
 void route_flight_gc(struct kvr_route *r, int64_t now)
 {
     if (now < r->gc_ns)

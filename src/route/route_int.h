@@ -108,6 +108,8 @@ void route_flight_free(struct wload *w);
 /* Ages w's flights: unconfirmed prefills past their time, decoding requests past
  * decode_time. */
 void route_flight_age(struct kvr_route *r, struct wload *w, int64_t now);
+/* route_flight_age for every worker. */
+void route_flight_age_all(struct kvr_route *r, int64_t now);
 /* Fills every candidate's in-flight view (queued, running, ttft) at now. */
 void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t now);
 /* Records the decision for candidate c as in-flight work on its worker. */
