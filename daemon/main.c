@@ -94,6 +94,13 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
     }
 }
 
+/* An ingest writer stored blocks: route's prefills on that worker may be done. */
+static void stored_blocks(void *arg, const char *pod, uint32_t dp_rank, const uint64_t *content,
+                          size_t n)
+{
+    kvr_route_confirm(arg, pod, dp_rank, content, n);
+}
+
 static int app_start(struct app *a, struct kvr_err *err)
 {
     struct kvr_index_opts io = {
@@ -148,6 +155,7 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_daemon_zsub_create(&a->conf, a->ingest, &a->zsub, err); /* binds, connects */
     if (rc != 0)
         return rc;
+    kvr_ingest_set_store_hook(a->ingest, stored_blocks, a->route);
     rc = kvr_ingest_start(a->ingest, err);
     if (rc != 0)
         return rc;

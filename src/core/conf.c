@@ -135,6 +135,13 @@ const struct directive kvr_conf_directives[] = {
      OFF(route_assumed_ttl_ms)},
     {"route", "assumed_max_blocks", T_U32, "65536", 1, 16777216, F_RELOADABLE,
      OFF(route_assumed_max_blocks)},
+    {"route", "prefill_rate", T_DOUBLE, "20000", 1, 1e9, F_RELOADABLE, OFF(route_prefill_rate)},
+    {"route", "prefill_timeout", T_DURATION, "30s", 100, MS_H, F_RELOADABLE,
+     OFF(route_prefill_timeout_ms)},
+    {"route", "decode_time", T_DURATION, "5s", 0, MS_H, F_RELOADABLE, OFF(route_decode_time_ms)},
+    {"route", "busy_kv_usage", T_DOUBLE, "0.95", 0, 1, F_RELOADABLE, OFF(route_busy_kv_usage)},
+    {"route", "busy_waiting", T_U32, "0", 0, 1000000, F_RELOADABLE, OFF(route_busy_waiting)},
+    {"route", "when_all_busy", T_STRING, "best", 1, 16, F_RELOADABLE, OFF(route_when_all_busy)},
 
     {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
     {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
@@ -924,9 +931,16 @@ static void cross_check(struct pstate *st)
         }
     }
     if (strcmp(c->route_policy, "cost") != 0 && strcmp(c->route_policy, "cache_aware") != 0 &&
-        strcmp(c->route_policy, "score") != 0) {
+        strcmp(c->route_policy, "score") != 0 && strcmp(c->route_policy, "ttft") != 0) {
         fail(st, seen_line(st, "route", "policy"), -EINVAL,
-             "[route] policy = %.100s: expected cost, cache_aware or score", c->route_policy);
+             "[route] policy = %.100s: expected cost, cache_aware, score or ttft",
+             c->route_policy);
+        return;
+    }
+    if (strcmp(c->route_when_all_busy, "best") != 0 &&
+        strcmp(c->route_when_all_busy, "reject") != 0) {
+        fail(st, seen_line(st, "route", "when_all_busy"), -EINVAL,
+             "[route] when_all_busy = %.100s: expected best or reject", c->route_when_all_busy);
         return;
     }
     c->state_dir_line = seen_line(st, "state", "dir");
@@ -1073,6 +1087,7 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->admin_listen);
     free(c->admin_token);
     free(c->route_policy);
+    free(c->route_when_all_busy);
     kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));
 }

@@ -327,8 +327,16 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
     if (kvr_index_store(ix, s->wid, tier, ns, ev->has_parent ? &ev->parent : NULL, w->blocks, n,
                         &res) != 0) {
         skip(w, s, SKIP_INDEX);
+    } else if (w->ing->store_hook != NULL) {
+        w->ing->store_hook(w->ing->store_hook_arg, s->it->t->pod, s->dp_rank, w->content, n);
     }
     add_wres(w, &res);
+}
+
+void kvr_ingest_set_store_hook(struct kvr_ingest *ing, kvr_ingest_store_hook fn, void *arg)
+{
+    ing->store_hook = fn;
+    ing->store_hook_arg = arg;
 }
 
 /* Consecutive BlockRemoved events of one tier (vLLM sends one per evicted block, usually many

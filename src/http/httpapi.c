@@ -637,6 +637,15 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
         kvr_route_load(pc->route, s->pod ? s->pod : "", s->dp_rank, &rq, &tk);
         put_kv_u64(b, ",\"active_requests\":", rq);
         put_kv_u64(b, ",\"active_tokens\":", tk);
+        struct kvr_route_flight f;
+        kvr_route_flight_of(pc->route, s->pod ? s->pod : "", s->dp_rank, &f);
+        put_kv_u64(b, ",\"inflight\":{\"prefills\":", f.pending);
+        put_kv_u64(b, ",\"prefill_tokens\":", f.pending_tokens);
+        put_kv_u64(b, ",\"decoding\":", f.decoding);
+        put_kv_u64(b, ",\"confirmed\":", f.confirmed);
+        put(b, ",\"prefill_rate\":");
+        kvr_httpapi_put_double(b, f.prefill_rate);
+        put(b, "}");
     }
     put(b, "}");
 }
