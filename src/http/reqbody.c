@@ -2,8 +2,12 @@
  *
  * Design: one pass over the body, in place. JSON keys and string values are decoded into the
  * buffer by jtok; msgpack strings are moved one header back (the header is at least one byte
- * long) so they can be NUL-terminated without touching the next item. Strings that hold a NUL
- * byte are rejected (they cannot be C strings). The msgpack cursor checks every length
+ * long) so they can be NUL-terminated without touching the next item. NUL characters (JSON
+ * "\u0000", a 0 byte in a msgpack string): text is (pointer, length) end to end, so "prompt"
+ * keeps them (vLLM tokenizes U+0000 like any other character; so do the chat values,
+ * reqbody_chat.c); every string used as a C string (model, lora_name, cache_salt, pods,
+ * mm_hashes hashes, candidates' pods, policy, endpoints) is refused with a 400 naming the
+ * field, never cut short at its first NUL. The msgpack cursor checks every length
  * against the bytes left before reading, so a count can never make it loop past the buffer;
  * generic values are skipped with a depth limit. Msgpack token arrays go through
  * kvr_decode_u32_run() (decode_scan.c: 64-byte windows with AVX-512 VBMI when the CPU has it, a
@@ -37,6 +41,15 @@ static bool key_is(const char *k, size_t klen, const char *name)
 {
     size_t n = strlen(name);
     return klen == n && memcmp(k, name, n) == 0;
+}
+
+/* A decoded string that holds a NUL byte, refused where the string becomes a C string: the
+ * message is the field's name followed by NUL_REFUSED. */
+#define NUL_REFUSED " must not contain a NUL character (\\u0000)"
+
+static bool has_nul(const char *s, size_t n)
+{
+    return memchr(s, 0, n) != NULL;
 }
 
 static int query_check(struct kvr_reqbody_query *q, bool model, bool tokens, bool prompt,
@@ -136,6 +149,9 @@ static int json_media(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
                                        q->nmedia);
                 if (kvr_jtok_string(j, &str, &slen) != 0)
                     return jerr(j, err);
+                if (has_nul(str, slen))
+                    return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].hash" NUL_REFUSED,
+                                       q->nmedia);
                 m->id = str;
                 m->id_len = slen;
             } else if (json_u32(j, seen == &so ? &m->offset : &m->length) != 0) {
@@ -206,6 +222,8 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
             q->model = str;
             if (slen == 0 || slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
+            if (has_nul(str, slen))
+                return kvr_err_set(err, -EINVAL, "\"model\"" NUL_REFUSED);
         } else if (key_is(key, klen, "prompt")) {
             if (seen_prompt)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
@@ -256,6 +274,8 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
             if (slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
                                    KVR_NAME_MAX);
+            if (has_nul(str, slen))
+                return kvr_err_set(err, -EINVAL, "\"lora_name\"" NUL_REFUSED);
             q->lora_name = slen ? str : NULL;
         } else if (key_is(key, klen, "cache_salt")) {
             if (seen_salt)
@@ -267,6 +287,8 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
                 return kvr_err_set(err, -EINVAL, "\"cache_salt\" must be a string or null");
             if (kvr_jtok_string(&j, &str, &slen) != 0)
                 return jerr(&j, err);
+            if (has_nul(str, slen))
+                return kvr_err_set(err, -EINVAL, "\"cache_salt\"" NUL_REFUSED);
             q->cache_salt = slen ? str : NULL;
         } else if (key_is(key, klen, "mm_hashes")) {
             if (seen_media)
@@ -290,6 +312,8 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
                     return jerr(&j, err);
                 if (q->npods >= s->max_pods)
                     return kvr_err_set(err, -EINVAL, "too many pods (limit %zu)", s->max_pods);
+                if (has_nul(str, slen))
+                    return kvr_err_set(err, -EINVAL, "\"pods\"[%zu]" NUL_REFUSED, q->npods);
                 s->pods[q->npods++] = str;
             }
             if (rc < 0)
@@ -363,6 +387,9 @@ static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *
                 slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod must be a string of "
                                    "1..%d bytes", rc->rq->ncands, KVR_NAME_MAX);
+            if (has_nul(str, slen))
+                return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod" NUL_REFUSED,
+                                   rc->rq->ncands);
             c->pod = str;
             continue;
         }
@@ -421,6 +448,8 @@ static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *
             return 1;
         if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0)
             return kvr_err_set(err, -EINVAL, "\"policy\" must be a string");
+        if (has_nul(str, slen))
+            return kvr_err_set(err, -EINVAL, "\"policy\"" NUL_REFUSED);
         rc->rq->policy = str;
         return 1;
     }
@@ -483,6 +512,8 @@ static int opt_string(struct kvr_jtok *j, const char *name, const char **out, st
         return kvr_err_set(err, -EINVAL, "\"%s\" must be a string", name);
     if (kvr_jtok_string(j, &str, &slen) != 0)
         return jerr(j, err);
+    if (has_nul(str, slen))
+        return kvr_err_set(err, -EINVAL, "\"%s\"" NUL_REFUSED, name);
     *out = slen ? str : NULL;
     return 0;
 }
@@ -614,8 +645,9 @@ static int mp_header(struct mp *m, enum mp_kind kind, uint64_t *n, size_t *hdr)
     return 0;
 }
 
-/* A string: moved one header back and NUL-terminated in place. */
-static int mp_string(struct mp *m, const char *name, char **s, size_t *len)
+/* A string: moved one header back and NUL-terminated in place. A 0 byte inside it is refused
+ * unless text (the prompt, (pointer, length) end to end). */
+static int mp_string(struct mp *m, const char *name, bool text, char **s, size_t *len)
 {
     uint64_t n;
     size_t hdr;
@@ -623,8 +655,8 @@ static int mp_string(struct mp *m, const char *name, char **s, size_t *len)
 
     if (mp_header(m, MP_STR, &n, &hdr) != 0 || !mp_has(m, hdr + n))
         return kvr_err_set(m->err, -EINVAL, "msgpack: \"%s\" must be a string", name);
-    if (memchr(start + hdr, 0, n) != NULL)
-        return kvr_err_set(m->err, -EINVAL, "msgpack: NUL byte in \"%s\"", name);
+    if (!text && memchr(start + hdr, 0, n) != NULL)
+        return kvr_err_set(m->err, -EINVAL, "msgpack: \"%s\"" NUL_REFUSED, name);
     memmove(start, start + hdr, n);
     start[n] = '\0';
     m->p = start + hdr + n;
@@ -890,7 +922,7 @@ static int mp_media(struct mp *m, const struct kvr_reqbody_scratch *s,
                                    (size_t)i);
             *seen = true;
             if (seen == &sh) {
-                if ((rc = mp_string(m, "mm_hashes[].hash", &str, &slen)) != 0)
+                if ((rc = mp_string(m, "mm_hashes[].hash", false, &str, &slen)) != 0)
                     return rc;
                 md->id = str;
                 md->id_len = slen;
@@ -951,7 +983,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             if (seen_model)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"model\"");
             seen_model = true;
-            if ((rc = mp_string(&m, "model", &str, &slen)) != 0)
+            if ((rc = mp_string(&m, "model", false, &str, &slen)) != 0)
                 return rc;
             if (slen == 0 || slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
@@ -960,7 +992,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             if (seen_prompt)
                 return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
             seen_prompt = true;
-            if ((rc = mp_string(&m, "prompt", &str, &slen)) != 0)
+            if ((rc = mp_string(&m, "prompt", true, &str, &slen)) != 0)
                 return rc;
             q->prompt = str;
             q->prompt_len = slen;
@@ -978,7 +1010,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             seen_lora = true;
             if (mp_nil(&m))
                 continue;
-            if ((rc = mp_string(&m, "lora_name", &str, &slen)) != 0)
+            if ((rc = mp_string(&m, "lora_name", false, &str, &slen)) != 0)
                 return rc;
             if (slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
@@ -990,7 +1022,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             seen_salt = true;
             if (mp_nil(&m))
                 continue;
-            if ((rc = mp_string(&m, "cache_salt", &str, &slen)) != 0)
+            if ((rc = mp_string(&m, "cache_salt", false, &str, &slen)) != 0)
                 return rc;
             q->cache_salt = slen ? str : NULL;
         } else if (key_is(key, klen, "mm_hashes")) {
@@ -1012,7 +1044,7 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             if (n > s->max_pods)
                 return kvr_err_set(err, -EINVAL, "too many pods (limit %zu)", s->max_pods);
             for (uint64_t k = 0; k < n; k++) {
-                if ((rc = mp_string(&m, "pods[]", &str, &slen)) != 0)
+                if ((rc = mp_string(&m, "pods[]", false, &str, &slen)) != 0)
                     return rc;
                 s->pods[q->npods++] = str;
             }
