@@ -242,21 +242,24 @@ static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *wi
 static int json_filter(struct trender *r, const struct tnode *n, tval *x, tval *ascii,
                        tval *indent, tval *seps, tval *sortk, tval **out)
 {
-    struct tjson_opt o = {.indent = -1, .item_sep = ", ", .key_sep = ": "};
+    struct tjson_opt o = {.indent = -1, .item_sep = ", ", .item_sep_n = 2, .key_sep = ": ",
+                          .key_sep_n = 2};
     if (indent && indent->type != TV_NONE) {
         if (indent->type != TV_INT || indent->u.i < 0 || indent->u.i > 64)
             return terr(r, n, -EINVAL, "tojson indent must be an int (0..64)");
         o.indent = (int)indent->u.i;
         o.item_sep = ",";
+        o.item_sep_n = 1;
     }
     if (seps && seps->type != TV_NONE) {
         if (seps->type != TV_LIST || seps->u.l.n != 2 || seps->u.l.v[0]->type != TV_STR ||
             seps->u.l.v[1]->type != TV_STR)
             return terr(r, n, -EINVAL, "tojson separators must be a pair of strings");
-        o.item_sep = tarena_strdup(r->a, seps->u.l.v[0]->u.s.p, seps->u.l.v[0]->u.s.n);
-        o.key_sep = tarena_strdup(r->a, seps->u.l.v[1]->u.s.p, seps->u.l.v[1]->u.s.n);
-        if (o.item_sep == NULL || o.key_sep == NULL)
-            return oom(r, n);
+        /* values are immutable while the render runs: no copy (and NULs in them kept) */
+        o.item_sep = seps->u.l.v[0]->u.s.p;
+        o.item_sep_n = seps->u.l.v[0]->u.s.n;
+        o.key_sep = seps->u.l.v[1]->u.s.p;
+        o.key_sep_n = seps->u.l.v[1]->u.s.n;
     }
     o.sort_keys = sortk && tv_truthy(sortk);
     o.ascii = ascii && tv_truthy(ascii);
@@ -416,6 +419,10 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
                 size_t tl = 0;
                 bool ok = true;
                 for (size_t k = 0; k < len; k++) {
+                    if (q[k] == '\0') { /* Python: not a number; strtod would stop there */
+                        ok = false;
+                        break;
+                    }
                     if (q[k] == '_') {
                         ok &= k > 0 && k + 1 < len && q[k - 1] >= '0' && q[k - 1] <= '9' &&
                               q[k + 1] >= '0' && q[k + 1] <= '9';

@@ -198,7 +198,9 @@ void tv_float_repr(struct tbuf *b, double d);
 struct tjson_opt {
     int indent;           /* < 0: None */
     const char *item_sep; /* ", " (or "," with an indent) unless separators= */
+    size_t item_sep_n;    /* its length (separators may hold NUL bytes) */
     const char *key_sep;  /* ": " */
+    size_t key_sep_n;
     int sort_keys;
     int ascii;            /* ensure_ascii */
 };

@@ -525,7 +525,7 @@ int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tv
         p = pc + 1;
         char flags[8];
         size_t nf = 0;
-        while (p < e && strchr("-0 +#", *p) && nf < sizeof flags - 1)
+        while (p < e && *p != '\0' && strchr("-0 +#", *p) && nf < sizeof flags - 1)
             flags[nf++] = *p++;
         flags[nf] = 0;
         int width = -1, prec = -1;
@@ -650,7 +650,8 @@ int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tv
             continue;
         }
         default:
-            return terr(r, n, -EINVAL, "unsupported format character '%c'", conv);
+            return terr(r, n, -EINVAL, "unsupported format character '%c' (0x%x)",
+                        conv >= 0x20 && conv < 0x7f ? conv : '?', (unsigned char)conv);
         }
     }
     /* Python skips this check when the argument could be a mapping (it has __getitem__ and is

@@ -754,7 +754,7 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
         tbuf_putc(b, '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
             if (i)
-                tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                tbuf_put(b, o->item_sep, o->item_sep_n);
             if (o->indent >= 0)
                 json_nl(b, o->indent, level + 1);
             int rc = tv_json(b, v->u.l.v[i], o, level + 1, depth + 1);
@@ -786,11 +786,11 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
             tbuf_putc(b, '{');
             for (size_t i = 0; i < v->u.o.n && rc == 0; i++) {
                 if (i)
-                    tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                    tbuf_put(b, o->item_sep, o->item_sep_n);
                 if (o->indent >= 0)
                     json_nl(b, o->indent, level + 1);
                 json_str(b, se[i].k, se[i].kn, o->ascii);
-                tbuf_put(b, o->key_sep, strlen(o->key_sep));
+                tbuf_put(b, o->key_sep, o->key_sep_n);
                 rc = tv_json(b, se[i].v, o, level + 1, depth + 1);
             }
             free(se);
@@ -800,11 +800,11 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
             tbuf_putc(b, '{');
             for (size_t i = 0; i < v->u.o.n; i++) {
                 if (i)
-                    tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                    tbuf_put(b, o->item_sep, o->item_sep_n);
                 if (o->indent >= 0)
                     json_nl(b, o->indent, level + 1);
                 json_str(b, e[i].k, e[i].kn, o->ascii);
-                tbuf_put(b, o->key_sep, strlen(o->key_sep));
+                tbuf_put(b, o->key_sep, o->key_sep_n);
                 int rc = tv_json(b, e[i].v, o, level + 1, depth + 1);
                 if (rc)
                     return rc;
