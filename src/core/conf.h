@@ -160,6 +160,15 @@ struct kvr_conf {
     uint32_t route_busy_waiting;      /* ttft: ... with this many waiting; 0 = off */
     char *route_when_all_busy;        /* best | reject (429); default best */
 
+    /* [load] — the engines' own Prometheus endpoints, scraped by load.h; all reloadable */
+    char *load_metrics_url;        /* URL template: {pod}, {host} (the pod up to its last
+                                    * ':'), {rank} (the DP rank); NULL or "" = no scraping */
+    int64_t load_interval_ms;      /* every target scraped this often; default 50ms */
+    int64_t load_timeout_ms;       /* one scrape's deadline (connect included); default 500ms */
+    int64_t load_stale_after_ms;   /* a sample older than this is stale; default 1s */
+    int64_t load_max_response_bytes; /* a bigger answer is refused; default 4MiB */
+    uint32_t load_max_targets;     /* workers (pod, dp_rank) scraped at most; default 4096 */
+
     /* [model "NAME"] sections — reloadable (SIGHUP loads changed tokenizers) */
     struct kvr_conf_model *models;
     size_t nmodels;

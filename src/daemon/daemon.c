@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -402,4 +403,44 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
         }
     }
     return 0;
+}
+
+/* ---- the load scraper's targets ------------------------------------------------------- */
+
+static void load_stream(const struct kvr_stream_info *s, void *arg)
+{
+    if (s->pod != NULL && s->pod[0] != '\0')
+        (void)kvr_load_list_add(arg, s->pod, s->dp_rank); /* ENOMEM: counted by load */
+}
+
+void kvr_daemon_load_list(void *arg, struct kvr_load_list *l)
+{
+    if (arg != NULL)
+        kvr_ingest_streams(arg, load_stream, l);
+}
+
+int kvr_daemon_load_fixed(struct kvr_load *load, const struct kvr_conf *c)
+{
+    const char **pods;
+    size_t n = 0, cap = 0;
+    int rc;
+
+    for (size_t i = 0; i < c->nmodels; i++)
+        cap += c->models[i].napproximate_pods;
+    pods = calloc(cap ? cap : 1, sizeof(*pods));
+    if (pods == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < c->nmodels; i++) {
+        for (size_t j = 0; j < c->models[i].napproximate_pods; j++) {
+            const char *p = c->models[i].approximate_pods[j];
+            size_t k = 0;
+            while (k < n && strcmp(pods[k], p) != 0)
+                k++;
+            if (k == n)
+                pods[n++] = p;
+        }
+    }
+    rc = kvr_load_set_pods(load, pods, NULL, n);
+    free(pods);
+    return rc;
 }

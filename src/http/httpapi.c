@@ -51,6 +51,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->snap = deps->snap;
     api->tokset = deps->tokset;
     api->route = deps->route;
+    api->load = deps->load;
     api->max_prompt_bytes = deps->conf->max_prompt_bytes > 0 ? (uint64_t)deps->conf->max_prompt_bytes
                                                              : 1u << 20;
     api->admin_listener = deps->admin_listener;
@@ -599,6 +600,7 @@ struct json_list {
     struct kvr_buf *b;
     size_t n;
     struct kvr_route *route; /* pods: the tracked loads beside each stream */
+    struct kvr_load *load;   /* pods: the engine's scraped load (kvr_load_put_json) */
 };
 
 static void pod_cb(const struct kvr_stream_info *s, void *arg)
@@ -647,6 +649,7 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
         kvr_httpapi_put_double(b, f.prefill_rate);
         put(b, "}");
     }
+    kvr_load_put_json(pc->load, s->pod ? s->pod : "", s->dp_rank, b);
     put(b, "}");
 }
 
@@ -658,13 +661,14 @@ static void assumed_cb(void *arg, const char *pod, uint32_t dp_rank, uint64_t bl
     put_json_str(l->b, pod);
     put_kv_u64(l->b, ",\"dp_rank\":", dp_rank);
     put_kv_u64(l->b, ",\"blocks\":", blocks);
+    kvr_load_put_json(l->load, pod, dp_rank, l->b);
     put(l->b, "}");
 }
 
 static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct json_list pc = {resp->body, 0, t->api->route};
-    struct json_list ac = {resp->body, 0, NULL};
+    struct json_list pc = {resp->body, 0, t->api->route, t->api->load};
+    struct json_list ac = {resp->body, 0, NULL, t->api->load};
 
     put(resp->body, "{\"pods\":[");
     kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
@@ -725,7 +729,7 @@ static void ep_cb(const struct kvr_zsub_endpoint *e, void *arg)
 
 static void ep_endpoints_get(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct json_list ec = {resp->body, 0, NULL};
+    struct json_list ec = {resp->body, 0, NULL, NULL};
 
     put(resp->body, "{\"endpoints\":[");
     kvr_zsub_endpoints(t->api->zsub, ep_cb, &ec);
@@ -863,6 +867,7 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         kvr_route_metrics(api->route, b);
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
+    kvr_load_metrics(api->load, b); /* nothing when NULL */
     if (api->server_metrics != NULL)
         api->server_metrics(api->server_metrics_arg, b);
 }
