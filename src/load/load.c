@@ -602,14 +602,16 @@ static bool store(struct kvr_load *l, struct target *t, uint64_t now)
                     continue;
                 }
                 w = calloc(1, sizeof(*w));
+                if (w != NULL) {
+                    w->rank = rank;
+                    w->hash = h; /* before the insert: it places by the hash */
+                }
                 if (w == NULL || (w->pod = strdup(t->pods[p])) == NULL ||
                     wt_insert(&l->w, w) != 0) {
                     worker_free(w);
                     KVR_CNT_INC(l->workers_refused);
                     continue;
                 }
-                w->rank = rank;
-                w->hash = h;
             }
             w->owner = t;
             w->s.waiting = r->prio[KVR_LOAD_WAITING] ? r->v[KVR_LOAD_WAITING] : -1;
