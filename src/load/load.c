@@ -370,7 +370,7 @@ static int cmp_str(const void *a, const void *b)
 static bool target_has_pod(const struct target *t, const char *pod)
 {
     const char *key = pod;
-    return bsearch(&key, t->pods, t->npods, sizeof(char *), cmp_str) != NULL;
+    return t->npods > 0 && bsearch(&key, t->pods, t->npods, sizeof(char *), cmp_str) != NULL;
 }
 
 /* The sweep after a refresh: workers of removed targets, or of pods their target no longer
@@ -747,12 +747,6 @@ static int cmp_entry(const void *a, const void *b)
     return c != 0 ? c : strcmp(x->pod, y->pod);
 }
 
-static int cmp_target(const void *a, const void *b)
-{
-    const struct target *x = *(struct target *const *)a, *y = *(struct target *const *)b;
-    return strcmp(x->url, y->url);
-}
-
 /* The pods of entries v[0..n) (sorted, one URL) as a fresh unique array. NULL on ENOMEM. */
 static char **group_pods(const struct lentry *v, size_t n, size_t *np)
 {
@@ -810,7 +804,8 @@ static void refresh(struct kvr_load *l)
         list.v[j++] = e;
     }
     list.n = j;
-    qsort(list.v, list.n, sizeof(list.v[0]), cmp_entry);
+    if (list.n > 1)
+        qsort(list.v, list.n, sizeof(list.v[0]), cmp_entry);
     next = calloc(list.n + 1, sizeof(*next));
     gone = calloc(l->ntargets + 1, sizeof(*gone));
     if (next == NULL || gone == NULL)
@@ -864,7 +859,6 @@ static void refresh(struct kvr_load *l)
         gone[i]->dead = true;
         target_abort(l, gone[i]);
     }
-    qsort(next, nnext, sizeof(*next), cmp_target); /* already sorted; cheap insurance */
     pthread_mutex_lock(&l->lock);
     wt_sweep(&l->w, worker_orphaned);
     pthread_mutex_unlock(&l->lock);
