@@ -60,9 +60,9 @@ static void usage(FILE *f)
             "      --version      print the version and exit\n"
             "  -h, --help         print this help and exit\n"
             "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [route], [load],\n"
-            "[http] admin_token, [index] max_memory and the [model] sections (changed tokenizers\n"
-            "are loaded).\n");
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [route],\n"
+            "[load], [http] admin_token, [index] max_memory and the [model] sections (changed\n"
+            "tokenizers are loaded).\n");
 }
 
 /* kvrouterd -t: advice that does not fail the check. */

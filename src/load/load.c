@@ -64,7 +64,16 @@
 #define REFRESH_MS 1000
 #define LIST_MAX (1u << 20) /* workers a listing may name (memory bound) */
 
-enum result { RES_OK, RES_TIMEOUT, RES_CONNECT, RES_HTTP_STATUS, RES_TOO_LARGE, RES_PARSE, RES_ERROR, NRESULTS };
+enum result {
+    RES_OK,
+    RES_TIMEOUT,     /* metrics_timeout passed (connecting included) */
+    RES_CONNECT,     /* refused, unreachable, name not resolved */
+    RES_HTTP_STATUS, /* an answer other than 200 */
+    RES_TOO_LARGE,   /* past max_response_bytes */
+    RES_PARSE,       /* a 200 without any series that is read (for the target's rank) */
+    RES_ERROR,       /* anything else (reset, TLS, ...) */
+    NRESULTS
+};
 static const char *const result_names[NRESULTS] = {"ok",        "timeout", "connect", "http_status",
                                                    "too_large", "parse",   "error"};
 
