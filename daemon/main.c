@@ -185,6 +185,7 @@ static int app_start(struct app *a, struct kvr_err *err)
         rc = kvr_load_start(a->load, err); /* a thread only when [load] metrics_url is set */
     if (rc != 0)
         return rc;
+    kvr_route_set_load_source(a->route, kvr_daemon_route_load, a->load); /* before http */
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
                                 .zsub = a->zsub, .index = a->index, .snap = a->snap,
                                 .tokset = a->tokset, .route = a->route, .load = a->load};
@@ -206,6 +207,8 @@ static void app_stop(struct app *a)
         kvr_http_destroy(a->http);
         a->http = NULL;
     }
+    if (a->route != NULL)
+        kvr_route_set_load_source(a->route, NULL, NULL); /* no decision runs any more */
     kvr_load_destroy(a->load); /* stops its thread; before ingest, which its listing reads */
     a->load = NULL;
     kvr_snap_stop(a->snap); /* the periodic thread (finishes a snapshot being written) */

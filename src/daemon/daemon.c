@@ -444,3 +444,18 @@ int kvr_daemon_load_fixed(struct kvr_load *load, const struct kvr_conf *c)
     free(pods);
     return rc;
 }
+
+int kvr_daemon_route_load(void *arg, const char *pod, uint32_t dp_rank,
+                          struct kvr_route_engine_load *out)
+{
+    struct kvr_load_sample s;
+
+    if (kvr_load_get(arg, pod, dp_rank, &s) != 0 || (s.waiting < 0 && s.running < 0))
+        return -ENOENT;
+    out->waiting = s.waiting < 0 ? 0 : s.waiting;
+    out->running = s.running < 0 ? 0 : s.running;
+    out->kv_usage = s.kv_usage;
+    out->sample_ns = (int64_t)s.at_ns; /* kvr_now_ns: CLOCK_MONOTONIC */
+    out->stale = s.stale;
+    return 0;
+}

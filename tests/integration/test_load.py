@@ -9,7 +9,8 @@ rank with {rank}); a server that closes or stalls past metrics_timeout is counte
 worker turns stale while its last values stay; an answer over max_response_bytes (with and
 without Content-Length), a 500 and an answer without any known series are refused and
 counted; pod ids that cannot go into a URL are refused; SIGHUP turns scraping on, changes
-its URL and turns it off. Loopback only; every wait is bounded.
+its URL and turns it off; the samples reach [route] (ttft skips a worker whose engine reports
+a long queue, and follows when the queues change). Loopback only; every wait is bounded.
 """
 
 import http.server
@@ -22,7 +23,7 @@ import pytest
 
 from kvrharness import render_config
 from test_ingest import metric, need_http, wait_pod
-from vllm_pub import Engine
+from vllm_pub import Engine, tokens_for
 
 MODEL = "test/load"
 WAIT = 10.0
@@ -351,3 +352,36 @@ def test_reload_turns_scraping_on_changes_and_off(daemon_factory, servers):
     before = b.hits
     time.sleep(0.2)
     assert b.hits - before <= 1 and a.hits == hits
+
+
+def test_scraped_loads_move_route_decisions(daemon_factory, servers):
+    """The daemon hands the scraped samples to [route] (kvr_daemon_route_load): with ttft and
+    busy_waiting, the worker whose engine reports a long queue is skipped, and the choice
+    follows when the queues change."""
+    a = servers(vllm_text({0: (50, 8, 0.5)}))
+    b = servers(vllm_text({0: (0, 1, 0.25)}))
+    cfg = load_cfg(approx=[a.pod, b.pod])
+    cfg['model "%s"' % MODEL]["block_size"] = "16"
+    cfg["route"] = {"policy": "ttft", "busy_waiting": "10", "seed": "3"}
+    d = daemon_factory(cfg)
+    need_http(d)
+    wait_metric(d, "load_waiting_requests", worker_labels(a.pod), lambda v: v == 50)
+    wait_metric(d, "load_waiting_requests", worker_labels(b.pod), lambda v: v == 0)
+
+    def decide(seed):
+        st, res = d.json("POST", "/v1/route", {"model": MODEL, "token_ids": tokens_for(seed, 64)})
+        assert st == 200, res
+        return res
+
+    for seed in range(3):
+        res = decide(seed)
+        assert res["pod"] == b.pod, res
+        cands = {c["pod"]: c for c in res["candidates"]}
+        assert cands[a.pod].get("busy") is True and cands[a.pod]["kv_usage"] == 0.5, res
+        assert not cands[b.pod].get("busy"), res
+    a.body = vllm_text({0: (0, 1, 0.25)})
+    b.body = vllm_text({0: (60, 8, 0.5)})
+    wait_metric(d, "load_waiting_requests", worker_labels(b.pod), lambda v: v == 60)
+    wait_metric(d, "load_waiting_requests", worker_labels(a.pod), lambda v: v == 0)
+    for seed in range(10, 13):
+        assert decide(seed)["pod"] == a.pod
