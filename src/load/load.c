@@ -38,6 +38,9 @@
  *   stale_after; readers decide). Limits: max_targets URLs (the rest refused, a gauge) and
  *   max_targets workers (the rest refused, counted); max_response_bytes per answer (aborted
  *   past it, counted); metrics_timeout per transfer (counted).
+ *
+ * Files: load.c (the scraper, the targets, the reading calls), load_prom.c (the text format
+ * reader), load_table.c (the worker table), sharing load_int.h.
  */
 #include "load/load.h"
 #include "load/load_int.h"
@@ -76,19 +79,6 @@ enum result {
 };
 static const char *const result_names[NRESULTS] = {"ok",        "timeout", "connect", "http_status",
                                                    "too_large", "parse",   "error"};
-
-struct worker {
-    char *pod;
-    uint32_t rank;
-    uint64_t hash;
-    struct kvr_load_sample s; /* age_ns and stale are filled in when read */
-    const void *owner;        /* its target: compared, dereferenced by the scraper only */
-};
-
-struct wtable {
-    struct worker **slots; /* linear probing, cap a power of two, at most half full */
-    size_t cap, n;
-};
 
 struct target {
     struct kvr_load *l;
@@ -149,7 +139,7 @@ struct kvr_load {
     bool stopping;  /* ctl_lock */
 
     pthread_mutex_t lock; /* the worker table */
-    struct wtable w;      /* lock */
+    struct kvr_load_wtable w; /* lock */
 
     _Atomic int64_t stale_ns;
     _Atomic bool enabled;
@@ -199,16 +189,6 @@ static int settings_from(struct settings *s, const struct kvr_conf *c)
     s->max_bytes = c->load_max_response_bytes > 0 ? c->load_max_response_bytes : 4 << 20;
     s->max_targets = c->load_max_targets > 0 ? c->load_max_targets : 4096;
     return 0;
-}
-
-static uint64_t key_hash(const char *pod, uint32_t rank)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *p = (const unsigned char *)pod; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    for (int i = 0; i < 4; i++)
-        h = (h ^ ((rank >> (8 * i)) & 0xff)) * 1099511628211ull;
-    return h;
 }
 
 /* ---- URL templates -------------------------------------------------------------------- */
@@ -267,108 +247,6 @@ int kvr_load_url_expand(const char *tmpl, const char *pod, uint32_t rank, char *
     return (int)n;
 }
 
-/* ---- the worker table (lock held) ------------------------------------------------------ */
-
-static struct worker *wt_find(const struct wtable *t, const char *pod, uint32_t rank,
-                              uint64_t h)
-{
-    if (t->cap == 0)
-        return NULL;
-    for (size_t i = h & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        struct worker *w = t->slots[i];
-        if (w == NULL)
-            return NULL;
-        if (w->hash == h && w->rank == rank && strcmp(w->pod, pod) == 0)
-            return w;
-    }
-}
-
-static void wt_place(struct worker **slots, size_t cap, struct worker *w)
-{
-    size_t i = w->hash & (cap - 1);
-    while (slots[i] != NULL)
-        i = (i + 1) & (cap - 1);
-    slots[i] = w;
-}
-
-/* Inserts w (not present). 0 or -ENOMEM. */
-static int wt_insert(struct wtable *t, struct worker *w)
-{
-    if ((t->n + 1) * 2 > t->cap) {
-        size_t nc = t->cap ? t->cap * 2 : 16;
-        struct worker **s = calloc(nc, sizeof(*s));
-        if (s == NULL)
-            return -ENOMEM;
-        for (size_t i = 0; i < t->cap; i++)
-            if (t->slots[i] != NULL)
-                wt_place(s, nc, t->slots[i]);
-        free(t->slots);
-        t->slots = s;
-        t->cap = nc;
-    }
-    wt_place(t->slots, t->cap, w);
-    t->n++;
-    return 0;
-}
-
-static void worker_free(struct worker *w)
-{
-    if (w != NULL)
-        free(w->pod);
-    free(w);
-}
-
-/* Empties slot i and closes the gap (linear probing's backward-shift deletion): each later
- * entry of the run moves into the hole unless its home slot lies cyclically in (hole, its
- * slot], so every entry stays reachable from its home. No allocation. */
-static void wt_delete_at(struct wtable *t, size_t i)
-{
-    size_t mask = t->cap - 1, j = i;
-
-    t->slots[i] = NULL;
-    for (;;) {
-        size_t k;
-        j = (j + 1) & mask;
-        if (t->slots[j] == NULL)
-            return;
-        k = t->slots[j]->hash & mask;
-        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
-            continue;
-        t->slots[i] = t->slots[j];
-        t->slots[j] = NULL;
-        i = j;
-    }
-}
-
-/* Removes (and frees) every worker for which drop(w) is true. A deletion may move a later
- * entry into the slot just checked, so that slot is looked at again; an entry moves only
- * backwards within its run, and a run never reaches around the (at most half full) table
- * back to the scan position, so every entry is looked at. */
-static size_t wt_sweep(struct wtable *t, bool (*drop)(const struct worker *w))
-{
-    size_t removed = 0;
-
-    for (size_t i = 0; i < t->cap;) {
-        struct worker *w = t->slots[i];
-        if (w != NULL && drop(w)) {
-            wt_delete_at(t, i);
-            worker_free(w);
-            t->n--;
-            removed++;
-            continue;
-        }
-        i++;
-    }
-    return removed;
-}
-
-static void wt_free(struct wtable *t)
-{
-    for (size_t i = 0; i < t->cap; i++)
-        worker_free(t->slots[i]);
-    free(t->slots);
-    memset(t, 0, sizeof(*t));
-}
 /* ---- targets (scraper thread) ---------------------------------------------------------- */
 
 static int cmp_str(const void *a, const void *b)
@@ -384,8 +262,9 @@ static bool target_has_pod(const struct target *t, const char *pod)
 
 /* The sweep after a refresh: workers of removed targets, or of pods their target no longer
  * stands for. Scraper thread, lock held (it dereferences owners: they are not freed yet). */
-static bool worker_orphaned(const struct worker *w)
+static bool worker_orphaned(const struct kvr_load_worker *w, void *arg)
 {
+    (void)arg;
     const struct target *t = w->owner;
     return t == NULL || t->dead || !target_has_pod(t, w->pod);
 }
@@ -603,8 +482,8 @@ static bool store(struct kvr_load *l, struct target *t, uint64_t now)
         for (size_t i = 0; i < nr; i++) {
             const struct kvr_load_prom_rank *r = one != NULL ? one : &t->prom.ranks[i];
             uint32_t rank = one != NULL ? t->rank : r->rank;
-            uint64_t h = key_hash(t->pods[p], rank);
-            struct worker *w = wt_find(&l->w, t->pods[p], rank, h);
+            uint64_t h = kvr_load_key_hash(t->pods[p], rank);
+            struct kvr_load_worker *w = kvr_load_wt_find(&l->w, t->pods[p], rank, h);
             if (w == NULL) {
                 if (l->w.n >= l->cur.max_targets) {
                     KVR_CNT_INC(l->workers_refused);
@@ -616,8 +495,8 @@ static bool store(struct kvr_load *l, struct target *t, uint64_t now)
                     w->hash = h; /* before the insert: it places by the hash */
                 }
                 if (w == NULL || (w->pod = strdup(t->pods[p])) == NULL ||
-                    wt_insert(&l->w, w) != 0) {
-                    worker_free(w);
+                    kvr_load_wt_insert(&l->w, w) != 0) {
+                    kvr_load_worker_free(w);
                     KVR_CNT_INC(l->workers_refused);
                     continue;
                 }
@@ -869,7 +748,7 @@ static void refresh(struct kvr_load *l)
         target_abort(l, gone[i]);
     }
     pthread_mutex_lock(&l->lock);
-    wt_sweep(&l->w, worker_orphaned);
+    kvr_load_wt_sweep(&l->w, worker_orphaned, NULL);
     pthread_mutex_unlock(&l->lock);
     for (i = 0; i < ngone; i++) {
         kvr_log_debug("load: no longer scraping %s", gone[i]->url);
@@ -1178,7 +1057,7 @@ void kvr_load_destroy(struct kvr_load *l)
     for (size_t i = 0; i < l->ntargets; i++)
         target_free(l->targets[i]);
     free(l->targets);
-    wt_free(&l->w);
+    kvr_load_wt_free(&l->w);
     pods_free(l->fixed, l->nfixed);
     free(l->fixed_ranks);
     settings_free(&l->cur);
@@ -1204,14 +1083,14 @@ static void fill_age(struct kvr_load_sample *s, uint64_t now, int64_t stale_ns)
 int kvr_load_get(struct kvr_load *l, const char *pod, uint32_t rank, struct kvr_load_sample *out)
 {
     uint64_t h;
-    const struct worker *w;
+    const struct kvr_load_worker *w;
     int rc = -ENOENT;
 
     if (l == NULL || pod == NULL)
         return -ENOENT;
-    h = key_hash(pod, rank);
+    h = kvr_load_key_hash(pod, rank);
     pthread_mutex_lock(&l->lock);
-    w = wt_find(&l->w, pod, rank, h);
+    w = kvr_load_wt_find(&l->w, pod, rank, h);
     if (w != NULL) {
         *out = w->s;
         rc = 0;
@@ -1236,7 +1115,7 @@ void kvr_load_foreach(struct kvr_load *l,
     stale = atomic_load_explicit(&l->stale_ns, memory_order_relaxed);
     pthread_mutex_lock(&l->lock);
     for (size_t i = 0; i < l->w.cap; i++) {
-        const struct worker *w = l->w.slots[i];
+        const struct kvr_load_worker *w = l->w.slots[i];
         struct kvr_load_sample s;
         if (w == NULL)
             continue;

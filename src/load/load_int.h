@@ -1,6 +1,6 @@
 /* load_int.h — private to load*.c (and their tests): the narrow Prometheus text parser of
- * load_prom.c and the URL template expansion load.c uses. Not a contract for other modules:
- * load.h is.
+ * load_prom.c, the worker table of load_table.c and the URL template expansion load.c uses.
+ * Not a contract for other modules: load.h is.
  *
  * The parser reads the text exposition format 0.0.4 (what vLLM, SGLang and TensorRT-LLM
  * serve on /metrics) line by line, incrementally (an answer can be fed as it arrives, in
@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "load/load.h"
 
 #define KVR_LOAD_PROM_MAX_RANKS 256   /* distinct DP ranks kept from one answer */
 #define KVR_LOAD_PROM_RANK_MAX 65535u /* a rank label above this is refused */
@@ -68,6 +70,33 @@ int kvr_load_prom_parse(struct kvr_load_prom *p, const char *text, size_t len);
 /* The figures of `rank`, or NULL when the answer had none. */
 const struct kvr_load_prom_rank *kvr_load_prom_find(const struct kvr_load_prom *p,
                                                     uint32_t rank);
+
+/* ---- the worker table (load_table.c; load.c's `lock` held around every call) ---------- */
+
+struct kvr_load_worker {
+    char *pod;                /* owned */
+    uint32_t rank;
+    uint64_t hash;            /* kvr_load_key_hash(pod, rank): set before the insert */
+    struct kvr_load_sample s; /* age_ns and stale are filled in when read */
+    const void *owner;        /* load.c's target: compared, dereferenced by the scraper only */
+};
+
+struct kvr_load_wtable {
+    struct kvr_load_worker **slots; /* linear probing, cap a power of two, at most half full */
+    size_t cap, n;
+};
+
+uint64_t kvr_load_key_hash(const char *pod, uint32_t rank);
+/* The worker (pod, rank) whose hash is h, or NULL. */
+struct kvr_load_worker *kvr_load_wt_find(const struct kvr_load_wtable *t, const char *pod,
+                                         uint32_t rank, uint64_t h);
+/* Inserts w (not present; w->hash set). 0 or -ENOMEM (the table unchanged). */
+int kvr_load_wt_insert(struct kvr_load_wtable *t, struct kvr_load_worker *w);
+/* Removes and frees every worker drop() selects; allocates nothing. The number removed. */
+size_t kvr_load_wt_sweep(struct kvr_load_wtable *t,
+                         bool (*drop)(const struct kvr_load_worker *w, void *arg), void *arg);
+void kvr_load_wt_free(struct kvr_load_wtable *t);
+void kvr_load_worker_free(struct kvr_load_worker *w);
 
 /* ---- URL templates (load.c) ------------------------------------------------------------ */
 

@@ -11,6 +11,8 @@
  *   by the naive reference reader below (NUL-terminated copies of each line, string.h and
  *   strtod), including random garbage lines and byte flips.
  * - Overlong lines, the rank cap, the URL templates and a module without a thread.
+ * - The worker table (load_table.c): random inserts, finds and sweeps against a naive list,
+ *   on few and many workers (long probe runs, wrap-around at the end of the slots).
  */
 #include <errno.h>
 #include <math.h>
@@ -871,6 +873,85 @@ static void test_conf_directives(void **state)
     kvr_conf_free(&c);
 }
 
+/* ---- the worker table ------------------------------------------------------------------------- */
+
+struct model {
+    char pod[32];
+    uint32_t rank;
+    bool live;
+};
+
+static bool drop_marked(const struct kvr_load_worker *w, void *arg)
+{
+    const bool *gone = arg;
+    return gone[(size_t)w->s.waiting]; /* the model's index, kept in the sample for the test */
+}
+
+static void test_worker_table(void **state)
+{
+    enum { N = 3000 };
+    struct model *m = calloc(N, sizeof(*m));
+    bool *gone = calloc(N, sizeof(bool));
+    struct kvr_load_wtable t = {0};
+    unsigned r = seed;
+    size_t live = 0;
+    (void)state;
+
+    assert_non_null(m);
+    assert_non_null(gone);
+    for (int round = 0; round < 40; round++) {
+        /* insert a batch of new workers (few pods, many ranks: colliding home slots) */
+        size_t add = (size_t)rand_r(&r) % 200;
+        for (size_t k = 0; k < add; k++) {
+            size_t i = (size_t)rand_r(&r) % N;
+            struct kvr_load_worker *w;
+            if (m[i].live)
+                continue;
+            snprintf(m[i].pod, sizeof(m[i].pod), "10.0.0.%u:8000", (unsigned)(i % 7));
+            m[i].rank = (uint32_t)(i / 7);
+            w = calloc(1, sizeof(*w));
+            assert_non_null(w);
+            w->pod = strdup(m[i].pod);
+            w->rank = m[i].rank;
+            w->hash = kvr_load_key_hash(w->pod, w->rank);
+            w->s.waiting = (double)i;
+            assert_null(kvr_load_wt_find(&t, w->pod, w->rank, w->hash));
+            assert_int_equal(kvr_load_wt_insert(&t, w), 0);
+            m[i].live = true;
+            live++;
+        }
+        /* sweep a random share of them away */
+        memset(gone, 0, N * sizeof(bool));
+        size_t want = 0;
+        for (size_t i = 0; i < N; i++)
+            if (m[i].live && rand_r(&r) % 3 == 0) {
+                gone[i] = true;
+                want++;
+            }
+        assert_int_equal(kvr_load_wt_sweep(&t, drop_marked, gone), want);
+        live -= want;
+        assert_int_equal(t.n, live);
+        for (size_t i = 0; i < N; i++) {
+            const struct kvr_load_worker *w;
+            if (gone[i])
+                m[i].live = false;
+            if (m[i].pod[0] == '\0')
+                continue;
+            w = kvr_load_wt_find(&t, m[i].pod, m[i].rank, kvr_load_key_hash(m[i].pod, m[i].rank));
+            if (m[i].live != (w != NULL))
+                print_error("seed %u round %d: worker %zu %s but %s\n", seed, round, i,
+                            m[i].live ? "live" : "removed", w ? "found" : "not found");
+            assert_true(m[i].live == (w != NULL));
+            if (w != NULL)
+                assert_true(w->s.waiting == (double)i);
+        }
+        assert_true(t.cap == 0 || t.n * 2 <= t.cap);
+    }
+    kvr_load_wt_free(&t);
+    free(m);
+    free(gone);
+}
+
 int main(void)
 {
     const char *s = getenv("KVR_TEST_SEED");
@@ -890,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_url_templates),
         cmocka_unit_test(test_module_off),
         cmocka_unit_test(test_conf_directives),
+        cmocka_unit_test(test_worker_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
