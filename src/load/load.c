@@ -459,8 +459,9 @@ static void scrape_start(struct kvr_load *l, struct target *t, uint64_t now)
     t->busy = true;
 }
 
-/* Copies a good answer into the workers; false when it has nothing for them. */
-static bool store(struct kvr_load *l, struct target *t, uint64_t now)
+/* Copies a good answer into the workers, dated `at` (when its request was sent: a routing
+ * decision made after that may not be counted in it yet); false when it has nothing for them. */
+static bool store(struct kvr_load *l, struct target *t, uint64_t at)
 {
     const struct kvr_load_prom_rank *one = NULL;
     size_t nr;
@@ -508,7 +509,7 @@ static bool store(struct kvr_load *l, struct target *t, uint64_t now)
             w->s.prompt_tokens = r->prio[KVR_LOAD_PROMPT] ? r->v[KVR_LOAD_PROMPT] : -1;
             w->s.prefix_hit_tokens = r->prio[KVR_LOAD_HITS] ? r->v[KVR_LOAD_HITS] : -1;
             w->s.prefix_query_tokens = r->prio[KVR_LOAD_QUERIES] ? r->v[KVR_LOAD_QUERIES] : -1;
-            w->s.at_ns = now;
+            w->s.at_ns = at;
         }
     }
     pthread_mutex_unlock(&l->lock);
@@ -537,7 +538,7 @@ static void scrape_done(struct kvr_load *l, struct target *t, CURLcode rc)
         kvr_load_prom_end(&t->prom);
         KVR_CNT_ADD(l->malformed, t->prom.malformed);
         KVR_CNT_ADD(l->ignored, t->prom.ignored);
-        r = store(l, t, now) ? RES_OK : RES_PARSE;
+        r = store(l, t, t->started_ns) ? RES_OK : RES_PARSE;
     }
     KVR_CNT_INC(l->results[r]);
     kvr_hist_observe(&l->duration, (double)(now - t->started_ns) / 1e9);

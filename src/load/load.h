@@ -48,7 +48,8 @@ struct kvr_load_sample {
     double prompt_tokens;  /* counter: prompt tokens processed (vllm:prompt_tokens_total) */
     double prefix_hit_tokens;   /* counter: prompt tokens found in the prefix cache */
     double prefix_query_tokens; /* counter: prompt tokens looked up in the prefix cache */
-    uint64_t at_ns;        /* kvr_now_ns() when the sample arrived (monotonic) */
+    uint64_t at_ns;        /* kvr_now_ns() (monotonic) when the scrape that brought it was
+                            * sent: a routing decision made later may not be counted in it */
     uint64_t age_ns;       /* now - at_ns, when read */
     bool stale;            /* age past [load] stale_after */
 };
