@@ -8,9 +8,10 @@ that change show up within a few intervals, per DP rank (vLLM's engine label, or
 rank with {rank}); a server that closes or stalls past metrics_timeout is counted and its
 worker turns stale while its last values stay; an answer over max_response_bytes (with and
 without Content-Length), a 500 and an answer without any known series are refused and
-counted; pod ids that cannot go into a URL are refused; SIGHUP turns scraping on, changes
-its URL and turns it off; the samples reach [route] (ttft skips a worker whose engine reports
-a long queue, and follows when the queues change). Loopback only; every wait is bounded.
+counted; pod ids that cannot go into a URL, and targets and workers past max_targets, are
+refused; SIGHUP turns scraping on, changes its URL and turns it off; the samples reach
+[route] (ttft skips a worker whose engine reports a long queue, and follows when the queues
+change). Loopback only; every wait is bounded.
 """
 
 import http.server
@@ -385,3 +386,18 @@ def test_scraped_loads_move_route_decisions(daemon_factory, servers):
     wait_metric(d, "load_waiting_requests", worker_labels(a.pod), lambda v: v == 0)
     for seed in range(10, 13):
         assert decide(seed)["pod"] == a.pod
+
+
+def test_max_targets(daemon_factory, servers):
+    """Past [load] max_targets, URLs are refused (a gauge) and so are workers (a counter)."""
+    a = servers(vllm_text({0: (1, 0, 0.5), 1: (1, 0, 0.5)}))
+    b = servers(vllm_text({0: (2, 0, 0.5), 1: (2, 0, 0.5)}))  # whichever is kept: two ranks
+    d = daemon_factory(load_cfg(approx=[a.pod, b.pod], max_targets="1"))
+    need_http(d)
+    wait_metric(d, "load_targets_refused", 'reason="too_many"', lambda v: v == 1)
+    assert metric(d, "load_targets") == 1
+    # the one target kept answers for two ranks: the second worker is one too many
+    wait_metric(d, "load_workers_refused_total")
+    waiting = [metric(d, "load_waiting_requests", worker_labels(p, r))
+               for p in (a.pod, b.pod) for r in (0, 1)]
+    assert sum(v is not None for v in waiting) == 1, waiting
