@@ -119,7 +119,7 @@ const struct directive kvr_conf_directives[] = {
     {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
     {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
 
-    {"route", "policy", T_STRING, "cost", 1, 32, F_RELOADABLE, OFF(route_policy)},
+    {"route", "policy", T_STRING, "ttft", 1, 32, F_RELOADABLE, OFF(route_policy)},
     {"route", "overlap_weight", T_DOUBLE, "1.0", 0, 1000, F_RELOADABLE, OFF(route_overlap_weight)},
     {"route", "temperature", T_DOUBLE, "0", 0, 100, F_RELOADABLE, OFF(route_temperature)},
     {"route", "balance_abs_threshold", T_U32, "64", 0, 1000000000, F_RELOADABLE,
@@ -136,6 +136,8 @@ const struct directive kvr_conf_directives[] = {
     {"route", "assumed_max_blocks", T_U32, "65536", 1, 16777216, F_RELOADABLE,
      OFF(route_assumed_max_blocks)},
     {"route", "prefill_rate", T_DOUBLE, "20000", 1, 1e9, F_RELOADABLE, OFF(route_prefill_rate)},
+    {"route", "uncached_weight", T_DOUBLE, "1", 0, 100, F_RELOADABLE,
+     OFF(route_uncached_weight)},
     {"route", "prefill_timeout", T_DURATION, "30s", 100, MS_H, F_RELOADABLE,
      OFF(route_prefill_timeout_ms)},
     {"route", "decode_time", T_DURATION, "5s", 0, MS_H, F_RELOADABLE, OFF(route_decode_time_ms)},

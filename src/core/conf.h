@@ -140,7 +140,7 @@ struct kvr_conf {
     int64_t max_prompt_bytes;  /* a prompt (text) longer than this: 413; default 1MiB */
 
     /* [route] — POST /v1/route (route.h); reloadable except seed */
-    char *route_policy;               /* cost | cache_aware | score | ttft; default cost */
+    char *route_policy;               /* cost | cache_aware | score | ttft; default ttft */
     double route_overlap_weight;      /* cost: weight of blocks to prefill; default 1.0 */
     double route_temperature;         /* cost: softmax sampling; default 0 (argmin) */
     uint32_t route_balance_abs_threshold; /* cache_aware; default 64 */
@@ -154,6 +154,7 @@ struct kvr_conf {
     uint32_t route_assumed_max_blocks; /* approximate mode: assumed blocks per worker (LRU);
                                         * default 65536 */
     double route_prefill_rate;        /* ttft: prefill tokens/s before one is learned; 20000 */
+    double route_uncached_weight;     /* ttft: weight of this request's uncached tokens; 1 */
     int64_t route_prefill_timeout_ms; /* an unconfirmed prefill stops counting; default 30s */
     int64_t route_decode_time_ms;     /* a confirmed request counts as decoding; default 5s */
     double route_busy_kv_usage;       /* ttft: skip workers at this KV usage; 0.95 (0 = off) */

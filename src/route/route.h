@@ -17,6 +17,9 @@
  *               loaded.
  *   score       the best score, ordered as POST /v1/score orders it (score, then pod, then
  *               dp_rank); when nothing matches, the least loaded.
+ *   ttft        (the default) the lowest predicted time to first token from the in-flight
+ *               work of kvrouterd's own decisions, confirmed by the workers' KV events, and
+ *               the engines' own /metrics (load.h); route_flight.c has the formula.
  * Loads: a candidate's active_requests/active_tokens come from the gateway when it sends
  * them, else from what kvrouterd tracks: a decision made with track counts the request as
  * active on the chosen worker (1 request, its prompt tokens) until kvr_route_end or

@@ -23,7 +23,7 @@
  * whatever else it was doing (decodes, others' requests): the rate a prediction needs.
  *
  * The ttft policy predicts each candidate's time to first token
- *     ttft = (queued + uncached) / rate
+ *     ttft = (queued + uncached_weight x uncached) / rate
  *   queued   = our unconfirmed prefills' uncached tokens on it
  *              + (the engine's waiting requests not ours: waiting at its last sample minus
  *                 our prefills decided before that sample, at least 0) x the mean uncached
@@ -31,8 +31,11 @@
  *   uncached = this request's prompt tokens past the candidate's cached prefix
  *   rate     = the worker's learned prefill tokens/s, else the fleet's, else
  *              [route] prefill_rate
- * and picks the smallest; ties go to the fewest running requests (the engine's running at
- * its last sample plus our requests confirmed since), then a seeded random choice. Workers
+ * ([route] uncached_weight, default 1: the prediction itself; above 1 a cached prefix
+ * weighs more, for the work it saves the requests after this one) and picks the smallest;
+ * ties go to the longest cached prefix, then the fewest running requests (the engine's
+ * running at its last sample plus our requests confirmed since), then a seeded random
+ * choice. Workers
  * over [route] busy_kv_usage (the engine's KV-cache usage) or busy_waiting (its waiting
  * requests) are skipped while any other is not (SGLang's and Dynamo's busy thresholds); when
  * all are, the best anyway, or -EBUSY with [route] when_all_busy = reject. Loads the gateway
@@ -312,6 +315,19 @@ void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
     pthread_mutex_unlock(&r->mu);
 }
 
+/* ttft's order: the lower predicted time; equal, the longer cached prefix (the request's
+ * next turns find it there, and the fleet computes less); then the fewer running. */
+static int ttft_cmp(const struct kvr_route_cand *a, const struct kvr_route_cand *b)
+{
+    if (a->cost != b->cost)
+        return a->cost < b->cost ? -1 : 1;
+    if (a->matched_blocks != b->matched_blocks)
+        return a->matched_blocks > b->matched_blocks ? -1 : 1;
+    if (a->running != b->running)
+        return a->running < b->running ? -1 : 1;
+    return 0;
+}
+
 int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
                       struct kvr_route_decision *d)
 {
@@ -319,19 +335,19 @@ int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
     size_t best = SIZE_MAX, ties = 0, nbusy = 0;
 
     for (size_t i = 0; i < q->ncands; i++) {
-        c[i].cost = ((double)c[i].queued_tokens + (double)c[i].uncached_tokens) / c[i].rate;
+        c[i].cost = ((double)c[i].queued_tokens + r->uncached_weight * (double)c[i].uncached_tokens) /
+                    c[i].rate;
         nbusy += c[i].busy;
     }
     bool all_busy = nbusy == q->ncands;
     for (size_t i = 0; i < q->ncands; i++) {
         if (c[i].busy && !all_busy)
             continue;
-        if (best == SIZE_MAX || c[i].cost < c[best].cost ||
-            (c[i].cost == c[best].cost && c[i].running < c[best].running)) {
+        int k = best == SIZE_MAX ? -1 : ttft_cmp(&c[i], &c[best]);
+        if (k < 0) {
             best = i;
             ties = 1;
-        } else if (c[i].cost == c[best].cost && c[i].running == c[best].running &&
-                   route_rand(r) % ++ties == 0) {
+        } else if (k == 0 && route_rand(r) % ++ties == 0) {
             best = i; /* reservoir choice among equals */
         }
     }

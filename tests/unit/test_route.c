@@ -357,20 +357,27 @@ static void test_ttft_random(void **state)
             assert_int_equal(cand[i].busy, busy[i]);
         }
         uint64_t best_req = UINT64_MAX;
+        uint32_t best_m = 0;
         for (size_t i = 0; i < n; i++) {
             if (busy[i] && !all)
                 continue;
             uint64_t cached = (uint64_t)cand[i].matched_blocks * bs;
-            double t = ((double)cand[i].active_tokens + (double)(prompt > cached ? prompt - cached : 0)) / 1000;
-            if (t < best || (t == best && cand[i].active_requests < best_req)) {
+            double t = ((double)cand[i].active_tokens +
+                        (double)(prompt > cached ? prompt - cached : 0)) / 1000;
+            /* equal times: the longer cached prefix, then the fewer requests */
+            if (t < best || (t == best && (cand[i].matched_blocks > best_m ||
+                                           (cand[i].matched_blocks == best_m &&
+                                            cand[i].active_requests < best_req)))) {
                 best = t;
+                best_m = cand[i].matched_blocks;
                 best_req = cand[i].active_requests;
             }
         }
         size_t g = d.chosen;
         uint64_t gc = (uint64_t)cand[g].matched_blocks * bs;
         double gt = ((double)cand[g].active_tokens + (double)(prompt > gc ? prompt - gc : 0)) / 1000;
-        if ((busy[g] && !all) || gt != best || cand[g].active_requests != best_req)
+        if ((busy[g] && !all) || gt != best || cand[g].matched_blocks != best_m ||
+            cand[g].active_requests != best_req)
             fail_msg("ttft: trial %d (seed %u) chose %zu (%s): %.3f s, best %.3f", trial, seed,
                      g, d.reason, gt, best);
         assert_true(fabs(cand[g].cost - gt) < 1e-9);
