@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/log.h"
 #include "core/metrics.h"
 
 static const char *const names[KVR_ROUTE_NPOLICIES] = {"cost", "cache_aware", "score", "ttft"};
@@ -42,9 +43,7 @@ static int64_t now_ms(void)
 
 int64_t route_now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return (int64_t)kvr_now_ns(); /* CLOCK_MONOTONIC, as load's samples are dated */
 }
 
 uint64_t route_rand(struct kvr_route *r) /* xorshift64* */
