@@ -29,8 +29,8 @@
  *                 our prefills decided before that sample, at least 0) x the mean uncached
  *                 tokens of our decisions
  *   uncached = this request's prompt tokens past the candidate's cached prefix
- *   rate     = the worker's learned prefill tokens/s, else the fleet's, else
- *              [route] prefill_rate
+ *   rate     = the fleet's learned prefill tokens/s ([route] prefill_rate before any);
+ *              a worker's own once it has 32 confirmations and differs by over 25%
  * ([route] uncached_weight, default 1: the prediction itself; above 1 a cached prefix
  * weighs more, for the work it saves the requests after this one) and picks the smallest;
  * ties go to the longest cached prefix, then the fewest running requests (the engine's
@@ -59,7 +59,9 @@
 
 /* A confirmation teaches a rate only from this much work (smaller ones are mostly latency). */
 #define LEARN_MIN_TOKENS 256.0
-#define LEARN_WORKER 0.2  /* weight of a new sample in a worker's rate */
+#define LEARN_WORKER 0.1  /* weight of a new sample in a worker's rate */
+#define WORKER_MIN_SAMPLES 32 /* a worker's own rate is used after this many confirmations */
+#define WORKER_APART 0.25     /* ... when it is this far from the fleet's (a share) */
 #define LEARN_FLEET 0.05  /* ... in the fleet's */
 #define GC_EVERY_NS 10000000000ll          /* sweep idle workers every 10 s at most */
 #define IDLE_NS (600ll * 1000000000ll)     /* a worker idle for 10 min is forgotten */
@@ -177,11 +179,17 @@ void route_flight_gc(struct kvr_route *r, int64_t now)
     }
 }
 
+/* The rate a prediction divides by: the fleet's, learned over every confirmation (engines of
+ * one kind do the same work at the same speed, and one worker's few samples are noisy:
+ * measured in docs/routing.md), unless the worker has shown over enough confirmations that
+ * it is another kind (its own rate more than WORKER_APART from the fleet's). */
 static double worker_rate(const struct kvr_route *r, const struct wload *w)
 {
-    if (w != NULL && w->rate > 0)
+    double fleet = r->fleet_rate > 0 ? r->fleet_rate : r->prefill_rate;
+    if (w != NULL && w->rate > 0 && w->confirmed >= WORKER_MIN_SAMPLES &&
+        fabs(w->rate / fleet - 1) > WORKER_APART)
         return w->rate;
-    return r->fleet_rate > 0 ? r->fleet_rate : r->prefill_rate;
+    return fleet;
 }
 
 static uint64_t uncached(const struct kvr_route_query *q, const struct kvr_route_cand *c)
