@@ -21,6 +21,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
         libhttp-parser-dev libinih-dev libcjson-dev libpcre2-dev libutf8proc-dev \
+        libcurl4-openssl-dev \
         libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -39,7 +40,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         libzmq5 libmsgpackc2 libxxhash0 libuv1 libhttp-parser2.9 libinih1 \
-        libcjson1 libpcre2-8-0 libutf8proc2 \
+        libcjson1 libpcre2-8-0 libutf8proc2 libcurl4 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --user-group --no-create-home --home-dir /var/lib/kvrouterd \
         --shell /usr/sbin/nologin kvrouterd \

@@ -33,9 +33,11 @@ GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # The daemon links exactly the libraries of DEB_BUILD (+ libc/libm); the Dockerfile's runtime
 # stage installs their runtime packages. cJSON loads tokenizer.json files (tok; the request
 # path parses bodies with its own jtok, and bench_jtok compares against cJSON); PCRE2 runs
-# the tokenizers' split regexes, utf8proc their Unicode normalizers.
+# the tokenizers' split regexes, utf8proc their Unicode normalizers; libcurl (OpenSSL
+# flavour) scrapes the engines' /metrics ([load], docs/load.md says why a library).
 DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev libuv1-dev \
-             libhttp-parser-dev libinih-dev libcjson-dev libpcre2-dev libutf8proc-dev
+             libhttp-parser-dev libinih-dev libcjson-dev libpcre2-dev libutf8proc-dev \
+             libcurl4-openssl-dev
 # The shipped gateways (deploy/nginx, deploy/haproxy): tests/integration/test_gateways.py and
 # bench/gateways.sh run the real servers (`make test` / `make bench` install them; not in the
 # Dockerfile, whose build stage runs no integration test).
@@ -44,11 +46,12 @@ DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack py
              $(DEB_GATEWAY)
 DEB_BENCH := wrk nginx-light
 # What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
-# vLLM engine, ZeroMQ + msgpack) and the msgpack query example; `make run` installs them.
+# vLLM engine, ZeroMQ + msgpack) and the msgpack query example (docs/http-api.md); `make run`
+# installs them.
 DEB_RUN   := python3 python3-zmq python3-msgpack
 DEB_FUZZ  := clang libclang-rt-14-dev
 DEPS      ?= $(DEB_BUILD)
-PKGS      := libzmq msgpack libxxhash libuv inih libcjson libpcre2-8 libutf8proc
+PKGS      := libzmq msgpack libxxhash libuv inih libcjson libpcre2-8 libutf8proc libcurl
 BENCH_PKGS :=
 
 comma := ,

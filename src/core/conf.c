@@ -119,7 +119,7 @@ const struct directive kvr_conf_directives[] = {
     {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
     {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
 
-    {"route", "policy", T_STRING, "cost", 1, 32, F_RELOADABLE, OFF(route_policy)},
+    {"route", "policy", T_STRING, "ttft", 1, 32, F_RELOADABLE, OFF(route_policy)},
     {"route", "overlap_weight", T_DOUBLE, "1.0", 0, 1000, F_RELOADABLE, OFF(route_overlap_weight)},
     {"route", "temperature", T_DOUBLE, "0", 0, 100, F_RELOADABLE, OFF(route_temperature)},
     {"route", "balance_abs_threshold", T_U32, "64", 0, 1000000000, F_RELOADABLE,
@@ -135,6 +135,24 @@ const struct directive kvr_conf_directives[] = {
      OFF(route_assumed_ttl_ms)},
     {"route", "assumed_max_blocks", T_U32, "65536", 1, 16777216, F_RELOADABLE,
      OFF(route_assumed_max_blocks)},
+    {"route", "prefill_rate", T_DOUBLE, "20000", 1, 1e9, F_RELOADABLE, OFF(route_prefill_rate)},
+    {"route", "uncached_weight", T_DOUBLE, "1", 0, 100, F_RELOADABLE,
+     OFF(route_uncached_weight)},
+    {"route", "prefill_timeout", T_DURATION, "30s", 100, MS_H, F_RELOADABLE,
+     OFF(route_prefill_timeout_ms)},
+    {"route", "decode_time", T_DURATION, "5s", 0, MS_H, F_RELOADABLE, OFF(route_decode_time_ms)},
+    {"route", "busy_kv_usage", T_DOUBLE, "0.95", 0, 1, F_RELOADABLE, OFF(route_busy_kv_usage)},
+    {"route", "busy_waiting", T_U32, "0", 0, 1000000, F_RELOADABLE, OFF(route_busy_waiting)},
+    {"route", "when_all_busy", T_STRING, "best", 1, 16, F_RELOADABLE, OFF(route_when_all_busy)},
+
+    {"load", "metrics_url", T_STRING, NULL, 0, 1023, F_EMPTY_OK | F_RELOADABLE,
+     OFF(load_metrics_url)},
+    {"load", "metrics_interval", T_DURATION, "50ms", 10, MS_M, F_RELOADABLE, OFF(load_interval_ms)},
+    {"load", "metrics_timeout", T_DURATION, "500ms", 10, MS_M, F_RELOADABLE, OFF(load_timeout_ms)},
+    {"load", "stale_after", T_DURATION, "1s", 10, MS_H, F_RELOADABLE, OFF(load_stale_after_ms)},
+    {"load", "max_response_bytes", T_SIZE, "4MiB", 4 * KiB, 256 * MiB, F_RELOADABLE,
+     OFF(load_max_response_bytes)},
+    {"load", "max_targets", T_U32, "4096", 1, 1048576, F_RELOADABLE, OFF(load_max_targets)},
 
     {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
     {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
@@ -151,7 +169,7 @@ const struct directive kvr_conf_directives[] = {
 const size_t kvr_conf_ndirectives = NDIRECTIVES;
 
 static const char *const sections[] = {"log", "events", "index", "http", "score", "route",
-                                       "tokenizer", "state", "daemon"};
+                                       "load", "tokenizer", "state", "daemon"};
 
 static const struct {
     const char *name;
@@ -689,8 +707,8 @@ static void check_section_line(struct pstate *st, const char *line)
     name[n] = '\0';
     if (!known_section(name)) {
         fail(st, st->lineno, -EINVAL, "unknown section [%s] (expected one of [log], [events], "
-                                      "[index], [http], [score], [route], [tokenizer], "
-                                      "[state], [daemon], [model \"NAME\"])",
+                                      "[index], [http], [score], [route], [load], "
+                                      "[tokenizer], [state], [daemon], [model \"NAME\"])",
              name);
         return;
     }
@@ -843,6 +861,41 @@ static bool bootstrap_ok(const char *v)
     return kvr_conf_parse_hostport(hp, host, sizeof(host), &port) == 0 && port > 0;
 }
 
+/* [load] metrics_url: http:// or https://, a host part, printable characters without
+ * spaces, and only the placeholders {pod}, {host} and {rank} (a lone '{' or '}' is an
+ * error: it would be sent as is and most likely means a typo). NULL when fine, else what is
+ * wrong. load.c expands it (kvr_load_url_expand) and trusts this check. */
+static const char *metrics_url_problem(const char *t)
+{
+    static const char *const ph[] = {"{pod}", "{host}", "{rank}"};
+    const char *p;
+
+    if (strncmp(t, "http://", 7) == 0)
+        p = t + 7;
+    else if (strncmp(t, "https://", 8) == 0)
+        p = t + 8;
+    else
+        return "expected a URL starting with http:// or https://";
+    if (*p == '\0' || *p == '/' || *p == '?' || *p == '#')
+        return "the URL has no host (e.g. http://{pod}/metrics)";
+    for (p = t; *p; p++) {
+        size_t i;
+        if (isspace((unsigned char)*p) || !isprint((unsigned char)*p))
+            return "the URL holds a space or a non-printable character";
+        if (*p == '}')
+            return "a '}' outside {pod}, {host} or {rank}";
+        if (*p != '{')
+            continue;
+        for (i = 0; i < sizeof(ph) / sizeof(ph[0]); i++)
+            if (strncmp(p, ph[i], strlen(ph[i])) == 0)
+                break;
+        if (i == sizeof(ph) / sizeof(ph[0]))
+            return "unknown placeholder (expected {pod}, {host} or {rank})";
+        p += strlen(ph[i]) - 1;
+    }
+    return NULL;
+}
+
 static void cross_check(struct pstate *st)
 {
     struct kvr_conf *c = st->c;
@@ -924,9 +977,32 @@ static void cross_check(struct pstate *st)
         }
     }
     if (strcmp(c->route_policy, "cost") != 0 && strcmp(c->route_policy, "cache_aware") != 0 &&
-        strcmp(c->route_policy, "score") != 0) {
+        strcmp(c->route_policy, "score") != 0 && strcmp(c->route_policy, "ttft") != 0) {
         fail(st, seen_line(st, "route", "policy"), -EINVAL,
-             "[route] policy = %.100s: expected cost, cache_aware or score", c->route_policy);
+             "[route] policy = %.100s: expected cost, cache_aware, score or ttft",
+             c->route_policy);
+        return;
+    }
+    if (strcmp(c->route_when_all_busy, "best") != 0 &&
+        strcmp(c->route_when_all_busy, "reject") != 0) {
+        fail(st, seen_line(st, "route", "when_all_busy"), -EINVAL,
+             "[route] when_all_busy = %.100s: expected best or reject", c->route_when_all_busy);
+        return;
+    }
+    if (c->load_metrics_url != NULL && c->load_metrics_url[0] != '\0') {
+        const char *why = metrics_url_problem(c->load_metrics_url);
+        if (why != NULL) {
+            fail(st, seen_line(st, "load", "metrics_url"), -EINVAL,
+                 "[load] metrics_url = %.200s: %s", c->load_metrics_url, why);
+            return;
+        }
+    }
+    if (c->load_stale_after_ms < c->load_interval_ms) {
+        fail(st, later(seen_line(st, "load", "stale_after"),
+                       seen_line(st, "load", "metrics_interval")),
+             -EINVAL, "[load] stale_after (%lldms) is below metrics_interval (%lldms): every "
+                      "sample would be stale before the next scrape",
+             (long long)c->load_stale_after_ms, (long long)c->load_interval_ms);
         return;
     }
     c->state_dir_line = seen_line(st, "state", "dir");
@@ -1073,6 +1149,8 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->admin_listen);
     free(c->admin_token);
     free(c->route_policy);
+    free(c->route_when_all_busy);
+    free(c->load_metrics_url);
     kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));
 }

@@ -140,7 +140,7 @@ struct kvr_conf {
     int64_t max_prompt_bytes;  /* a prompt (text) longer than this: 413; default 1MiB */
 
     /* [route] — POST /v1/route (route.h); reloadable except seed */
-    char *route_policy;               /* cost | cache_aware | score; default cost */
+    char *route_policy;               /* cost | cache_aware | score | ttft; default ttft */
     double route_overlap_weight;      /* cost: weight of blocks to prefill; default 1.0 */
     double route_temperature;         /* cost: softmax sampling; default 0 (argmin) */
     uint32_t route_balance_abs_threshold; /* cache_aware; default 64 */
@@ -153,6 +153,22 @@ struct kvr_conf {
                                        * after the last decision that routed it; default 120s */
     uint32_t route_assumed_max_blocks; /* approximate mode: assumed blocks per worker (LRU);
                                         * default 65536 */
+    double route_prefill_rate;        /* ttft: prefill tokens/s before one is learned; 20000 */
+    double route_uncached_weight;     /* ttft: weight of this request's uncached tokens; 1 */
+    int64_t route_prefill_timeout_ms; /* an unconfirmed prefill stops counting; default 30s */
+    int64_t route_decode_time_ms;     /* a confirmed request counts as decoding; default 5s */
+    double route_busy_kv_usage;       /* ttft: skip workers at this KV usage; 0.95 (0 = off) */
+    uint32_t route_busy_waiting;      /* ttft: ... with this many waiting; 0 = off */
+    char *route_when_all_busy;        /* best | reject (429); default best */
+
+    /* [load] — the engines' own Prometheus endpoints, scraped by load.h; all reloadable */
+    char *load_metrics_url;        /* URL template: {pod}, {host} (the pod up to its last
+                                    * ':'), {rank} (the DP rank); NULL or "" = no scraping */
+    int64_t load_interval_ms;      /* every target scraped this often; default 50ms */
+    int64_t load_timeout_ms;       /* one scrape's deadline (connect included); default 500ms */
+    int64_t load_stale_after_ms;   /* a sample older than this is stale; default 1s */
+    int64_t load_max_response_bytes; /* a bigger answer is refused; default 4MiB */
+    uint32_t load_max_targets;     /* workers (pod, dp_rank) scraped at most; default 4096 */
 
     /* [model "NAME"] sections — reloadable (SIGHUP loads changed tokenizers) */
     struct kvr_conf_model *models;

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -401,5 +402,60 @@ int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
             warn(arg, m);
         }
     }
+    return 0;
+}
+
+/* ---- the load scraper's targets ------------------------------------------------------- */
+
+static void load_stream(const struct kvr_stream_info *s, void *arg)
+{
+    if (s->pod != NULL && s->pod[0] != '\0')
+        (void)kvr_load_list_add(arg, s->pod, s->dp_rank); /* ENOMEM: counted by load */
+}
+
+void kvr_daemon_load_list(void *arg, struct kvr_load_list *l)
+{
+    if (arg != NULL)
+        kvr_ingest_streams(arg, load_stream, l);
+}
+
+int kvr_daemon_load_fixed(struct kvr_load *load, const struct kvr_conf *c)
+{
+    const char **pods;
+    size_t n = 0, cap = 0;
+    int rc;
+
+    for (size_t i = 0; i < c->nmodels; i++)
+        cap += c->models[i].napproximate_pods;
+    pods = calloc(cap ? cap : 1, sizeof(*pods));
+    if (pods == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < c->nmodels; i++) {
+        for (size_t j = 0; j < c->models[i].napproximate_pods; j++) {
+            const char *p = c->models[i].approximate_pods[j];
+            size_t k = 0;
+            while (k < n && strcmp(pods[k], p) != 0)
+                k++;
+            if (k == n)
+                pods[n++] = p;
+        }
+    }
+    rc = kvr_load_set_pods(load, pods, NULL, n);
+    free(pods);
+    return rc;
+}
+
+int kvr_daemon_route_load(void *arg, const char *pod, uint32_t dp_rank,
+                          struct kvr_route_engine_load *out)
+{
+    struct kvr_load_sample s;
+
+    if (kvr_load_get(arg, pod, dp_rank, &s) != 0 || (s.waiting < 0 && s.running < 0))
+        return -ENOENT;
+    out->waiting = s.waiting < 0 ? 0 : s.waiting;
+    out->running = s.running < 0 ? 0 : s.running;
+    out->kv_usage = s.kv_usage;
+    out->sample_ns = (int64_t)s.at_ns; /* kvr_now_ns: CLOCK_MONOTONIC */
+    out->stale = s.stale;
     return 0;
 }

@@ -22,6 +22,8 @@
 #include "core/metrics.h"
 #include "core/notify.h"
 #include "events/zsub.h"
+#include "load/load.h"
+#include "route/route.h"
 
 #ifndef KVR_VERSION
 #define KVR_VERSION "0.0.0"
@@ -94,6 +96,21 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
  * errors: zmq_connect accepts them and keeps retrying, as the daemon does. */
 int kvr_daemon_check(const struct kvr_conf *c, struct kvr_err *err,
                      void (*warn)(void *arg, const char *msg), void *arg);
+
+/* The load scraper's targets (load.h). kvr_daemon_load_list is its list_pods callback with
+ * arg = the struct kvr_ingest: every (pod, dp_rank) of the KV-event streams (restored ones
+ * included: an engine that stopped publishing is still a candidate, and its scrapes say
+ * whether it answers). kvr_daemon_load_fixed hands it the [model] approximate_pods of c
+ * (rank 0, each pod once): at start and after a reload; main thread. 0 or -ENOMEM. */
+void kvr_daemon_load_list(void *arg, struct kvr_load_list *l);
+int kvr_daemon_load_fixed(struct kvr_load *load, const struct kvr_conf *c);
+/* route's engine-load source (kvr_route_set_load_source) read from the scraper, arg = the
+ * struct kvr_load: its sample of (pod, dp_rank) with its time and stale flag; a count the
+ * engine does not export is 0, a usage it does not export -1; -ENOENT without a sample or
+ * when the engine exports neither count. Takes load's mutex under route's (load never calls
+ * route: no cycle). */
+int kvr_daemon_route_load(void *arg, const char *pod, uint32_t dp_rank,
+                          struct kvr_route_engine_load *out);
 
 /* Starts a detached thread that ends the process with exit status 1 if shutdown has not
  * finished after ms milliseconds (a hung module must not keep a stopping service alive). */

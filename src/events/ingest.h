@@ -138,6 +138,13 @@ int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption
 /* [route] assumed_ttl and assumed_max_blocks (reload, any thread): applied by the writers
  * from their next assumption or expiry check. */
 void kvr_ingest_set_assume_limits(struct kvr_ingest *ing, int64_t ttl_ms, uint32_t max_blocks);
+/* Called by a writer after it applied a BlockStored of the worker (pod, dp_rank): the
+ * stored blocks' content hashes (as score hashes a query's blocks), n >= 1. The hook runs on
+ * the writer thread and must be quick (route's prefill confirmations: kvr_route_confirm). */
+typedef void (*kvr_ingest_store_hook)(void *arg, const char *pod, uint32_t dp_rank,
+                                      const uint64_t *content, size_t n);
+/* Before kvr_ingest_start; fn NULL = none. */
+void kvr_ingest_set_store_hook(struct kvr_ingest *ing, kvr_ingest_store_hook fn, void *arg);
 /* Blocks assumed now, over all workers (any thread). */
 uint64_t kvr_ingest_assumed_blocks(struct kvr_ingest *ing);
 /* The workers holding assumptions now and how many blocks each (any thread; cb runs under

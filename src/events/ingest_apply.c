@@ -7,7 +7,7 @@
  * sequence numbers or replays, which stay in ingest.c. Runs only on the writer thread that
  * owns the stream (w); touches w's caches and counters and the stream's group masks.
  *
- * THE MEMORY CAP ([index] max_memory, README "Memory cap")
+ * THE MEMORY CAP ([index] max_memory, docs/operations.md "Memory cap")
  * Before a BlockStored reaches the index, the writer compares the index's bytes
  * (kvr_index_bytes: a sum over the few epoch slots in use, ~3 ns) plus an estimate of the
  * store (BUDGET_PAIR_BYTES a block) with the cap; over it, the event is skipped with reason
@@ -46,8 +46,8 @@
 #include "index/hash.h"
 
 /* Bytes a (holder, block) pair costs the index, with its reverse-map record: 63.3 in
- * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (README "Memory
- * cap"); a store of n blocks is refused when bytes + n × this would pass the cap. Only an
+ * bench/index.sh, 31-68 fresh and ~100 under LRU churn in bench/budget.sh (docs/operations.md
+ * "Memory cap"); a store of n blocks is refused when bytes + n × this would pass the cap. Only an
  * estimate of the next step: what the index really allocates is what is compared. */
 #define BUDGET_PAIR_BYTES 64u
 
@@ -327,8 +327,16 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
     if (kvr_index_store(ix, s->wid, tier, ns, ev->has_parent ? &ev->parent : NULL, w->blocks, n,
                         &res) != 0) {
         skip(w, s, SKIP_INDEX);
+    } else if (w->ing->store_hook != NULL) {
+        w->ing->store_hook(w->ing->store_hook_arg, s->it->t->pod, s->dp_rank, w->content, n);
     }
     add_wres(w, &res);
+}
+
+void kvr_ingest_set_store_hook(struct kvr_ingest *ing, kvr_ingest_store_hook fn, void *arg)
+{
+    ing->store_hook = fn;
+    ing->store_hook_arg = arg;
 }
 
 /* Consecutive BlockRemoved events of one tier (vLLM sends one per evicted block, usually many

@@ -218,6 +218,8 @@ struct kvr_ingest {
     _Atomic int64_t assume_ttl_ms;  /* [route] assumed_ttl; set on reload */
     _Atomic uint32_t assume_max;    /* [route] assumed_max_blocks; set on reload */
     _Atomic uint64_t assume_full;   /* assumptions dropped: the writer's queue was full */
+    kvr_ingest_store_hook store_hook; /* set before start; NULL = none */
+    void *store_hook_arg;
 
     pthread_mutex_t life_mu;        /* start/stop */
     bool started, stopped;

@@ -15,6 +15,7 @@
 #include "core/conf.h"
 #include "core/err.h"
 #include "events/ingest.h"
+#include "load/load.h"
 #include "route/score.h"
 #include "state/snap.h"
 #include "text/tokset.h"
@@ -31,6 +32,7 @@ struct kvr_http_deps {
     struct kvr_snap *snap;   /* GET /v1/snapshot, kvrouter_snapshot_* metrics; may be NULL */
     struct kvr_tokset *tokset; /* prompts to token ids; NULL: text answers 400 */
     struct kvr_route *route;   /* POST /v1/route; NULL: 503 */
+    struct kvr_load *load;     /* the engines' scraped loads in /v1/pods, /metrics; may be NULL */
 };
 
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err);

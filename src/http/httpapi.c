@@ -51,6 +51,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->snap = deps->snap;
     api->tokset = deps->tokset;
     api->route = deps->route;
+    api->load = deps->load;
     api->max_prompt_bytes = deps->conf->max_prompt_bytes > 0 ? (uint64_t)deps->conf->max_prompt_bytes
                                                              : 1u << 20;
     api->admin_listener = deps->admin_listener;
@@ -321,14 +322,9 @@ static int check_auth(struct kvr_httpapi *api, const struct kvr_httpreq *req,
     return 0;
 }
 
-/* JSON body presence and type for endpoints that take one (score has its own). */
-static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+/* A body is there (411 when unframed, 400 when empty): 0, or the error answered. */
+static int need_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
 {
-    if (content_kind(req->content_type) != BODY_JSON) {
-        fail(resp, 415, "unsupported content type '%s' (use application/json)",
-             req->content_type);
-        return -1;
-    }
     if (req->body_len == 0) {
         if (!req->has_length) {
             /* a body sent without framing would be parsed as the next request: close */
@@ -339,6 +335,17 @@ static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *re
         return -1;
     }
     return 0;
+}
+
+/* JSON body presence and type for endpoints that take one (score has its own). */
+static int need_json_body(const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+{
+    if (content_kind(req->content_type) != BODY_JSON) {
+        fail(resp, 415, "unsupported content type '%s' (use application/json)",
+             req->content_type);
+        return -1;
+    }
+    return need_body(req, resp);
 }
 
 /* ---- POST /v1/score -------------------------------------------------------------------- */
@@ -397,16 +404,7 @@ static int query_body_ok(const struct kvr_httpreq *req, struct kvr_httpresp *res
                                     "application/msgpack)", req->content_type);
         return -1;
     }
-    if (req->body_len == 0) {
-        if (!req->has_length) {
-            /* a body sent without framing would be parsed as the next request: close */
-            fail(resp, 411, "request body required (Content-Length)");
-            resp->close = true;
-        } else
-            fail(resp, 400, "empty request body");
-        return -1;
-    }
-    return 0;
+    return need_body(req, resp);
 }
 
 /* The body of /v1/score, /v1/tokenize or (rq != NULL: JSON only, candidates into cands)
@@ -602,6 +600,7 @@ struct json_list {
     struct kvr_buf *b;
     size_t n;
     struct kvr_route *route; /* pods: the tracked loads beside each stream */
+    struct kvr_load *load;   /* pods: the engine's scraped load (kvr_load_put_json) */
 };
 
 static void pod_cb(const struct kvr_stream_info *s, void *arg)
@@ -640,7 +639,17 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
         kvr_route_load(pc->route, s->pod ? s->pod : "", s->dp_rank, &rq, &tk);
         put_kv_u64(b, ",\"active_requests\":", rq);
         put_kv_u64(b, ",\"active_tokens\":", tk);
+        struct kvr_route_flight f;
+        kvr_route_flight_of(pc->route, s->pod ? s->pod : "", s->dp_rank, &f);
+        put_kv_u64(b, ",\"inflight\":{\"prefills\":", f.pending);
+        put_kv_u64(b, ",\"prefill_tokens\":", f.pending_tokens);
+        put_kv_u64(b, ",\"decoding\":", f.decoding);
+        put_kv_u64(b, ",\"confirmed\":", f.confirmed);
+        put(b, ",\"prefill_rate\":");
+        kvr_httpapi_put_double(b, f.prefill_rate);
+        put(b, "}");
     }
+    kvr_load_put_json(pc->load, s->pod ? s->pod : "", s->dp_rank, b);
     put(b, "}");
 }
 
@@ -652,13 +661,14 @@ static void assumed_cb(void *arg, const char *pod, uint32_t dp_rank, uint64_t bl
     put_json_str(l->b, pod);
     put_kv_u64(l->b, ",\"dp_rank\":", dp_rank);
     put_kv_u64(l->b, ",\"blocks\":", blocks);
+    kvr_load_put_json(l->load, pod, dp_rank, l->b);
     put(l->b, "}");
 }
 
 static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct json_list pc = {resp->body, 0, t->api->route};
-    struct json_list ac = {resp->body, 0, NULL};
+    struct json_list pc = {resp->body, 0, t->api->route, t->api->load};
+    struct json_list ac = {resp->body, 0, NULL, t->api->load};
 
     put(resp->body, "{\"pods\":[");
     kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
@@ -719,7 +729,7 @@ static void ep_cb(const struct kvr_zsub_endpoint *e, void *arg)
 
 static void ep_endpoints_get(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
 {
-    struct json_list ec = {resp->body, 0, NULL};
+    struct json_list ec = {resp->body, 0, NULL, NULL};
 
     put(resp->body, "{\"endpoints\":[");
     kvr_zsub_endpoints(t->api->zsub, ep_cb, &ec);
@@ -857,6 +867,7 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         kvr_route_metrics(api->route, b);
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
+    kvr_load_metrics(api->load, b); /* nothing when NULL */
     if (api->server_metrics != NULL)
         api->server_metrics(api->server_metrics_arg, b);
 }
@@ -906,6 +917,13 @@ static void not_here(struct kvr_httpresp *resp)
 {
     fail(resp, 404, "not found on this listener (metrics, pods and endpoints are served on "
                     "[http] admin_listen unless public_introspection = on)");
+}
+
+/* An admin route asked on the main listener while an admin listener is configured. */
+static void not_admin(struct kvr_httpresp *resp)
+{
+    fail(resp, 404, "not found on this listener (admin endpoints are served on "
+                    "[http] admin_listen)");
 }
 
 #define ALLOW_GET "Allow: GET\r\n"
@@ -994,8 +1012,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     if (req->path_len > 9 && memcmp(req->path, "/v1/pods/", 9) == 0) {
         resp->endpoint = KVR_EP_POD_DELETE;
         if (!admin_ok)
-            RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are served on "
-                                   "[http] admin_listen)"));
+            RET_VOID(not_admin(resp));
         if (m != HTTP_DELETE)
             RET_VOID(method_not_allowed(resp, ALLOW_DELETE));
         if (check_auth(api, req, resp) != 0)
@@ -1007,8 +1024,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
     if (path_is(req, "/v1/snapshot")) {
         resp->endpoint = KVR_EP_OTHER;
         if (!admin_ok)
-            RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are served on "
-                                   "[http] admin_listen)"));
+            RET_VOID(not_admin(resp));
         if (m != HTTP_GET)
             RET_VOID(method_not_allowed(resp, ALLOW_GET));
         if (check_auth(api, req, resp) != 0)
@@ -1025,8 +1041,7 @@ void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_htt
             RET_VOID(method_not_allowed(resp, admin_ok ? ALLOW_ALL : ALLOW_GET));
         if (m != HTTP_GET) {
             if (!admin_ok)
-                RET_VOID(fail(resp, 404, "not found on this listener (admin endpoints are "
-                                       "served on [http] admin_listen)"));
+                RET_VOID(not_admin(resp));
             if (check_auth(api, req, resp) != 0)
                 return;
         }

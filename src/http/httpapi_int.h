@@ -30,6 +30,7 @@ struct kvr_httpapi {
     struct kvr_snap *snap;
     struct kvr_tokset *tokset;
     struct kvr_route *route;
+    struct kvr_load *load;
     uint64_t max_prompt_bytes;
     bool admin_listener;
     bool public_introspection;

@@ -126,9 +126,14 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_reqbody_cand *in = &rs->in[i];
+        /* A default candidate with events, or any the model's approximate mode does not
+         * cover, confirms its prefills by its KV events (route_flight.c). */
+        bool evented = rq.ncands == 0 ? i < rs->nstream
+                                      : !kvr_route_assumes(t->api->route, q.model, in->pod);
         rs->c[i] = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
                                            .has_requests = in->has_requests,
                                            .has_tokens = in->has_tokens,
+                                           .evented = evented,
                                            .active_requests = in->active_requests,
                                            .active_tokens = in->active_tokens};
         rs->by_name[i] = (uint32_t)i;
@@ -152,8 +157,17 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     rqy = (struct kvr_route_query){.query_blocks = res.query_blocks,
                                    .block_size = res.block_size, .prompt_tokens = q.ntokens,
-                                   .policy = policy, .cands = rs->c, .ncands = rs->n};
-    kvr_route_decide(t->api->route, &rqy, &d);
+                                   .last_block = res.hashes != NULL && res.query_blocks > 0
+                                                     ? res.hashes[res.query_blocks - 1]
+                                                     : 0,
+                                   .commit = true, .policy = policy, .cands = rs->c,
+                                   .ncands = rs->n};
+    if (kvr_route_decide(t->api->route, &rqy, &d) == -EBUSY) {
+        resp->extra_headers = "Retry-After: 1\r\n";
+        fail(resp, 429, "every candidate is busy (%.100s); [route] when_all_busy = reject",
+             d.reason);
+        return;
+    }
     const struct kvr_route_cand *ch = &rs->c[d.chosen];
     id[0] = '\0';
     if (rq.track && (rc = kvr_route_track(t->api->route, ch->pod, ch->dp_rank, q.ntokens, id)) != 0) {
@@ -208,8 +222,23 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         put_kv_u64(b, ",\"active_tokens\":", c->active_tokens);
         put(b, d.policy == KVR_ROUTE_COST ? ",\"cost\":"
                : d.policy == KVR_ROUTE_CACHE_AWARE ? ",\"match_rate\":"
-                                                   : ",\"score\":");
+               : d.policy == KVR_ROUTE_SCORE     ? ",\"score\":"
+                                                   : ",\"ttft\":");
         kvr_httpapi_put_double(b, c->cost);
+        if (d.policy == KVR_ROUTE_TTFT) {
+            put_kv_u64(b, ",\"queued_tokens\":", c->queued_tokens);
+            put_kv_u64(b, ",\"uncached_tokens\":", c->uncached_tokens);
+            put(b, ",\"running\":");
+            kvr_httpapi_put_double(b, c->running);
+            put(b, ",\"prefill_rate\":");
+            kvr_httpapi_put_double(b, c->rate);
+            if (c->kv_usage >= 0) {
+                put(b, ",\"kv_usage\":");
+                kvr_httpapi_put_double(b, c->kv_usage);
+            }
+            if (c->busy)
+                put(b, ",\"busy\":true");
+        }
         put(b, "}");
     }
     put(b, rs->full ? "],\"candidates_truncated\":true}\n" : "]}\n");

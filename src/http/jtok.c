@@ -12,7 +12,9 @@
  *   notes in jtok_simd.c (the kernels' own file). The per-token path does the rest and
  *   reports every error precisely.
  * - Strings are decoded in place: the writer never overtakes the reader because every escape
- *   is at least as long as the UTF-8 it produces.
+ *   is at least as long as the UTF-8 it produces. "\u0000" decodes to a 0 byte like any other
+ *   character (valid JSON, and vLLM tokenizes it): a decoded string is (pointer, length), its
+ *   trailing NUL a convenience, and callers that need a C string refuse embedded NULs.
  * - Errors record the first failure only (static message, offset), so the hot path carries
  *   no formatting.
  * Pure; any thread.
@@ -205,8 +207,6 @@ static int scan_string(struct kvr_jtok *j, bool write, char **s, size_t *len)
                     cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
                     r += 6;
                 }
-                if (cp == 0)
-                    return fail_at(j, r, -EINVAL, "NUL character in string");
                 r += 6;
                 if (write)
                     w += put_utf8(w, cp);

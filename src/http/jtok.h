@@ -5,8 +5,14 @@
  * place (the decoded form is never longer than the escaped one) and NUL-terminated, so a
  * decoded string points into the buffer and needs no allocation. Everything is RFC 8259
  * strict: no comments, no trailing commas, no leading zeros or '+', UTF-8 validated,
- * surrogate escapes paired, control characters rejected, and strings holding U+0000 rejected
- * (they could not be C strings).
+ * surrogate escapes paired, and raw control characters (bytes below 0x20) rejected.
+ *
+ * U+0000: the escape "\u0000" is valid JSON and decodes to a 0 byte inside the string (vLLM
+ * takes such prompts and message contents and tokenizes the character like any other). So a
+ * decoded string is its pointer AND its length: it may hold NUL bytes before the terminator,
+ * and strlen() would cut it short. A caller that needs a C string (a name, a key into a
+ * table) checks memchr(s, 0, len) and refuses the value with an error naming the field.
+ * Object keys decode the same way (a key holding NUL just matches no known name).
  *
  * kvr_jtok_u32_array() parses "[1, 2, 3]" eight bytes at a time (SWAR digit conversion) with
  * full validation: negatives, fractions, exponents, leading zeros and values >= 2^32 are
@@ -45,7 +51,8 @@ int kvr_jtok_expect(struct kvr_jtok *j, char c, const char *msg);
 int kvr_jtok_finish(struct kvr_jtok *j);
 
 /* A string at the cursor (after optional whitespace), decoded in place and NUL-terminated.
- * *s points into the buffer; *len excludes the NUL. */
+ * *s points into the buffer; *len excludes the terminator, and bytes before it may be 0 (an
+ * escaped U+0000): use *len, not strlen. */
 int kvr_jtok_string(struct kvr_jtok *j, char **s, size_t *len);
 /* 1 and consumes "null" when the next value is null, 0 when it is something else. */
 int kvr_jtok_null(struct kvr_jtok *j);

@@ -2,8 +2,16 @@
  *
  * Design: one pass over the body, in place. JSON keys and string values are decoded into the
  * buffer by jtok; msgpack strings are moved one header back (the header is at least one byte
- * long) so they can be NUL-terminated without touching the next item. Strings that hold a NUL
- * byte are rejected (they cannot be C strings). The msgpack cursor checks every length
+ * long) so they can be NUL-terminated without touching the next item. NUL characters (JSON
+ * "\u0000", a 0 byte in a msgpack string): text is (pointer, length) end to end, so "prompt"
+ * keeps them (vLLM tokenizes U+0000 like any other character; so do the chat values,
+ * reqbody_chat.c); every string used as a C string (model, lora_name, cache_salt, pods,
+ * mm_hashes hashes, candidates' pods, policy, endpoints) is refused with a 400 naming the
+ * field, never cut short at its first NUL. The JSON and msgpack walks decode values each their
+ * own way and share the rest: one table of the query's keys (qkey_*: duplicates), the checks
+ * and stores of its strings (query_str) and of mm_hashes items (media_*), so a value is
+ * checked alike in both (only type errors, found by each decoder, read differently). The
+ * msgpack cursor checks every length
  * against the bytes left before reading, so a count can never make it loop past the buffer;
  * generic values are skipped with a depth limit. Msgpack token arrays go through
  * kvr_decode_u32_run() (decode_scan.c: 64-byte windows with AVX-512 VBMI when the CPU has it, a
@@ -39,6 +47,15 @@ static bool key_is(const char *k, size_t klen, const char *name)
     return klen == n && memcmp(k, name, n) == 0;
 }
 
+/* A decoded string that holds a NUL byte, refused where the string becomes a C string: the
+ * message is the field's name followed by NUL_REFUSED. */
+#define NUL_REFUSED " must not contain a NUL character (\\u0000)"
+
+static bool has_nul(const char *s, size_t n)
+{
+    return memchr(s, 0, n) != NULL;
+}
+
 static int query_check(struct kvr_reqbody_query *q, bool model, bool tokens, bool prompt,
                        struct kvr_err *err)
 {
@@ -65,6 +82,118 @@ static int media_check(const struct kvr_hash_media *m, size_t n, struct kvr_err 
             return kvr_err_set(err, -EINVAL, "\"mm_hashes\" must be sorted by offset and not "
                                              "overlap (item %zu)", i);
     }
+    return 0;
+}
+
+/* ---- what the JSON and msgpack walks share ---------------------------------------------- */
+
+/* The query's keys: each walk decodes a value its own way, then these check and store it. */
+enum qkey { QK_TOKENS, QK_MODEL, QK_PROMPT, QK_SPECIAL, QK_LORA, QK_SALT, QK_MEDIA, QK_PODS, QK_N };
+static const char *const qkey_names[QK_N] = {"token_ids", "model", "prompt", "add_special_tokens",
+                                             "lora_name", "cache_salt", "mm_hashes", "pods"};
+#define QBIT(k) (1u << (k))
+
+/* The key's index, or -1 for another key. */
+static int qkey_find(const char *key, size_t klen)
+{
+    for (int k = 0; k < QK_N; k++)
+        if (key_is(key, klen, qkey_names[k]))
+            return k;
+    return -1;
+}
+
+/* Marks key k seen: 0, or the duplicate-key error. */
+static int qkey_once(unsigned *seen, int k, struct kvr_err *err)
+{
+    if (*seen & QBIT(k))
+        return kvr_err_set(err, -EINVAL, "duplicate key \"%s\"", qkey_names[k]);
+    *seen |= QBIT(k);
+    return 0;
+}
+
+static void query_init(struct kvr_reqbody_query *q, const struct kvr_reqbody_scratch *s)
+{
+    memset(q, 0, sizeof(*q));
+    q->tokens = s->tokens;
+    q->pods = s->pods;
+    q->add_special_tokens = true;
+}
+
+/* A decoded string value of key k (model, prompt, lora_name, cache_salt, or a pods item):
+ * checked and stored. The prompt is text (may hold NUL); the others are C strings. */
+static int query_str(struct kvr_reqbody_query *q, const struct kvr_reqbody_scratch *s, int k,
+                     char *str, size_t slen, struct kvr_err *err)
+{
+    switch (k) {
+    case QK_PROMPT:
+        q->prompt = str;
+        q->prompt_len = slen;
+        return 0;
+    case QK_MODEL:
+        if (slen == 0 || slen > KVR_NAME_MAX)
+            return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
+        break;
+    case QK_LORA:
+        if (slen > KVR_NAME_MAX)
+            return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
+                               KVR_NAME_MAX);
+        break;
+    case QK_PODS:
+        if (q->npods >= s->max_pods)
+            return kvr_err_set(err, -EINVAL, "too many pods (limit %zu)", s->max_pods);
+        if (has_nul(str, slen))
+            return kvr_err_set(err, -EINVAL, "\"pods\"[%zu]" NUL_REFUSED, q->npods);
+        s->pods[q->npods++] = str;
+        return 0;
+    default:
+        break;
+    }
+    if (has_nul(str, slen))
+        return kvr_err_set(err, -EINVAL, "\"%s\"" NUL_REFUSED, qkey_names[k]);
+    if (k == QK_MODEL)
+        q->model = str;
+    else /* lora_name, cache_salt: "" is none */
+        *(k == QK_LORA ? &q->lora_name : &q->cache_salt) = slen ? str : NULL;
+    return 0;
+}
+
+/* mm_hashes items' keys, as qkey_* for the query's. */
+enum mkey { MK_HASH, MK_OFFSET, MK_LENGTH, MK_N };
+static const char *const mkey_names[MK_N] = {"hash", "offset", "length"};
+
+/* An item's key: its index, MK_N for another key (skipped), or the duplicate error. */
+static int media_key(const char *key, size_t klen, unsigned *seen, size_t item,
+                     struct kvr_err *err)
+{
+    for (int k = 0; k < MK_N; k++) {
+        if (!key_is(key, klen, mkey_names[k]))
+            continue;
+        if (*seen & QBIT(k))
+            return kvr_err_set(err, -EINVAL, "duplicate key in \"mm_hashes\" item %zu", item);
+        *seen |= QBIT(k);
+        return k;
+    }
+    return MK_N;
+}
+
+/* Where an item's integer key goes. */
+static uint64_t *media_slot(struct kvr_hash_media *m, int k)
+{
+    return k == MK_OFFSET ? &m->offset : &m->length;
+}
+
+static int media_int_err(size_t item, int k, struct kvr_err *err)
+{
+    return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].%s must be an integer in [0, 2^32)",
+                       item, mkey_names[k]);
+}
+
+/* The end of item i: all three keys given, or the error. */
+static int media_item_done(unsigned seen, size_t item, struct kvr_err *err)
+{
+    if (seen != QBIT(MK_N) - 1)
+        return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu] needs \"hash\", \"offset\" "
+                           "and \"length\"", item);
     return 0;
 }
 
@@ -106,8 +235,8 @@ static int json_media(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
         return kvr_err_set(err, -EINVAL, "\"mm_hashes\" must be an array of objects");
     while ((rc = kvr_jtok_array_next(j, &ast)) == 1) {
         struct kvr_hash_media *m;
-        bool sh = false, so = false, sl = false;
-        int ost = 0, orc;
+        unsigned seen = 0;
+        int ost = 0, orc, k;
         char *key, *str;
         size_t klen, slen;
 
@@ -119,40 +248,64 @@ static int json_media(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
         m = &s->media[q->nmedia];
         memset(m, 0, sizeof(*m));
         while ((orc = kvr_jtok_object_next(j, &ost, &key, &klen)) == 1) {
-            bool *seen = key_is(key, klen, "hash") ? &sh : key_is(key, klen, "offset") ? &so
-                       : key_is(key, klen, "length") ? &sl : NULL;
-            if (seen == NULL) {
+            if ((k = media_key(key, klen, &seen, q->nmedia, err)) < 0)
+                return k;
+            if (k == MK_N) {
                 if (kvr_jtok_skip(j) != 0)
                     return jerr(j, err);
                 continue;
             }
-            if (*seen)
-                return kvr_err_set(err, -EINVAL, "duplicate key in \"mm_hashes\" item %zu",
-                                   q->nmedia);
-            *seen = true;
-            if (seen == &sh) {
-                if (kvr_jtok_peek(j) != '"')
-                    return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].hash must be a string",
-                                       q->nmedia);
-                if (kvr_jtok_string(j, &str, &slen) != 0)
-                    return jerr(j, err);
-                m->id = str;
-                m->id_len = slen;
-            } else if (json_u32(j, seen == &so ? &m->offset : &m->length) != 0) {
-                return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].%s must be an integer in "
-                                   "[0, 2^32)", q->nmedia, seen == &so ? "offset" : "length");
+            if (k != MK_HASH) {
+                if (json_u32(j, media_slot(m, k)) != 0)
+                    return media_int_err(q->nmedia, k, err);
+                continue;
             }
+            if (kvr_jtok_peek(j) != '"')
+                return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].hash must be a string",
+                                   q->nmedia);
+            if (kvr_jtok_string(j, &str, &slen) != 0)
+                return jerr(j, err);
+            if (has_nul(str, slen))
+                return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].hash" NUL_REFUSED,
+                                   q->nmedia);
+            m->id = str;
+            m->id_len = slen;
         }
         if (orc < 0)
             return jerr(j, err);
-        if (!sh || !so || !sl)
-            return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu] needs \"hash\", \"offset\" "
-                               "and \"length\"", q->nmedia);
+        if ((rc = media_item_done(seen, q->nmedia, err)) != 0)
+            return rc;
         q->nmedia++;
     }
     if (rc < 0)
         return jerr(j, err);
     return media_check(q->media, q->nmedia, err);
+}
+
+/* An array of token ids at the cursor into the scratch: 0, -E2BIG, or -EINVAL with bad (NULL:
+ * jtok's own message). */
+static int json_ids(struct kvr_jtok *j, const struct kvr_reqbody_scratch *s,
+                    struct kvr_reqbody_query *q, const char *bad, struct kvr_err *err)
+{
+    int rc = kvr_jtok_u32_array(j, s->tokens, s->max_tokens, &q->ntokens);
+    if (rc == -E2BIG)
+        return kvr_err_set(err, -E2BIG, "too many token ids (limit %zu)", s->max_tokens);
+    if (rc != 0)
+        return bad != NULL ? kvr_err_set(err, -EINVAL, "%s", bad) : jerr(j, err);
+    return 0;
+}
+
+/* A string value of key k at the cursor: 0 with *str, *slen; 1 when nullable and null; or the
+ * type error. */
+static int json_str(struct kvr_jtok *j, int k, bool nullable, char **str, size_t *slen,
+                    struct kvr_err *err)
+{
+    if (nullable && kvr_jtok_null(j))
+        return 1;
+    if (kvr_jtok_peek(j) != '"')
+        return kvr_err_set(err, -EINVAL, "\"%s\" must be a string%s", qkey_names[k],
+                           nullable ? " or null" : "");
+    return kvr_jtok_string(j, str, slen) != 0 ? jerr(j, err) : 0;
 }
 
 /* The keys a query body had (for callers that accept more forms than the query itself). */
@@ -168,117 +321,64 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
                       struct kvr_reqbody_query *q, struct kvr_err *err, json_hook hook,
                       void *hook_arg, struct seen *so)
 {
+    static const char both[] = "give either \"token_ids\" or \"prompt\", not both";
     struct kvr_jtok j;
-    bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
-    bool seen_prompt = false, seen_special = false, prompt_ids = false;
-    bool seen_salt = false, seen_media = false;
-    int st = 0, rc;
+    unsigned seen = 0;
+    bool prompt_ids = false;
+    int st = 0, rc, k;
     char *key, *str;
     size_t klen, slen;
 
-    memset(q, 0, sizeof(*q));
-    q->tokens = s->tokens;
-    q->pods = s->pods;
-    q->add_special_tokens = true;
+    query_init(q, s);
     kvr_jtok_init(&j, body, len);
     if (kvr_jtok_peek(&j) != '{')
         return kvr_err_set(err, -EINVAL, "body must be a JSON object");
     while ((rc = kvr_jtok_object_next(&j, &st, &key, &klen)) == 1) {
-        if (key_is(key, klen, "token_ids")) {
-            if (seen_tokens)
-                return kvr_err_set(err, -EINVAL, prompt_ids ? "give either \"token_ids\" or "
-                                                              "\"prompt\", not both"
-                                                            : "duplicate key \"token_ids\"");
-            seen_tokens = true;
-            rc = kvr_jtok_u32_array(&j, s->tokens, s->max_tokens, &q->ntokens);
-            if (rc == -E2BIG)
-                return kvr_err_set(err, -E2BIG, "too many token ids (limit %zu)", s->max_tokens);
-            if (rc != 0)
+        if ((k = qkey_find(key, klen)) < 0) {
+            int h = hook ? hook(hook_arg, key, klen, &j, err) : 0;
+            if (h < 0)
+                return h;
+            if (h == 0 && kvr_jtok_skip(&j) != 0)
                 return jerr(&j, err);
-        } else if (key_is(key, klen, "model")) {
-            if (seen_model)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"model\"");
-            seen_model = true;
-            if (kvr_jtok_peek(&j) != '"')
-                return kvr_err_set(err, -EINVAL, "\"model\" must be a string");
-            if (kvr_jtok_string(&j, &str, &slen) != 0)
-                return jerr(&j, err);
-            q->model = str;
-            if (slen == 0 || slen > KVR_NAME_MAX)
-                return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
-        } else if (key_is(key, klen, "prompt")) {
-            if (seen_prompt)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
-            seen_prompt = true;
-            if (kvr_jtok_peek(&j) == '[') { /* /v1/completions: one prompt as token ids */
-                if (seen_tokens)
-                    return kvr_err_set(err, -EINVAL, "give either \"token_ids\" or "
-                                                     "\"prompt\", not both");
-                rc = kvr_jtok_u32_array(&j, s->tokens, s->max_tokens, &q->ntokens);
-                if (rc == -E2BIG)
-                    return kvr_err_set(err, -E2BIG, "too many token ids (limit %zu)",
-                                       s->max_tokens);
-                if (rc != 0)
-                    return kvr_err_set(err, -EINVAL, "\"prompt\" must be a string or one array "
-                                                     "of token ids (a batch of several prompts is "
-                                                     "not supported)");
-                seen_tokens = true;
-                seen_prompt = false;
-                prompt_ids = true;
-                continue;
-            }
-            if (kvr_jtok_peek(&j) != '"')
-                return kvr_err_set(err, -EINVAL, "\"prompt\" must be a string");
-            if (kvr_jtok_string(&j, &str, &slen) != 0)
-                return jerr(&j, err);
-            q->prompt = str;
-            q->prompt_len = slen;
-        } else if (key_is(key, klen, "add_special_tokens")) {
+            continue;
+        }
+        if (k == QK_TOKENS && prompt_ids)
+            return kvr_err_set(err, -EINVAL, both);
+        if ((rc = qkey_once(&seen, k, err)) != 0)
+            return rc;
+        switch (k) {
+        case QK_TOKENS:
+            if ((rc = json_ids(&j, s, q, NULL, err)) != 0)
+                return rc;
+            continue;
+        case QK_PROMPT:
+            if (kvr_jtok_peek(&j) != '[')
+                break;
+            /* /v1/completions: one prompt as token ids (then a "prompt" again is not a
+             * duplicate: the checks after the walk refuse two forms) */
+            if (seen & QBIT(QK_TOKENS))
+                return kvr_err_set(err, -EINVAL, both);
+            if ((rc = json_ids(&j, s, q, "\"prompt\" must be a string or one array of token "
+                               "ids (a batch of several prompts is not supported)", err)) != 0)
+                return rc;
+            seen = (seen | QBIT(QK_TOKENS)) & ~QBIT(QK_PROMPT);
+            prompt_ids = true;
+            continue;
+        case QK_SPECIAL: {
             int c = kvr_jtok_peek(&j);
-            if (seen_special)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"add_special_tokens\"");
-            seen_special = true;
             if (c != 't' && c != 'f')
                 return kvr_err_set(err, -EINVAL, "\"add_special_tokens\" must be true or false");
             if (kvr_jtok_bool(&j, &q->add_special_tokens) != 0)
                 return jerr(&j, err);
             q->add_special_given = true;
-        } else if (key_is(key, klen, "lora_name")) {
-            if (seen_lora)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"lora_name\"");
-            seen_lora = true;
-            if (kvr_jtok_null(&j))
-                continue;
-            if (kvr_jtok_peek(&j) != '"')
-                return kvr_err_set(err, -EINVAL, "\"lora_name\" must be a string or null");
-            if (kvr_jtok_string(&j, &str, &slen) != 0)
-                return jerr(&j, err);
-            if (slen > KVR_NAME_MAX)
-                return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
-                                   KVR_NAME_MAX);
-            q->lora_name = slen ? str : NULL;
-        } else if (key_is(key, klen, "cache_salt")) {
-            if (seen_salt)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"cache_salt\"");
-            seen_salt = true;
-            if (kvr_jtok_null(&j))
-                continue;
-            if (kvr_jtok_peek(&j) != '"')
-                return kvr_err_set(err, -EINVAL, "\"cache_salt\" must be a string or null");
-            if (kvr_jtok_string(&j, &str, &slen) != 0)
-                return jerr(&j, err);
-            q->cache_salt = slen ? str : NULL;
-        } else if (key_is(key, klen, "mm_hashes")) {
-            if (seen_media)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"mm_hashes\"");
-            seen_media = true;
+            continue;
+        }
+        case QK_MEDIA:
             if ((rc = json_media(&j, s, q, err)) != 0)
                 return rc;
-        } else if (key_is(key, klen, "pods")) {
+            continue;
+        case QK_PODS: {
             int ast = 0;
-            if (seen_pods)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"pods\"");
-            seen_pods = true;
             if (kvr_jtok_null(&j))
                 continue;
             if (kvr_jtok_peek(&j) != '[')
@@ -288,29 +388,33 @@ static int query_json(char *body, size_t len, const struct kvr_reqbody_scratch *
                     return kvr_err_set(err, -EINVAL, "\"pods\" must be an array of strings");
                 if (kvr_jtok_string(&j, &str, &slen) != 0)
                     return jerr(&j, err);
-                if (q->npods >= s->max_pods)
-                    return kvr_err_set(err, -EINVAL, "too many pods (limit %zu)", s->max_pods);
-                s->pods[q->npods++] = str;
+                if ((rc = query_str(q, s, k, str, slen, err)) != 0)
+                    return rc;
             }
             if (rc < 0)
                 return jerr(&j, err);
-        } else {
-            int h = hook ? hook(hook_arg, key, klen, &j, err) : 0;
-            if (h < 0)
-                return h;
-            if (h == 0 && kvr_jtok_skip(&j) != 0)
-                return jerr(&j, err);
+            continue;
         }
+        default: /* model, lora_name, cache_salt */
+            break;
+        }
+        /* the string keys: model, a prompt as text, lora_name and cache_salt (or null) */
+        if ((rc = json_str(&j, k, k == QK_LORA || k == QK_SALT, &str, &slen, err)) < 0)
+            return rc;
+        if (rc == 0 && (rc = query_str(q, s, k, str, slen, err)) != 0)
+            return rc;
     }
     if (rc < 0)
         return jerr(&j, err);
     if (kvr_jtok_finish(&j) != 0)
         return jerr(&j, err);
     if (so != NULL) { /* the caller checks, knowing its own keys */
-        *so = (struct seen){seen_model, seen_tokens, seen_prompt};
+        *so = (struct seen){seen & QBIT(QK_MODEL), seen & QBIT(QK_TOKENS),
+                            seen & QBIT(QK_PROMPT)};
         return 0;
     }
-    return query_check(q, seen_model, seen_tokens, seen_prompt, err);
+    return query_check(q, seen & QBIT(QK_MODEL), seen & QBIT(QK_TOKENS),
+                       seen & QBIT(QK_PROMPT), err);
 }
 
 int kvr_reqbody_query_json(char *body, size_t len, const struct kvr_reqbody_scratch *s,
@@ -363,6 +467,9 @@ static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *
                 slen > KVR_NAME_MAX)
                 return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod must be a string of "
                                    "1..%d bytes", rc->rq->ncands, KVR_NAME_MAX);
+            if (has_nul(str, slen))
+                return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod" NUL_REFUSED,
+                                   rc->rq->ncands);
             c->pod = str;
             continue;
         }
@@ -421,6 +528,8 @@ static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *
             return 1;
         if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0)
             return kvr_err_set(err, -EINVAL, "\"policy\" must be a string");
+        if (has_nul(str, slen))
+            return kvr_err_set(err, -EINVAL, "\"policy\"" NUL_REFUSED);
         rc->rq->policy = str;
         return 1;
     }
@@ -483,6 +592,8 @@ static int opt_string(struct kvr_jtok *j, const char *name, const char **out, st
         return kvr_err_set(err, -EINVAL, "\"%s\" must be a string", name);
     if (kvr_jtok_string(j, &str, &slen) != 0)
         return jerr(j, err);
+    if (has_nul(str, slen))
+        return kvr_err_set(err, -EINVAL, "\"%s\"" NUL_REFUSED, name);
     *out = slen ? str : NULL;
     return 0;
 }
@@ -614,8 +725,9 @@ static int mp_header(struct mp *m, enum mp_kind kind, uint64_t *n, size_t *hdr)
     return 0;
 }
 
-/* A string: moved one header back and NUL-terminated in place. */
-static int mp_string(struct mp *m, const char *name, char **s, size_t *len)
+/* A string: moved one header back and NUL-terminated in place. A 0 byte inside it is refused
+ * unless text (the prompt, (pointer, length) end to end). */
+static int mp_string(struct mp *m, const char *name, bool text, char **s, size_t *len)
 {
     uint64_t n;
     size_t hdr;
@@ -623,8 +735,8 @@ static int mp_string(struct mp *m, const char *name, char **s, size_t *len)
 
     if (mp_header(m, MP_STR, &n, &hdr) != 0 || !mp_has(m, hdr + n))
         return kvr_err_set(m->err, -EINVAL, "msgpack: \"%s\" must be a string", name);
-    if (memchr(start + hdr, 0, n) != NULL)
-        return kvr_err_set(m->err, -EINVAL, "msgpack: NUL byte in \"%s\"", name);
+    if (!text && memchr(start + hdr, 0, n) != NULL)
+        return kvr_err_set(m->err, -EINVAL, "msgpack: \"%s\"" NUL_REFUSED, name);
     memmove(start, start + hdr, n);
     start[n] = '\0';
     m->p = start + hdr + n;
@@ -839,6 +951,18 @@ static int mp_u32(struct mp *m, uint64_t *v)
     return 0;
 }
 
+/* A map key (a string, not moved): 0 with *key, *klen, or the error. */
+static int mp_key(struct mp *m, const char **key, uint64_t *klen)
+{
+    size_t khdr;
+
+    if (mp_header(m, MP_STR, klen, &khdr) != 0 || !mp_has(m, khdr + *klen))
+        return mp_fail(m, "map key must be a string");
+    *key = (const char *)m->p + khdr;
+    m->p += khdr + *klen;
+    return 0;
+}
+
 static int mp_media(struct mp *m, const struct kvr_reqbody_scratch *s,
                     struct kvr_reqbody_query *q, struct kvr_err *err)
 {
@@ -857,7 +981,7 @@ static int mp_media(struct mp *m, const struct kvr_reqbody_scratch *s,
                            s->max_media);
     for (uint64_t i = 0; i < n; i++) {
         struct kvr_hash_media *md = &s->media[i];
-        bool sh = false, so = false, sl = false;
+        unsigned seen = 0;
         uint64_t nk;
 
         memset(md, 0, sizeof(*md));
@@ -866,42 +990,32 @@ static int mp_media(struct mp *m, const struct kvr_reqbody_scratch *s,
         m->p += hdr;
         if (!mp_has(m, nk * 2))
             return mp_fail(m, "truncated map");
-        for (uint64_t k = 0; k < nk; k++) {
+        for (uint64_t e = 0; e < nk; e++) {
             uint64_t klen;
-            size_t khdr;
             const char *key;
             char *str;
             size_t slen;
-            bool *seen;
+            int k;
 
-            if (mp_header(m, MP_STR, &klen, &khdr) != 0 || !mp_has(m, khdr + klen))
-                return mp_fail(m, "map key must be a string");
-            key = (const char *)m->p + khdr;
-            m->p += khdr + klen;
-            seen = key_is(key, klen, "hash") ? &sh : key_is(key, klen, "offset") ? &so
-                 : key_is(key, klen, "length") ? &sl : NULL;
-            if (seen == NULL) {
+            if ((rc = mp_key(m, &key, &klen)) != 0)
+                return rc;
+            if ((k = media_key(key, klen, &seen, (size_t)i, err)) < 0)
+                return k;
+            if (k == MK_N) {
                 if (mp_skip(m, 1) != 0)
                     return -EINVAL;
-                continue;
-            }
-            if (*seen)
-                return kvr_err_set(err, -EINVAL, "duplicate key in \"mm_hashes\" item %zu",
-                                   (size_t)i);
-            *seen = true;
-            if (seen == &sh) {
-                if ((rc = mp_string(m, "mm_hashes[].hash", &str, &slen)) != 0)
+            } else if (k != MK_HASH) {
+                if (mp_u32(m, media_slot(md, k)) != 0)
+                    return media_int_err((size_t)i, k, err);
+            } else {
+                if ((rc = mp_string(m, "mm_hashes[].hash", false, &str, &slen)) != 0)
                     return rc;
                 md->id = str;
                 md->id_len = slen;
-            } else if (mp_u32(m, seen == &so ? &md->offset : &md->length) != 0) {
-                return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu].%s must be an integer in "
-                                   "[0, 2^32)", (size_t)i, seen == &so ? "offset" : "length");
             }
         }
-        if (!sh || !so || !sl)
-            return kvr_err_set(err, -EINVAL, "\"mm_hashes\"[%zu] needs \"hash\", \"offset\" "
-                               "and \"length\"", (size_t)i);
+        if ((rc = media_item_done(seen, (size_t)i, err)) != 0)
+            return rc;
         q->nmedia++;
     }
     return media_check(q->media, q->nmedia, err);
@@ -911,99 +1025,52 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
                               struct kvr_reqbody_query *q, struct kvr_err *err)
 {
     struct mp m = {(unsigned char *)body, (unsigned char *)body + len, (unsigned char *)body, err};
-    bool seen_model = false, seen_tokens = false, seen_lora = false, seen_pods = false;
-    bool seen_prompt = false, seen_special = false;
-    bool seen_salt = false, seen_media = false;
+    unsigned seen = 0;
     uint64_t nkeys;
     size_t hdr;
     int rc;
 
-    memset(q, 0, sizeof(*q));
-    q->tokens = s->tokens;
-    q->pods = s->pods;
-    q->add_special_tokens = true;
+    query_init(q, s);
     if (mp_header(&m, MP_MAP, &nkeys, &hdr) != 0)
         return kvr_err_set(err, -EINVAL, "msgpack: body must be a map");
     m.p += hdr;
     if (!mp_has(&m, nkeys * 2))
         return mp_fail(&m, "truncated map");
     for (uint64_t i = 0; i < nkeys; i++) {
-        uint64_t klen;
-        size_t khdr;
+        uint64_t klen, n;
         const char *key;
         char *str;
         size_t slen;
+        int k;
 
-        if (mp_header(&m, MP_STR, &klen, &khdr) != 0 || !mp_has(&m, khdr + klen))
-            return mp_fail(&m, "map key must be a string");
-        key = (const char *)m.p + khdr;
-        m.p += khdr + klen;
+        if ((rc = mp_key(&m, &key, &klen)) != 0)
+            return rc;
         if (key_is(key, klen, "messages"))
             return kvr_err_set(err, -EINVAL, "\"messages\" needs a JSON body "
                                              "(application/json)");
-        if (key_is(key, klen, "token_ids")) {
-            if (seen_tokens)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"token_ids\"");
-            seen_tokens = true;
+        if ((k = qkey_find(key, klen)) < 0) {
+            if (mp_skip(&m, 1) != 0)
+                return -EINVAL;
+            continue;
+        }
+        if ((rc = qkey_once(&seen, k, err)) != 0)
+            return rc;
+        switch (k) {
+        case QK_TOKENS:
             if ((rc = mp_tokens(&m, s, &q->ntokens)) != 0)
                 return rc;
-        } else if (key_is(key, klen, "model")) {
-            if (seen_model)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"model\"");
-            seen_model = true;
-            if ((rc = mp_string(&m, "model", &str, &slen)) != 0)
-                return rc;
-            if (slen == 0 || slen > KVR_NAME_MAX)
-                return kvr_err_set(err, -EINVAL, "\"model\" must be 1..%d bytes", KVR_NAME_MAX);
-            q->model = str;
-        } else if (key_is(key, klen, "prompt")) {
-            if (seen_prompt)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"prompt\"");
-            seen_prompt = true;
-            if ((rc = mp_string(&m, "prompt", &str, &slen)) != 0)
-                return rc;
-            q->prompt = str;
-            q->prompt_len = slen;
-        } else if (key_is(key, klen, "add_special_tokens")) {
-            if (seen_special)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"add_special_tokens\"");
-            seen_special = true;
+            continue;
+        case QK_SPECIAL:
             if (m.p >= m.end || (*m.p != 0xc2 && *m.p != 0xc3))
                 return kvr_err_set(err, -EINVAL, "\"add_special_tokens\" must be true or false");
             q->add_special_tokens = *m.p++ == 0xc3;
             q->add_special_given = true;
-        } else if (key_is(key, klen, "lora_name")) {
-            if (seen_lora)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"lora_name\"");
-            seen_lora = true;
-            if (mp_nil(&m))
-                continue;
-            if ((rc = mp_string(&m, "lora_name", &str, &slen)) != 0)
-                return rc;
-            if (slen > KVR_NAME_MAX)
-                return kvr_err_set(err, -EINVAL, "\"lora_name\" longer than %d bytes",
-                                   KVR_NAME_MAX);
-            q->lora_name = slen ? str : NULL;
-        } else if (key_is(key, klen, "cache_salt")) {
-            if (seen_salt)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"cache_salt\"");
-            seen_salt = true;
-            if (mp_nil(&m))
-                continue;
-            if ((rc = mp_string(&m, "cache_salt", &str, &slen)) != 0)
-                return rc;
-            q->cache_salt = slen ? str : NULL;
-        } else if (key_is(key, klen, "mm_hashes")) {
-            if (seen_media)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"mm_hashes\"");
-            seen_media = true;
+            continue;
+        case QK_MEDIA:
             if ((rc = mp_media(&m, s, q, err)) != 0)
                 return rc;
-        } else if (key_is(key, klen, "pods")) {
-            uint64_t n;
-            if (seen_pods)
-                return kvr_err_set(err, -EINVAL, "duplicate key \"pods\"");
-            seen_pods = true;
+            continue;
+        case QK_PODS:
             if (mp_nil(&m))
                 continue;
             if (mp_header(&m, MP_ARRAY, &n, &hdr) != 0)
@@ -1011,17 +1078,25 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
             m.p += hdr;
             if (n > s->max_pods)
                 return kvr_err_set(err, -EINVAL, "too many pods (limit %zu)", s->max_pods);
-            for (uint64_t k = 0; k < n; k++) {
-                if ((rc = mp_string(&m, "pods[]", &str, &slen)) != 0)
+            for (uint64_t e = 0; e < n; e++)
+                if ((rc = mp_string(&m, "pods[]", false, &str, &slen)) != 0 ||
+                    (rc = query_str(q, s, k, str, slen, err)) != 0)
                     return rc;
-                s->pods[q->npods++] = str;
-            }
-        } else {
-            if (mp_skip(&m, 1) != 0)
-                return -EINVAL;
+            continue;
+        case QK_LORA:
+        case QK_SALT:
+            if (mp_nil(&m))
+                continue;
+            break;
+        default: /* model, prompt */
+            break;
         }
+        if ((rc = mp_string(&m, qkey_names[k], k == QK_PROMPT, &str, &slen)) != 0 ||
+            (rc = query_str(q, s, k, str, slen, err)) != 0)
+            return rc;
     }
     if (m.p != m.end)
         return mp_fail(&m, "trailing data after the map");
-    return query_check(q, seen_model, seen_tokens, seen_prompt, err);
+    return query_check(q, seen & QBIT(QK_MODEL), seen & QBIT(QK_TOKENS), seen & QBIT(QK_PROMPT),
+                       err);
 }

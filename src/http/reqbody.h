@@ -14,6 +14,15 @@
  * caller's scratch array and pod name pointers to the caller's pointer array, so a query
  * costs no heap allocation.
  *
+ * NUL characters (JSON "\u0000", a 0 byte inside a msgpack string), as vLLM takes them:
+ * - text keeps them: "prompt" (q->prompt, q->prompt_len: use the length, not strlen) and the
+ *   chat values (message contents and parts, tools, documents, chat_template_kwargs: template
+ *   strings carry their length);
+ * - every other string is a C string (model, lora_name, cache_salt, pods, mm_hashes[].hash,
+ *   candidates[].pod, policy, endpoint, replay_endpoint, pod) and is guaranteed free of NUL:
+ *   one holding a NUL is refused with -EINVAL and "\"FIELD\" must not contain a NUL
+ *   character (\u0000)" (msgpack: prefixed "msgpack: "), never cut short.
+ *
  * Errors: -EINVAL (400: syntax, types, values; message in err->msg) or -E2BIG (413: more
  * token ids than the scratch holds). Pure; any thread.
  */
@@ -49,7 +58,8 @@ struct kvr_reqbody_query {
     const char *const *pods; /* = scratch->pods; npods 0 = no filter */
     size_t npods;
     bool has_tokens;         /* "token_ids" was given */
-    const char *prompt;      /* NULL when absent (decoded in place; may hold NUL bytes) */
+    const char *prompt;      /* NULL when absent (decoded in place; may hold NUL bytes:
+                              * prompt_len is its length) */
     size_t prompt_len;
     bool add_special_tokens; /* default true */
     bool add_special_given;  /* "add_special_tokens" was in the body */

@@ -768,6 +768,30 @@ static inline struct node *tab_probe_locked(const struct shard *sh, const struct
     }
 }
 
+/* A fresh node (node_alloc) as the entry of chain (parent pchain; root: at position 0) held
+ * by holder alone, nchild of its children held by holder too. Not yet visible to anyone. */
+static inline void node_init(struct node *x, uint64_t chain, uint64_t pchain, int root,
+                             uint32_t holder, uint32_t nchild)
+{
+    x->chain = chain;
+    x->parent_chain = pchain;
+    x->seq = 0;
+    x->n = 1u | (root ? N_ROOT : 0u);
+    x->h = pack_el(holder, nchild);
+}
+
+/* Under the shard lock: publishes the built node x in slot ins of sh's table t, the slot
+ * tab_probe_locked gave for key hash h (a release store: readers see x whole). */
+static inline void tab_insert_locked(struct shard *sh, struct table *t, uint64_t ins,
+                                     struct node *x, uint64_t h)
+{
+    KVR_ASSERT(((uintptr_t)x >> 48) == 0);
+    if (LD(t->slot[ins]) == 0)
+        sh->used++;
+    sh->live++;
+    STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
+}
+
 /* The key of a holder's `absent` count for children of the entry with this chain. */
 static inline uint64_t absent_key(uint64_t chain)
 {

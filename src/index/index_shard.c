@@ -152,16 +152,8 @@ int kvr_ix_entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
                 kvr_ix_ebr_retire(ix, s, oldt);
             return -ENOMEM;
         }
-        x->chain = chain;
-        x->parent_chain = pchain;
-        x->seq = 0;
-        x->n = 1u | (root ? N_ROOT : 0u);
-        x->h = pack_el(holder, nchild);
-        KVR_ASSERT(((uintptr_t)x >> 48) == 0);
-        if (LD(t->slot[ins]) == 0)
-            sh->used++;
-        sh->live++;
-        STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
+        node_init(x, chain, pchain, root, holder, nchild);
+        tab_insert_locked(sh, t, ins, x, h);
         shard_unlock(sh);
         if (oldt != NULL)
             kvr_ix_ebr_retire(ix, s, oldt);
@@ -175,16 +167,37 @@ int kvr_ix_entry_add(struct kvr_index *ix, struct ebr_slot *s, int root,
     return 0;
 }
 
+/* Under the shard lock (sh, x's shard; h, x's key hash) and x's node lock: when x has no
+ * holder left, marks it dead and unlinks it. Unlocks both, then retires the table an unlink
+ * replaced. 1 when x died (the caller counts it and retires it), else 0. */
+static inline int unlink_if_empty(struct kvr_index *ix, struct ebr_slot *s, struct shard *sh,
+                                  struct node *x, uint64_t h)
+{
+    struct table *oldt = NULL;
+    int dead = 0;
+
+    if ((LD(x->n) & ~N_ROOT) == 0) {
+        ST(x->n, N_DEAD);
+        dead = 1;
+    }
+    node_unlock(x);
+    if (dead)
+        oldt = kvr_ix_tab_unlink_locked(ix, s, sh, x, h);
+    shard_unlock(sh);
+    if (oldt != NULL)
+        kvr_ix_ebr_retire(ix, s, oldt);
+    return dead;
+}
+
 /* Removes holder from x (it must be there); deletes the entry when it empties. */
 uint32_t kvr_ix_entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node *x,
                    uint32_t holder)
 {
     void *old = NULL;
-    struct table *oldt = NULL;
     uint32_t nchild = 0;
     uint64_t h = key_hash(x->chain);
     struct shard *sh = &ix->sh[h & (NSHARD - 1)];
-    int dead = 0;
+    int dead;
 
     if ((LD(x->n) & (N_COUNT | N_EXT)) == 1) {
         /* most likely the last holder: delete in one critical section */
@@ -192,16 +205,7 @@ uint32_t kvr_ix_entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
         kvr_ix_node_lock(x);
         int r = kvr_ix_hs_del(s, x, holder, &nchild, &old);
         KVR_ASSERT(r == 1);
-        if ((LD(x->n) & ~N_ROOT) == 0) {
-            ST(x->n, N_DEAD);
-            dead = 1;
-        }
-        node_unlock(x);
-        if (dead)
-            oldt = kvr_ix_tab_unlink_locked(ix, s, sh, x, h);
-        shard_unlock(sh);
-        if (oldt != NULL)
-            kvr_ix_ebr_retire(ix, s, oldt);
+        dead = unlink_if_empty(ix, s, sh, x, h);
         ADD(s->pairs, -1);
         kvr_ix_ebr_retire(ix, s, old);
         if (dead) {
@@ -222,16 +226,7 @@ uint32_t kvr_ix_entry_del(struct kvr_index *ix, struct ebr_slot *s, struct node 
 
     shard_lock(sh);
     kvr_ix_node_lock(x);
-    if ((LD(x->n) & ~N_ROOT) == 0) {
-        ST(x->n, N_DEAD);
-        dead = 1;
-    }
-    node_unlock(x);
-    if (dead)
-        oldt = kvr_ix_tab_unlink_locked(ix, s, sh, x, h);
-    shard_unlock(sh);
-    if (oldt != NULL)
-        kvr_ix_ebr_retire(ix, s, oldt);
+    dead = unlink_if_empty(ix, s, sh, x, h);
     if (dead) {
         ADD(s->entries, -1);
         kvr_ix_ebr_retire(ix, s, (void *)((uintptr_t)x | RET_NODE));

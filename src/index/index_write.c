@@ -346,16 +346,8 @@ static inline int store_fast(struct wctx *c, struct holder *H, uint32_t hid, str
             shard_unlock(sh);
             return 0;
         }
-        x->chain = chain;
-        x->parent_chain = pch;
-        x->seq = 0;
-        x->n = 1u | (p == NULL ? N_ROOT : 0u);
-        x->h = pack_el(hid, nchild);
-        KVR_ASSERT(((uintptr_t)x >> 48) == 0);
-        if (LD(t->slot[ins]) == 0)
-            sh->used++;
-        sh->live++;
-        STR(t->slot[ins], (uint64_t)(uintptr_t)x | (h >> 48) << 48);
+        node_init(x, chain, pch, p == NULL, hid, nchild);
+        tab_insert_locked(sh, t, ins, x, h);
         shard_unlock(sh);
         acc->entries++;
     }

@@ -6,66 +6,24 @@
  * looks at the oldest).
  */
 #include "route/route.h"
+#include "route/route_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "core/log.h"
 #include "core/metrics.h"
 
-#define WBUCKETS 1024
-
-struct wload {
-    char *pod;
-    uint32_t rank;
-    uint64_t requests, tokens;
-    struct wload *next;
-};
-
-struct tracked {
-    uint64_t id;
-    struct wload *w;
-    uint64_t tokens;
-    int64_t t0_ms;
-    struct tracked *hnext;       /* id table */
-    struct tracked *prev, *next; /* start order, oldest first */
-};
-
-/* A [model] section's approximate-mode settings (models with none of them are not kept). */
-struct approx {
-    char *name;
-    bool all;       /* approximate = on */
-    char **pods;    /* approximate_pods */
-    size_t npods;
-};
-
-struct kvr_route {
-    pthread_mutex_t mu;
-    struct approx *ap; /* under mu; replaced whole on reload */
-    size_t nap;
-    int policy;
-    double overlap_weight, temperature, rel_threshold, cache_threshold;
-    uint64_t abs_threshold;
-    int64_t max_age_ms;
-    uint32_t max_tracked;
-    uint64_t rng;
-    struct wload *w[WBUCKETS];
-    struct tracked **t; /* id table, tmask + 1 buckets */
-    size_t tmask, ntracked;
-    struct tracked head; /* sentinel of the start-order list */
-    uint64_t decisions[3], tracked_total, ended, expired;
-};
-
-static const char *const names[] = {"cost", "cache_aware", "score"};
+static const char *const names[KVR_ROUTE_NPOLICIES] = {"cost", "cache_aware", "score", "ttft"};
 
 int kvr_route_policy_parse(const char *s)
 {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < KVR_ROUTE_NPOLICIES; i++)
         if (s != NULL && strcmp(s, names[i]) == 0)
             return i;
     return -1;
@@ -73,7 +31,7 @@ int kvr_route_policy_parse(const char *s)
 
 const char *kvr_route_policy_name(int policy)
 {
-    return policy >= 0 && policy < 3 ? names[policy] : "?";
+    return policy >= 0 && policy < KVR_ROUTE_NPOLICIES ? names[policy] : "?";
 }
 
 static int64_t now_ms(void)
@@ -83,7 +41,12 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static uint64_t next_rand(struct kvr_route *r) /* xorshift64* */
+int64_t route_now_ns(void)
+{
+    return (int64_t)kvr_now_ns(); /* CLOCK_MONOTONIC, as load's samples are dated */
+}
+
+uint64_t route_rand(struct kvr_route *r) /* xorshift64* */
 {
     r->rng ^= r->rng >> 12;
     r->rng ^= r->rng << 25;
@@ -102,6 +65,14 @@ static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
     r->cache_threshold = c->route_cache_threshold;
     r->max_age_ms = c->route_max_request_age_ms;
     r->max_tracked = c->route_max_tracked;
+    r->prefill_rate = c->route_prefill_rate > 0 ? c->route_prefill_rate : 20000;
+    r->uncached_weight = c->route_uncached_weight > 0 ? c->route_uncached_weight : 1;
+    r->prefill_timeout_ns = c->route_prefill_timeout_ms * 1000000;
+    r->decode_time_ns = c->route_decode_time_ms * 1000000;
+    r->busy_kv_usage = c->route_busy_kv_usage;
+    r->busy_waiting = c->route_busy_waiting;
+    r->reject_all_busy = c->route_when_all_busy != NULL &&
+                         strcmp(c->route_when_all_busy, "reject") == 0;
 }
 
 static void approx_free(struct approx *ap, size_t n)
@@ -213,6 +184,7 @@ void kvr_route_destroy(struct kvr_route *r)
     for (size_t i = 0; i < WBUCKETS; i++) {
         for (struct wload *w = r->w[i], *n; w != NULL; w = n) {
             n = w->next;
+            route_flight_free(w);
             free(w->pod);
             free(w);
         }
@@ -249,7 +221,7 @@ static size_t wbucket(const char *pod, uint32_t rank)
     return (size_t)((h ^ rank) * 0x9e3779b97f4a7c15ull >> 54) & (WBUCKETS - 1);
 }
 
-static struct wload *wfind(struct kvr_route *r, const char *pod, uint32_t rank, bool create)
+struct wload *route_wfind(struct kvr_route *r, const char *pod, uint32_t rank, bool create)
 {
     size_t b = wbucket(pod, rank);
     for (struct wload *w = r->w[b]; w != NULL; w = w->next)
@@ -263,16 +235,15 @@ static struct wload *wfind(struct kvr_route *r, const char *pod, uint32_t rank, 
         return NULL;
     }
     w->rank = rank;
+    w->last_ns = route_now_ns();
     w->next = r->w[b];
     r->w[b] = w;
     return w;
 }
 
-static void wrelease(struct kvr_route *r, struct wload *w, uint64_t tokens)
+void route_wmaybe_free(struct kvr_route *r, struct wload *w)
 {
-    w->requests--;
-    w->tokens -= tokens < w->tokens ? tokens : w->tokens;
-    if (w->requests > 0)
+    if (w->requests > 0 || w->pend.n > 0 || w->dec.n > 0 || w->rate > 0)
         return;
     struct wload **pp = &r->w[wbucket(w->pod, w->rank)];
     while (*pp != w)
@@ -280,6 +251,13 @@ static void wrelease(struct kvr_route *r, struct wload *w, uint64_t tokens)
     *pp = w->next;
     free(w->pod);
     free(w);
+}
+
+static void wrelease(struct kvr_route *r, struct wload *w, uint64_t tokens)
+{
+    w->requests--;
+    w->tokens -= tokens < w->tokens ? tokens : w->tokens;
+    route_wmaybe_free(r, w);
 }
 
 static bool id_used(const struct kvr_route *r, uint64_t id)
@@ -330,7 +308,7 @@ static size_t least_loaded(struct kvr_route *r, const struct kvr_route_cand *c, 
             ties = 1;
         } else if (c[i].active_requests == c[best].active_requests &&
                    c[i].active_tokens == c[best].active_tokens &&
-                   next_rand(r) % ++ties == 0) {
+                   route_rand(r) % ++ties == 0) {
             best = i; /* reservoir choice among equals */
         }
     }
@@ -357,7 +335,7 @@ static void decide_cost(struct kvr_route *r, struct kvr_route_query *q,
         double sum = 0, x;
         for (size_t i = 0; i < q->ncands; i++)
             sum += exp(-(c[i].cost - lo) / hi / r->temperature);
-        x = (double)(next_rand(r) >> 11) / 9007199254740992.0 * sum;
+        x = (double)(route_rand(r) >> 11) / 9007199254740992.0 * sum;
         d->chosen = q->ncands - 1;
         for (size_t i = 0; i < q->ncands; i++) {
             x -= exp(-(c[i].cost - lo) / hi / r->temperature);
@@ -372,7 +350,7 @@ static void decide_cost(struct kvr_route *r, struct kvr_route_query *q,
     }
     size_t ties = 0;
     for (size_t i = 0; i < q->ncands; i++)
-        if (c[i].cost == lo && next_rand(r) % ++ties == 0)
+        if (c[i].cost == lo && route_rand(r) % ++ties == 0)
             d->chosen = i;
     snprintf(d->reason, sizeof(d->reason), ties > 1 ? "lowest cost (%zu tied, random choice)"
                                                     : "lowest cost",
@@ -435,31 +413,41 @@ static void decide_score(struct kvr_route *r, struct kvr_route_query *q,
 int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
                      struct kvr_route_decision *d)
 {
+    int64_t now;
+    int rc = 0;
+
     if (q->ncands == 0)
         return -EINVAL;
     pthread_mutex_lock(&r->mu);
-    expire(r, now_ms());
-    d->policy = q->policy >= 0 && q->policy < 3 ? q->policy : r->policy;
+    now = route_now_ns();
+    expire(r, now / 1000000);
+    route_flight_gc(r, now);
+    d->policy = q->policy >= 0 && q->policy < KVR_ROUTE_NPOLICIES ? q->policy : r->policy;
     d->chosen = 0;
     for (size_t i = 0; i < q->ncands; i++) {
         struct kvr_route_cand *c = &q->cands[i];
         const struct wload *w = (!c->has_requests || !c->has_tokens)
-                                    ? wfind(r, c->pod, c->dp_rank, false)
+                                    ? route_wfind(r, c->pod, c->dp_rank, false)
                                     : NULL;
         if (!c->has_requests)
             c->active_requests = w ? w->requests : 0;
         if (!c->has_tokens)
             c->active_tokens = w ? w->tokens : 0;
     }
+    route_flight_view(r, q, now);
     if (d->policy == KVR_ROUTE_COST)
         decide_cost(r, q, d);
     else if (d->policy == KVR_ROUTE_CACHE_AWARE)
         decide_cache_aware(r, q, d);
-    else
+    else if (d->policy == KVR_ROUTE_SCORE)
         decide_score(r, q, d);
+    else
+        rc = route_decide_ttft(r, q, d);
     r->decisions[d->policy]++;
+    if (rc == 0 && q->commit)
+        route_flight_commit(r, q, &q->cands[d->chosen], now);
     pthread_mutex_unlock(&r->mu);
-    return 0;
+    return rc;
 }
 
 int kvr_route_track(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint64_t tokens,
@@ -476,17 +464,18 @@ int kvr_route_track(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint
         free(t);
         return -ENOSPC;
     }
-    struct wload *w = wfind(r, pod, dp_rank, true);
+    struct wload *w = route_wfind(r, pod, dp_rank, true);
     if (w == NULL) {
         pthread_mutex_unlock(&r->mu);
         free(t);
         return -ENOMEM;
     }
     do /* a random, unused, non-zero id */
-        t->id = next_rand(r);
+        t->id = route_rand(r);
     while (t->id == 0 || id_used(r, t->id));
     w->requests++;
     w->tokens += tokens;
+    w->last_ns = now * 1000000;
     t->w = w;
     t->tokens = tokens;
     t->t0_ms = now;
@@ -549,7 +538,7 @@ void kvr_route_load(struct kvr_route *r, const char *pod, uint32_t dp_rank, uint
                     uint64_t *tokens)
 {
     pthread_mutex_lock(&r->mu);
-    const struct wload *w = wfind(r, pod, dp_rank, false);
+    const struct wload *w = route_wfind(r, pod, dp_rank, false);
     *requests = w ? w->requests : 0;
     *tokens = w ? w->tokens : 0;
     pthread_mutex_unlock(&r->mu);
@@ -571,17 +560,40 @@ static void load_line(void *arg, const char *pod, uint32_t rank, uint64_t reques
                    m->requests ? requests : tokens);
 }
 
+static void flight_line(void *arg, const char *pod, uint32_t rank,
+                        const struct kvr_route_flight *f)
+{
+    char esc[600];
+    kvr_metrics_label_escape(esc, sizeof(esc), pod);
+    kvr_buf_printf(arg, "kvrouter_route_inflight_prefill_tokens{pod=\"%s\",dp_rank=\"%u\"} %"
+                        PRIu64 "\n", esc, rank, f->pending_tokens);
+}
+
+static void rate_line(void *arg, const char *pod, uint32_t rank, const struct kvr_route_flight *f)
+{
+    char esc[600];
+    if (f->prefill_rate <= 0)
+        return;
+    kvr_metrics_label_escape(esc, sizeof(esc), pod);
+    kvr_buf_printf(arg, "kvrouter_route_prefill_rate{pod=\"%s\",dp_rank=\"%u\"} %.1f\n", esc,
+                   rank, f->prefill_rate);
+}
+
 void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
 {
-    uint64_t dec[3], tt, en, ex, nt;
+    uint64_t dec[KVR_ROUTE_NPOLICIES], tt, en, ex, nt, cf, pe, ps, fd, ab, rj, bs, np;
     pthread_mutex_lock(&r->mu);
     expire(r, now_ms());
+    route_flight_age_all(r, route_now_ns());
     memcpy(dec, r->decisions, sizeof(dec));
     tt = r->tracked_total, en = r->ended, ex = r->expired, nt = r->ntracked;
+    cf = r->confirmed, pe = r->pend_expired, ps = r->pend_estimated, fd = r->flight_dropped;
+    ab = r->all_busy, rj = r->rejected, bs = r->busy_skipped;
+    np = atomic_load_explicit(&r->npend, memory_order_relaxed);
     pthread_mutex_unlock(&r->mu);
     kvr_buf_printf(out, "# HELP kvrouter_route_decisions_total Routing decisions "
                         "(POST /v1/route)\n# TYPE kvrouter_route_decisions_total counter\n");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < KVR_ROUTE_NPOLICIES; i++)
         kvr_buf_printf(out, "kvrouter_route_decisions_total{policy=\"%s\"} %" PRIu64 "\n",
                        names[i], dec[i]);
     kvr_metrics_counter(out, "route_tracked_total", "Decisions tracked as active requests",
@@ -591,6 +603,34 @@ void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
     kvr_metrics_counter(out, "route_expired_total",
                         "Tracked requests ended by [route] max_request_age", NULL, ex);
     kvr_metrics_gauge(out, "route_tracked", "Tracked requests active now", NULL, (double)nt);
+    kvr_metrics_gauge(out, "route_inflight_prefills",
+                      "Prefills of routed requests not yet confirmed by the worker's events",
+                      NULL, (double)np);
+    kvr_metrics_counter(out, "route_prefills_confirmed_total",
+                        "Prefills of routed requests confirmed by the worker's KV events", NULL,
+                        cf);
+    kvr_metrics_counter(out, "route_prefills_expired_total",
+                        "Prefills never confirmed within [route] prefill_timeout", NULL, pe);
+    kvr_metrics_counter(out, "route_prefills_estimated_total",
+                        "Prefills on workers without events, done by the predicted time", NULL,
+                        ps);
+    kvr_metrics_counter(out, "route_inflight_dropped_total",
+                        "In-flight entries dropped past the per-worker limit", NULL, fd);
+    kvr_metrics_counter(out, "route_busy_skipped_total",
+                        "Candidates skipped as busy by the ttft policy", NULL, bs);
+    kvr_metrics_counter(out, "route_all_busy_total",
+                        "ttft decisions where every candidate was busy", NULL, ab);
+    kvr_metrics_counter(out, "route_rejected_total",
+                        "Decisions refused because every candidate was busy (when_all_busy = "
+                        "reject)", NULL, rj);
+    kvr_buf_printf(out, "# HELP kvrouter_route_inflight_prefill_tokens Uncached tokens of "
+                        "routed prefills not yet confirmed, per worker\n"
+                        "# TYPE kvrouter_route_inflight_prefill_tokens gauge\n");
+    kvr_route_flights(r, flight_line, out);
+    kvr_buf_printf(out, "# HELP kvrouter_route_prefill_rate Prefill tokens/s learned from "
+                        "confirmations, per worker\n"
+                        "# TYPE kvrouter_route_prefill_rate gauge\n");
+    kvr_route_flights(r, rate_line, out);
     for (int k = 0; k < 2; k++) {
         struct mline m = {out, k == 0};
         kvr_buf_printf(out, "# HELP kvrouter_route_active_%s Tracked active %s per worker\n"

@@ -17,6 +17,9 @@
  *               loaded.
  *   score       the best score, ordered as POST /v1/score orders it (score, then pod, then
  *               dp_rank); when nothing matches, the least loaded.
+ *   ttft        (the default) the lowest predicted time to first token from the in-flight
+ *               work of kvrouterd's own decisions, confirmed by the workers' KV events, and
+ *               the engines' own /metrics (load.h); route_flight.c has the formula.
  * Loads: a candidate's active_requests/active_tokens come from the gateway when it sends
  * them, else from what kvrouterd tracks: a decision made with track counts the request as
  * active on the chosen worker (1 request, its prompt tokens) until kvr_route_end or
@@ -44,9 +47,15 @@
 #include "core/buf.h"
 #include "core/conf.h"
 
-enum kvr_route_policy { KVR_ROUTE_COST = 0, KVR_ROUTE_CACHE_AWARE, KVR_ROUTE_SCORE };
+enum kvr_route_policy {
+    KVR_ROUTE_COST = 0,
+    KVR_ROUTE_CACHE_AWARE,
+    KVR_ROUTE_SCORE,
+    KVR_ROUTE_TTFT,
+    KVR_ROUTE_NPOLICIES
+};
 
-/* "cost", "cache_aware", "score" → the policy, or -1. */
+/* "cost", "cache_aware", "score", "ttft" → the policy, or -1. */
 int kvr_route_policy_parse(const char *s);
 const char *kvr_route_policy_name(int policy);
 
@@ -64,15 +73,29 @@ struct kvr_route_cand {
     uint32_t matched_blocks;
     double score;                  /* as /v1/score computes it */
     bool has_requests, has_tokens; /* the gateway sent the load */
+    bool evented;                  /* the worker publishes KV events (its prefills are
+                                    * confirmed by them; else by the predicted time) */
     uint64_t active_requests;      /* in: the gateway's; out: the one used */
     uint64_t active_tokens;
-    double cost; /* out: the policy's figure (cost; match rate for cache_aware; score) */
+    double cost; /* out: the policy's figure (cost; match rate for cache_aware; score;
+                  * predicted seconds to first token for ttft) */
+    /* out, the in-flight view (every policy): */
+    uint64_t queued_tokens;  /* prefill tokens queued ahead of this request */
+    uint64_t uncached_tokens; /* this request's prompt tokens the worker would compute */
+    double running;          /* requests decoding */
+    double rate;             /* prefill tokens/s assumed (learned, else configured) */
+    double kv_usage;         /* the engine's, < 0 unknown */
+    bool busy;               /* over [route] busy_kv_usage or busy_waiting */
+    bool engine_load;        /* an engine metrics sample was used (fresh, not stale) */
 };
 
 struct kvr_route_query {
     uint32_t query_blocks;
     uint32_t block_size; /* 0 when the model is unknown */
     uint64_t prompt_tokens;
+    uint64_t last_block; /* content hash (kvr_hash_blocks, extra keys folded) of the
+                          * query's last full block; 0 = none (query_blocks 0) */
+    bool commit;         /* record the decision as in-flight work on the chosen worker */
     int policy;          /* -1: [route] policy */
     struct kvr_route_cand *cands;
     size_t ncands;
@@ -84,9 +107,55 @@ struct kvr_route_decision {
     char reason[128];
 };
 
-/* Decides (ncands >= 1, else -EINVAL). Fills each candidate's loads and cost. */
+/* Decides (ncands >= 1, else -EINVAL). Fills each candidate's loads, cost and in-flight
+ * view. With q->commit, the chosen worker gets the request as in-flight work: a prefill of
+ * its uncached tokens until the worker's events store the request's last full block
+ * (kvr_route_confirm; a worker without events: until the predicted time), then a decoding
+ * request until a newer engine metrics sample counts it or [route] decode_time passes.
+ * -EBUSY: ttft found every candidate busy and [route] when_all_busy = reject (nothing
+ * committed; d->chosen is the best anyway). */
 int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
                      struct kvr_route_decision *d);
+
+/* ---- the engines' own load, and confirmations by KV events ----------------------------- */
+
+/* What an engine reports about itself (its /metrics), for one (pod, dp_rank). */
+struct kvr_route_engine_load {
+    double waiting, running; /* requests */
+    double kv_usage;         /* 0..1; < 0 unknown */
+    int64_t sample_ns;       /* CLOCK_MONOTONIC time the sample was taken */
+    bool stale;              /* the source has had no good sample for too long */
+};
+/* 0 with *out filled, or -ENOENT (no sample). Called under the route mutex: must not call
+ * back into route, and must be quick (no I/O). */
+typedef int (*kvr_route_load_fn)(void *arg, const char *pod, uint32_t dp_rank,
+                                 struct kvr_route_engine_load *out);
+/* Before decisions start (not thread-safe against them). fn NULL: no engine metrics. */
+void kvr_route_set_load_source(struct kvr_route *r, kvr_route_load_fn fn, void *arg);
+
+/* The worker (pod, dp_rank) stored blocks with these content hashes (an ingest writer, after
+ * applying a BlockStored): our prefills on it whose last full block is among them are done.
+ * Any thread; returns at once without the mutex when nothing is pending anywhere. */
+void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
+                       const uint64_t *content, size_t n);
+
+/* The in-flight view of one worker, for /v1/pods. */
+struct kvr_route_flight {
+    uint32_t pending;         /* our prefills not yet confirmed */
+    uint64_t pending_tokens;  /* their uncached tokens */
+    uint32_t decoding;        /* our confirmed requests still counted as decoding */
+    uint64_t confirmed;       /* prefills confirmed by its events so far */
+    double prefill_rate;      /* learned tokens/s; 0 = none yet */
+};
+/* The view of (pod, dp_rank): all zero when kvrouterd keeps nothing for it. */
+void kvr_route_flight_of(struct kvr_route *r, const char *pod, uint32_t dp_rank,
+                         struct kvr_route_flight *out);
+/* Calls cb for each worker kvrouterd keeps in-flight state or a learned rate for (under the
+ * route mutex: cb must not call back into route). */
+void kvr_route_flights(struct kvr_route *r,
+                       void (*cb)(void *arg, const char *pod, uint32_t dp_rank,
+                                  const struct kvr_route_flight *f),
+                       void *arg);
 
 /* Counts a request as active on (pod, dp_rank) with tokens prompt tokens; *id gets its route
  * id (16 hex digits + NUL). 0, or -ENOMEM, or -ENOSPC past the tracking limit. */

@@ -2,7 +2,8 @@
  * blocks) and every stream's sequence state, as one checksummed file, written atomically,
  * verified completely before anything is loaded, and fetched from a peer over HTTP.
  *
- * File (little-endian; version KVR_SNAP_VERSION; docs in README "State and snapshots"):
+ * File (little-endian; version KVR_SNAP_VERSION; docs in docs/operations.md
+ * "State and snapshots"):
  *   header (96 bytes): "KVRSNAP\0", u32 version, u32 header length, u64 created (Unix ms),
  *     u64 counts of namespaces, tiers, streams, workers, (holder, block) pairs, the producer
  *     ("kvrouterd X.Y.Z", 24 bytes), u64 xxh64 of the 88 bytes before it;

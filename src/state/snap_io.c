@@ -266,6 +266,20 @@ static int wait_fd(int fd, short ev, int64_t deadline)
     }
 }
 
+/* After a send or recv on the non-blocking fd returned n: 0 when it went through (n >= 0); 1
+ * when it would block or was interrupted, once fd is ready for ev again; else a negative errno
+ * (-ETIMEDOUT when the deadline passes first). */
+static int io_retry(int fd, ssize_t n, short ev, int64_t deadline)
+{
+    if (n >= 0)
+        return 0;
+    if (errno == EAGAIN || errno == EINTR) {
+        int rc = wait_fd(fd, ev, deadline);
+        return rc != 0 ? rc : 1;
+    }
+    return -errno;
+}
+
 static int parse_url(const char *url, char *host, size_t cap, char *port, size_t pcap)
 {
     const char *h, *e, *c;
@@ -367,16 +381,10 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
         return fd;
     while (sent < reqlen) {
         ssize_t n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            rc = wait_fd(fd, POLLOUT, deadline);
-            if (rc != 0)
-                goto io_fail;
-            continue;
-        }
-        if (n < 0) {
-            rc = -errno;
+        if ((rc = io_retry(fd, n, POLLOUT, deadline)) < 0)
             goto io_fail;
-        }
+        if (rc > 0)
+            continue;
         sent += (size_t)n;
     }
     for (;;) {
@@ -387,16 +395,10 @@ int kvr_snap_fetch(const char *url, const char *token, int64_t timeout_ms, struc
             goto out;
         }
         ssize_t n = recv(fd, out->data + out->len, out->cap - out->len - 1, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            rc = wait_fd(fd, POLLIN, deadline);
-            if (rc != 0)
-                goto io_fail;
-            continue;
-        }
-        if (n < 0) {
-            rc = -errno;
+        if ((rc = io_retry(fd, n, POLLIN, deadline)) < 0)
             goto io_fail;
-        }
+        if (rc > 0)
+            continue;
         if (n == 0) {
             rc = kvr_err_set(err, -EPIPE, "connection closed after %zu bytes", out->len);
             goto out;

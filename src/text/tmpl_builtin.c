@@ -16,17 +16,6 @@
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-static int oom(struct trender *r, const struct tnode *n)
-{
-    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
-}
-
-static bool eqs(const char *a, size_t an, const char *b)
-{
-    size_t bn = strlen(b);
-    return an == bn && memcmp(a, b, an) == 0;
-}
-
 static int in_list(const char *name, size_t nn, const char *const *list)
 {
     for (int i = 0; list[i]; i++)
@@ -54,13 +43,6 @@ int tb_global(const char *name, size_t nn)
     static const char *const g[] = {"range", "namespace", "dict", "raise_exception",
                                     "strftime_now", NULL};
     return in_list(name, nn, g);
-}
-
-static tval *mkstr(struct trender *r, struct tbuf *b)
-{
-    if (b->err)
-        return NULL;
-    return tv_str_nocopy(r->a, b->p ? b->p : "", b->n);
 }
 
 static int to_str_val(struct trender *r, const struct tnode *n, tval *x, tval **out)
@@ -97,14 +79,6 @@ static tval *arg(tval **args, size_t nargs, size_t i, const char **kn, size_t *k
     if (name && kwarg(kn, knl, kv, nkw, name, &v))
         return v;
     return NULL;
-}
-
-static int need_str(struct trender *r, const struct tnode *n, tval *v, const char *what)
-{
-    if (v == NULL || v->type != TV_STR)
-        return terr(r, n, -EINVAL, "%s must be a string, not %s", what,
-                    v ? tv_typename(v) : "nothing");
-    return 0;
 }
 
 int tb_to_items(struct trender *r, const struct tnode *n, tval *x, tval **out)
@@ -268,21 +242,24 @@ static int do_indent(struct trender *r, const struct tnode *n, tval *s, tval *wi
 static int json_filter(struct trender *r, const struct tnode *n, tval *x, tval *ascii,
                        tval *indent, tval *seps, tval *sortk, tval **out)
 {
-    struct tjson_opt o = {.indent = -1, .item_sep = ", ", .key_sep = ": "};
+    struct tjson_opt o = {.indent = -1, .item_sep = ", ", .item_sep_n = 2, .key_sep = ": ",
+                          .key_sep_n = 2};
     if (indent && indent->type != TV_NONE) {
         if (indent->type != TV_INT || indent->u.i < 0 || indent->u.i > 64)
             return terr(r, n, -EINVAL, "tojson indent must be an int (0..64)");
         o.indent = (int)indent->u.i;
         o.item_sep = ",";
+        o.item_sep_n = 1;
     }
     if (seps && seps->type != TV_NONE) {
         if (seps->type != TV_LIST || seps->u.l.n != 2 || seps->u.l.v[0]->type != TV_STR ||
             seps->u.l.v[1]->type != TV_STR)
             return terr(r, n, -EINVAL, "tojson separators must be a pair of strings");
-        o.item_sep = tarena_strdup(r->a, seps->u.l.v[0]->u.s.p, seps->u.l.v[0]->u.s.n);
-        o.key_sep = tarena_strdup(r->a, seps->u.l.v[1]->u.s.p, seps->u.l.v[1]->u.s.n);
-        if (o.item_sep == NULL || o.key_sep == NULL)
-            return oom(r, n);
+        /* values are immutable while the render runs: no copy (and NULs in them kept) */
+        o.item_sep = seps->u.l.v[0]->u.s.p;
+        o.item_sep_n = seps->u.l.v[0]->u.s.n;
+        o.key_sep = seps->u.l.v[1]->u.s.p;
+        o.key_sep_n = seps->u.l.v[1]->u.s.n;
     }
     o.sort_keys = sortk && tv_truthy(sortk);
     o.ascii = ascii && tv_truthy(ascii);
@@ -442,6 +419,10 @@ int tb_filter(struct trender *r, const struct tnode *n, const char *name, size_t
                 size_t tl = 0;
                 bool ok = true;
                 for (size_t k = 0; k < len; k++) {
+                    if (q[k] == '\0') { /* Python: not a number; strtod would stop there */
+                        ok = false;
+                        break;
+                    }
                     if (q[k] == '_') {
                         ok &= k > 0 && k + 1 < len && q[k - 1] >= '0' && q[k - 1] <= '9' &&
                               q[k + 1] >= '0' && q[k + 1] <= '9';
@@ -898,16 +879,6 @@ static tval *unsafe(struct trender *r, const char *name, size_t nn, const char *
     return u;
 }
 
-static tval *undef_attr(struct trender *r, const char *name, size_t nn)
-{
-    tval *u = tv_new(r->a, TV_UNDEF);
-    if (u) {
-        u->u.s.p = name;
-        u->u.s.n = nn;
-    }
-    return u;
-}
-
 tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
 {
     int k;
@@ -920,18 +891,18 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
         /* fallthrough */
     case TV_NS: {
         tval *v = tv_dict_get(obj, name, nn);
-        return v ? v : undef_attr(r, name, nn);
+        return v ? v : tv_undef(r->a, name, nn);
     }
     case TV_STR:
         if ((k = in_list(name, nn, str_methods)))
             return method(r, obj, str_methods, k);
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     case TV_LIST:
         if ((k = in_list(name, nn, list_methods)))
             return method(r, obj, list_methods, k);
         if (in_list(name, nn, list_unsafe))
             return unsafe(r, name, nn, obj->tuple ? "tuple" : "list");
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     case TV_LOOP: {
         struct tloop *lp = obj->u.loop;
         int64_t v;
@@ -945,20 +916,20 @@ tval *tb_getattr(struct trender *r, tval *obj, const char *name, size_t nn)
         else if (eqs(name, nn, "first")) return tv_bool(lp->i == 0);
         else if (eqs(name, nn, "last")) return tv_bool(lp->i + 1 == lp->n);
         else if (eqs(name, nn, "previtem"))
-            return lp->i > 0 ? lp->items->u.l.v[lp->i - 1] : undef_attr(r, name, nn);
+            return lp->i > 0 ? lp->items->u.l.v[lp->i - 1] : tv_undef(r->a, name, nn);
         else if (eqs(name, nn, "nextitem"))
-            return lp->i + 1 < lp->n ? lp->items->u.l.v[lp->i + 1] : undef_attr(r, name, nn);
+            return lp->i + 1 < lp->n ? lp->items->u.l.v[lp->i + 1] : tv_undef(r->a, name, nn);
         else if (eqs(name, nn, "cycle")) {
             tval *c = tv_new(r->a, TV_CYCLER);
             if (c)
                 c->u.loop = lp;
             return c;
         } else
-            return undef_attr(r, name, nn);
+            return tv_undef(r->a, name, nn);
         return tv_int(r->a, v);
     }
     default:
-        return undef_attr(r, name, nn);
+        return tv_undef(r->a, name, nn);
     }
 }
 

@@ -1,5 +1,6 @@
 /* tmpl_int.h — private structures of the tmpl module, shared by its parts:
- *   tmpl_val.c      arena, values, Python-compatible str()/repr()/json/compare
+ *   tmpl_val.c      arena, values, Python-compatible str()/repr()/json/compare, the
+ *                   "line N: " form of every error message (tmpl_verr)
  *   tmpl_lex.c      source -> tokens (Jinja2's whitespace control applied here)
  *   tmpl_parse.c    tokens -> AST (compile): expressions, the height check, the content-format
  *                   detector
@@ -13,6 +14,8 @@
 #ifndef KVR_TMPL_INT_H
 #define KVR_TMPL_INT_H
 
+#include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -53,6 +56,7 @@
 #define tbuf_putc kvr_tmpl_tbuf_putc
 #define terr kvr_tmpl_terr
 #define tmpl_lex kvr_tmpl_tmpl_lex
+#define tmpl_verr kvr_tmpl_tmpl_verr
 #define tr_call_macro kvr_tmpl_tr_call_macro
 #define tr_count_iter kvr_tmpl_tr_count_iter
 #define tu8_dec kvr_tmpl_tu8_dec
@@ -87,6 +91,7 @@
 #define tv_true_const kvr_tmpl_tv_true_const
 #define tv_truthy kvr_tmpl_tv_truthy
 #define tv_typename kvr_tmpl_tv_typename
+#define tv_undef kvr_tmpl_tv_undef
 #define tv_undef_const kvr_tmpl_tv_undef_const
 
 /* ---- arena ---- */
@@ -103,6 +108,12 @@ void *tarena_alloc(struct tarena *a, size_t n);
 void tarena_reset(struct tarena *a); /* keeps the first chunk */
 void tarena_free(struct tarena *a);
 char *tarena_strdup(struct tarena *a, const char *s, size_t n);
+
+/* ---- errors (tmpl_val.c) ----
+ * err (errlen bytes; 0: no message) = "line N: " (line < 0: no prefix) and fmt over ap, cut
+ * to fit: the one form of the lexer's, the parser's and the render's messages. */
+void tmpl_verr(char *err, size_t errlen, int line, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 /* ---- values ---- */
 enum tval_type {
@@ -159,6 +170,8 @@ void tbuf_put(struct tbuf *b, const char *s, size_t n);
 void tbuf_putc(struct tbuf *b, char c);
 
 tval *tv_new(struct tarena *a, int type);
+/* an Undefined that names what was missing (name NULL: none); its use fails with the name */
+tval *tv_undef(struct tarena *a, const char *name, size_t nn);
 tval *tv_str(struct tarena *a, const char *s, size_t n); /* copies */
 tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n);
 tval *tv_int(struct tarena *a, int64_t i);
@@ -185,7 +198,9 @@ void tv_float_repr(struct tbuf *b, double d);
 struct tjson_opt {
     int indent;           /* < 0: None */
     const char *item_sep; /* ", " (or "," with an indent) unless separators= */
+    size_t item_sep_n;    /* its length (separators may hold NUL bytes) */
     const char *key_sep;  /* ": " */
+    size_t key_sep_n;
     int sort_keys;
     int ascii;            /* ensure_ascii */
 };
@@ -421,6 +436,36 @@ int tb_global(const char *name, size_t nn);
 
 int terr(struct trender *r, const struct tnode *n, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Small helpers of the render side (tmpl_render.c, tmpl_builtin.c, tmpl_str.c): static
+ * inline here, one definition instead of a copy in each file. */
+static inline int oom(struct trender *r, const struct tnode *n)
+{
+    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
+}
+
+static inline bool eqs(const char *a, size_t an, const char *b) /* a[0..an) == b */
+{
+    size_t bn = strlen(b);
+    return an == bn && memcmp(a, b, an) == 0;
+}
+
+/* the string built in b (NULL if building it failed) */
+static inline tval *mkstr(struct trender *r, struct tbuf *b)
+{
+    if (b->err)
+        return NULL;
+    return tv_str_nocopy(r->a, b->p ? b->p : "", b->n);
+}
+
+/* 0 when v is a string; else -EINVAL, "<what> must be a string, not <type>" */
+static inline int need_str(struct trender *r, const struct tnode *n, tval *v, const char *what)
+{
+    if (v == NULL || v->type != TV_STR)
+        return terr(r, n, -EINVAL, "%s must be a string, not %s", what,
+                    v ? tv_typename(v) : "nothing");
+    return 0;
+}
 /* invoke a macro value (tmpl_render.c) */
 int tr_call_macro(struct trender *r, const struct tnode *at, tval *m, tval **args,
                   size_t nargs, const char **kn, size_t *knl, tval **kv, size_t nkw,

@@ -7,7 +7,6 @@
  */
 #include <errno.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,17 +25,10 @@ struct lex {
 static int lerr(struct lex *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int lerr(struct lex *L, const char *fmt, ...)
 {
-    if (L->errlen) {
-        int k = snprintf(L->err, L->errlen, "line %d: ", L->line);
-        if (k < 0)
-            k = 0;
-        if ((size_t)k < L->errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(L->err + k, L->errlen - (size_t)k, fmt, ap);
-            va_end(ap);
-        }
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tmpl_verr(L->err, L->errlen, L->line, fmt, ap);
+    va_end(ap);
     return -EINVAL;
 }
 

@@ -19,16 +19,11 @@
 int perr(struct parser *P, const char *fmt, ...)
 {
     if (P->errlen && P->err[0] == 0) {
-        int line = P->i < P->n ? P->t[P->i].line : P->t[P->n - 1].line;
-        int k = snprintf(P->err, P->errlen, "line %d: ", line);
-        if (k < 0)
-            k = 0;
-        if ((size_t)k < P->errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(P->err + k, P->errlen - (size_t)k, fmt, ap);
-            va_end(ap);
-        }
+        va_list ap;
+        va_start(ap, fmt);
+        tmpl_verr(P->err, P->errlen, P->i < P->n ? P->t[P->i].line : P->t[P->n - 1].line, fmt,
+                  ap);
+        va_end(ap);
     }
     return -EINVAL;
 }
@@ -119,20 +114,44 @@ static int parse_args(struct parser *P, struct tnode *n)
     return 0;
 }
 
-int parse_filter_name(struct parser *P, struct tnode **io)
+/* at '(' after *io: *io becomes the call of *io with those arguments */
+static int parse_call(struct parser *P, struct tnode **io)
+{
+    struct tnode *c = node(P, N_CALL);
+    if (c == NULL)
+        return -ENOMEM;
+    c->a = *io;
+    TRY(parse_args(P, c));
+    *io = c;
+    return 0;
+}
+
+/* At the name after '|' or 'is' (what: "filter" or "test"; after: that operator): a node
+ * of kind applied to io, named by it, if known() knows the name; past the name. */
+static int parse_applied_name(struct parser *P, struct tnode *io, int kind,
+                              int (*known)(const char *, size_t), const char *what,
+                              const char *after, struct tnode **out)
 {
     struct ttoken *t = cur(P);
     if (t->type != TK_NAME)
-        return perr(P, "expected a filter name after '|'");
-    if (!tb_known_filter(t->p, t->n))
-        return perr(P, "unsupported filter '%.*s'", (int)t->n, t->p);
-    struct tnode *n = node(P, N_FILTER);
+        return perr(P, "expected a %s name after '%s'", what, after);
+    if (!known(t->p, t->n))
+        return perr(P, "unsupported %s '%.*s'", what, (int)t->n, t->p);
+    struct tnode *n = node(P, kind);
     if (n == NULL)
         return -ENOMEM;
     n->s = t->p;
     n->sn = t->n;
-    n->a = *io;
+    n->a = io;
     P->i++;
+    *out = n;
+    return 0;
+}
+
+int parse_filter_name(struct parser *P, struct tnode **io)
+{
+    struct tnode *n;
+    TRY(parse_applied_name(P, *io, N_FILTER, tb_known_filter, "filter", "|", &n));
     if (is_op(P, "."))
         return perr(P, "dotted filter names are not supported");
     if (is_op(P, "("))
@@ -156,20 +175,10 @@ static int parse_test(struct parser *P, struct tnode **io)
         neg = true;
         P->i++;
     }
-    struct ttoken *t = cur(P);
-    if (t->type != TK_NAME)
-        return perr(P, "expected a test name after 'is'");
-    if (!tb_known_test(t->p, t->n))
-        return perr(P, "unsupported test '%.*s'", (int)t->n, t->p);
-    struct tnode *n = node(P, N_TEST);
-    if (n == NULL)
-        return -ENOMEM;
-    n->s = t->p;
-    n->sn = t->n;
-    n->a = *io;
+    struct tnode *n;
+    TRY(parse_applied_name(P, *io, N_TEST, tb_known_test, "test", "is", &n));
     n->op = neg;
-    P->i++;
-    t = cur(P);
+    struct ttoken *t = cur(P);
     if (is_op(P, "(")) {
         TRY(parse_args(P, n));
     } else if ((t->type == TK_NAME || t->type == TK_STRING || t->type == TK_INT ||
@@ -197,14 +206,9 @@ static int parse_filter_expr(struct parser *P, struct tnode **io)
             TRY(parse_filter(P, io));
         else if (is_name(P, "is"))
             TRY(parse_test(P, io));
-        else if (is_op(P, "(")) {
-            struct tnode *c = node(P, N_CALL);
-            if (c == NULL)
-                return -ENOMEM;
-            c->a = *io;
-            TRY(parse_args(P, c));
-            *io = c;
-        } else
+        else if (is_op(P, "("))
+            TRY(parse_call(P, io));
+        else
             return 0;
     }
 }
@@ -286,47 +290,57 @@ static int parse_postfix(struct parser *P, struct tnode **io)
         } else if (is_op(P, "[")) {
             TRY(parse_subscript(P, io));
         } else if (is_op(P, "(")) {
-            struct tnode *c = node(P, N_CALL);
-            if (c == NULL)
-                return -ENOMEM;
-            c->a = *io;
-            TRY(parse_args(P, c));
-            *io = c;
+            TRY(parse_call(P, io));
         } else {
             return 0;
         }
     }
 }
 
-/* ( ... ) after '(' was seen: a parenthesized expression or a tuple */
-static int parse_paren(struct parser *P, struct tnode **out)
+/* At an opening bracket: the expressions up to close, separated by commas (a trailing one
+ * allowed), into items, and past close; *comma tells whether any comma was seen. */
+static int parse_items(struct parser *P, const char *close, struct nvec *items, bool *comma)
 {
     P->i++;
-    struct nvec items = {0};
-    bool comma = false;
-    while (!is_op(P, ")")) {
-        if (items.n) {
+    *comma = false;
+    while (!is_op(P, close)) {
+        if (items->n) {
             TRY(expect_op(P, ","));
-            comma = true;
-            if (is_op(P, ")"))
+            *comma = true;
+            if (is_op(P, close))
                 break;
         }
         struct tnode *e;
         TRY(parse_expr(P, &e));
-        TRY(nvec_push(P, &items, e));
+        TRY(nvec_push(P, items, e));
     }
     P->i++;
+    return 0;
+}
+
+/* a node of kind (N_TUPLE, N_LIST) holding items */
+static int seq_node(struct parser *P, int kind, const struct nvec *items, struct tnode **out)
+{
+    struct tnode *n = node(P, kind);
+    if (n == NULL)
+        return -ENOMEM;
+    n->v = items->v;
+    n->nv = items->n;
+    *out = n;
+    return 0;
+}
+
+/* ( ... ) after '(' was seen: a parenthesized expression or a tuple */
+static int parse_paren(struct parser *P, struct tnode **out)
+{
+    struct nvec items = {0};
+    bool comma;
+    TRY(parse_items(P, ")", &items, &comma));
     if (items.n == 1 && !comma) {
         *out = items.v[0];
         return 0;
     }
-    struct tnode *n = node(P, N_TUPLE);
-    if (n == NULL)
-        return -ENOMEM;
-    n->v = items.v;
-    n->nv = items.n;
-    *out = n;
-    return 0;
+    return seq_node(P, N_TUPLE, &items, out);
 }
 
 static int parse_primary(struct parser *P, struct tnode **out)
@@ -387,24 +401,10 @@ static int parse_primary(struct parser *P, struct tnode **out)
         if (is_op(P, "(")) {
             TRY(parse_paren(P, &n));
         } else if (is_op(P, "[")) {
-            P->i++;
             struct nvec items = {0};
-            while (!is_op(P, "]")) {
-                if (items.n) {
-                    TRY(expect_op(P, ","));
-                    if (is_op(P, "]"))
-                        break;
-                }
-                struct tnode *e;
-                TRY(parse_expr(P, &e));
-                TRY(nvec_push(P, &items, e));
-            }
-            P->i++;
-            n = node(P, N_LIST);
-            if (n == NULL)
-                return -ENOMEM;
-            n->v = items.v;
-            n->nv = items.n;
+            bool comma;
+            TRY(parse_items(P, "]", &items, &comma));
+            TRY(seq_node(P, N_LIST, &items, &n));
         } else if (is_op(P, "{")) {
             P->i++;
             struct nvec keys = {0}, vals = {0};
@@ -468,8 +468,15 @@ static int parse_unary(struct parser *P, struct tnode **out, bool with_filter)
     return 0;
 }
 
-static int binop(struct parser *P, struct tnode **io, int kind, int op, struct tnode *rhs)
+/* One step of a left-associative level: at a binary operator, steps past it, parses the right
+ * operand with sub (the next tighter level) and makes *io the node (*io op rhs) of kind. The
+ * node is made after its right operand, so it takes the line the operand ends on. */
+static int binop(struct parser *P, struct tnode **io, int kind, int op,
+                 int (*sub)(struct parser *, struct tnode **))
 {
+    P->i++;
+    struct tnode *rhs;
+    TRY(sub(P, &rhs));
     struct tnode *n = node(P, kind);
     if (n == NULL)
         return -ENOMEM;
@@ -480,15 +487,17 @@ static int binop(struct parser *P, struct tnode **io, int kind, int op, struct t
     return 0;
 }
 
+/* a unary operand with its filters and tests: the operand of ** (binop's sub) */
+static int parse_unary_filtered(struct parser *P, struct tnode **out)
+{
+    return parse_unary(P, out, true);
+}
+
 static int parse_pow(struct parser *P, struct tnode **out)
 {
-    TRY(parse_unary(P, out, true));
-    while (is_op(P, "**")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_unary(P, &r, true));
-        TRY(binop(P, out, N_BINOP, OP_POW, r));
-    }
+    TRY(parse_unary_filtered(P, out));
+    while (is_op(P, "**"))
+        TRY(binop(P, out, N_BINOP, OP_POW, parse_unary_filtered));
     return 0;
 }
 
@@ -500,22 +509,15 @@ static int parse_math2(struct parser *P, struct tnode **out)
                : is_op(P, "%") ? OP_MOD : -1;
         if (op < 0)
             return 0;
-        P->i++;
-        struct tnode *r;
-        TRY(parse_pow(P, &r));
-        TRY(binop(P, out, N_BINOP, op, r));
+        TRY(binop(P, out, N_BINOP, op, parse_pow));
     }
 }
 
 static int parse_concat(struct parser *P, struct tnode **out)
 {
     TRY(parse_math2(P, out));
-    while (is_op(P, "~")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_math2(P, &r));
-        TRY(binop(P, out, N_CONCAT, 0, r));
-    }
+    while (is_op(P, "~"))
+        TRY(binop(P, out, N_CONCAT, 0, parse_math2));
     return 0;
 }
 
@@ -526,10 +528,7 @@ static int parse_math1(struct parser *P, struct tnode **out)
         int op = is_op(P, "+") ? OP_ADD : is_op(P, "-") ? OP_SUB : -1;
         if (op < 0)
             return 0;
-        P->i++;
-        struct tnode *r;
-        TRY(parse_concat(P, &r));
-        TRY(binop(P, out, N_BINOP, op, r));
+        TRY(binop(P, out, N_BINOP, op, parse_concat));
     }
 }
 
@@ -606,24 +605,16 @@ static int parse_not(struct parser *P, struct tnode **out)
 static int parse_and(struct parser *P, struct tnode **out)
 {
     TRY(parse_not(P, out));
-    while (is_name(P, "and")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_not(P, &r));
-        TRY(binop(P, out, N_AND, 0, r));
-    }
+    while (is_name(P, "and"))
+        TRY(binop(P, out, N_AND, 0, parse_not));
     return 0;
 }
 
 static int parse_or(struct parser *P, struct tnode **out)
 {
     TRY(parse_and(P, out));
-    while (is_name(P, "or")) {
-        P->i++;
-        struct tnode *r;
-        TRY(parse_and(P, &r));
-        TRY(binop(P, out, N_OR, 0, r));
-    }
+    while (is_name(P, "or"))
+        TRY(binop(P, out, N_OR, 0, parse_and));
     return 0;
 }
 
@@ -674,13 +665,7 @@ int parse_tuple(struct parser *P, struct tnode **out, bool cond)
         *out = items.v[0];
         return 0;
     }
-    struct tnode *n = node(P, N_TUPLE);
-    if (n == NULL)
-        return -ENOMEM;
-    n->v = items.v;
-    n->nv = items.n;
-    *out = n;
-    return 0;
+    return seq_node(P, N_TUPLE, &items, out);
 }
 
 /* ---- tree height ----

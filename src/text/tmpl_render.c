@@ -27,25 +27,12 @@ struct rstate {
 int terr(struct trender *r, const struct tnode *n, int rc, const char *fmt, ...)
 {
     if (r->errlen && r->err[0] == 0) {
-        int k = 0;
-        if (n) {
-            k = snprintf(r->err, r->errlen, "line %d: ", n->line);
-            if (k < 0)
-                k = 0;
-        }
-        if ((size_t)k < r->errlen) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(r->err + k, r->errlen - (size_t)k, fmt, ap);
-            va_end(ap);
-        }
+        va_list ap;
+        va_start(ap, fmt);
+        tmpl_verr(r->err, r->errlen, n ? n->line : -1, fmt, ap);
+        va_end(ap);
     }
     return rc;
-}
-
-static int oom(struct trender *r, const struct tnode *n)
-{
-    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
 }
 
 int tr_count_iter(struct trender *r, const struct tnode *n)
@@ -114,16 +101,6 @@ static tval *lookup(struct rstate *S, struct tframe *f, const char *k, size_t kn
     if (g)
         return &func_vals[g];
     return NULL;
-}
-
-static tval *undef_named(struct trender *r, const char *name, size_t nn)
-{
-    tval *u = tv_new(r->a, TV_UNDEF);
-    if (u) {
-        u->u.s.p = name;
-        u->u.s.n = nn;
-    }
-    return u;
 }
 
 static int undef_error(struct trender *r, const struct tnode *n, const tval *u)
@@ -458,7 +435,7 @@ static int getitem(struct rstate *S, const struct tnode *n, tval *obj, tval *key
         size_t i;
         int64_t k = key->type == TV_INT ? key->u.i : key->u.b;
         if (norm_index(k, obj->u.l.n, &i)) {
-            *out = undef_named(r, NULL, 0);
+            *out = tv_undef(r->a, NULL, 0);
             return *out ? 0 : oom(r, n);
         }
         *out = obj->u.l.v[i];
@@ -469,7 +446,7 @@ static int getitem(struct rstate *S, const struct tnode *n, tval *obj, tval *key
         if (str_offsets(r, obj, &o, &cnt))
             return oom(r, n);
         if (norm_index(key->type == TV_INT ? key->u.i : key->u.b, cnt, &i)) {
-            *out = undef_named(r, NULL, 0);
+            *out = tv_undef(r->a, NULL, 0);
             return *out ? 0 : oom(r, n);
         }
         *out = tv_str_nocopy(r->a, obj->u.s.p + o[i], o[i + 1] - o[i]);
@@ -486,7 +463,7 @@ static int getitem(struct rstate *S, const struct tnode *n, tval *obj, tval *key
         *out = tb_getattr(r, obj, key->u.s.p, key->u.s.n);
         return *out ? 0 : oom(r, n);
     }
-    *out = undef_named(r, NULL, 0);
+    *out = tv_undef(r->a, NULL, 0);
     return *out ? 0 : oom(r, n);
 }
 
@@ -638,7 +615,7 @@ int tr_call_macro(struct trender *r, const struct tnode *at, tval *m, tval **arg
                 v = kv[k];
         if (v == NULL && i < mn->nw && mn->w[i])
             rc = eval(S, f, mn->w[i], &v);
-        if (rc == 0 && v == NULL && (v = undef_named(r, mn->names[i], mn->namelens[i])) == NULL)
+        if (rc == 0 && v == NULL && (v = tv_undef(r->a, mn->names[i], mn->namelens[i])) == NULL)
             rc = oom(r, at);
         if (rc == 0 && frame_set(r, f, mn->names[i], mn->namelens[i], v))
             rc = oom(r, at);
@@ -709,7 +686,7 @@ static int eval_inner(struct rstate *S, struct tframe *f, const struct tnode *n,
         return 0;
     case N_NAME: {
         tval *v = lookup(S, f, n->s, n->sn);
-        if (v == NULL && (v = undef_named(r, n->s, n->sn)) == NULL)
+        if (v == NULL && (v = tv_undef(r->a, n->s, n->sn)) == NULL)
             return oom(r, n);
         *out = v;
         return 0;
@@ -777,7 +754,7 @@ static int eval_inner(struct rstate *S, struct tframe *f, const struct tnode *n,
             return eval(S, f, n->a, out);
         if (n->c)
             return eval(S, f, n->c, out);
-        *out = undef_named(r, NULL, 0);
+        *out = tv_undef(r->a, NULL, 0);
         return *out ? 0 : oom(r, n);
     case N_LIST:
     case N_TUPLE: {

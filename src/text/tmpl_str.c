@@ -14,32 +14,6 @@
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-static int oom(struct trender *r, const struct tnode *n)
-{
-    return terr(r, n, -ENOMEM, "out of memory (render memory cap reached)");
-}
-
-static bool eqs(const char *a, size_t an, const char *b)
-{
-    size_t bn = strlen(b);
-    return an == bn && memcmp(a, b, an) == 0;
-}
-
-static tval *mkstr(struct trender *r, struct tbuf *b)
-{
-    if (b->err)
-        return NULL;
-    return tv_str_nocopy(r->a, b->p ? b->p : "", b->n);
-}
-
-static int need_str(struct trender *r, const struct tnode *n, tval *v, const char *what)
-{
-    if (v == NULL || v->type != TV_STR)
-        return terr(r, n, -EINVAL, "%s must be a string, not %s", what,
-                    v ? tv_typename(v) : "nothing");
-    return 0;
-}
-
 /* Simple case mapping of the scripts chat text mostly uses: ASCII, Latin-1, Latin Extended-A,
  * Greek, Cyrillic, Armenian, Latin Extended Additional (Vietnamese), fullwidth Latin; with
  * Python's special cases there (ß -> SS, final sigma, İ -> i̇). Other code points are caseless
@@ -551,7 +525,7 @@ int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tv
         p = pc + 1;
         char flags[8];
         size_t nf = 0;
-        while (p < e && strchr("-0 +#", *p) && nf < sizeof flags - 1)
+        while (p < e && *p != '\0' && strchr("-0 +#", *p) && nf < sizeof flags - 1)
             flags[nf++] = *p++;
         flags[nf] = 0;
         int width = -1, prec = -1;
@@ -676,7 +650,8 @@ int tb_format(struct trender *r, const struct tnode *n, tval *fmt, tval *arg, tv
             continue;
         }
         default:
-            return terr(r, n, -EINVAL, "unsupported format character '%c'", conv);
+            return terr(r, n, -EINVAL, "unsupported format character '%c' (0x%x)",
+                        conv >= 0x20 && conv < 0x7f ? conv : '?', (unsigned char)conv);
         }
     }
     /* Python skips this check when the argument could be a mapping (it has __getitem__ and is

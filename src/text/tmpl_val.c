@@ -1,6 +1,6 @@
 /* tmpl_val.c — the value model of the template engine: an arena per render ctx (values are
  * never freed one by one: a render's temporaries die with kvr_tmpl_ctx_reset), the public
- * constructors, and the conversions whose bytes must match Python's: str() and repr() of
+ * constructors, the "line N: " form of every error message, and the conversions whose bytes must match Python's: str() and repr() of
  * None/bools/ints/floats/lists/dicts, float repr (shortest round-trip digits), json.dumps with
  * ensure_ascii=False, ==, ordering, and Python's notion of whitespace for strip().
  */
@@ -91,6 +91,22 @@ char *tarena_strdup(struct tarena *a, const char *s, size_t n)
     return p;
 }
 
+/* ---- errors ---- */
+void tmpl_verr(char *err, size_t errlen, int line, const char *fmt, va_list ap)
+{
+    int k = 0;
+
+    if (errlen == 0)
+        return;
+    if (line >= 0) {
+        k = snprintf(err, errlen, "line %d: ", line);
+        if (k < 0)
+            k = 0;
+    }
+    if ((size_t)k < errlen)
+        vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+}
+
 /* ---- buffers ---- */
 void tbuf_put(struct tbuf *b, const char *s, size_t n)
 {
@@ -140,14 +156,25 @@ tval *tv_new(struct tarena *a, int type)
     return v;
 }
 
-tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n)
+/* a value of type with u.s = (s, n): a string, or an Undefined naming what is missing */
+static tval *tv_new_s(struct tarena *a, int type, const char *s, size_t n)
 {
-    tval *v = tv_new(a, TV_STR);
+    tval *v = tv_new(a, type);
     if (v) {
         v->u.s.p = s;
         v->u.s.n = n;
     }
     return v;
+}
+
+tval *tv_undef(struct tarena *a, const char *name, size_t nn)
+{
+    return tv_new_s(a, TV_UNDEF, name, nn);
+}
+
+tval *tv_str_nocopy(struct tarena *a, const char *s, size_t n)
+{
+    return tv_new_s(a, TV_STR, s, n);
 }
 
 tval *tv_str(struct tarena *a, const char *s, size_t n)
@@ -727,7 +754,7 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
         tbuf_putc(b, '[');
         for (size_t i = 0; i < v->u.l.n; i++) {
             if (i)
-                tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                tbuf_put(b, o->item_sep, o->item_sep_n);
             if (o->indent >= 0)
                 json_nl(b, o->indent, level + 1);
             int rc = tv_json(b, v->u.l.v[i], o, level + 1, depth + 1);
@@ -759,11 +786,11 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
             tbuf_putc(b, '{');
             for (size_t i = 0; i < v->u.o.n && rc == 0; i++) {
                 if (i)
-                    tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                    tbuf_put(b, o->item_sep, o->item_sep_n);
                 if (o->indent >= 0)
                     json_nl(b, o->indent, level + 1);
                 json_str(b, se[i].k, se[i].kn, o->ascii);
-                tbuf_put(b, o->key_sep, strlen(o->key_sep));
+                tbuf_put(b, o->key_sep, o->key_sep_n);
                 rc = tv_json(b, se[i].v, o, level + 1, depth + 1);
             }
             free(se);
@@ -773,11 +800,11 @@ int tv_json(struct tbuf *b, const tval *v, const struct tjson_opt *o, int level,
             tbuf_putc(b, '{');
             for (size_t i = 0; i < v->u.o.n; i++) {
                 if (i)
-                    tbuf_put(b, o->item_sep, strlen(o->item_sep));
+                    tbuf_put(b, o->item_sep, o->item_sep_n);
                 if (o->indent >= 0)
                     json_nl(b, o->indent, level + 1);
                 json_str(b, e[i].k, e[i].kn, o->ascii);
-                tbuf_put(b, o->key_sep, strlen(o->key_sep));
+                tbuf_put(b, o->key_sep, o->key_sep_n);
                 int rc = tv_json(b, e[i].v, o, level + 1, depth + 1);
                 if (rc)
                     return rc;

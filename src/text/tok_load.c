@@ -138,38 +138,43 @@ static int dupstr(const char *s, char **out, size_t *len)
     return 0;
 }
 
-/* A component of type Sequence (normalizer, pre-tokenizer, post-processor): each element
- * of n[key] loaded by fn, with its JSON path for errors. */
-typedef int (*load_fn)(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el);
+/* One component (normalizer, pre-tokenizer, post-processor) that is not a Sequence: n, of
+ * type ty, at JSON path `path` (for errors). */
+typedef int (*load_fn)(kvr_tok *t, const cJSON *n, const char *ty, const char *path, char *err,
+                       size_t el);
 
-static int load_seq(kvr_tok *t, const cJSON *n, const char *key, const char *path, load_fn fn,
-                    char *err, size_t el)
-{
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(n, key), *e;
-    int i = 0;
-
-    if (!cJSON_IsArray(a))
-        return errf(err, el, -EINVAL, "%s.%s: not an array", path, key);
-    cJSON_ArrayForEach(e, a)
-    {
-        char p[256];
-        snprintf(p, sizeof p, "%s.%s[%d]", path, key, i++);
-        int rc = fn(t, e, p, err, el);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-static int load_norm(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el)
+/* The component n at path: nothing when absent or null; a Sequence loads each element of
+ * n[seq_key] in turn (each a component itself, with its own path); any other type is loaded
+ * by one. 0 or a negative errno. */
+static int load_component(kvr_tok *t, const cJSON *n, const char *path, const char *seq_key,
+                          load_fn one, char *err, size_t el)
 {
     if (!n || cJSON_IsNull(n))
         return 0;
     const char *ty = jstr(n, "type");
     if (!ty)
         return errf(err, el, -EINVAL, "%s.type: missing", path);
-    if (!strcmp(ty, "Sequence"))
-        return load_seq(t, n, "normalizers", path, load_norm, err, el);
+    if (strcmp(ty, "Sequence"))
+        return one(t, n, ty, path, err, el);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(n, seq_key), *e;
+    int i = 0;
+
+    if (!cJSON_IsArray(a))
+        return errf(err, el, -EINVAL, "%s.%s: not an array", path, seq_key);
+    cJSON_ArrayForEach(e, a)
+    {
+        char p[256];
+        snprintf(p, sizeof p, "%s.%s[%d]", path, seq_key, i++);
+        int rc = load_component(t, e, p, seq_key, one, err, el);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int load_norm(kvr_tok *t, const cJSON *n, const char *ty, const char *path, char *err,
+                     size_t el)
+{
     struct norm nm = {0};
     int rc = 0;
     if (!strcmp(ty, "NFC"))
@@ -296,15 +301,9 @@ static int compile_re(const char *re0, pcre2_code **out, const char *path, char 
     return pcre2_jit_compile(c, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD) == 0 ? 1 : 0;
 }
 
-static int load_pre(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el)
+static int load_pre(kvr_tok *t, const cJSON *n, const char *ty, const char *path, char *err,
+                     size_t el)
 {
-    if (!n || cJSON_IsNull(n))
-        return 0;
-    const char *ty = jstr(n, "type");
-    if (!ty)
-        return errf(err, el, -EINVAL, "%s.type: missing", path);
-    if (!strcmp(ty, "Sequence"))
-        return load_seq(t, n, "pretokenizers", path, load_pre, err, el);
     if (!strcmp(ty, "ByteLevel")) {
         if (jtrue(n, "add_prefix_space"))
             return errf(err, el, -ENOTSUP, "%s.add_prefix_space: true is not supported", path);
@@ -511,17 +510,11 @@ static int push_u32(uint32_t **a, size_t *n, uint32_t v)
     return 0;
 }
 
-static int load_post(kvr_tok *t, const cJSON *n, const char *path, char *err, size_t el)
+static int load_post(kvr_tok *t, const cJSON *n, const char *ty, const char *path, char *err,
+                     size_t el)
 {
-    if (!n || cJSON_IsNull(n))
-        return 0;
-    const char *ty = jstr(n, "type");
-    if (!ty)
-        return errf(err, el, -EINVAL, "%s.type: missing", path);
     if (!strcmp(ty, "ByteLevel"))
         return 0;
-    if (!strcmp(ty, "Sequence"))
-        return load_seq(t, n, "processors", path, load_post, err, el);
     if (strcmp(ty, "TemplateProcessing"))
         return errf(err, el, -ENOTSUP, "%s.type: unsupported post_processor \"%s\"", path, ty);
     if (t->nprefix || t->nsuffix)
@@ -654,11 +647,11 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
     memset(t->vtab, 0xFF, cap * sizeof *t->vtab);
     t->vmask = cap - 1;
     /* pre-tokenizer first: it decides whether the vocabulary is byte-level */
-    int rc = load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
-                      "pre_tokenizer", err, el);
+    int rc = load_component(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
+                            "pre_tokenizer", "pretokenizers", load_pre, err, el);
     if (!rc)
-        rc = load_norm(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer",
-                       err, el);
+        rc = load_component(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"),
+                            "normalizer", "normalizers", load_norm, err, el);
     if (!rc)
         rc = load_model(t, m, err, el);
     if (rc)
@@ -696,8 +689,8 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
     }
     if ((rc = build_addset(t, &t->raw, false)) || (rc = build_addset(t, &t->normd, true)))
         return rc;
-    if ((rc = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"),
-                        "post_processor", err, el)))
+    if ((rc = load_component(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"),
+                             "post_processor", "processors", load_post, err, el)))
         return rc;
     if (config && (rc = load_config(t, config, err, el)))
         return rc;

@@ -10,9 +10,12 @@
  *   4: kvr_jtok_skip on the body (generic value validation)
  *   5: route query JSON (the score query + candidates, policy, track)
  * Bodies are copied into exact-size heap buffers so ASan sees any over-read; decoders run in
- * place (they write into the copy).
+ * place (they write into the copy). Accepted queries are checked for the NUL contract
+ * (reqbody.h): the prompt is terminated right at prompt_len (it may hold NULs before), and
+ * the names used as C strings hold none.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +79,17 @@ static int ref_parse(const char *s, size_t len, uint32_t *out, size_t cap, size_
     return 0;
 }
 
+/* reqbody.h's NUL contract on an accepted query. */
+static bool nul_ok(const struct kvr_reqbody_query *q)
+{
+    if (q->prompt != NULL && q->prompt[q->prompt_len] != '\0')
+        return false;
+    for (size_t i = 0; i < q->nmedia; i++)
+        if (memchr(q->media[i].id, 0, q->media[i].id_len) != NULL)
+            return false;
+    return true;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static struct kvr_hash_media media[4], rmedia[4];
@@ -111,7 +125,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     case 1:
         rc = kvr_reqbody_query_json(buf, len, &sc, &q, &err);
-        if (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK || q.nmedia > 4))
+        if (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK || q.nmedia > 4 || !nul_ok(&q)))
             abort();
         for (size_t i = 0; rc == 0 && i < q.nmedia; i++) /* sorted, not overlapping */
             if (q.media[i].id_len == 0 || q.media[i].length == 0 ||
@@ -134,7 +148,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvr_reqbody_force_isa(-1);
         if (rc != rr || (rc != 0 && strcmp(err.msg, rerr.msg) != 0) ||
             (rc == 0 && (q.model == NULL || q.ntokens > MAXTOK || q.ntokens != rq.ntokens ||
-                         memcmp(toks, ref, q.ntokens * sizeof(uint32_t)) != 0))) {
+                         memcmp(toks, ref, q.ntokens * sizeof(uint32_t)) != 0 || !nul_ok(&q) ||
+                         q.prompt_len != rq.prompt_len ||
+                         (q.prompt_len && memcmp(q.prompt, rq.prompt, q.prompt_len) != 0)))) {
             fprintf(stderr, "msgpack rc %d vs scalar %d\n", rc, rr);
             abort();
         }
@@ -148,7 +164,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         static struct kvr_reqbody_cand cands[8];
         struct kvr_reqbody_route rt;
         rc = kvr_reqbody_query_ext(buf, len, &sc, &q, NULL, NULL, cands, 8, &rt, &err);
-        if (rc == 0 && (q.model == NULL || rt.ncands > 8))
+        if (rc == 0 && (q.model == NULL || rt.ncands > 8 || !nul_ok(&q)))
             abort();
         for (size_t i = 0; rc == 0 && i < rt.ncands; i++)
             if (cands[i].pod == NULL || cands[i].pod[0] == '\0')

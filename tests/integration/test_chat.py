@@ -15,7 +15,7 @@ import os
 import pytest
 
 from test_ingest import metric, wait_pod, warm
-from test_tokenize import TOKREF, bin_sanitized, need_tokref, start
+from test_tokenize import TOKREF, bin_sanitized, goldens, need_tokref, start
 from kvrharness import REPO
 from vllm_pub import Engine
 
@@ -59,6 +59,21 @@ def cases(models):
     return out
 
 
+def chat_body(c, messages=None):
+    """A golden case's variables as a chat request body (what vLLM would have rendered)."""
+    v = c["vars"]
+    body = {"model": "chat/" + c["template"], "messages": messages or v["messages"]}
+    for k in ("tools", "documents", "add_generation_prompt"):
+        if v.get(k) is not None:
+            body[k] = v[k]
+    kw = {k: x for k, x in v.items() if k not in ("messages", "tools", "documents",
+                                                 "add_generation_prompt", "bos_token",
+                                                 "eos_token")}
+    if kw:
+        body["chat_template_kwargs"] = kw
+    return body
+
+
 def tokenize(d, body):
     st, res = d.json("POST", "/v1/tokenize", body)
     assert st == 200, (body, res)
@@ -73,23 +88,54 @@ def test_chat_matches_jinja2(daemon_factory):
     for i, c in enumerate(cases(models)):
         if i % step:
             continue
-        v = c["vars"]
-        body = {"model": "chat/" + c["template"], "messages": v["messages"]}
-        for k in ("tools", "documents", "add_generation_prompt"):
-            if v.get(k) is not None:
-                body[k] = v[k]
-        kw = {k: x for k, x in v.items() if k not in ("messages", "tools", "documents",
-                                                     "add_generation_prompt", "bos_token",
-                                                     "eos_token")}
-        if kw:
-            body["chat_template_kwargs"] = kw
-        got = tokenize(d, body)
+        got = tokenize(d, chat_body(c))
         want = tokenize(d, {"model": "chat/" + c["template"], "prompt": c["output"],
                             "add_special_tokens": False})
         assert got == want, (c["name"], c["output"][:300])
         n[c["template"]] += 1
     print("chat goldens matched:", n)
     assert all(x * step >= 20 for x in n.values()), n
+
+
+# Templates that loop over a message's content (vLLM's "openai" content format): they get the
+# text parts as they are; the others get the parts' texts joined with "\n".
+PARTS_TEMPLATES = {"gemma3"}
+
+
+def test_chat_nul_matches_references(daemon_factory):
+    """U+0000 in message contents (strings and text parts), tools, tool calls and
+    chat_template_kwargs: the daemon renders and tokenizes the chat to exactly the ids the
+    reference tokenizer (transformers.js, tests/data/tok goldens) gives for the text the
+    reference Jinja2 rendered (tests/data/tmpl goldens); where Jinja2 raised, a 400."""
+    models = ["qwen3", "gemma3"] if bin_sanitized() else MODELS
+    d = start(daemon_factory, cfg(models))
+    recs = {}
+    with open(GOLDENS, encoding="utf-8") as f:
+        for line in f:
+            c = json.loads(line)
+            if c.get("template") in models and "/nul_" in c["name"]:
+                recs[c["name"]] = c
+    n = 0
+    for m in models:
+        ref = {c["text"]: c["ids"] for c in goldens(m) if not c["add_special_tokens"]}
+        for conv in ("nul_content", "nul_tools", "nul_kwargs", "nul_parts"):
+            c = recs[m + "/" + conv]
+            body = chat_body(c)
+            if conv == "nul_parts" and m not in PARTS_TEMPLATES:
+                # vLLM joins the parts for a string template: that render is nul_parts_joined
+                c = recs[m + "/nul_parts_joined"]
+            st, res = d.json("POST", "/v1/tokenize", body)
+            if "output" not in c:  # Jinja2 raised (e.g. Gemma 3 refuses a tool turn)
+                assert st == 400, (c["name"], res)
+                continue
+            assert st == 200, (c["name"], res)
+            assert "\0" in c["output"] or conv == "nul_kwargs", c["name"]
+            want = ref.get(c["output"])
+            assert want is not None, ("no tokenizer golden for", c["name"])
+            assert res["tokens"] == want, (c["name"], repr(c["output"][:300]))
+            n += 1
+    print("chat NUL goldens matched:", n)
+    assert n >= 3 * len(models), n
 
 
 def test_raw_openai_bodies_and_errors(daemon_factory):

@@ -306,6 +306,9 @@ def test_gateway_approximate_mode(daemon_factory, kind):
     cfg = model_cfg()
     cfg['model "%s"' % MODEL]["approximate"] = "on"
     cfg["log"] = {"level": "info"}
+    # Without events nothing confirms a prefill: the policy (ttft) counts one as queued for
+    # its predicted time. These engines answer at once, so say they prefill at once too.
+    cfg["route"] = {"prefill_rate": "1000000000"}
     router = daemon_factory(cfg, ready_timeout=60)
     engines = [EngineSim(MODEL, tok.events, tok.http_port, num_blocks=8192)
                for _ in range(N_ENGINES)]

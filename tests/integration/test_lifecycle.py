@@ -118,7 +118,7 @@ def test_missing_state_dir_is_created_at_start(tmp_path):
     ("[events]\nbind = tcp://127.0.0.1:*\nwriter_threads = 65\n", 3,
      "[events] writer_threads = 65 is out of range (1..64)"),
     ("[nope]\n", 1, "unknown section [nope] (expected one of [log], [events], [index], [http], "
-     "[score], [route], [tokenizer], [state], [daemon], [model \"NAME\"])"),
+     "[score], [route], [load], [tokenizer], [state], [daemon], [model \"NAME\"])"),
 ])
 def test_check_config_fails_with_file_line(tmp_path, text, line, msg):
     path = write_conf(tmp_path, text)

@@ -84,7 +84,14 @@ def test_churn_100k_pods(daemon_factory, zctx):
     prompt = toks(9, BS)
     stored, removed = block_stored(prompt), block_removed(prompt)
     try:
-        sync(d, pub, "warm", MODEL)  # slow joiner; then forgotten like the rest
+        # slow joiner: AllBlocksCleared until one is applied. Counted, not listed: with
+        # forget_after 10 ms the stream may be forgotten before a /v1/pods poll sees it
+        # (that happened under TSan on a loaded machine)
+        deadline = time.monotonic() + WAIT
+        while (metric(d, "events_batches_total") or 0) < 1:
+            assert time.monotonic() < deadline, d.stderr_text()[-2000:]
+            pub.send("warm", MODEL, [{"type": "AllBlocksCleared"}], 0)
+            time.sleep(0.05)
         t0 = time.monotonic()
         forgotten = 0
         t_send = t_forget = t_topics = 0.0

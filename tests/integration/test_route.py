@@ -27,12 +27,14 @@ def fleet(daemon_factory):
     d = daemon_factory({"route": {"policy": "cost", "seed": "7"}})
     need_http(d)
     engines, prompts = [], {}
+    d.engines = {}
     try:
         for i, pod in enumerate(("pod-a", "pod-b", "pod-c")):
             e = Engine(pod=pod, model=MODEL, mode="connect", endpoints=d.events, block_size=BS,
                        num_blocks=512)
             e.__enter__()
             engines.append(e)
+            d.engines[pod] = e
             warm(e, d, pod)
             prompts[pod] = tokens_for(100 + i, 20 * BS + 5)
             r = e.rank(0)
@@ -146,3 +148,44 @@ def test_errors_and_reload(fleet, tmp_path):
     assert m.group(1) == "ok", d.stderr_text()[-2000:]
     assert "route.policy" in d.stderr_text()
     assert route(d, {"model": MODEL, "token_ids": prompts["pod-a"]})["policy"] == "score"
+
+
+def pods_by_name(d):
+    st, body = d.json("GET", "/v1/pods", admin=True)
+    assert st == 200
+    return {p["pod"]: p for p in body["pods"]}
+
+
+def test_ttft_spreads_a_burst_and_events_confirm(fleet):
+    """No loads from the gateway, no engine metrics: a burst of new prompts is spread by the
+    work kvrouterd itself routed (each decision queues its uncached tokens at once), and the
+    chosen engine's KV events confirm a prefill (it leaves the queue, counts as decoding)."""
+    d, prompts = fleet
+    burst = [tokens_for(5000 + i, 32 * BS) for i in range(6)]
+    chosen = []
+    for toks in burst:
+        res = route(d, {"model": MODEL, "token_ids": toks, "policy": "ttft"})
+        assert res["policy"] == "ttft" and "predicted time to first token" in res["reason"]
+        chosen.append(res["pod"])
+        for c in res["candidates"]:
+            assert c["uncached_tokens"] == 32 * BS and "ttft" in c and "queued_tokens" in c
+    # 6 equal prefills over 3 workers: 2 each (each decision sees the ones before it)
+    assert sorted(chosen.count(p) for p in ("pod-a", "pod-b", "pod-c")) == [2, 2, 2], chosen
+    pods = pods_by_name(d)
+    for p in ("pod-a", "pod-b", "pod-c"):
+        assert pods[p]["inflight"]["prefills"] == 2, pods[p]
+        assert pods[p]["inflight"]["prefill_tokens"] == 2 * 32 * BS
+    # the engine that got burst[0] computes it: its BlockStored events confirm the prefill
+    target = chosen[0]
+    r = d.engines[target].rank(0)
+    r.request(burst[0])
+    wait_pod(d, target, seq=r.publish())
+    pods = pods_by_name(d)
+    f = pods[target]["inflight"]
+    assert f["prefills"] == 1 and f["prefill_tokens"] == 32 * BS, f
+    assert f["confirmed"] == 1 and f["decoding"] >= 1 and f["prefill_rate"] > 0, f
+    text = d.request("GET", "/metrics", admin=True)[2].decode()
+    assert "kvrouter_route_prefills_confirmed_total 1" in text
+    # the next new prompt avoids the two workers that still have 2 prefills queued
+    res = route(d, {"model": MODEL, "token_ids": tokens_for(6000, 32 * BS), "policy": "ttft"})
+    assert res["pod"] == target, res

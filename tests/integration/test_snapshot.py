@@ -344,7 +344,9 @@ def test_corrupt_snapshot_is_set_aside(daemon_factory, zctx, tmp_path):
 
 
 def test_unusable_state_dir(daemon_factory, tmp_path):
-    missing = tmp_path / "nope"
+    # missing with its parent: an error (a missing dir whose parent exists is created at
+    # startup: test_lifecycle.py test_missing_state_dir_is_created_at_start)
+    missing = tmp_path / "nope" / "state"
     conf_path = tmp_path / "k.conf"
     conf_path.write_text("[events]\nbind = tcp://127.0.0.1:*\n[state]\ndir = %s\n" % missing)
     r = run_kvr(["-t", "-c", str(conf_path)])
@@ -361,7 +363,7 @@ def test_unusable_state_dir(daemon_factory, tmp_path):
 
 
 def test_startup_fails_on_missing_state_dir(tmp_path):
-    missing = tmp_path / "gone"
+    missing = tmp_path / "gone" / "state"  # its parent missing too: nothing is created
     conf_path = tmp_path / "k.conf"
     conf_path.write_text("[events]\nbind = tcp://127.0.0.1:*\n[http]\nlisten = 127.0.0.1:0\n"
                          "[state]\ndir = %s\n" % missing)

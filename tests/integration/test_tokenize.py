@@ -8,6 +8,7 @@ match every full block. Also: errors (unknown model, bad text, limits, a broken 
 file at startup and at -t) and a SIGHUP tokenizer swap under concurrent load.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -110,33 +111,48 @@ def test_tokenize_matches_goldens(daemon_factory):
     assert status == 200 and res["tokens"] == c["ids"]
 
 
+def longest(cases, n):
+    """The n longest cases with special tokens and at least two blocks of ids."""
+    out = [c for c in cases if c["add_special_tokens"] and len(c["ids"]) >= 2 * BS]
+    out.sort(key=lambda c: -len(c["ids"]))
+    return out[:n]
+
+
+@contextlib.contextmanager
+def published(d, name, pod, cases):
+    """An engine of test/NAME at pod that has computed (and published) every case's ids."""
+    with Engine(pod=pod, model="test/" + name, mode="connect", endpoints=d.events,
+                block_size=BS, num_blocks=4096) as eng:
+        warm(eng, d, pod)
+        r = eng.rank(0)
+        for c in cases:
+            r.request(c["ids"])
+        wait_pod(d, pod, seq=r.publish())
+        yield eng
+
+
+def score_text_finds(d, name, pod, c):
+    """POST /v1/score with the case's text (JSON and msgpack) finds all its full blocks at pod."""
+    full = len(c["ids"]) // BS
+    for fmt in ("json", "msgpack"):
+        status, res = post(d, "/v1/score", {"model": "test/" + name, "prompt": c["text"]}, fmt)
+        assert status == 200, res
+        assert res["tokens"] == len(c["ids"]) and res["query_blocks"] == full, res
+        got = {s["pod"]: s["matched_blocks"] for s in res["scores"]}
+        assert got.get(pod) == full, (name, fmt, repr(c["text"][:100]), res)
+    return full
+
+
 def test_score_text_matches_published_blocks(daemon_factory):
     """Engines publish the golden ids' blocks; the text alone finds every full block."""
     d = start(daemon_factory, model_cfg())
     for name in models():
-        cases = [c for c in goldens(name) if c["add_special_tokens"] and len(c["ids"]) >= 2 * BS]
-        cases.sort(key=lambda c: -len(c["ids"]))
-        cases = cases[:6]
+        cases = longest(goldens(name), 6)
         assert cases, name
         pod = "pod-" + name.replace("_", "-")
-        with Engine(pod=pod, model="test/" + name, mode="connect", endpoints=d.events,
-                    block_size=BS, num_blocks=4096) as eng:
-            warm(eng, d, pod)
-            r = eng.rank(0)
+        with published(d, name, pod, cases):
             for c in cases:
-                r.request(c["ids"])
-            seq = r.publish()
-            wait_pod(d, pod, seq=seq)
-            for c in cases:
-                full = len(c["ids"]) // BS
-                for fmt in ("json", "msgpack"):
-                    status, res = post(d, "/v1/score", {"model": "test/" + name,
-                                                        "prompt": c["text"]}, fmt)
-                    assert status == 200, res
-                    assert res["tokens"] == len(c["ids"])
-                    assert res["query_blocks"] == full
-                    got = {s["pod"]: s["matched_blocks"] for s in res["scores"]}
-                    assert got.get(pod) == full, (name, c["text"][:100], res)
+                score_text_finds(d, name, pod, c)
                 # the same text without BOS (where the tokenizer adds one) shifts every
                 # block: it must not match them
                 if c["ids"][0] != next(x for x in goldens(name)
@@ -153,6 +169,57 @@ def test_score_text_matches_published_blocks(daemon_factory):
     assert metric(d, "tokenizer_prefix_cache_hits_total") > 0
     assert metric(d, "tokenizer_prefix_cache_saved_bytes_total") > 20000
     assert metric(d, "tokenizer_prefix_cache_bytes") > 0
+
+
+def nul_goldens(name):
+    """The golden cases whose text holds U+0000 (scripts/tok-goldens.mjs: short texts, random
+    mixes and the chat templates' renders of the NUL conversations)."""
+    return [c for c in goldens(name) if "\0" in c["text"]]
+
+
+def test_nul_prompts_match_goldens(daemon_factory):
+    """U+0000 in a prompt, as vLLM takes it: JSON "\\u0000" and a raw 0 byte in a msgpack
+    string tokenize to the reference ids (/v1/tokenize), and /v1/score and /v1/route find the
+    blocks an engine published for those ids. Names used as C strings refuse it."""
+    d = start(daemon_factory, model_cfg())
+    for name in models():
+        cases = nul_goldens(name)
+        assert len(cases) >= 100, name
+        for c in cases:
+            for fmt in ("json", "msgpack"):
+                status, res = post(d, "/v1/tokenize", {"model": "test/" + name,
+                                                       "prompt": c["text"],
+                                                       "add_special_tokens":
+                                                       c["add_special_tokens"]}, fmt)
+                assert status == 200, (name, fmt, repr(c["text"][:80]), res)
+                assert res["tokens"] == c["ids"], (name, fmt, repr(c["text"][:200]))
+        long = longest(cases, 3)
+        assert long, name
+        pod = "nul-" + name.replace("_", "-")
+        with published(d, name, pod, long):
+            for c in long:
+                full = score_text_finds(d, name, pod, c)
+                status, res = d.json("POST", "/v1/route", {
+                    "model": "test/" + name, "prompt": c["text"],
+                    "candidates": [{"pod": pod}, {"pod": "nul-other"}]})
+                assert status == 200, res
+                assert res["tokens"] == len(c["ids"]) and res["pod"] == pod, res
+                assert res["matched_blocks"] == full, res
+    # the strings that become C strings refuse NUL with a 400 naming the field
+    base = {"model": "test/qwen3", "prompt": "x"}
+    for key, val, path in (("model", "test/qwen3\0", "/v1/tokenize"),
+                           ("lora_name", "l\0", "/v1/score"),
+                           ("cache_salt", "s\0", "/v1/score"),
+                           ("pods", ["p", "q\0"], "/v1/score"),
+                           ("policy", "cost\0", "/v1/route")):
+        body = dict(base, **{key: val})
+        for fmt in ("json", "msgpack") if path != "/v1/route" else ("json",):
+            status, res = post(d, path, body, fmt)
+            assert status == 400, (key, fmt, res)
+            assert "must not contain a NUL character" in res["error"], (key, fmt, res)
+            assert ('"%s' % key) in res["error"], (key, fmt, res)
+    status, res = d.json("POST", "/v1/route", dict(base, candidates=[{"pod": "a\0"}]))
+    assert status == 400 and '"candidates"[0].pod must not contain a NUL' in res["error"], res
 
 
 def test_text_errors(daemon_factory):

@@ -26,9 +26,11 @@ static const struct bad_case bad_cases[] = {
     /* unknown key / section */
     {EV "[log]\nfoo = 1\n", "t.conf:4: unknown key 'foo' in section [log]"},
     {EV "[bar]\n", "t.conf:3: unknown section [bar] (expected one of [log], [events], [index], "
-                   "[http], [score], [route], [tokenizer], [state], [daemon], [model \"NAME\"])"},
+                   "[http], [score], [route], [load], [tokenizer], [state], [daemon], "
+                   "[model \"NAME\"])"},
     {"[ log ]\nlevel = info\n", "t.conf:1: unknown section [ log ] (expected one of [log], "
-                                "[events], [index], [http], [score], [route], [tokenizer], [state], [daemon], [model \"NAME\"])"},
+                                "[events], [index], [http], [score], [route], [load], [tokenizer], [state], "
+                                "[daemon], [model \"NAME\"])"},
     {"level = info\n" EV, "t.conf:1: key 'level' outside of any section"},
     {EV "[events]\nbind.x = 1\n", "t.conf:4: unknown key 'bind.x' in section [events]"},
     /* syntax */

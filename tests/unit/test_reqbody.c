@@ -20,13 +20,18 @@ static struct kvr_hash_media g_media[4];
 static const struct kvr_reqbody_scratch g_sc = {g_tokens, 64, g_pods, 4, g_media, 4};
 static char *g_buf; /* last body, freed by the next call */
 
-static int qjson(const char *s, struct kvr_reqbody_query *q, struct kvr_err *e)
+/* A body of exactly len bytes (it may hold raw 0 bytes), parsed by the JSON query decoder. */
+static int qjson_n(const char *s, size_t len, struct kvr_reqbody_query *q, struct kvr_err *e)
 {
-    size_t len = strlen(s);
     free(g_buf);
     g_buf = malloc(len ? len : 1);
     memcpy(g_buf, s, len);
     return kvr_reqbody_query_json(g_buf, len, &g_sc, q, e);
+}
+
+static int qjson(const char *s, struct kvr_reqbody_query *q, struct kvr_err *e)
+{
+    return qjson_n(s, strlen(s), q, e);
 }
 
 static void test_json_query(void **state)
@@ -499,6 +504,180 @@ static void test_msgpack_errors(void **state)
 }
 
 /* Random msgpack token arrays of mixed widths (long enough for the paired fast loop). */
+/* ---- U+0000 ------------------------------------------------------------------------------ */
+
+/* The prompt keeps U+0000 (JSON "\u0000", a raw 0 byte in a msgpack string) with its length,
+ * as vLLM tokenizes it; every string used as a C string refuses it, naming the field. */
+static void test_nul_fields(void **state)
+{
+    struct kvr_reqbody_query q;
+    struct kvr_err e;
+    struct mpw w = {.n = 0};
+    (void)state;
+
+    assert_int_equal(qjson("{\"model\":\"m\",\"prompt\":\"a\\u0000b\\u0000\"}", &q, &e), 0);
+    assert_false(q.has_tokens);
+    assert_int_equal(q.prompt_len, 4);
+    assert_memory_equal(q.prompt, "a\0b\0", 5);
+    assert_int_equal(qjson("{\"model\":\"m\",\"prompt\":\"\\u0000\"}", &q, &e), 0);
+    assert_int_equal(q.prompt_len, 1);
+    assert_int_equal(q.prompt[0], '\0');
+
+    static const struct {
+        const char *field, *msg;
+    } bad[] = {
+        {"\"model\":\"m\\u0000x\",\"prompt\":\"p\"", "\"model\""},
+        {"\"model\":\"m\",\"prompt\":\"p\",\"lora_name\":\"\\u0000\"", "\"lora_name\""},
+        {"\"model\":\"m\",\"prompt\":\"p\",\"cache_salt\":\"s\\u0000\"", "\"cache_salt\""},
+        {"\"model\":\"m\",\"prompt\":\"p\",\"pods\":[\"a\",\"b\\u0000\"]", "\"pods\"[1]"},
+        {"\"model\":\"m\",\"token_ids\":[1],\"mm_hashes\":[{\"hash\":\"h\\u0000\",\"offset\":0,"
+         "\"length\":1}]", "\"mm_hashes\"[0].hash"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char body[512], want[128];
+        snprintf(body, sizeof(body), "{%s}", bad[i].field);
+        snprintf(want, sizeof(want), "%s must not contain a NUL character (\\u0000)", bad[i].msg);
+        e.msg[0] = '\0';
+        if (qjson(body, &q, &e) != -EINVAL || strcmp(e.msg, want) != 0)
+            fail_msg("case %zu: got \"%s\", want \"%s\"", i, e.msg, want);
+    }
+    /* a raw 0 byte in a JSON string stays a control character */
+    assert_int_equal(qjson_n("{\"model\":\"m\",\"prompt\":\"a\0b\"}", 28, &q, &e), -EINVAL);
+    assert_non_null(strstr(e.msg, "control character"));
+
+    /* route keys: candidates' pods and the policy */
+    static struct kvr_reqbody_cand cands[4];
+    struct kvr_reqbody_route rq;
+    static const struct {
+        const char *body, *msg;
+    } rbad[] = {
+        {"{\"model\":\"m\",\"token_ids\":[1],\"candidates\":[{\"pod\":\"a\"},{\"pod\":\"b\\u0000\"}]}",
+         "\"candidates\"[1].pod must not contain a NUL character (\\u0000)"},
+        {"{\"model\":\"m\",\"token_ids\":[1],\"policy\":\"cost\\u0000x\"}",
+         "\"policy\" must not contain a NUL character (\\u0000)"},
+    };
+    for (size_t i = 0; i < sizeof(rbad) / sizeof(rbad[0]); i++) {
+        char body[256];
+        size_t len = strlen(rbad[i].body);
+        memcpy(body, rbad[i].body, len);
+        e.msg[0] = '\0';
+        if (kvr_reqbody_query_ext(body, len, &g_sc, &q, NULL, NULL, cands, 4, &rq, &e) != -EINVAL ||
+            strcmp(e.msg, rbad[i].msg) != 0)
+            fail_msg("route case %zu: got \"%s\", want \"%s\"", i, e.msg, rbad[i].msg);
+    }
+    {
+        char body[] = "{\"model\":\"m\",\"prompt\":\"\\u0000\",\"policy\":\"cost\"}";
+        assert_int_equal(kvr_reqbody_query_ext(body, strlen(body), &g_sc, &q, NULL, NULL, cands,
+                                               4, &rq, &e), 0);
+        assert_int_equal(q.prompt_len, 1);
+        assert_string_equal(rq.policy, "cost");
+    }
+
+    /* endpoint admin bodies */
+    struct kvr_reqbody_endpoint ep;
+    static const char *const ebad[] = {
+        "{\"endpoint\":\"tcp://h:1\\u0000\"}", "{\"endpoint\":\"tcp://h:1\",\"pod\":\"p\\u0000\"}",
+        "{\"endpoint\":\"tcp://h:1\",\"replay_endpoint\":\"\\u0000\"}"};
+    static const char *const ewant[] = {"\"endpoint\"", "\"pod\"", "\"replay_endpoint\""};
+    for (size_t i = 0; i < 3; i++) {
+        char body[128], want[128];
+        size_t len = strlen(ebad[i]);
+        memcpy(body, ebad[i], len);
+        snprintf(want, sizeof(want), "%s must not contain a NUL character (\\u0000)", ewant[i]);
+        e.msg[0] = '\0';
+        if (kvr_reqbody_endpoint_json(body, len, &ep, &e) != -EINVAL || strcmp(e.msg, want) != 0)
+            fail_msg("endpoint case %zu: got \"%s\", want \"%s\"", i, e.msg, want);
+    }
+
+    /* msgpack: a raw 0 byte in the prompt is text, in the model a refusal */
+    mp_byte(&w, 0x82);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    mp_str(&w, "prompt");
+    mp_raw(&w, "\xa4\0a\0\0", 5);
+    assert_int_equal(qmp(&w, &q, &e), 0);
+    assert_int_equal(q.prompt_len, 4);
+    assert_memory_equal(q.prompt, "\0a\0\0", 5);
+    w.n = 0;
+    mp_byte(&w, 0x83);
+    mp_str(&w, "model");
+    mp_str(&w, "m");
+    mp_str(&w, "prompt");
+    mp_str(&w, "p");
+    mp_str(&w, "cache_salt");
+    mp_raw(&w, "\xa2s\0", 3);
+    assert_int_equal(qmp(&w, &q, &e), -EINVAL);
+    assert_string_equal(e.msg, "msgpack: \"cache_salt\" must not contain a NUL character (\\u0000)");
+}
+
+/* Chat bodies: U+0000 in contents (a string, text parts), tools and chat_template_kwargs
+ * reaches the template as part of its string, and the render keeps it (its output is
+ * (pointer, length)). */
+static void test_nul_chat(void **state)
+{
+    static const char body[] =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\\u0000\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\\u0000b\"},"
+        "{\"type\":\"text\",\"text\":\"\\u0000\"}]},{\"role\":\"assistant\",\"content\":\"\\u0000\","
+        "\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":\\\"\\\\u0000\\\"}\"}}]}],"
+        "\"tools\":[{\"function\":{\"description\":\"d\\u0000\"}}],"
+        "\"chat_template_kwargs\":{\"extra\":\"k\\u0000\"}}";
+    static const char src[] =
+        "{% for m in messages %}<{{ m.role }}:{{ m.content }}|{{ m.content | length }}"
+        "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}>"
+        "{% endfor %}{{ tools | tojson }}{{ extra }}{{ extra | length }}";
+    static const char want[] = "<system:s\0|2><user:a\0b\n\0|5>"
+                               "<assistant:\0|1{\"x\": \"\\u0000\"}>"
+                               "[{\"function\": {\"description\": \"d\\u0000\"}}]k\0" "2";
+    struct kvr_reqbody_query q;
+    struct kvr_reqbody_chat ch;
+    struct kvr_err e;
+    kvr_tmpl_ctx *ctx;
+    kvr_tmpl *t;
+    char err[256], *buf;
+    const char *out;
+    size_t outlen;
+    (void)state;
+
+    assert_int_equal(kvr_tmpl_ctx_create(&ctx, NULL), 0);
+    assert_int_equal(kvr_tmpl_compile(src, sizeof(src) - 1, &t, err, sizeof(err)), 0);
+    buf = malloc(sizeof(body) - 1);
+    memcpy(buf, body, sizeof(body) - 1);
+    e.msg[0] = '\0';
+    if (kvr_reqbody_query_ext(buf, sizeof(body) - 1, &g_sc, &q, ctx, &ch, NULL, 0, NULL, &e) != 0)
+        fail_msg("chat body refused: %s", e.msg);
+    assert_int_equal(ch.nmessages, 3);
+    assert_int_equal(ch.final_len, 1); /* continue_final_message's text: "\0" */
+    assert_int_equal(ch.final_text[0], '\0');
+    kvr_tmpl_val *vars = kvr_tmpl_dict(ctx);
+    assert_non_null(vars);
+    assert_int_equal(kvr_tmpl_dict_set(ctx, vars, "messages", 8, ch.messages_str), 0);
+    assert_int_equal(kvr_tmpl_dict_set(ctx, vars, "tools", 5, ch.tools), 0);
+    assert_int_equal(kvr_tmpl_dict_merge(ctx, vars, ch.kwargs), 0);
+    if (kvr_tmpl_render(t, ctx, vars, 0, &out, &outlen, err, sizeof(err)) != 0)
+        fail_msg("render: %s", err);
+    if (outlen != sizeof(want) - 1 || memcmp(out, want, outlen) != 0)
+        fail_msg("render: %zu bytes \"%.*s\", want %zu", outlen, (int)outlen, out,
+                 sizeof(want) - 1);
+    /* the parts form keeps each text part whole */
+    kvr_tmpl_ctx_reset(ctx);
+    memcpy(buf, body, sizeof(body) - 1);
+    assert_int_equal(kvr_reqbody_query_ext(buf, sizeof(body) - 1, &g_sc, &q, ctx, &ch, NULL, 0,
+                                           NULL, &e), 0);
+    kvr_tmpl *tp;
+    static const char psrc[] = "{% for p in messages[1].content %}[{{ p.text }}]{% endfor %}";
+    assert_int_equal(kvr_tmpl_compile(psrc, sizeof(psrc) - 1, &tp, err, sizeof(err)), 0);
+    vars = kvr_tmpl_dict(ctx);
+    assert_int_equal(kvr_tmpl_dict_set(ctx, vars, "messages", 8, ch.messages_parts), 0);
+    assert_int_equal(kvr_tmpl_render(tp, ctx, vars, 0, &out, &outlen, err, sizeof(err)), 0);
+    assert_int_equal(outlen, 8);
+    assert_memory_equal(out, "[a\0b][\0]", 8);
+    kvr_tmpl_free(tp);
+    kvr_tmpl_free(t);
+    kvr_tmpl_ctx_destroy(ctx);
+    free(buf);
+}
+
 static void test_msgpack_random(void **state)
 {
     unsigned seed0 = 12345;
@@ -666,6 +845,8 @@ int main(void)
         cmocka_unit_test(test_endpoint_json),
         cmocka_unit_test(test_msgpack_query),
         cmocka_unit_test(test_msgpack_errors),
+        cmocka_unit_test(test_nul_fields),
+        cmocka_unit_test(test_nul_chat),
         cmocka_unit_test(test_msgpack_random),
         cmocka_unit_test(test_msgpack_levels),
     };

@@ -276,6 +276,7 @@ static void test_policy_names(void **state)
     assert_int_equal(kvr_route_policy_parse("cost"), KVR_ROUTE_COST);
     assert_int_equal(kvr_route_policy_parse("cache_aware"), KVR_ROUTE_CACHE_AWARE);
     assert_int_equal(kvr_route_policy_parse("score"), KVR_ROUTE_SCORE);
+    assert_int_equal(kvr_route_policy_parse("ttft"), KVR_ROUTE_TTFT);
     assert_int_equal(kvr_route_policy_parse("Cost"), -1);
     assert_int_equal(kvr_route_policy_parse(NULL), -1);
     struct kvr_conf c = conf("cost");
@@ -287,6 +288,263 @@ static void test_policy_names(void **state)
     kvr_route_destroy(r);
 }
 
+/* ---- ttft and the in-flight accounting --------------------------------------------------- */
+
+/* A fake engine-metrics source: per pod index, a sample or none. */
+struct fake_load {
+    bool have[8], stale[8];
+    struct kvr_route_engine_load l[8];
+};
+
+static int fake_load_fn(void *arg, const char *pod, uint32_t rank, struct kvr_route_engine_load *out)
+{
+    struct fake_load *f = arg;
+    (void)rank;
+    for (int i = 0; i < 8; i++) {
+        if (strcmp(pod, pods[i]) == 0 && f->have[i]) {
+            *out = f->l[i];
+            out->stale = f->stale[i];
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+/* ttft on random candidates with the gateway's loads and a fixed rate, against the formula
+ * written out: the smallest (active_tokens + uncached) / rate among the non-busy ones (all
+ * when all are busy), ties to the fewest active requests. */
+static void test_ttft_random(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    c.route_prefill_rate = 1000;
+    c.route_busy_kv_usage = 0.9;
+    c.route_busy_waiting = 50;
+    struct kvr_route *r;
+    struct fake_load fl;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    kvr_route_set_load_source(r, fake_load_fn, &fl);
+    unsigned rs = seed * 7 + 1;
+    for (int trial = 0; trial < 20000; trial++) {
+        struct kvr_route_cand cand[8];
+        size_t n = 1 + (size_t)rand_r(&rs) % 8;
+        uint32_t qb = (uint32_t)(rand_r(&rs) % 200), bs = 16;
+        uint64_t prompt = (uint64_t)qb * bs + (uint64_t)(rand_r(&rs) % 16);
+        random_cands(&rs, cand, n, qb);
+        memset(&fl, 0, sizeof(fl));
+        for (size_t i = 0; i < n; i++) {
+            if (rand_r(&rs) % 2)
+                cand[i].active_tokens = (uint64_t)(rand_r(&rs) % 4) * 100; /* ties */
+            fl.have[i] = rand_r(&rs) % 3 == 0;
+            fl.stale[i] = rand_r(&rs) % 4 == 0;
+            fl.l[i] = (struct kvr_route_engine_load){
+                .waiting = rand_r(&rs) % 8 ? 1 : 60, .running = 3,
+                .kv_usage = rand_r(&rs) % 6 ? 0.5 : 0.95};
+        }
+        struct kvr_route_query q = {.query_blocks = qb, .block_size = bs,
+                                    .prompt_tokens = prompt, .policy = -1, .cands = cand,
+                                    .ncands = n};
+        struct kvr_route_decision d;
+        assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+        assert_int_equal(d.policy, KVR_ROUTE_TTFT);
+        /* the naive model */
+        bool busy[8], all = true;
+        double best = INFINITY;
+        for (size_t i = 0; i < n; i++) {
+            busy[i] = fl.have[i] && !fl.stale[i] &&
+                      (fl.l[i].kv_usage >= 0.9 || fl.l[i].waiting >= 50);
+            all &= busy[i];
+            assert_int_equal(cand[i].busy, busy[i]);
+        }
+        uint64_t best_req = UINT64_MAX;
+        uint32_t best_m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (busy[i] && !all)
+                continue;
+            uint64_t cached = (uint64_t)cand[i].matched_blocks * bs;
+            double t = ((double)cand[i].active_tokens +
+                        (double)(prompt > cached ? prompt - cached : 0)) / 1000;
+            /* equal times: the longer cached prefix, then the fewer requests */
+            if (t < best || (t == best && (cand[i].matched_blocks > best_m ||
+                                           (cand[i].matched_blocks == best_m &&
+                                            cand[i].active_requests < best_req)))) {
+                best = t;
+                best_m = cand[i].matched_blocks;
+                best_req = cand[i].active_requests;
+            }
+        }
+        size_t g = d.chosen;
+        uint64_t gc = (uint64_t)cand[g].matched_blocks * bs;
+        double gt = ((double)cand[g].active_tokens + (double)(prompt > gc ? prompt - gc : 0)) / 1000;
+        if ((busy[g] && !all) || gt != best || cand[g].matched_blocks != best_m ||
+            cand[g].active_requests != best_req)
+            fail_msg("ttft: trial %d (seed %u) chose %zu (%s): %.3f s, best %.3f", trial, seed,
+                     g, d.reason, gt, best);
+        assert_true(fabs(cand[g].cost - gt) < 1e-9);
+    }
+    kvr_route_destroy(r);
+}
+
+/* Every candidate busy: the best anyway, or -EBUSY with when_all_busy = reject. */
+static void test_ttft_all_busy(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    struct kvr_route *r;
+    struct fake_load fl;
+    memset(&fl, 0, sizeof(fl));
+    c.route_busy_kv_usage = 0.8;
+    c.route_when_all_busy = "reject";
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    kvr_route_set_load_source(r, fake_load_fn, &fl);
+    for (int i = 0; i < 2; i++) {
+        fl.have[i] = true;
+        fl.l[i].kv_usage = 0.85;
+    }
+    struct kvr_route_cand cand[2] = {{.pod = pods[0]}, {.pod = pods[1], .matched_blocks = 4}};
+    struct kvr_route_query q = {.query_blocks = 4, .block_size = 16, .prompt_tokens = 64,
+                                .commit = true, .policy = -1, .cands = cand, .ncands = 2};
+    struct kvr_route_decision d;
+    assert_int_equal(kvr_route_decide(r, &q, &d), -EBUSY);
+    assert_int_equal(d.chosen, 1);
+    struct kvr_route_flight f;
+    kvr_route_flight_of(r, pods[1], 0, &f);
+    assert_int_equal(f.pending + f.decoding, 0); /* nothing committed */
+    c.route_when_all_busy = "best";
+    kvr_route_set_conf(r, &c);
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 1);
+    assert_non_null(strstr(d.reason, "all 2 busy"));
+    fl.l[1].kv_usage = 0.5; /* p1 not busy: p0 skipped even if it were better */
+    cand[0].matched_blocks = 4, cand[1].matched_blocks = 0;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 1);
+    assert_non_null(strstr(d.reason, "1 busy skipped"));
+    kvr_route_destroy(r);
+}
+
+/* A burst between two samples spreads: each decision's uncached tokens queue on its worker
+ * at once. Confirmation by the stored last block moves a prefill to decoding and teaches the
+ * worker's rate; an unconfirmed one stops counting after prefill_timeout; a worker without
+ * events is done at the predicted time. */
+static void test_inflight(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    c.route_prefill_rate = 10000;
+    c.route_prefill_timeout_ms = 150;
+    c.route_decode_time_ms = 60000;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    int per[4] = {0};
+    uint64_t key[8];
+    size_t where[8];
+    for (int i = 0; i < 8; i++) {
+        struct kvr_route_cand cand[4];
+        for (int k = 0; k < 4; k++)
+            cand[k] = (struct kvr_route_cand){.pod = pods[k], .evented = true};
+        key[i] = 0x1000 + (uint64_t)i;
+        struct kvr_route_query q = {.query_blocks = 128, .block_size = 16,
+                                    .prompt_tokens = 2048, .last_block = key[i],
+                                    .commit = true, .policy = -1, .cands = cand, .ncands = 4};
+        struct kvr_route_decision d;
+        assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+        where[i] = d.chosen;
+        per[d.chosen]++;
+        assert_int_equal(cand[d.chosen].queued_tokens, (uint64_t)(i / 4) * 2048);
+    }
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(per[k], 2);
+    struct kvr_route_flight f;
+    kvr_route_flight_of(r, pods[where[0]], 0, &f);
+    assert_int_equal(f.pending, 2);
+    assert_int_equal(f.pending_tokens, 4096);
+    /* the worker stores request 0's blocks (its last one among them): confirmed */
+    usleep(20000);
+    uint64_t stored[3] = {77, 78, key[0]};
+    kvr_route_confirm(r, pods[where[0]], 1, stored, 3); /* another rank: nothing */
+    kvr_route_confirm(r, pods[(where[0] + 1) % 4], 0, stored, 3); /* another pod: nothing */
+    kvr_route_flight_of(r, pods[where[0]], 0, &f);
+    assert_int_equal(f.pending, 2);
+    kvr_route_confirm(r, pods[where[0]], 0, stored, 3);
+    kvr_route_flight_of(r, pods[where[0]], 0, &f);
+    assert_int_equal(f.pending, 1);
+    assert_int_equal(f.pending_tokens, 2048);
+    assert_int_equal(f.decoding, 1);
+    assert_int_equal(f.confirmed, 1);
+    /* 2048 tokens (nothing ahead) in >= 20 ms: at most ~100K tokens/s, and a rate at all */
+    assert_true(f.prefill_rate > 0 && f.prefill_rate < 2048 / 0.02 + 1);
+    /* the rest never confirmed: gone after prefill_timeout */
+    usleep(200000);
+    kvr_route_flight_of(r, pods[where[1]], 0, &f);
+    assert_int_equal(f.pending, 0);
+    /* no events: done by the predicted time, (0 + 1000) / 10000 tokens/s = 100 ms */
+    struct kvr_route_cand ne = {.pod = "noevents"};
+    struct kvr_route_query q = {.query_blocks = 62, .block_size = 16, .prompt_tokens = 1000,
+                                .last_block = 5, .commit = true, .policy = -1, .cands = &ne,
+                                .ncands = 1};
+    struct kvr_route_decision d;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    kvr_route_flight_of(r, "noevents", 0, &f);
+    assert_int_equal(f.pending, 1);
+    usleep(150000);
+    kvr_route_flight_of(r, "noevents", 0, &f);
+    assert_int_equal(f.pending, 0);
+    assert_int_equal(f.decoding, 1);
+    struct kvr_buf b;
+    kvr_buf_init(&b);
+    kvr_route_metrics(r, &b);
+    kvr_buf_append(&b, "", 1);
+    assert_non_null(strstr(b.data, "kvrouter_route_prefills_confirmed_total 1"));
+    assert_non_null(strstr(b.data, "kvrouter_route_prefills_expired_total 7"));
+    assert_non_null(strstr(b.data, "kvrouter_route_prefills_estimated_total 1"));
+    kvr_buf_free(&b);
+    kvr_route_destroy(r);
+}
+
+/* The engine's sample: its waiting requests that are not ours add the mean uncached tokens
+ * each; ours decided before the sample are not counted twice; a stale sample is ignored. */
+static void test_engine_sample(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    struct kvr_route *r;
+    struct fake_load fl;
+    memset(&fl, 0, sizeof(fl));
+    c.route_prefill_timeout_ms = 60000;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    kvr_route_set_load_source(r, fake_load_fn, &fl);
+    struct kvr_route_cand cand[2];
+    struct kvr_route_decision d;
+    for (int i = 0; i < 2; i++) { /* two prefills of 1000 tokens on p0 */
+        cand[0] = (struct kvr_route_cand){.pod = pods[0], .evented = true};
+        struct kvr_route_query q = {.query_blocks = 62, .block_size = 16,
+                                    .prompt_tokens = 1000, .last_block = 9 + (uint64_t)i,
+                                    .commit = true, .policy = -1, .cands = cand, .ncands = 1};
+        assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    }
+    usleep(2000);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    fl.have[0] = true; /* sampled after both: 5 waiting, 2 of them ours */
+    fl.l[0] = (struct kvr_route_engine_load){.waiting = 5, .running = 4, .kv_usage = 0.3,
+                                             .sample_ns = (int64_t)ts.tv_sec * 1000000000 +
+                                                          ts.tv_nsec};
+    cand[0] = (struct kvr_route_cand){.pod = pods[0], .evented = true};
+    cand[1] = (struct kvr_route_cand){.pod = pods[1], .evented = true};
+    struct kvr_route_query q = {.query_blocks = 0, .block_size = 16, .prompt_tokens = 10,
+                                .policy = -1, .cands = cand, .ncands = 2};
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(cand[0].queued_tokens, 2000 + 3 * 1000);
+    assert_true(cand[0].running == 4 && cand[0].engine_load && cand[0].kv_usage == 0.3);
+    assert_int_equal(d.chosen, 1);
+    fl.stale[0] = true;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(cand[0].queued_tokens, 2000);
+    assert_false(cand[0].engine_load);
+    kvr_route_destroy(r);
+}
+
 int main(void)
 {
     const char *s = getenv("KVR_TEST_SEED");
@@ -295,7 +553,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_policies_random), cmocka_unit_test(test_ties_and_seed),
         cmocka_unit_test(test_softmax),         cmocka_unit_test(test_tracking),
-        cmocka_unit_test(test_policy_names),
+        cmocka_unit_test(test_policy_names),    cmocka_unit_test(test_ttft_random),
+        cmocka_unit_test(test_ttft_all_busy),   cmocka_unit_test(test_inflight),
+        cmocka_unit_test(test_engine_sample),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,7 @@
 #include <cmocka.h>
 #include <utf8proc.h>
 
+#include "http/jtok.h" /* the goldens' reader: texts with their lengths */
 #include "text/tok.h"
 #include "tok_common.h"
 
@@ -87,6 +88,85 @@ static int teardown_ref(void **state)
     return 0;
 }
 
+/* The cases of tests/data/tok/goldens-NAME.json, read with jtok rather than cJSON: texts keep
+ * their length (some hold U+0000, which a C-string reader would cut short). The texts point
+ * into *buf and the ids into one pool, both freed by goldens_free. */
+struct golden {
+    const char *text;
+    size_t len;
+    bool add;
+    size_t ids, nids; /* offset and count in the pool */
+};
+struct goldens {
+    char *buf;
+    struct golden *c;
+    size_t n;
+    uint32_t *pool;
+};
+
+static void goldens_load(const char *name, struct goldens *g)
+{
+    char p[512], *key, *s;
+    size_t len, klen, cap = 0, pcap = 1 << 16, pn = 0;
+    struct kvr_jtok j;
+    int st = 0, ast, cst, rc;
+
+    memset(g, 0, sizeof *g);
+    snprintf(p, sizeof p, "tests/data/tok/goldens-%s.json", name);
+    g->buf = slurp(p, &len);
+    assert_non_null(g->buf);
+    g->pool = malloc(pcap * sizeof *g->pool);
+    assert_non_null(g->pool);
+    kvr_jtok_init(&j, g->buf, len);
+    while ((rc = kvr_jtok_object_next(&j, &st, &key, &klen)) == 1) {
+        if (klen != 5 || memcmp(key, "cases", 5) != 0) {
+            assert_int_equal(kvr_jtok_skip(&j), 0);
+            continue;
+        }
+        ast = 0;
+        while ((rc = kvr_jtok_array_next(&j, &ast)) == 1) {
+            struct golden c = {0};
+            cst = 0;
+            while ((rc = kvr_jtok_object_next(&j, &cst, &key, &klen)) == 1) {
+                if (klen == 4 && memcmp(key, "text", 4) == 0) {
+                    assert_int_equal(kvr_jtok_string(&j, &s, &c.len), 0);
+                    c.text = s;
+                } else if (klen == 18 && memcmp(key, "add_special_tokens", 18) == 0) {
+                    assert_int_equal(kvr_jtok_bool(&j, &c.add), 0);
+                } else if (klen == 3 && memcmp(key, "ids", 3) == 0) {
+                    if (pcap - pn < 65536) {
+                        pcap *= 2;
+                        g->pool = realloc(g->pool, pcap * sizeof *g->pool);
+                        assert_non_null(g->pool);
+                    }
+                    c.ids = pn;
+                    assert_int_equal(kvr_jtok_u32_array(&j, g->pool + pn, 65536, &c.nids), 0);
+                    pn += c.nids;
+                } else {
+                    assert_int_equal(kvr_jtok_skip(&j), 0);
+                }
+            }
+            assert_int_equal(rc, 0);
+            assert_non_null(c.text);
+            if (g->n == cap) {
+                cap = cap ? 2 * cap : 256;
+                g->c = realloc(g->c, cap * sizeof *g->c);
+                assert_non_null(g->c);
+            }
+            g->c[g->n++] = c;
+        }
+        assert_int_equal(rc, 0);
+    }
+    assert_int_equal(rc, 0);
+}
+
+static void goldens_free(struct goldens *g)
+{
+    free(g->buf);
+    free(g->c);
+    free(g->pool);
+}
+
 static void print_ids(const char *what, const uint32_t *ids, size_t n)
 {
     printf("    %s (%zu):", what, n);
@@ -104,42 +184,31 @@ static void test_goldens(void **state)
     assert_non_null(s);
     int failed = 0;
     for (size_t m = 0; m < NMODELS; m++) {
-        char p[512];
-        size_t len;
-        snprintf(p, sizeof p, "tests/data/tok/goldens-%s.json", models[m].name);
-        char *j = slurp(p, &len);
-        assert_non_null(j);
-        cJSON *root = cJSON_ParseWithLength(j, len);
-        assert_non_null(root);
-        const cJSON *cases = cJSON_GetObjectItemCaseSensitive(root, "cases"), *c;
+        struct goldens g;
+        goldens_load(models[m].name, &g);
         int n = 0, ok = 0, shown = 0;
-        uint32_t *want = malloc(65536 * sizeof *want);
+        uint32_t *want = malloc(65537 * sizeof *want);
         assert_non_null(want);
-        cJSON_ArrayForEach(c, cases)
-        {
+        for (size_t i = 0; i < g.n; i++) {
+            const struct golden *c = &g.c[i];
             n++;
             if (!models[m].supported)
                 continue;
-            const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
-            bool add = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_special_tokens"));
+            bool add = c->add;
             size_t nw = 0;
             if (add && models[m].hf_bos >= 0)
                 want[nw++] = (uint32_t)models[m].hf_bos;
-            const cJSON *x;
-            cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(c, "ids"))
-            {
-                assert_true(nw < 65536);
-                want[nw++] = (uint32_t)x->valuedouble;
-            }
+            memcpy(want + nw, g.pool + c->ids, c->nids * sizeof *want);
+            nw += c->nids;
             const uint32_t *ids;
-            int r = kvr_tok_encode(toks[m], s, text, strlen(text), add, &ids);
+            int r = kvr_tok_encode(toks[m], s, c->text, c->len, add, &ids);
             if (r == (int)nw && !memcmp(ids, want, nw * sizeof *ids)) {
                 ok++;
                 continue;
             }
             if (shown++ < 3) {
-                printf("  %s: case %d (add_special_tokens=%d) differs: text \"%.80s\"\n",
-                       models[m].name, n - 1, add, text);
+                printf("  %s: case %d (add_special_tokens=%d) differs: text \"%.80s\" (%zu "
+                       "bytes)\n", models[m].name, n - 1, add, c->text, c->len);
                 print_ids("want", want, nw);
                 if (r >= 0)
                     print_ids("got ", ids, (size_t)r);
@@ -154,8 +223,7 @@ static void test_goldens(void **state)
             printf("test_tok: %-12s NOT YET SUPPORTED: %d goldens generated, not checked\n",
                    models[m].name, n);
         free(want);
-        cJSON_Delete(root);
-        free(j);
+        goldens_free(&g);
     }
     kvr_tok_scratch_free(s);
     assert_false(failed);
@@ -194,26 +262,20 @@ static void test_llama3_current_bos(void **state)
     free(mod);
     if (rc)
         fail_msg("llama3 with the current post-processor: %s", err);
-    j = slurp("tests/data/tok/goldens-llama3.json", &len);
-    assert_non_null(j);
-    root = cJSON_ParseWithLength(j, len);
-    free(j);
+    struct goldens g;
+    goldens_load("llama3", &g);
     kvr_tok_scratch *s = kvr_tok_scratch_new();
-    const cJSON *c;
     int n = 0, ok = 0;
-    static uint32_t want[65536];
-    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(root, "cases"))
-    {
-        const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
-        bool add = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_special_tokens"));
+    static uint32_t want[65537];
+    for (size_t i = 0; i < g.n; i++) {
+        const struct golden *c = &g.c[i];
         size_t nw = 0;
-        if (add)
+        if (c->add)
             want[nw++] = 128000;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(c, "ids")) want[nw++] =
-            (uint32_t)x->valuedouble;
+        memcpy(want + nw, g.pool + c->ids, c->nids * sizeof *want);
+        nw += c->nids;
         const uint32_t *ids;
-        int r = kvr_tok_encode(t, s, text, strlen(text), add, &ids);
+        int r = kvr_tok_encode(t, s, c->text, c->len, c->add, &ids);
         n++;
         ok += r == (int)nw && !memcmp(ids, want, nw * sizeof *ids);
     }
@@ -221,7 +283,7 @@ static void test_llama3_current_bos(void **state)
     assert_int_equal(ok, n);
     kvr_tok_scratch_free(s);
     kvr_tok_free(t);
-    cJSON_Delete(root);
+    goldens_free(&g);
 }
 
 /* Byte-level tokenizers lose nothing: the tokens' bytes spell the (NFC-normalized) text. */

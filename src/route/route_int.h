@@ -1,0 +1,125 @@
+/* route_int.h — what route.c (policies, tracked requests) and route_flight.c (in-flight work
+ * of kvrouterd's own decisions, the ttft policy's view of each worker) share. Not a contract:
+ * route.h is. Everything here is under kvr_route.mu unless a field says otherwise.
+ */
+#ifndef KVR_ROUTE_INT_H
+#define KVR_ROUTE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "route/route.h"
+
+#define WBUCKETS 1024
+/* A worker keeps at most this many unconfirmed prefills and decoding requests of ours; past
+ * it the oldest goes (counted): a worker that never confirms cannot grow memory. */
+#define FLIGHT_MAX 4096
+
+/* One decision of ours on a worker: a prefill until the worker's events (or, for a worker
+ * without events, the predicted time) say it is done, then a decoding request. */
+struct flight {
+    uint64_t key;     /* content hash of the request's last full block; 0 = none */
+    uint64_t tokens;  /* uncached prompt tokens the worker computes */
+    uint64_t ahead;   /* the worker's queued prefill tokens when it was routed there */
+    int64_t t0_ns;    /* decision */
+    int64_t due_ns;   /* prefill: dropped (evented) or done (not evented) by then;
+                       * decoding: the time it was confirmed */
+    bool evented;
+    struct flight *next; /* oldest first */
+};
+
+struct flist {
+    struct flight *head, *tail;
+    uint32_t n;
+};
+
+struct wload {
+    char *pod;
+    uint32_t rank;
+    uint64_t requests, tokens; /* tracked (track + DELETE) */
+    struct flist pend;         /* our prefills not yet confirmed */
+    uint64_t pend_tokens;      /* sum of pend's tokens */
+    struct flist dec;          /* our confirmed requests, counted as decoding */
+    double rate;               /* learned prefill tokens/s (0: none yet) */
+    uint64_t confirmed;        /* prefills its events confirmed */
+    int64_t last_ns;           /* last decision, confirmation or track */
+    struct wload *next;
+};
+
+struct tracked {
+    uint64_t id;
+    struct wload *w;
+    uint64_t tokens;
+    int64_t t0_ms;
+    struct tracked *hnext;       /* id table */
+    struct tracked *prev, *next; /* start order, oldest first */
+};
+
+/* A [model] section's approximate-mode settings (models with none of them are not kept). */
+struct approx {
+    char *name;
+    bool all;       /* approximate = on */
+    char **pods;    /* approximate_pods */
+    size_t npods;
+};
+
+struct kvr_route {
+    pthread_mutex_t mu;
+    struct approx *ap; /* under mu; replaced whole on reload */
+    size_t nap;
+    int policy;
+    double overlap_weight, temperature, rel_threshold, cache_threshold;
+    uint64_t abs_threshold;
+    int64_t max_age_ms;
+    uint32_t max_tracked;
+    /* ttft and the in-flight accounting */
+    double prefill_rate;       /* tokens/s assumed before a worker's events taught one */
+    double uncached_weight;    /* ttft: the request's own uncached tokens count this much */
+    int64_t prefill_timeout_ns, decode_time_ns;
+    double busy_kv_usage;      /* 0 = off */
+    uint32_t busy_waiting;     /* 0 = off */
+    bool reject_all_busy;
+    kvr_route_load_fn load_fn; /* set before use; NULL = no engine metrics */
+    void *load_arg;
+    double fleet_rate;         /* learned over every worker (0: none yet) */
+    double mean_uncached;      /* running mean of decisions' uncached tokens */
+    int64_t gc_ns;             /* next sweep of idle workers */
+    _Atomic uint64_t npend;    /* prefills pending on every worker: the confirm hook's
+                                * lock-free "nothing to do" (written under mu) */
+    uint64_t confirmed, pend_expired, pend_estimated, flight_dropped, all_busy, rejected,
+        busy_skipped;
+    uint64_t rng;
+    struct wload *w[WBUCKETS];
+    struct tracked **t; /* id table, tmask + 1 buckets */
+    size_t tmask, ntracked;
+    struct tracked head; /* sentinel of the start-order list */
+    uint64_t decisions[KVR_ROUTE_NPOLICIES], tracked_total, ended, expired;
+};
+
+int64_t route_now_ns(void);
+uint64_t route_rand(struct kvr_route *r);
+struct wload *route_wfind(struct kvr_route *r, const char *pod, uint32_t rank, bool create);
+/* Frees w when nothing refers to it and it learned nothing worth keeping. */
+void route_wmaybe_free(struct kvr_route *r, struct wload *w);
+
+/* route_flight.c */
+void route_flight_free(struct wload *w);
+/* Ages w's flights: unconfirmed prefills past their time, decoding requests past
+ * decode_time. */
+void route_flight_age(struct kvr_route *r, struct wload *w, int64_t now);
+/* route_flight_age for every worker. */
+void route_flight_age_all(struct kvr_route *r, int64_t now);
+/* Fills every candidate's in-flight view (queued, running, ttft) at now. */
+void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t now);
+/* Records the decision for candidate c as in-flight work on its worker. */
+void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
+                         const struct kvr_route_cand *c, int64_t now);
+/* The ttft policy. 0, or -EBUSY when every candidate is busy and reject_all_busy. */
+int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
+                      struct kvr_route_decision *d);
+/* Frees workers idle for long with nothing in flight (every few seconds at most). */
+void route_flight_gc(struct kvr_route *r, int64_t now);
+
+#endif
