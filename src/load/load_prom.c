@@ -337,23 +337,33 @@ static bool parse_labels(const char *s, size_t n, size_t *pi, struct labels *lb)
 
 /* A line longer than KVR_LOAD_PROM_MAX_LINE, judged by its first bytes s[0..n): malformed
  * when it is a sample of a name that is read (or no sample at all), else skipped. */
-static void overlong(struct kvr_load_prom *p, const char *s, size_t n)
+/* The metric name a line starts with, [*ns, *ne): 1; 0 for blanks or a comment (nothing to
+ * read); -1, counted malformed, when something else starts it. */
+static int line_name(struct kvr_load_prom *p, const char *s, size_t n, size_t *ns, size_t *ne)
 {
-    size_t i = 0, ns;
+    size_t i = 0;
 
-    p->lines++;
     while (i < n && blank((unsigned char)s[i]))
         i++;
     if (i == n || s[i] == '#')
-        return; /* blanks, or a comment: nothing to read */
+        return 0;
     if (!name_start((unsigned char)s[i])) {
         p->malformed++;
-        return;
+        return -1;
     }
-    ns = i;
+    *ns = i;
     while (i < n && name_char((unsigned char)s[i]))
         i++;
-    if (i < n && lookup(s + ns, i - ns) >= 0)
+    *ne = i;
+    return 1;
+}
+
+static void overlong(struct kvr_load_prom *p, const char *s, size_t n)
+{
+    size_t ns, ne;
+
+    p->lines++;
+    if (line_name(p, s, n, &ns, &ne) == 1 && ne < n && lookup(s + ns, ne - ns) >= 0)
         p->malformed++;
 }
 
@@ -372,18 +382,9 @@ static void parse_line(struct kvr_load_prom *p, const char *s, size_t n)
     p->lines++;
     while (n > 0 && (blank((unsigned char)s[n - 1]) || s[n - 1] == '\r'))
         n--;
-    while (i < n && blank((unsigned char)s[i]))
-        i++;
-    if (i == n || s[i] == '#')
+    if (line_name(p, s, n, &ns, &ne) != 1)
         return;
-    if (!name_start((unsigned char)s[i])) {
-        p->malformed++;
-        return;
-    }
-    ns = i;
-    while (i < n && name_char((unsigned char)s[i]))
-        i++;
-    ne = i;
+    i = ne;
     idx = lookup(s + ns, ne - ns);
     if (idx < 0)
         return; /* not a name that is read: the rest of the line is not looked at */
