@@ -138,6 +138,7 @@ const struct directive kvr_conf_directives[] = {
     {"route", "prefill_rate", T_DOUBLE, "20000", 1, 1e9, F_RELOADABLE, OFF(route_prefill_rate)},
     {"route", "uncached_weight", T_DOUBLE, "1", 0, 100, F_RELOADABLE,
      OFF(route_uncached_weight)},
+    {"route", "sticky_band", T_DOUBLE, "0.5", 0, 10, F_RELOADABLE, OFF(route_sticky_band)},
     {"route", "prefill_timeout", T_DURATION, "30s", 100, MS_H, F_RELOADABLE,
      OFF(route_prefill_timeout_ms)},
     {"route", "decode_time", T_DURATION, "5s", 0, MS_H, F_RELOADABLE, OFF(route_decode_time_ms)},

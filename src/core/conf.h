@@ -155,6 +155,8 @@ struct kvr_conf {
                                         * default 65536 */
     double route_prefill_rate;        /* ttft: prefill tokens/s before one is learned; 20000 */
     double route_uncached_weight;     /* ttft: weight of this request's uncached tokens; 1 */
+    double route_sticky_band;         /* ttft: within (1 + this) x the best time, the most
+                                       * cached; default 0.5 (0 = off) */
     int64_t route_prefill_timeout_ms; /* an unconfirmed prefill stops counting; default 30s */
     int64_t route_decode_time_ms;     /* a confirmed request counts as decoding; default 5s */
     double route_busy_kv_usage;       /* ttft: skip workers at this KV usage; 0.95 (0 = off) */

@@ -67,6 +67,7 @@ static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
     r->max_tracked = c->route_max_tracked;
     r->prefill_rate = c->route_prefill_rate > 0 ? c->route_prefill_rate : 20000;
     r->uncached_weight = c->route_uncached_weight > 0 ? c->route_uncached_weight : 1;
+    r->sticky_band = c->route_sticky_band;
     r->prefill_timeout_ns = c->route_prefill_timeout_ms * 1000000;
     r->decode_time_ns = c->route_decode_time_ms * 1000000;
     r->busy_kv_usage = c->route_busy_kv_usage;

@@ -35,7 +35,10 @@
  * weighs more, for the work it saves the requests after this one) and picks the smallest;
  * ties go to the longest cached prefix, then the fewest running requests (the engine's
  * running at its last sample plus our requests confirmed since), then a seeded random
- * choice. Workers
+ * choice. Then, among the candidates within (1 + [route] sticky_band) x that best time, the
+ * one with the longest cached prefix is taken instead: a band of a few milliseconds at light
+ * load changes little, while under overload, where every time is seconds, it keeps requests
+ * where their prefix is and the fleet computes less (measured in docs/routing.md). Workers
  * over [route] busy_kv_usage (the engine's KV-cache usage) or busy_waiting (its waiting
  * requests) are skipped while any other is not (SGLang's and Dynamo's busy thresholds); when
  * all are, the best anyway, or -EBUSY with [route] when_all_busy = reject. Loads the gateway
@@ -357,6 +360,16 @@ int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
             ties = 1;
         } else if (k == 0 && route_rand(r) % ++ties == 0) {
             best = i; /* reservoir choice among equals */
+        }
+    }
+    /* Within the band of the best time, the longest cached prefix (then the best time). */
+    if (r->sticky_band > 0) {
+        double lim = c[best].cost * (1 + r->sticky_band);
+        for (size_t i = 0; i < q->ncands; i++) {
+            if ((c[i].busy && !all_busy) || c[i].cost > lim)
+                continue;
+            if (c[i].matched_blocks > c[best].matched_blocks)
+                best = i;
         }
     }
     d->chosen = best;

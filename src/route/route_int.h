@@ -77,6 +77,7 @@ struct kvr_route {
     /* ttft and the in-flight accounting */
     double prefill_rate;       /* tokens/s assumed before a worker's events taught one */
     double uncached_weight;    /* ttft: the request's own uncached tokens count this much */
+    double sticky_band;        /* ttft: within this share of the best time, the most cached */
     int64_t prefill_timeout_ns, decode_time_ns;
     double busy_kv_usage;      /* 0 = off */
     uint32_t busy_waiting;     /* 0 = off */

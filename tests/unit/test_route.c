@@ -545,6 +545,36 @@ static void test_engine_sample(void **state)
     kvr_route_destroy(r);
 }
 
+/* sticky_band: within (1 + band) x the best predicted time, the longest cached prefix. */
+static void test_ttft_sticky_band(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    c.route_prefill_rate = 1000;
+    c.route_sticky_band = 0.25;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    /* 160 prompt tokens, 10 blocks of 16: times (queued + uncached) / 1000 */
+    struct kvr_route_cand cand[3] = {
+        {.pod = pods[0], .matched_blocks = 0, .has_tokens = true, .active_tokens = 0},   /* 0.160 */
+        {.pod = pods[1], .matched_blocks = 4, .has_tokens = true, .active_tokens = 90},  /* 0.186 */
+        {.pod = pods[2], .matched_blocks = 10, .has_tokens = true, .active_tokens = 250}}; /* 0.250 */
+    struct kvr_route_query q = {.query_blocks = 10, .block_size = 16, .prompt_tokens = 160,
+                                .policy = -1, .cands = cand, .ncands = 3};
+    struct kvr_route_decision d;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 1); /* within 0.2 s (0.16 x 1.25); p2 is past it */
+    c.route_sticky_band = 0.6;
+    kvr_route_set_conf(r, &c);
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 2);
+    c.route_sticky_band = 0;
+    kvr_route_set_conf(r, &c);
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 0);
+    kvr_route_destroy(r);
+}
+
 int main(void)
 {
     const char *s = getenv("KVR_TEST_SEED");
@@ -555,7 +585,7 @@ int main(void)
         cmocka_unit_test(test_softmax),         cmocka_unit_test(test_tracking),
         cmocka_unit_test(test_policy_names),    cmocka_unit_test(test_ttft_random),
         cmocka_unit_test(test_ttft_all_busy),   cmocka_unit_test(test_inflight),
-        cmocka_unit_test(test_engine_sample),
+        cmocka_unit_test(test_engine_sample),   cmocka_unit_test(test_ttft_sticky_band),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
