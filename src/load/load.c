@@ -39,8 +39,9 @@
  *   max_targets workers (the rest refused, counted); max_response_bytes per answer (aborted
  *   past it, counted); metrics_timeout per transfer (counted).
  *
- * Files: load.c (the scraper, the targets, the reading calls), load_prom.c (the text format
- * reader), load_table.c (the worker table), sharing load_int.h.
+ * Files: load.c (the scraper, the targets, the reading calls), load_url.c (URL templates and
+ * the listing of workers), load_prom.c (the text format reader), load_table.c (the worker
+ * table), sharing load_int.h.
  */
 #include "load/load.h"
 #include "load/load_int.h"
@@ -65,7 +66,6 @@
 
 #define ALL_RANKS UINT32_MAX
 #define REFRESH_MS 1000
-#define LIST_MAX (1u << 20) /* workers a listing may name (memory bound) */
 
 enum result {
     RES_OK,
@@ -103,18 +103,6 @@ struct settings {
     char *url; /* NULL = off */
     int64_t interval_ms, timeout_ms, stale_ms, max_bytes;
     uint32_t max_targets;
-};
-
-struct lentry {
-    char *pod;
-    uint32_t rank;
-    char *url;
-};
-
-struct kvr_load_list {
-    struct lentry *v;
-    size_t n, cap;
-    int rc; /* first -ENOMEM */
 };
 
 struct sockctx {
@@ -191,62 +179,6 @@ static int settings_from(struct settings *s, const struct kvr_conf *c)
     return 0;
 }
 
-/* ---- URL templates -------------------------------------------------------------------- */
-
-bool kvr_load_pod_ok(const char *pod)
-{
-    size_t n = 0;
-    for (const char *p = pod; *p; p++, n++) {
-        char c = *p;
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '-' || c == '_' || c == ':' || c == '[' || c == ']'))
-            return false;
-    }
-    return n > 0 && n < KVR_NAME_MAX;
-}
-
-bool kvr_load_url_per_rank(const char *tmpl)
-{
-    return tmpl != NULL && strstr(tmpl, "{rank}") != NULL;
-}
-
-int kvr_load_url_expand(const char *tmpl, const char *pod, uint32_t rank, char *out, size_t cap)
-{
-    const char *colon = strrchr(pod, ':');
-    size_t hostlen = colon != NULL ? (size_t)(colon - pod) : strlen(pod);
-    size_t n = 0;
-
-    if (!kvr_load_pod_ok(pod) || cap == 0)
-        return -EINVAL;
-    for (const char *p = tmpl; *p;) {
-        const char *ins = NULL;
-        size_t inslen = 0, skip = 1;
-        char num[16];
-
-        if (*p == '{') {
-            if (strncmp(p, "{pod}", 5) == 0) {
-                ins = pod, inslen = strlen(pod), skip = 5;
-            } else if (strncmp(p, "{host}", 6) == 0) {
-                ins = pod, inslen = hostlen, skip = 6;
-            } else if (strncmp(p, "{rank}", 6) == 0) {
-                inslen = (size_t)snprintf(num, sizeof(num), "%" PRIu32, rank);
-                ins = num, skip = 6;
-            } else {
-                return -EINVAL;
-            }
-        } else {
-            ins = p, inslen = 1;
-        }
-        if (n + inslen >= cap)
-            return -ENAMETOOLONG;
-        memcpy(out + n, ins, inslen);
-        n += inslen;
-        p += skip;
-    }
-    out[n] = '\0';
-    return (int)n;
-}
-
 /* ---- targets (scraper thread) ---------------------------------------------------------- */
 
 static int cmp_str(const void *a, const void *b)
@@ -269,14 +201,6 @@ static bool worker_orphaned(const struct kvr_load_worker *w, void *arg)
     return t == NULL || t->dead || !target_has_pod(t, w->pod);
 }
 
-static void pods_free(char **pods, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(pods[i]);
-    free(pods);
-}
-
-/* Frees a target; its easy handle must be out of the multi handle. */
 static void target_free(struct target *t)
 {
     if (t == NULL)
@@ -284,7 +208,7 @@ static void target_free(struct target *t)
     if (t->easy != NULL)
         curl_easy_cleanup(t->easy);
     kvr_load_prom_deinit(&t->prom);
-    pods_free(t->pods, t->npods);
+    kvr_load_pods_free(t->pods, t->npods);
     free(t->url);
     free(t);
 }
@@ -594,69 +518,6 @@ static void check_done(struct kvr_load *l)
 
 /* ---- the listing and the refresh (scraper thread) --------------------------------------- */
 
-int kvr_load_list_add(struct kvr_load_list *l, const char *pod, uint32_t rank)
-{
-    size_t n = pod != NULL ? strlen(pod) : 0;
-
-    if (n == 0 || n >= KVR_NAME_MAX)
-        return -EINVAL;
-    if (l->n == LIST_MAX)
-        return -ENOSPC;
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 64;
-        struct lentry *g = realloc(l->v, nc * sizeof(*g));
-        if (g == NULL)
-            return l->rc = -ENOMEM;
-        l->v = g;
-        l->cap = nc;
-    }
-    l->v[l->n].pod = strdup(pod);
-    if (l->v[l->n].pod == NULL)
-        return l->rc = -ENOMEM;
-    l->v[l->n].rank = rank;
-    l->v[l->n].url = NULL;
-    l->n++;
-    return 0;
-}
-
-static void list_free(struct kvr_load_list *l)
-{
-    for (size_t i = 0; i < l->n; i++) {
-        free(l->v[i].pod);
-        free(l->v[i].url);
-    }
-    free(l->v);
-    memset(l, 0, sizeof(*l));
-}
-
-static int cmp_entry(const void *a, const void *b)
-{
-    const struct lentry *x = a, *y = b;
-    int c = strcmp(x->url, y->url);
-    return c != 0 ? c : strcmp(x->pod, y->pod);
-}
-
-/* The pods of entries v[0..n) (sorted, one URL) as a fresh unique array. NULL on ENOMEM. */
-static char **group_pods(const struct lentry *v, size_t n, size_t *np)
-{
-    char **pods = calloc(n, sizeof(char *));
-    size_t k = 0;
-
-    if (pods == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (k > 0 && strcmp(pods[k - 1], v[i].pod) == 0)
-            continue;
-        if ((pods[k] = strdup(v[i].pod)) == NULL) {
-            pods_free(pods, k);
-            return NULL;
-        }
-        k++;
-    }
-    *np = k;
-    return pods;
-}
-
 /* Rebuilds the targets from the workers known now (the fixed list, then the polled one):
  * URLs filled in, pods that cannot go into a URL refused, one target per URL (kept when it
  * was there before: its connection and easy handle stay), at most max_targets of them.
@@ -681,7 +542,7 @@ static void refresh(struct kvr_load *l)
     }
     /* fill in the URLs; drop the pods that cannot be put into one */
     for (i = j = 0; i < list.n; i++) {
-        struct lentry e = list.v[i];
+        struct kvr_load_lentry e = list.v[i];
         int n = kvr_load_url_expand(l->cur.url, e.pod, l->per_rank ? e.rank : 0, url,
                                     KVR_LOAD_URL_MAX);
         if (n < 0 || (e.url = strdup(url)) == NULL) {
@@ -694,7 +555,7 @@ static void refresh(struct kvr_load *l)
     }
     list.n = j;
     if (list.n > 1)
-        qsort(list.v, list.n, sizeof(list.v[0]), cmp_entry);
+        qsort(list.v, list.n, sizeof(list.v[0]), kvr_load_lentry_cmp);
     next = calloc(list.n + 1, sizeof(*next));
     gone = calloc(l->ntargets + 1, sizeof(*gone));
     if (next == NULL || gone == NULL)
@@ -717,11 +578,11 @@ static void refresh(struct kvr_load *l)
             i = e;
             continue;
         }
-        pods = group_pods(&list.v[i], e - i, &np);
+        pods = kvr_load_group_pods(&list.v[i], e - i, &np);
         if (c == 0) {
             t = l->targets[k++];
             if (pods != NULL) {
-                pods_free(t->pods, t->npods);
+                kvr_load_pods_free(t->pods, t->npods);
                 t->pods = pods;
                 t->npods = np;
             } /* else: out of memory, the target keeps its old pods */
@@ -736,7 +597,7 @@ static void refresh(struct kvr_load *l)
             if (t != NULL)
                 free(t);
             t = NULL;
-            pods_free(pods, np);
+            kvr_load_pods_free(pods, np);
         }
         if (t != NULL)
             next[nnext++] = t;
@@ -766,7 +627,7 @@ out:
     free(next);
     free(gone);
     free(url);
-    list_free(&list);
+    kvr_load_list_free(&list);
 }
 
 /* ---- the loop (scraper thread) ---------------------------------------------------------- */
@@ -1024,13 +885,13 @@ int kvr_load_set_pods(struct kvr_load *l, const char *const *pods, const uint32_
     l->nfixed = n;
     l->fixed_set = true;
     pthread_mutex_unlock(&l->ctl_lock);
-    pods_free(oldv, oldn);
+    kvr_load_pods_free(oldv, oldn);
     free(oldr);
     if (l->started)
         uv_async_send(&l->wake);
     return 0;
 oom:
-    pods_free(v, n);
+    kvr_load_pods_free(v, n);
     free(r);
     return -ENOMEM;
 }
@@ -1059,7 +920,7 @@ void kvr_load_destroy(struct kvr_load *l)
         target_free(l->targets[i]);
     free(l->targets);
     kvr_load_wt_free(&l->w);
-    pods_free(l->fixed, l->nfixed);
+    kvr_load_pods_free(l->fixed, l->nfixed);
     free(l->fixed_ranks);
     settings_free(&l->cur);
     settings_free(&l->pending);

@@ -98,7 +98,7 @@ size_t kvr_load_wt_sweep(struct kvr_load_wtable *t,
 void kvr_load_wt_free(struct kvr_load_wtable *t);
 void kvr_load_worker_free(struct kvr_load_worker *w);
 
-/* ---- URL templates (load.c) ------------------------------------------------------------ */
+/* ---- URL templates and the listing (load_url.c) ------------------------------------------------------------ */
 
 #define KVR_LOAD_URL_MAX 2048
 
@@ -111,5 +111,28 @@ bool kvr_load_url_per_rank(const char *tmpl);
  * kvr_load_pod_ok refuses, an unknown placeholder) or -ENAMETOOLONG. */
 int kvr_load_url_expand(const char *tmpl, const char *pod, uint32_t rank, char *out,
                         size_t cap);
+
+#define KVR_LOAD_LIST_MAX (1u << 20) /* workers a listing may name (memory bound) */
+
+struct kvr_load_lentry {
+    char *pod;
+    uint32_t rank;
+    char *url;
+};
+
+struct kvr_load_list {
+    struct kvr_load_lentry *v;
+    size_t n, cap;
+    int rc; /* first -ENOMEM */
+};
+
+/* Frees pods[0..n) and the array. */
+void kvr_load_pods_free(char **pods, size_t n);
+/* Frees a listing's entries (and zeroes it). */
+void kvr_load_list_free(struct kvr_load_list *l);
+/* qsort order of listing entries: URL, then pod. */
+int kvr_load_lentry_cmp(const void *a, const void *b);
+/* The pods of entries v[0..n) (sorted, one URL) as a fresh unique array. NULL on ENOMEM. */
+char **kvr_load_group_pods(const struct kvr_load_lentry *v, size_t n, size_t *np);
 
 #endif
