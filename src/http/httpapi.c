@@ -635,12 +635,10 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     put(b, ",\"last_event_age_ms\":");
     put_i64(b, s->last_event_age_ms);
     if (pc->route != NULL) {
-        uint64_t rq, tk;
-        kvr_route_load(pc->route, s->pod ? s->pod : "", s->dp_rank, &rq, &tk);
-        put_kv_u64(b, ",\"active_requests\":", rq);
-        put_kv_u64(b, ",\"active_tokens\":", tk);
-        struct kvr_route_flight f;
+        struct kvr_route_flight f; /* one look under the route mutex */
         kvr_route_flight_of(pc->route, s->pod ? s->pod : "", s->dp_rank, &f);
+        put_kv_u64(b, ",\"active_requests\":", f.requests);
+        put_kv_u64(b, ",\"active_tokens\":", f.tokens);
         put_kv_u64(b, ",\"inflight\":{\"prefills\":", f.pending);
         put_kv_u64(b, ",\"prefill_tokens\":", f.pending_tokens);
         put_kv_u64(b, ",\"decoding\":", f.decoding);

@@ -126,10 +126,9 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_reqbody_cand *in = &rs->in[i];
-        /* A default candidate with events, or any the model's approximate mode does not
-         * cover, confirms its prefills by its KV events (route_flight.c). */
-        bool evented = rq.ncands == 0 ? i < rs->nstream
-                                      : !kvr_route_assumes(t->api->route, q.model, in->pod);
+        /* a default candidate known from its events confirms its prefills by them; for
+         * the others route asks the model's approximate mode (route_flight.c) */
+        bool evented = rq.ncands == 0 && i < rs->nstream;
         rs->c[i] = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
                                            .has_requests = in->has_requests,
                                            .has_tokens = in->has_tokens,
@@ -160,7 +159,8 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                    .last_block = res.hashes != NULL && res.query_blocks > 0
                                                      ? res.hashes[res.query_blocks - 1]
                                                      : 0,
-                                   .commit = true, .policy = policy, .cands = rs->c,
+                                   .commit = true, .model = q.model, .policy = policy,
+                                   .cands = rs->c,
                                    .ncands = rs->n};
     if (kvr_route_decide(t->api->route, &rqy, &d) == -EBUSY) {
         resp->extra_headers = "Retry-After: 1\r\n";

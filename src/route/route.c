@@ -57,7 +57,7 @@ uint64_t route_rand(struct kvr_route *r) /* xorshift64* */
 static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
 {
     int p = kvr_route_policy_parse(c->route_policy);
-    r->policy = p >= 0 ? p : KVR_ROUTE_COST;
+    r->policy = p >= 0 ? p : KVR_ROUTE_TTFT;
     r->overlap_weight = c->route_overlap_weight;
     r->temperature = c->route_temperature;
     r->abs_threshold = c->route_balance_abs_threshold;
@@ -126,17 +126,19 @@ static const struct approx *approx_of(const struct kvr_route *r, const char *mod
     return NULL;
 }
 
+bool route_assumes_locked(const struct kvr_route *r, const char *model, const char *pod)
+{
+    const struct approx *a = approx_of(r, model);
+    bool yes = a != NULL && a->all;
+    for (size_t k = 0; a != NULL && !yes && k < a->npods; k++)
+        yes = strcmp(a->pods[k], pod) == 0;
+    return yes;
+}
+
 bool kvr_route_assumes(struct kvr_route *r, const char *model, const char *pod)
 {
-    bool yes = false;
-
     pthread_mutex_lock(&r->mu);
-    const struct approx *a = approx_of(r, model);
-    if (a != NULL) {
-        yes = a->all;
-        for (size_t k = 0; !yes && k < a->npods; k++)
-            yes = strcmp(a->pods[k], pod) == 0;
-    }
+    bool yes = route_assumes_locked(r, model, pod);
     pthread_mutex_unlock(&r->mu);
     return yes;
 }

@@ -73,8 +73,8 @@ struct kvr_route_cand {
     uint32_t matched_blocks;
     double score;                  /* as /v1/score computes it */
     bool has_requests, has_tokens; /* the gateway sent the load */
-    bool evented;                  /* the worker publishes KV events (its prefills are
-                                    * confirmed by them; else by the predicted time) */
+    bool evented;                  /* known to publish KV events (its prefills are confirmed
+                                    * by them); false: unknown, see kvr_route_query.model */
     uint64_t active_requests;      /* in: the gateway's; out: the one used */
     uint64_t active_tokens;
     double cost; /* out: the policy's figure (cost; match rate for cache_aware; score;
@@ -96,6 +96,9 @@ struct kvr_route_query {
     uint64_t last_block; /* content hash (kvr_hash_blocks, extra keys folded) of the
                           * query's last full block; 0 = none (query_blocks 0) */
     bool commit;         /* record the decision as in-flight work on the chosen worker */
+    const char *model;   /* NULL, or the model: a chosen candidate not known to publish
+                          * events (evented false) is taken to publish them unless the
+                          * model's approximate mode covers it (kvr_route_assumes) */
     int policy;          /* -1: [route] policy */
     struct kvr_route_cand *cands;
     size_t ncands;
@@ -141,6 +144,7 @@ void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
 
 /* The in-flight view of one worker, for /v1/pods. */
 struct kvr_route_flight {
+    uint64_t requests, tokens; /* tracked (track + DELETE), as kvr_route_load */
     uint32_t pending;         /* our prefills not yet confirmed */
     uint64_t pending_tokens;  /* their uncached tokens */
     uint32_t decoding;        /* our confirmed requests still counted as decoding */

@@ -262,7 +262,9 @@ void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
     f->tokens = c->uncached_tokens;
     f->ahead = c->queued_tokens;
     f->t0_ns = now;
-    f->evented = c->evented && q->last_block != 0 && c->matched_blocks < q->query_blocks;
+    bool evented = c->evented ||
+                   (q->model != NULL && !route_assumes_locked(r, q->model, c->pod));
+    f->evented = evented && q->last_block != 0 && c->matched_blocks < q->query_blocks;
     f->key = f->evented ? q->last_block : 0;
     if (f->tokens == 0) { /* all cached: decoding at once */
         to_decoding(r, w, f, now);
@@ -402,7 +404,8 @@ void kvr_route_set_load_source(struct kvr_route *r, kvr_route_load_fn fn, void *
 
 static void flight_of(const struct wload *w, struct kvr_route_flight *f)
 {
-    *f = (struct kvr_route_flight){.pending = w->pend.n, .pending_tokens = w->pend_tokens,
+    *f = (struct kvr_route_flight){.requests = w->requests, .tokens = w->tokens,
+                                   .pending = w->pend.n, .pending_tokens = w->pend_tokens,
                                    .decoding = w->dec.n, .confirmed = w->confirmed,
                                    .prefill_rate = w->rate};
 }

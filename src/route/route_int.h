@@ -102,6 +102,8 @@ struct kvr_route {
 int64_t route_now_ns(void);
 uint64_t route_rand(struct kvr_route *r);
 struct wload *route_wfind(struct kvr_route *r, const char *pod, uint32_t rank, bool create);
+/* kvr_route_assumes with mu held. */
+bool route_assumes_locked(const struct kvr_route *r, const char *model, const char *pod);
 /* Frees w when nothing refers to it and it learned nothing worth keeping. */
 void route_wmaybe_free(struct kvr_route *r, struct wload *w);
 

@@ -575,6 +575,45 @@ static void test_ttft_sticky_band(void **state)
     kvr_route_destroy(r);
 }
 
+/* A candidate the caller does not know to publish events: taken as evented (confirmed by its
+ * events, else prefill_timeout) unless the query's model is in approximate mode for it, in
+ * which case its prefill ends at the predicted time. */
+static void test_inflight_approx_model(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    struct kvr_conf_model m = {.name = "approx/m", .approximate = true};
+    c.models = &m;
+    c.nmodels = 1;
+    c.route_prefill_rate = 10000;
+    c.route_prefill_timeout_ms = 60000;
+    c.route_decode_time_ms = 60000;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    const char *models[2] = {"approx/m", "events/m"};
+    for (int k = 0; k < 2; k++) {
+        struct kvr_route_cand cand = {.pod = pods[k]};
+        struct kvr_route_query q = {.query_blocks = 62, .block_size = 16, .prompt_tokens = 1000,
+                                    .last_block = 77, .commit = true, .model = models[k],
+                                    .policy = -1, .cands = &cand, .ncands = 1};
+        struct kvr_route_decision d;
+        assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    }
+    usleep(150000); /* past the predicted 0.1 s */
+    struct kvr_route_flight f;
+    kvr_route_flight_of(r, pods[0], 0, &f);
+    assert_int_equal(f.pending, 0); /* approximate: done when predicted */
+    assert_int_equal(f.decoding, 1);
+    kvr_route_flight_of(r, pods[1], 0, &f);
+    assert_int_equal(f.pending, 1); /* waits for its events */
+    uint64_t stored = 77;
+    kvr_route_confirm(r, pods[1], 0, &stored, 1);
+    kvr_route_flight_of(r, pods[1], 0, &f);
+    assert_int_equal(f.pending, 0);
+    assert_int_equal(f.confirmed, 1);
+    kvr_route_destroy(r);
+}
+
 int main(void)
 {
     const char *s = getenv("KVR_TEST_SEED");
@@ -586,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_policy_names),    cmocka_unit_test(test_ttft_random),
         cmocka_unit_test(test_ttft_all_busy),   cmocka_unit_test(test_inflight),
         cmocka_unit_test(test_engine_sample),   cmocka_unit_test(test_ttft_sticky_band),
+        cmocka_unit_test(test_inflight_approx_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
