@@ -359,6 +359,24 @@ def settle(fleet, daemon, timeout=20.0):
                        % (timeout, want, rows))
 
 
+def route_counters(daemon):
+    """kvrouterd's unlabelled kvrouter_route_* series at the end of a cell (confirmed,
+    expired, estimated prefills...): what its in-flight accounting saw."""
+    try:
+        st, _, body = daemon.request("GET", "/metrics", admin=True)
+    except OSError:
+        return {}
+    out = {}
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("kvrouter_route_") and "{" not in line:
+            name, _, val = line.partition(" ")
+            try:
+                out[name] = float(val)
+            except ValueError:
+                pass
+    return out
+
+
 def validate(fleet, daemon, reqs, sample, seed):
     """Every engine's cached prefix of sampled prompts == kvrouterd's matched_blocks."""
     rows = settle(fleet, daemon)
@@ -437,6 +455,16 @@ def summarize(loop, reqs, args, fleet):
         "stored_blocks": sum(e.stored_blocks for e in engines),
         "removed_blocks": sum(e.removed_blocks for e in engines),
         "aborted": loop.aborted,
+        # The tail, to tell a router's doing from a prompt's own cost: the 10 slowest
+        # first tokens with their prompt, what their engine had cached and the minimum
+        # prefill time of the uncached rest at the calibrated rate.
+        "slowest": [{"arrival": round(r.arrival, 3), "ttft": round(r.first_t - r.arrival, 3),
+                     "prompt": r.plen, "hit": r.hit_tokens, "engine": r.engine,
+                     "alone_s": round((r.plen - (r.hit_tokens or 0))
+                                      * (args.step_fixed + args.budget * args.per_prefill_token)
+                                      / args.budget, 3),
+                     "kvr": r.kvr}
+                    for r in sorted(fin, key=lambda r: r.first_t - r.arrival)[-10:]],
     }
     return res
 
@@ -503,6 +531,7 @@ def run_cell(args, workload, rate, router_name, reqs=None):
         res["cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
         res["loadavg"] = [load0, os.getloadavg()[0]]
         res["workload_info"] = info
+        res["kvr_route"] = route_counters(daemon)
         if args.validate_sample > 0:
             res["validation"] = validate(fleet, daemon, reqs, args.validate_sample, args.seed)
         return res

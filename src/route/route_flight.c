@@ -17,14 +17,16 @@
  *             the predicted time.
  *   decoding  counted as running until an engine metrics sample newer than its
  *             confirmation counts it itself, or [route] decode_time passes.
- * A confirmation also teaches the worker's prefill throughput: (tokens queued ahead of the
- * request when it was routed + its own) / (confirmation time - decision time), a moving
- * average per worker and over the fleet. It is what the worker really did for us, slowed by
- * whatever else it was doing (decodes, others' requests): the rate a prediction needs.
+ * A confirmation also teaches the worker's prefill throughput: the request's tokens over the
+ * time it was served (from the worker's previous confirmation, or from its decision if
+ * later), a decayed ratio of sums per worker and over the fleet. It is what the worker
+ * really did for us, slowed by whatever else it was doing (decodes, others' requests): the
+ * rate a prediction needs.
  *
  * The ttft policy predicts each candidate's time to first token
  *     ttft = (queued + uncached_weight x uncached) / rate
- *   queued   = our unconfirmed prefills' uncached tokens on it
+ *   queued   = our unconfirmed prefills' uncached tokens on it, less what the worker has
+ *                computed of the oldest since it was served (rate x time, at most all)
  *              + (the engine's waiting requests not ours: waiting at its last sample minus
  *                 our prefills decided before that sample, at least 0) x the mean uncached
  *                 tokens of our decisions
@@ -175,7 +177,7 @@ void route_flight_gc(struct kvr_route *r, int64_t now)
             route_flight_age(r, w, now);
             if (w->requests == 0 && w->pend.n == 0 && w->dec.n == 0 &&
                 now - w->last_ns > IDLE_NS) {
-                w->rate = 0; /* forgotten with it */
+                w->rate = w->work = w->secs = 0; /* forgotten with it */
                 route_wmaybe_free(r, w);
             }
         }
@@ -201,6 +203,19 @@ static uint64_t uncached(const struct kvr_route_query *q, const struct kvr_route
     return q->prompt_tokens > cached ? q->prompt_tokens - cached : 0;
 }
 
+/* What the worker has computed of its oldest pending prefill of ours: it has been served
+ * since the previous confirmation (or its decision) at the worker's rate, at most all of it
+ * (then the events are late, and the rest of the queue is counted whole). */
+static double head_done(const struct kvr_route *r, const struct wload *w, int64_t now)
+{
+    const struct flight *h = w->pend.head;
+    if (h == NULL)
+        return 0;
+    int64_t from = h->t0_ns > w->served_ns ? h->t0_ns : w->served_ns;
+    double done = now > from ? (double)(now - from) / 1e9 * worker_rate(r, w) : 0;
+    return done < (double)h->tokens ? done : (double)h->tokens;
+}
+
 void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t now)
 {
     for (size_t i = 0; i < q->ncands; i++) {
@@ -215,7 +230,7 @@ void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t n
         if (r->load_fn != NULL && r->load_fn(r->load_arg, c->pod, c->dp_rank, &el) == 0 &&
             !el.stale)
             have = true;
-        queued = w != NULL ? (double)w->pend_tokens : 0;
+        queued = w != NULL ? (double)w->pend_tokens - head_done(r, w, now) : 0;
         running = w != NULL ? (double)w->dec.n : 0;
         if (have) {
             /* our prefills decided before the sample are among its waiting or running */
@@ -287,14 +302,28 @@ void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
     atomic_fetch_add_explicit(&r->npend, 1, memory_order_relaxed);
 }
 
+/* A confirmed prefill's service time: from the worker's previous confirmation (it was queued
+ * behind that one: an engine admits in arrival order and computes prefills in that order) or
+ * from its decision if the worker had nothing of ours pending then. Its tokens over that
+ * time, summed with decay (a ratio of sums: prefills that finish in one step together add
+ * their tokens to the interval the first one measured, not an infinite rate). Counting the
+ * tokens queued ahead at the decision instead overstated the rate up to 3x: the head of the
+ * queue was often mostly computed by then. */
 static void learn(struct kvr_route *r, struct wload *w, const struct flight *f, int64_t now)
 {
-    double work = (double)(f->ahead + f->tokens), secs = (double)(now - f->t0_ns) / 1e9;
-    if (work < LEARN_MIN_TOKENS || secs <= 0)
-        return;
-    double x = work / secs;
-    w->rate = w->rate > 0 ? w->rate + LEARN_WORKER * (x - w->rate) : x;
-    r->fleet_rate = r->fleet_rate > 0 ? r->fleet_rate + LEARN_FLEET * (x - r->fleet_rate) : x;
+    int64_t from = f->t0_ns > w->served_ns ? f->t0_ns : w->served_ns;
+    double work = (double)f->tokens, secs = now > from ? (double)(now - from) / 1e9 : 0;
+    w->served_ns = now;
+    if (work < LEARN_MIN_TOKENS)
+        return; /* a short prefill's time is mostly latency */
+    w->work = w->work * (1 - LEARN_WORKER) + work;
+    w->secs = w->secs * (1 - LEARN_WORKER) + secs;
+    r->fleet_work = r->fleet_work * (1 - LEARN_FLEET) + work;
+    r->fleet_secs = r->fleet_secs * (1 - LEARN_FLEET) + secs;
+    if (w->secs > 0)
+        w->rate = w->work / w->secs;
+    if (r->fleet_secs > 0)
+        r->fleet_rate = r->fleet_work / r->fleet_secs;
 }
 
 void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,

@@ -42,7 +42,11 @@ struct wload {
     struct flist pend;         /* our prefills not yet confirmed */
     uint64_t pend_tokens;      /* sum of pend's tokens */
     struct flist dec;          /* our confirmed requests, counted as decoding */
-    double rate;               /* learned prefill tokens/s (0: none yet) */
+    double rate;               /* learned prefill tokens/s (0: none yet): work / secs */
+    double work, secs;         /* decayed sums of confirmed prefill tokens and their service
+                                * times, whose ratio is the rate */
+    int64_t served_ns;         /* last confirmation: the next pending prefill is served
+                                * from then (or from its decision, if later) */
     uint64_t confirmed;        /* prefills its events confirmed */
     int64_t last_ns;           /* last decision, confirmation or track */
     struct wload *next;
@@ -85,6 +89,7 @@ struct kvr_route {
     kvr_route_load_fn load_fn; /* set before use; NULL = no engine metrics */
     void *load_arg;
     double fleet_rate;         /* learned over every worker (0: none yet) */
+    double fleet_work, fleet_secs; /* its decayed sums */
     double mean_uncached;      /* running mean of decisions' uncached tokens */
     int64_t gc_ns;             /* next sweep of idle workers */
     _Atomic uint64_t npend;    /* prefills pending on every worker: the confirm hook's
