@@ -145,6 +145,13 @@ const struct directive kvr_conf_directives[] = {
     {"route", "busy_kv_usage", T_DOUBLE, "0.95", 0, 1, F_RELOADABLE, OFF(route_busy_kv_usage)},
     {"route", "busy_waiting", T_U32, "0", 0, 1000000, F_RELOADABLE, OFF(route_busy_waiting)},
     {"route", "when_all_busy", T_STRING, "best", 1, 16, F_RELOADABLE, OFF(route_when_all_busy)},
+    {"route", "session_header", T_STRING, "X-Session-ID", 0, 64, F_EMPTY_OK,
+     OFF(route_session_header)},
+    {"route", "session_ttl", T_DURATION, "300s", 0, 7 * 24 * MS_H, F_RELOADABLE,
+     OFF(route_session_ttl_ms)},
+    {"route", "session_max", T_U32, "100000", 1, 100000000, F_RELOADABLE, OFF(route_session_max)},
+    {"route", "session_max_wait", T_DURATION, "1s", 0, MS_H, F_RELOADABLE,
+     OFF(route_session_max_wait_ms)},
 
     {"load", "metrics_url", T_STRING, NULL, 0, 1023, F_EMPTY_OK | F_RELOADABLE,
      OFF(load_metrics_url)},
@@ -990,6 +997,15 @@ static void cross_check(struct pstate *st)
              "[route] when_all_busy = %.100s: expected best or reject", c->route_when_all_busy);
         return;
     }
+    for (const char *h = c->route_session_header; h != NULL && *h; h++) {
+        /* an HTTP field name: RFC 9110's token characters */
+        if (!isalnum((unsigned char)*h) && strchr("!#$%&'*+-.^_`|~", *h) == NULL) {
+            fail(st, seen_line(st, "route", "session_header"), -EINVAL,
+                 "[route] session_header = %.100s: not an HTTP header name (letters, digits "
+                 "and !#$%%&'*+-.^_`|~ only)", c->route_session_header);
+            return;
+        }
+    }
     if (c->load_metrics_url != NULL && c->load_metrics_url[0] != '\0') {
         const char *why = metrics_url_problem(c->load_metrics_url);
         if (why != NULL) {
@@ -1151,6 +1167,7 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->admin_token);
     free(c->route_policy);
     free(c->route_when_all_busy);
+    free(c->route_session_header);
     free(c->load_metrics_url);
     kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));

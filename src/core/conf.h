@@ -162,6 +162,13 @@ struct kvr_conf {
     double route_busy_kv_usage;       /* ttft: skip workers at this KV usage; 0.95 (0 = off) */
     uint32_t route_busy_waiting;      /* ttft: ... with this many waiting; 0 = off */
     char *route_when_all_busy;        /* best | reject (429); default best */
+    char *route_session_header;       /* session affinity: the request header carrying the
+                                       * session key; default X-Session-ID; "" = none (the
+                                       * body's "session_id" only); not reloadable */
+    int64_t route_session_ttl_ms;     /* a bond idle this long is gone; default 300s; 0 = off */
+    uint32_t route_session_max;       /* bonds kept (least recently used out); default 100000 */
+    int64_t route_session_max_wait_ms; /* ttft breaks a bond whose worker's predicted time to
+                                        * first token exceeds the best by more; default 1s */
 
     /* [load] — the engines' own Prometheus endpoints, scraped by load.h; all reloadable */
     char *load_metrics_url;        /* URL template: {pod}, {host} (the pod up to its last

@@ -706,6 +706,9 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     h->lim.max_header_bytes =
         conf->max_header_bytes > 0 ? (uint64_t)conf->max_header_bytes : 16u << 10;
     h->lim.max_headers = conf->max_headers ? conf->max_headers : 64;
+    if (conf->route_session_header != NULL)
+        snprintf(h->lim.session_header, sizeof(h->lim.session_header), "%s",
+                 conf->route_session_header);
     h->lim.request_timeout_ms = conf->request_timeout_ms > 0 ? conf->request_timeout_ms : 10000;
     h->lim.idle_timeout_ms = conf->idle_timeout_ms > 0 ? conf->idle_timeout_ms : 60000;
     h->lim.max_output =

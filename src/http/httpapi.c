@@ -694,9 +694,11 @@ static void ep_pod_delete(struct kvr_httpapi_thread *t, const char *raw, size_t 
         fail(resp, 500, "purge failed: %s", strerror(-rc));
         return;
     }
+    size_t bonds = t->api->route != NULL ? kvr_route_forget_pod(t->api->route, t->decoded) : 0;
     put(resp->body, "{\"pod\":");
     put_json_str(resp->body, t->decoded);
     put_kv_u64(resp->body, ",\"removed_blocks\":", removed);
+    put_kv_u64(resp->body, ",\"session_bonds\":", bonds);
     put(resp->body, "}\n");
 }
 

@@ -96,6 +96,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         fail(resp, 400, "unknown policy \"%.100s\" (cost, cache_aware or score)", rq.policy);
         return;
     }
+    if (req->session_truncated && rq.session == NULL) {
+        fail(resp, 400, "the session header is longer than %d bytes", KVR_HTTPREQ_SESSION_MAX);
+        return;
+    }
     if (kvr_httpapi_score_ready(t, &q, resp) != 0)
         return;
     rs->n = rq.ncands;
@@ -160,6 +164,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                                      ? res.hashes[res.query_blocks - 1]
                                                      : 0,
                                    .commit = true, .model = q.model, .policy = policy,
+                                   /* the body's session_id, else the header's */
+                                   .session = rq.session ? rq.session : req->session,
+                                   .session_len = rq.session ? rq.session_len
+                                                             : req->session_len,
                                    .cands = rs->c,
                                    .ncands = rs->n};
     if (kvr_route_decide(t->api->route, &rqy, &d) == -EBUSY) {
@@ -211,6 +219,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     if (assumed)
         put(b, ",\"assumed\":true");
+    if (d.session != KVR_ROUTE_SESSION_NONE) {
+        put(b, ",\"session\":");
+        put_json_str(b, kvr_route_session_name(d.session));
+    }
     put(b, ",\"candidates\":[");
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_route_cand *c = &rs->c[i];

@@ -35,7 +35,7 @@
  * backstop for bytes no callback sees (whitespace, blank lines), far above any feed. */
 #define PARSER_MAX_HEADER_SIZE (64u << 20)
 
-enum { HDR_NONE = 0, HDR_CTYPE, HDR_AUTH, HDR_EXPECT };
+enum { HDR_NONE = 0, HDR_CTYPE, HDR_AUTH, HDR_EXPECT, HDR_SESSION };
 
 static const char *const ep_names[KVR_EP_COUNT] = {
     "other", "score", "pods", "pod_delete", "endpoints", "healthz", "readyz", "metrics",
@@ -350,6 +350,9 @@ static int on_message_begin(http_parser *p)
     c->auth_present = false;
     c->auth_long = false;
     c->expect_continue = false;
+    c->session_len = 0;
+    c->session_present = false;
+    c->session_long = false;
     c->body_ptr = NULL;
     c->body_len = 0;
     c->body_copied = false;
@@ -421,6 +424,11 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
         } else if (field_is(c, "expect")) {
             c->cur_header = HDR_EXPECT;
             c->expect_continue = false;
+        } else if (c->lim->session_header[0] != '\0' && field_is(c, c->lim->session_header)) {
+            c->cur_header = HDR_SESSION; /* a repeated header: the last one */
+            c->session_len = 0;
+            c->session_long = false;
+            c->session_present = true;
         } else {
             c->cur_header = HDR_NONE;
         }
@@ -442,6 +450,14 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
             c->auth_len += len;
         } else {
             c->auth_long = true;
+        }
+        break;
+    case HDR_SESSION:
+        if (c->session_len + len <= KVR_HTTPREQ_SESSION_MAX) {
+            memcpy(c->session + c->session_len, at, len);
+            c->session_len += len;
+        } else {
+            c->session_long = true;
         }
         break;
     case HDR_EXPECT:
@@ -524,6 +540,12 @@ static int on_message_complete(http_parser *p)
     req.auth = c->auth_present ? c->auth : NULL;
     req.auth_len = c->auth_len;
     req.auth_truncated = c->auth_long;
+    c->session[c->session_len] = '\0';
+    req.session_truncated = c->session_present && c->session_long;
+    if (c->session_present && !c->session_long && c->session_len > 0) {
+        req.session = c->session;
+        req.session_len = c->session_len;
+    }
     req.has_length = (p->flags & (F_CONTENTLENGTH | F_CHUNKED)) != 0;
     if (c->body_copied) {
         req.body = c->body.data;

@@ -50,6 +50,7 @@
 #define KVR_HTTPREQ_URL_MAX 4096
 #define KVR_HTTPREQ_CTYPE_MAX 128
 #define KVR_HTTPREQ_AUTH_MAX 1024
+#define KVR_HTTPREQ_SESSION_MAX 256 /* the session header's value ([route] session_header) */
 
 /* Endpoints, for request counters. */
 enum kvr_http_ep {
@@ -105,6 +106,7 @@ struct kvr_httpreq_limits {
     int64_t idle_timeout_ms;
     uint64_t max_output;     /* unsent response bytes before parsing pauses; 0 = no limit */
     bool access_log;         /* one log line per request */
+    char session_header[65]; /* the header captured as kvr_httpreq.session; "" = none */
 };
 
 /* A complete request, as the handler sees it. Strings are NUL-terminated and valid during the
@@ -117,6 +119,9 @@ struct kvr_httpreq {
     const char *auth;         /* Authorization value, NULL when absent */
     size_t auth_len;
     bool auth_truncated;      /* longer than KVR_HTTPREQ_AUTH_MAX: never a valid token */
+    const char *session;      /* the session header's value, NULL when absent */
+    size_t session_len;
+    bool session_truncated;   /* longer than KVR_HTTPREQ_SESSION_MAX (session is NULL) */
     bool has_length;          /* Content-Length or chunked framing was present */
     char *body;               /* mutable (in-place decoding); NULL when empty */
     size_t body_len;
@@ -176,6 +181,10 @@ struct kvr_httpconn {
     bool auth_present;
     bool auth_long;
     bool expect_continue;
+    char session[KVR_HTTPREQ_SESSION_MAX + 1];
+    size_t session_len;
+    bool session_present;
+    bool session_long;
 
     /* body: zero-copy span of the current feed buffer, or copied into `body` */
     const char *body_ptr;

@@ -429,7 +429,7 @@ struct route_ctx {
     struct kvr_reqbody_route *rq; /* NULL: route keys are not this endpoint's */
     struct kvr_reqbody_cand *cands;
     size_t cap;
-    bool seen_cands, seen_policy, seen_track;
+    bool seen_cands, seen_policy, seen_track, seen_session;
     kvr_tmpl_ctx *tctx;           /* NULL: chat keys are not this endpoint's */
     struct kvr_reqbody_chat *chat;
 };
@@ -533,6 +533,21 @@ static int route_hook(void *arg, const char *key, size_t klen, struct kvr_jtok *
         rc->rq->policy = str;
         return 1;
     }
+    if (key_is(key, klen, "session_id")) {
+        if (rc->seen_session)
+            return kvr_err_set(err, -EINVAL, "duplicate key \"session_id\"");
+        rc->seen_session = true;
+        if (kvr_jtok_null(j))
+            return 1;
+        if (kvr_jtok_peek(j) != '"' || kvr_jtok_string(j, &str, &slen) != 0 || slen == 0 ||
+            slen > 256)
+            return kvr_err_set(err, -EINVAL, "\"session_id\" must be a string of 1..256 bytes");
+        if (has_nul(str, slen))
+            return kvr_err_set(err, -EINVAL, "\"session_id\"" NUL_REFUSED);
+        rc->rq->session = str;
+        rc->rq->session_len = slen;
+        return 1;
+    }
     if (key_is(key, klen, "track")) {
         int c = kvr_jtok_peek(j);
         if (rc->seen_track)
@@ -550,7 +565,7 @@ int kvr_reqbody_query_ext(char *body, size_t len, const struct kvr_reqbody_scrat
                           struct kvr_reqbody_chat *chat, struct kvr_reqbody_cand *cands,
                           size_t cap, struct kvr_reqbody_route *rq, struct kvr_err *err)
 {
-    struct route_ctx rc = {rq, cands, cap, false, false, false, ctx, chat};
+    struct route_ctx rc = {rq, cands, cap, false, false, false, false, ctx, chat};
     struct seen so;
     int r;
 

@@ -75,7 +75,8 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
 
 /* POST /v1/route: the query plus "candidates"?: [{"pod": str, "dp_rank"?: u32,
  * "active_requests"?: u64, "active_tokens"?: u64}]|null (at most cap, stored in cands),
- * "policy"?: str|null (checked by the caller), "track"?: bool. JSON only. */
+ * "policy"?: str|null (checked by the caller), "track"?: bool, "session_id"?: str|null
+ * (1..256 bytes, no NUL). JSON only. */
 struct kvr_reqbody_cand {
     const char *pod;
     uint32_t dp_rank;
@@ -84,6 +85,8 @@ struct kvr_reqbody_cand {
 };
 struct kvr_reqbody_route {
     const char *policy; /* NULL when absent or null */
+    const char *session; /* "session_id"?: str|null, 1..256 bytes; NULL when absent or null */
+    size_t session_len;
     bool track;
     struct kvr_reqbody_cand *cands;
     size_t ncands;      /* 0: not given */

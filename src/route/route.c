@@ -74,6 +74,10 @@ static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
     r->busy_waiting = c->route_busy_waiting;
     r->reject_all_busy = c->route_when_all_busy != NULL &&
                          strcmp(c->route_when_all_busy, "reject") == 0;
+    r->session_ttl_ms = c->route_session_ttl_ms;
+    r->session_max_wait = (double)c->route_session_max_wait_ms / 1000;
+    if (r->sess != NULL)
+        kvr_session_set_max(r->sess, c->route_session_max);
 }
 
 static void approx_free(struct approx *ap, size_t n)
@@ -160,9 +164,12 @@ int kvr_route_create(const struct kvr_conf *c, struct kvr_route **out)
 {
     struct kvr_route *r = calloc(1, sizeof(*r));
     if (r == NULL || (r->t = calloc(4096, sizeof(*r->t))) == NULL ||
+        kvr_session_create(c->route_session_max, &r->sess) != 0 ||
         approx_copy(c, &r->ap, &r->nap) != 0) {
-        if (r != NULL)
+        if (r != NULL) {
             free(r->t);
+            kvr_session_destroy(r->sess);
+        }
         free(r);
         return -ENOMEM;
     }
@@ -193,6 +200,7 @@ void kvr_route_destroy(struct kvr_route *r)
         }
     }
     pthread_mutex_destroy(&r->mu);
+    kvr_session_destroy(r->sess);
     approx_free(r->ap, r->nap);
     free(r->t);
     free(r);
@@ -427,6 +435,7 @@ int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
     route_flight_gc(r, now);
     d->policy = q->policy >= 0 && q->policy < KVR_ROUTE_NPOLICIES ? q->policy : r->policy;
     d->chosen = 0;
+    d->session = KVR_ROUTE_SESSION_NONE;
     for (size_t i = 0; i < q->ncands; i++) {
         struct kvr_route_cand *c = &q->cands[i];
         const struct wload *w = (!c->has_requests || !c->has_tokens)
@@ -446,6 +455,8 @@ int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
         decide_score(r, q, d);
     else
         rc = route_decide_ttft(r, q, d);
+    if (rc == 0)
+        route_session_apply(r, q, d, now / 1000000);
     r->decisions[d->policy]++;
     if (rc == 0 && q->commit)
         route_flight_commit(r, q, &q->cands[d->chosen], now);
@@ -582,6 +593,14 @@ static void rate_line(void *arg, const char *pod, uint32_t rank, const struct kv
                    rank, f->prefill_rate);
 }
 
+size_t kvr_route_forget_pod(struct kvr_route *r, const char *pod)
+{
+    pthread_mutex_lock(&r->mu);
+    size_t n = kvr_session_drop_pod(r->sess, pod);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
 {
     uint64_t dec[KVR_ROUTE_NPOLICIES], tt, en, ex, nt, cf, pe, ps, fd, ab, rj, bs, np;
@@ -626,6 +645,10 @@ void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
     kvr_metrics_counter(out, "route_rejected_total",
                         "Decisions refused because every candidate was busy (when_all_busy = "
                         "reject)", NULL, rj);
+    pthread_mutex_lock(&r->mu);
+    kvr_session_expire(r->sess, now_ms() - r->session_ttl_ms);
+    route_session_metrics(r, out);
+    pthread_mutex_unlock(&r->mu);
     kvr_buf_printf(out, "# HELP kvrouter_route_inflight_prefill_tokens Uncached tokens of "
                         "routed prefills not yet confirmed, per worker\n"
                         "# TYPE kvrouter_route_inflight_prefill_tokens gauge\n");

@@ -100,18 +100,38 @@ struct kvr_route_query {
                           * events (evented false) is taken to publish them unless the
                           * model's approximate mode covers it (kvr_route_assumes) */
     int policy;          /* -1: [route] policy */
+    const char *session; /* the session key (any bytes), NULL/0 = none */
+    size_t session_len;
     struct kvr_route_cand *cands;
     size_t ncands;
 };
 
+/* What a decision did with the query's session key. */
+enum kvr_route_session_out {
+    KVR_ROUTE_SESSION_NONE = 0,  /* no key, or sessions off */
+    KVR_ROUTE_SESSION_NEW,       /* no bond (or an idle one): the policy's choice, bound */
+    KVR_ROUTE_SESSION_KEPT,      /* the bond's worker, chosen (by the policy or the bond) */
+    KVR_ROUTE_SESSION_BUSY,      /* broken: its worker is busy while another is not */
+    KVR_ROUTE_SESSION_SLOW,      /* broken: its predicted time exceeds the best's by more
+                                  * than [route] session_max_wait (ttft) */
+    KVR_ROUTE_SESSION_GONE,      /* broken: its worker is not a candidate any more */
+    KVR_ROUTE_SESSION_NOUT
+};
+/* "none", "new", "kept", "busy", "slow", "gone". */
+const char *kvr_route_session_name(int out);
+
 struct kvr_route_decision {
     size_t chosen;      /* index into cands */
     int policy;
+    int session;        /* enum kvr_route_session_out */
     char reason[128];
 };
 
 /* Decides (ncands >= 1, else -EINVAL). Fills each candidate's loads, cost and in-flight
- * view. With q->commit, the chosen worker gets the request as in-flight work: a prefill of
+ * view. With a session key and [route] session_ttl > 0: a bond to a candidate, used within
+ * the ttl, chooses that candidate unless it is busy while another is not, or (ttft) its
+ * predicted time exceeds the best's by more than session_max_wait; then (and with no bond)
+ * the policy's choice, and the key is bound to the chosen worker (not on -EBUSY). With q->commit, the chosen worker gets the request as in-flight work: a prefill of
  * its uncached tokens until the worker's events store the request's last full block
  * (kvr_route_confirm; a worker without events: until the predicted time), then a decoding
  * request until a newer engine metrics sample counts it or [route] decode_time passes.
@@ -187,6 +207,9 @@ bool kvr_route_assumes(struct kvr_route *r, const char *model, const char *pod);
  * candidates), under the route mutex (cb must not call back into route). Returns how many. */
 size_t kvr_route_approx_pods(struct kvr_route *r, const char *model,
                              void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg);
+
+/* DELETE /v1/pods/POD: the session bonds to pod are dropped; returns how many. */
+size_t kvr_route_forget_pod(struct kvr_route *r, const char *pod);
 
 /* Prometheus lines: decisions by policy, tracked requests, expiries, per-worker loads. */
 void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out);

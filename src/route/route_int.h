@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "route/route.h"
+#include "route/session.h"
 
 #define WBUCKETS 1024
 /* A worker keeps at most this many unconfirmed prefills and decoding requests of ours; past
@@ -96,6 +97,11 @@ struct kvr_route {
                                 * lock-free "nothing to do" (written under mu) */
     uint64_t confirmed, pend_expired, pend_estimated, flight_dropped, all_busy, rejected,
         busy_skipped;
+    /* session affinity (session.h) */
+    struct kvr_session *sess;
+    int64_t session_ttl_ms;    /* 0 = off */
+    double session_max_wait;   /* seconds; ttft breaks a bond past it */
+    uint64_t sess_out[KVR_ROUTE_SESSION_NOUT];
     uint64_t rng;
     struct wload *w[WBUCKETS];
     struct tracked **t; /* id table, tmask + 1 buckets */
@@ -129,5 +135,13 @@ int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
                       struct kvr_route_decision *d);
 /* Frees workers idle for long with nothing in flight (every few seconds at most). */
 void route_flight_gc(struct kvr_route *r, int64_t now);
+
+/* route_session.c: after the policy chose d->chosen (and filled the candidates' costs and
+ * busy flags), the query's session bond may choose instead; the key is bound to the final
+ * choice. Sets d->session; now in ms. */
+void route_session_apply(struct kvr_route *r, const struct kvr_route_query *q,
+                         struct kvr_route_decision *d, int64_t now_ms);
+/* Prometheus lines of the session bonds (mu held by the caller). */
+void route_session_metrics(struct kvr_route *r, struct kvr_buf *out);
 
 #endif

@@ -32,6 +32,7 @@ static struct kvr_httpreq_limits lim = {
     .max_headers = 32,
     .request_timeout_ms = 1000,
     .idle_timeout_ms = 5000,
+    .session_header = "X-Session-ID",
 };
 /* the same with a small max_output: pipelined answers pause parsing (data[1] & 2) */
 static struct kvr_httpreq_limits lim_pause = {
@@ -41,6 +42,7 @@ static struct kvr_httpreq_limits lim_pause = {
     .request_timeout_ms = 1000,
     .idle_timeout_ms = 5000,
     .max_output = 512,
+    .session_header = "X-Session-ID",
 };
 
 static void store(const char *pod, uint32_t nblocks)
