@@ -32,6 +32,7 @@
 #include "http/jtok.h"
 #include "core/metrics.h"
 #include "http/reqbody.h"
+#include "route/rstat.h"
 
 
 int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi **out)
@@ -68,6 +69,12 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
         }
         api->token_len = strlen(api->token);
     }
+    if (kvr_rstat_create(deps->conf->forget_after_ms, &api->rstat) != 0) {
+        free(api->token);
+        pthread_mutex_destroy(&api->token_lock);
+        free(api);
+        return -ENOMEM;
+    }
     atomic_init(&api->ready, false);
     *out = api;
     return 0;
@@ -82,6 +89,7 @@ void kvr_httpapi_destroy(struct kvr_httpapi *api)
         free(api->token);
     }
     pthread_mutex_destroy(&api->token_lock);
+    kvr_rstat_destroy(api->rstat);
     free(api);
 }
 
@@ -533,6 +541,8 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     struct kvr_reqbody_query q;
     struct kvr_score_query sq;
     struct kvr_score_result res;
+    uint64_t t0 = kvr_now_ns();
+    uint32_t best = 0;
     int rc;
 
     if (kvr_httpapi_query_body(t, req, resp, &q, NULL, NULL, 0) != 0 ||
@@ -559,6 +569,15 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
         return;
     }
     write_score(resp->body, q.model, &res, q.has_tokens ? -1 : (long)q.ntokens);
+    for (size_t i = 0; i < res.nentries; i++)
+        if (res.entries[i].matched_blocks > best)
+            best = res.entries[i].matched_blocks;
+    kvr_rstat_record(t->api->rstat,
+                     &(struct kvr_rstat_decision){
+                         .endpoint = KVR_RSTAT_SCORE, .input = kvr_httpapi_input_kind(t, &q),
+                         .model = q.model, .query_blocks = res.query_blocks,
+                         .block_size = res.block_size, .prompt_tokens = q.ntokens,
+                         .best_matched = best, .seconds = (double)(kvr_now_ns() - t0) / 1e9});
 }
 
 /* ---- POST /v1/tokenize ----------------------------------------------------------------- */
@@ -694,6 +713,7 @@ static void ep_pod_delete(struct kvr_httpapi_thread *t, const char *raw, size_t 
         fail(resp, 500, "purge failed: %s", strerror(-rc));
         return;
     }
+    kvr_rstat_forget_pod(t->api->rstat, t->decoded); /* its decision series go too */
     put(resp->body, "{\"pod\":");
     put_json_str(resp->body, t->decoded);
     put_kv_u64(resp->body, ",\"removed_blocks\":", removed);
@@ -863,6 +883,7 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         kvr_tokset_metrics(api->tokset, b);
     if (api->route != NULL)
         kvr_route_metrics(api->route, b);
+    kvr_rstat_metrics(api->rstat, b);
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
     kvr_load_metrics(api->load, b); /* nothing when NULL */
