@@ -20,6 +20,7 @@
 #include "http/httpapi_int.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -59,6 +60,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->public_introspection = deps->public_introspection;
     pthread_mutex_init(&api->token_lock, NULL);
     api->max_tokens = deps->conf->max_query_tokens ? deps->conf->max_query_tokens : 262144;
+    api->min_streams_ready = deps->conf->min_streams_ready;
     api->server_metrics = deps->server_metrics;
     api->server_metrics_arg = deps->server_metrics_arg;
     if (deps->conf->admin_token != NULL && deps->conf->admin_token[0] != '\0') {
@@ -813,13 +815,30 @@ static bool ingestion_ready(const struct kvr_httpapi *api)
            (api->zsub == NULL || kvr_zsub_running(api->zsub));
 }
 
+/* [events] min_streams_ready: enough streams synced (always, when 0); *n gets how many. */
+static bool streams_ready(const struct kvr_httpapi *api, uint64_t *n)
+{
+    *n = 0;
+    if (api->min_streams_ready == 0)
+        return true;
+    *n = api->ingest != NULL ? kvr_ingest_synced(api->ingest) : 0;
+    return *n >= api->min_streams_ready;
+}
+
 static void ep_readyz(struct kvr_httpapi *api, struct kvr_httpresp *resp)
 {
     bool http_ready = kvr_httpapi_ready(api);
     bool ing_ready = ingestion_ready(api);
+    uint64_t synced;
+    bool st_ready = streams_ready(api, &synced);
 
-    if (http_ready && ing_ready) {
+    if (http_ready && ing_ready && st_ready) {
         put(resp->body, "{\"ready\":true}\n");
+        return;
+    }
+    if (http_ready && ing_ready) {
+        fail(resp, 503, "not ready (%" PRIu64 " of [events] min_streams_ready = %u streams "
+                        "synced)", synced, api->min_streams_ready);
         return;
     }
     fail(resp, 503, "not ready (%s)", !http_ready ? "starting or stopping" : "ingestion not ready");
@@ -869,8 +888,12 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
     struct kvr_buf *b = resp->body;
 
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    uint64_t synced;
+    bool st_ready = streams_ready(api, &synced);
     kvr_metrics_gauge(b, "ready", "1 while /readyz answers 200", NULL,
-                      kvr_httpapi_ready(api) && ingestion_ready(api) ? 1.0 : 0.0);
+                      kvr_httpapi_ready(api) && ingestion_ready(api) && st_ready ? 1.0 : 0.0);
+    kvr_metrics_gauge(b, "ready_min_streams", "[events] min_streams_ready (0 = off)", NULL,
+                      (double)api->min_streams_ready);
     if (api->ingest != NULL)
         kvr_ingest_metrics(api->ingest, b);
     if (api->zsub != NULL)

@@ -40,6 +40,7 @@ struct kvr_httpapi {
     char *token;      /* NULL = no auth */
     size_t token_len;
     uint32_t max_tokens;
+    uint32_t min_streams_ready;  /* [events] min_streams_ready: /readyz waits for them */
     void (*server_metrics)(void *arg, struct kvr_buf *out);
     void *server_metrics_arg;
     _Atomic bool ready;

@@ -581,6 +581,7 @@ struct kvr_snap {
 
     _Atomic uint64_t taken, failures, bytes, pairs, duration_ns, stall_ns, last_ok_ms;
     _Atomic uint64_t pairs_taken, streams_taken, workers_taken; /* of the last one taken */
+    struct kvr_snap_recovery rec;   /* startup's recovery (read-only after create) */
 };
 
 static int sink_stream(void *arg, uint32_t writer, const struct kvr_ingest_snap_stream *s)
@@ -653,6 +654,9 @@ int kvr_snap_create(const struct kvr_snap_opts *o, struct kvr_snap **out, struct
         kvr_buf_init(&s->parts[i].workers);
     }
     s->interval_ms = o->interval_ms;
+    s->rec = o->rec;
+    if (s->rec.source == NULL)
+        s->rec.source = "none";
     s->ix = o->index;
     s->ing = o->ingest;
     pthread_mutex_init(&s->mu, NULL);
@@ -956,4 +960,28 @@ void kvr_snap_metrics(struct kvr_snap *s, struct kvr_buf *out)
     kvr_metrics_gauge(out, "snapshot_last_success_timestamp_seconds",
                       "Unix time of the last snapshot written (0 = none yet)", NULL,
                       (double)ok / 1000.0);
+    /* startup's recovery (before the listeners: its results, not its progress) */
+    char lab[64];
+    snprintf(lab, sizeof(lab), "source=\"%s\"", s->rec.source);
+    kvr_metrics_gauge(out, "recovery_snapshot_info",
+                      "1, labelled with where the startup snapshot came from (file, peer, none)",
+                      lab, 1);
+    kvr_metrics_gauge(out, "recovery_snapshot_load_seconds",
+                      "Time the startup snapshot took to load into the index (0 = none)", NULL,
+                      (double)s->rec.load_ns / 1e9);
+    kvr_metrics_gauge(out, "recovery_snapshot_pairs_restored",
+                      "(holder, block) pairs restored from the startup snapshot", NULL,
+                      (double)s->rec.pairs);
+    kvr_metrics_gauge(out, "recovery_snapshot_streams_restored",
+                      "Streams restored from the startup snapshot", NULL,
+                      (double)s->rec.streams);
+    kvr_metrics_gauge(out, "recovery_bootstrap_seconds",
+                      "Time the peer bootstrap's fetch took (0 = not asked)", NULL,
+                      (double)s->rec.bootstrap_ns / 1e9);
+    kvr_metrics_gauge(out, "recovery_bootstrap_bytes",
+                      "Bytes of the peer's snapshot received at startup", NULL,
+                      (double)s->rec.bootstrap_bytes);
+    kvr_metrics_gauge(out, "recovery_bootstrap_failed",
+                      "1 when a peer was asked at startup and gave no valid snapshot", NULL,
+                      s->rec.bootstrap && !s->rec.bootstrap_ok ? 1.0 : 0.0);
 }
