@@ -459,8 +459,13 @@ int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpre
 int kvr_httpapi_score_ready(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
                             struct kvr_httpresp *resp)
 {
-    if (!q->has_tokens && kvr_httpapi_tokenize(t, q, resp) != 0)
-        return -1;
+    if (!q->has_tokens) {
+        uint64_t t0 = kvr_now_ns();
+        if (kvr_httpapi_tokenize(t, q, resp) != 0)
+            return -1;
+        kvr_rstat_tokenized(t->api->rstat, kvr_httpapi_input_kind(t, q),
+                            (double)(kvr_now_ns() - t0) / 1e9);
+    }
     if (t->sctx == NULL) {
         fail(resp, 503, "scoring is not available");
         return -1;

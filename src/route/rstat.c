@@ -56,6 +56,7 @@ struct kvr_rstat {
     size_t nworkers;
     uint64_t worker_overflow, workers_expired;
     struct kvr_hist lat[KVR_RSTAT_NENDPOINTS][KVR_RSTAT_NINPUTS]; /* lock-free */
+    struct kvr_hist tok[KVR_RSTAT_NINPUTS];  /* tokenizing (prompt, chat); lock-free */
 };
 
 const char *kvr_rstat_branch_name(int branch)
@@ -83,6 +84,8 @@ int kvr_rstat_create(int64_t ttl_ms, struct kvr_rstat **out)
     for (int e = 0; e < KVR_RSTAT_NENDPOINTS; e++)
         for (int i = 0; i < KVR_RSTAT_NINPUTS; i++)
             kvr_hist_init_exp(&s->lat[e][i], 25e-6, 2, 18); /* 25 µs .. 3.3 s */
+    for (int i = 0; i < KVR_RSTAT_NINPUTS; i++)
+        kvr_hist_init_exp(&s->tok[i], 25e-6, 2, 18);
     *out = s;
     return 0;
 }
@@ -211,6 +214,12 @@ void kvr_rstat_record(struct kvr_rstat *s, const struct kvr_rstat_decision *d)
         }
     }
     pthread_mutex_unlock(&s->mu);
+}
+
+void kvr_rstat_tokenized(struct kvr_rstat *s, int input, double seconds)
+{
+    if (input >= 0 && input < KVR_RSTAT_NINPUTS)
+        kvr_hist_observe(&s->tok[input], seconds);
 }
 
 /* Unlinks and frees every worker for which drop(w) says so (mu held); returns how many. */
@@ -356,6 +365,15 @@ void kvr_rstat_metrics(struct kvr_rstat *s, struct kvr_buf *out)
                                               : NULL,
                              labels, &s->lat[e][i]);
         }
+    }
+
+    for (int i = KVR_RSTAT_PROMPT; i < KVR_RSTAT_NINPUTS; i++) {
+        snprintf(labels, sizeof(labels), "input=\"%s\"", input_names[i]);
+        kvr_metrics_hist(out, "decision_tokenize_seconds",
+                         i == KVR_RSTAT_PROMPT ? "Time a query's text (prompt, or chat rendered "
+                                                 "by its template) took to become token ids"
+                                               : NULL,
+                         labels, &s->tok[i]);
     }
 
     static const char *const wnames[4][2] = {

@@ -6,7 +6,8 @@
  *   predicted hit rate = sum(chosen_matched_blocks) / sum(query_blocks)
  *   chosen vs best     = sum(chosen_matched_blocks) / sum(best_matched_blocks)
  * per (endpoint, model, policy); decisions per outcome branch (cache, load, busy, fallback,
- * no_candidate); the decision latency by input kind (token ids, prompt, chat); and per
+ * no_candidate); the decision latency by input kind (token ids, prompt, chat) and the part
+ * of it spent tokenizing text; and per
  * worker the decisions routed to it with their matched blocks and tokens, to set beside the
  * engine's own vllm:prefix_cache_hits_total for the same pod.
  *
@@ -83,6 +84,10 @@ int kvr_rstat_branch(const struct kvr_route_cand *c, size_t n, size_t chosen, in
                      bool rejected);
 /* The most matched blocks among n candidates (0 when n is 0). */
 uint32_t kvr_rstat_best_matched(const struct kvr_route_cand *c, size_t n);
+
+/* The time a query's text took to become token ids (input: prompt or chat), a part of its
+ * decision's time. */
+void kvr_rstat_tokenized(struct kvr_rstat *s, int input, double seconds);
 
 /* Drops every worker series of pod (DELETE /v1/pods/{pod}). */
 void kvr_rstat_forget_pod(struct kvr_rstat *s, const char *pod);
