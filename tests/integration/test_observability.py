@@ -288,6 +288,12 @@ def test_every_metric_is_exported(daemon_factory, tmp_path):
     assert len(used) > 60
     missing = sorted("%s (%s)" % (n, w) for n, w in used.items() if n not in names)
     assert not missing, missing
+    # the prompts were timed as such, and their tokenizing on its own
+    assert m[("kvrouter_decision_duration_seconds_count",
+              frozenset({("endpoint", "route"), ("input", "prompt")}))] == 2
+    assert m[("kvrouter_decision_tokenize_seconds_count",
+              frozenset({("input", "prompt")}))] == 4  # 2 routed, 2 scored
+    assert m[("kvrouter_tokenizer_prefix_cache_hits_total", frozenset())] >= 1
     # the labelled series the panels group by are there too
     labels = {lab for (n, ls) in m for lab, _ in ls if n.startswith("kvrouter_")}
     for lab in ("endpoint", "code", "input", "policy", "branch", "model", "pod", "dp_rank",
