@@ -16,7 +16,9 @@
  * kvrouter_decision_worker_overflow_total), and a worker's series go away when its pod is
  * forgotten (kvr_rstat_forget_pod, from DELETE /v1/pods) or after ttl without a decision to
  * it (the daemon passes [events] forget_after: a pod purged or forgotten stops being a
- * candidate, so its series go after the same time; 0 = kept until the cap).
+ * candidate, so its series go after the same time; 0 = kept until the cap). The two caps are
+ * constants rather than directives: they bound what /metrics renders, not what a peer can
+ * send, and reaching them is counted (_other, the overflow counter).
  *
  * Uses core only; the caller classifies the outcome with kvr_rstat_branch (route.h's
  * candidates). Threads: any; one mutex around the tables (a record holds it for a few

@@ -358,10 +358,17 @@ static int parse_worker(struct vstate *v, const struct sec *s)
 
 #define RESTORE_THREADS 8
 
+/* A progress line at most this often while the workers are restored (a large snapshot takes
+ * seconds: about 5 s for 10M pairs; the HTTP listeners are not up yet to show gauges). */
+#define RESTORE_PROGRESS_NS 1000000000ull
+
 struct rpool {
     struct vstate *v;
     _Atomic size_t next;
+    _Atomic size_t done;          /* workers restored */
     _Atomic uint64_t pairs;
+    uint64_t t0_ns;               /* set before the threads start */
+    _Atomic uint64_t next_log_ns; /* the next progress line is due then (CAS among threads) */
     _Atomic int failed;
     pthread_mutex_t mu; /* err, rc */
     int rc;             /* the first failure */
@@ -393,7 +400,14 @@ static void *restore_main(void *arg)
             pthread_mutex_unlock(&rp->mu);
             break;
         }
-        atomic_fetch_add(&rp->pairs, res.stored);
+        uint64_t pairs = atomic_fetch_add(&rp->pairs, res.stored) + res.stored;
+        size_t done = atomic_fetch_add(&rp->done, 1) + 1;
+        uint64_t now = kvr_now_ns(), due = atomic_load(&rp->next_log_ns);
+        if (now >= due && done < v->njobs &&
+            atomic_compare_exchange_strong(&rp->next_log_ns, &due, now + RESTORE_PROGRESS_NS))
+            kvr_log_info("recovery: loading the snapshot: %zu of %zu workers, %" PRIu64
+                         " of %" PRIu64 " pairs, %.1f s", done, v->njobs, pairs,
+                         v->out->info.pairs, (double)(now - rp->t0_ns) / 1e9);
     }
     return NULL;
 }
@@ -409,6 +423,8 @@ static int restore_workers(struct vstate *v)
         n = RESTORE_THREADS;
     if (n > v->njobs)
         n = v->njobs;
+    rp.t0_ns = kvr_now_ns();
+    atomic_init(&rp.next_log_ns, rp.t0_ns + RESTORE_PROGRESS_NS);
     pthread_mutex_init(&rp.mu, NULL);
     for (size_t i = 1; i < n; i++) /* the calling thread is the first */
         if (pthread_create(&th[started], NULL, restore_main, &rp) == 0)
