@@ -43,6 +43,7 @@ DEB_BUILD := build-essential pkg-config libzmq3-dev libmsgpack-dev libxxhash-dev
 # Dockerfile, whose build stage runs no integration test).
 DEB_GATEWAY := nginx-light libnginx-mod-http-js haproxy
 DEB_TEST  := libcmocka-dev python3 python3-pytest python3-zmq python3-msgpack python3-jinja2 \
+             python3-yaml \
              $(DEB_GATEWAY)
 DEB_BENCH := wrk nginx-light
 # What the README's quick start uses beside the daemon: scripts/publish-demo.py (an emulated
@@ -154,7 +155,15 @@ test:
 	@$(MAKE) --no-print-directory WERROR=1 unit
 	@$(MAKE) --no-print-directory WERROR=1 fuzz-replay
 	@$(MAKE) --no-print-directory fuzz-replay-clang
+	@$(MAKE) --no-print-directory $(PROMTOOL)
 	@$(MAKE) --no-print-directory WERROR=1 integration
+
+# promtool for test_observability.py (the alert rules and the dashboard's queries), taken
+# out of Debian's prometheus package without installing it (scripts/promtool-fetch.sh says
+# why); without it the test falls back on its own YAML and expression checks.
+PROMTOOL := build/tools/promtool
+$(PROMTOOL):
+	@sh scripts/promtool-fetch.sh $@
 
 # The folders of src/ are layers: no include runs upward (scripts/check-layers.py holds the map).
 layers:
@@ -186,7 +195,7 @@ fuzz-replay-clang:
 	else echo "== fuzz-replay-clang: $(CLANG) not installed, skipped"; fi
 
 integration: all
-	KVR_BIN=$(abspath $(BIN)) $(TSAN_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	KVR_BIN=$(abspath $(BIN)) KVR_PROMTOOL=$(abspath $(PROMTOOL)) $(TSAN_ENV) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 
 # `make run` and check-config use the shipped configuration with [state] dir pointed at
 # run/state under the checkout (git-ignored) instead of the unit's /var/lib/kvrouterd.

@@ -159,7 +159,7 @@ static int app_start(struct app *a, struct kvr_err *err)
         return rc;
     so = (struct kvr_snap_opts){.dir = a->conf.state_dir,
                                 .interval_ms = a->conf.snapshot_interval_ms,
-                                .index = a->index, .ingest = a->ingest};
+                                .index = a->index, .ingest = a->ingest, .rec = boot.rec};
     rc = kvr_snap_create(&so, &a->snap, err);
     if (rc != 0)
         return rc;

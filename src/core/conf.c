@@ -93,6 +93,7 @@ const struct directive kvr_conf_directives[] = {
     {"events", "curve_authorized_keys_file", T_STRING, NULL, 1, 4095, 0,
      OFF(curve_authorized_keys_file)},
     {"events", "forget_after", T_DURATION, "10m", 0, 7 * 24 * MS_H, 0, OFF(forget_after_ms)},
+    {"events", "min_streams_ready", T_U32, "0", 0, 1000000, 0, OFF(min_streams_ready)},
     {"events", "bind_replay", T_STRING, NULL, 1, 255, 0, OFF(bind_replay)},
     {"events", "forward", T_STRING, NULL, 1, 255, 0, OFF(forward)},
 

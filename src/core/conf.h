@@ -94,6 +94,7 @@ struct kvr_conf {
     char *curve_authorized_keys_file; /* client public keys (Z85, one a line); NULL = any */
     int *bind_line;                  /* line of each bind[i] (for -t's resolution check) */
     int curve_secret_key_line, curve_public_key_line, curve_authorized_keys_line;
+    uint32_t min_streams_ready;      /* /readyz waits for this many synced streams; 0 = off */
     int64_t forget_after_ms;         /* pods idle (no events) this long with no blocks are
                                       * forgotten; default 10m; 0 = never */
     char *bind_replay;               /* replay address template for bind sockets, e.g.

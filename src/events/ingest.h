@@ -166,6 +166,8 @@ uint64_t kvr_ingest_max_memory(const struct kvr_ingest *ing);
 
 /* Number of streams currently unsynced (gauge). */
 uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing);
+/* Streams synced now (applying batches in order, no replay running; any thread). */
+uint64_t kvr_ingest_synced(struct kvr_ingest *ing);
 
 /* Appends ingest's counters, gauges and histograms in Prometheus text form (the producer's
  * own figures, such as zsub's events_messages_total, are its to render). */

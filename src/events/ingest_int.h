@@ -89,6 +89,9 @@ struct ing_stream {
     _Atomic int p_state;
     _Atomic int64_t p_last_ms;      /* kvr_now_ms() of the last applied batch; 0 = never */
     _Atomic bool p_over_budget;     /* over_budget, for readers (relaxed) */
+    /* the recovery progress of its replay (relaxed; meaningful while p_state is replaying):
+     * the seqs [p_replay_from, p_replay_to) are what the replay has to bring */
+    _Atomic uint64_t p_replay_from, p_replay_to;
 };
 
 struct lora_slot {
@@ -218,6 +221,13 @@ struct kvr_ingest {
     _Atomic int64_t assume_ttl_ms;  /* [route] assumed_ttl; set on reload */
     _Atomic uint32_t assume_max;    /* [route] assumed_max_blocks; set on reload */
     _Atomic uint64_t assume_full;   /* assumptions dropped: the writer's queue was full */
+    /* recovery through replays (ingest_writer.c, publish): streams replaying now, and the
+     * episode that began when the first of them started (its start time, the replayed
+     * batches counted then, the streams that entered it) for the log lines at its start and
+     * end; written by any writer with atomics */
+    _Atomic uint32_t replaying;
+    _Atomic int64_t episode_t0_ms;
+    _Atomic uint64_t episode_streams, episode_batches0;
     kvr_ingest_store_hook store_hook; /* set before start; NULL = none */
     void *store_hook_arg;
 

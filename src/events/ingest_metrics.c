@@ -113,6 +113,19 @@ size_t kvr_ingest_model_workers(struct kvr_ingest *ing, const char *model,
     return n;
 }
 
+uint64_t kvr_ingest_synced(struct kvr_ingest *ing)
+{
+    uint64_t n = 0;
+
+    pthread_mutex_lock(&ing->reg_mu);
+    for (size_t i = 0; i < ing->nstreams; i++)
+        if (KVR_CNT_GET(ing->streams[i]->p_state) == KVR_STREAM_SYNCED &&
+            atomic_load_explicit(&ing->streams[i]->p_has_last, memory_order_acquire))
+            n++;
+    pthread_mutex_unlock(&ing->reg_mu);
+    return n;
+}
+
 uint64_t kvr_ingest_unsynced(struct kvr_ingest *ing)
 {
     uint64_t n = 0;
@@ -142,6 +155,8 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     char lab[128];
     uint64_t gaps = 0, replays = 0, restarts = 0, rok = 0, rfail = 0, nstreams = 0;
     uint64_t st_count[NSHOWN] = {0}, orphans = 0;
+    uint64_t rp_streams = 0, rp_wanted = 0, rp_done = 0; /* recovery through replays */
+    int64_t now_ms = kvr_now_ms(), oldest = 0; /* the stream with the oldest last batch */
     uint64_t cap = kvr_ingest_max_memory(ing);
     uint64_t waits = 0;
 
@@ -240,6 +255,20 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                 st_count[k]++;
         orphans += o;
         nstreams++;
+        int64_t last = KVR_CNT_GET(s->p_last_ms);
+        if (last > 0 && s->wid != NO_WID && now_ms - last > oldest)
+            oldest = now_ms - last;
+        if (KVR_CNT_GET(s->p_state) == KVR_STREAM_REPLAYING) {
+            uint64_t from = KVR_CNT_GET(s->p_replay_from), to = KVR_CNT_GET(s->p_replay_to);
+            uint64_t next = atomic_load_explicit(&s->p_has_last, memory_order_acquire)
+                                ? atomic_load_explicit(&s->p_last_seq, memory_order_relaxed) + 1
+                                : 0;
+            rp_streams++;
+            if (to > from) {
+                rp_wanted += to - from;
+                rp_done += next <= from ? 0 : (next < to ? next : to) - from;
+            }
+        }
     }
     pthread_mutex_unlock(&ing->reg_mu);
     kvr_metrics_counter(out, "events_gaps_total", "Sequence gaps detected", NULL, gaps);
@@ -258,6 +287,17 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     }
     kvr_metrics_gauge(out, "events_unsynced_streams", "Streams that may miss blocks", NULL,
                       (double)st_count[2]);
+    kvr_metrics_gauge(out, "events_oldest_stream_age_seconds",
+                      "Time since the last batch of the stream heard from least recently "
+                      "(0 = no stream; an idle engine publishes nothing)", NULL,
+                      (double)oldest / 1000.0);
+    kvr_metrics_gauge(out, "recovery_replay_streams", "Streams replaying now (recovering a gap "
+                      "or their history)", NULL, (double)rp_streams);
+    kvr_metrics_gauge(out, "recovery_replay_batches_requested",
+                      "Batches the running replays have to bring (from each replay's first "
+                      "seq to the live batch that revealed its gap)", NULL, (double)rp_wanted);
+    kvr_metrics_gauge(out, "recovery_replay_batches_received",
+                      "Of those, batches applied so far", NULL, (double)rp_done);
     kvr_metrics_gauge(out, "events_stream_orphans",
                       "Blocks parked as orphans (parent unknown), summed over the streams "
                       "(a worker fed by two topics counts once per topic)",

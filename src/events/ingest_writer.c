@@ -37,8 +37,46 @@
 
 /* ---- streams ------------------------------------------------------------------------- */
 
-static void publish(struct ing_stream *s)
+/* The recovery episode's log lines (struct kvr_ingest, replaying): the first stream that
+ * starts replaying opens it, the last one that stops closes it with the time taken. */
+static void replay_transition(struct kvr_ingest *ing, bool now_replaying)
 {
+    if (now_replaying) {
+        atomic_fetch_add_explicit(&ing->episode_streams, 1, memory_order_relaxed);
+        if (atomic_fetch_add_explicit(&ing->replaying, 1, memory_order_relaxed) == 0) {
+            uint64_t b = 0;
+            for (uint32_t i = 0; i < ing->nwriters; i++)
+                b += KVR_CNT_GET(ing->w[i].st.replayed_batches);
+            atomic_store_explicit(&ing->episode_batches0, b, memory_order_relaxed);
+            atomic_store_explicit(&ing->episode_t0_ms, kvr_now_ms(), memory_order_relaxed);
+            kvr_log_info("recovery: replays started (streams catching up through their "
+                         "engines' replay endpoints)");
+        }
+        return;
+    }
+    if (atomic_fetch_sub_explicit(&ing->replaying, 1, memory_order_relaxed) != 1)
+        return;
+    uint64_t b = 0, unsynced = 0;
+    for (uint32_t i = 0; i < ing->nwriters; i++)
+        b += KVR_CNT_GET(ing->w[i].st.replayed_batches);
+    pthread_mutex_lock(&ing->reg_mu);
+    for (size_t i = 0; i < ing->nstreams; i++)
+        unsynced += KVR_CNT_GET(ing->streams[i]->p_state) == KVR_STREAM_UNSYNCED;
+    pthread_mutex_unlock(&ing->reg_mu);
+    kvr_log_info("recovery: replays finished in %.3f s: %" PRIu64 " streams, %" PRIu64
+                 " batches replayed, %" PRIu64 " streams unsynced",
+                 (double)(kvr_now_ms() - atomic_load_explicit(&ing->episode_t0_ms,
+                                                              memory_order_relaxed)) / 1000.0,
+                 atomic_exchange_explicit(&ing->episode_streams, 0, memory_order_relaxed),
+                 b - atomic_load_explicit(&ing->episode_batches0, memory_order_relaxed),
+                 unsynced);
+}
+
+static void publish(struct kvr_ingest *ing, struct ing_stream *s)
+{
+    int was = atomic_load_explicit(&s->p_state, memory_order_relaxed);
+    int st = (int)kvr_stream_state(&s->sm);
+
     if (s->sm.has_last) {
         /* release: the index updates of the batches up to `last` happen before a reader
          * that sees this value (the /v1/pods contract: wait for last_seq, then query) */
@@ -50,7 +88,9 @@ static void publish(struct ing_stream *s)
     atomic_store_explicit(&s->p_replays_ok, s->sm.replays_ok, memory_order_relaxed);
     atomic_store_explicit(&s->p_replays_failed, s->sm.replays_failed, memory_order_relaxed);
     atomic_store_explicit(&s->p_restarts, s->sm.restarts, memory_order_relaxed);
-    atomic_store_explicit(&s->p_state, (int)kvr_stream_state(&s->sm), memory_order_relaxed);
+    atomic_store_explicit(&s->p_state, st, memory_order_relaxed);
+    if ((was == KVR_STREAM_REPLAYING) != (st == KVR_STREAM_REPLAYING))
+        replay_transition(ing, st == KVR_STREAM_REPLAYING);
 }
 
 static struct ing_topic *topic_of(struct writer *w, const struct kvr_queue_topic *t)
@@ -248,6 +288,11 @@ static void request_replay(struct writer *w, struct ing_stream *s, uint64_t seen
     else
         kvr_log_info("events: %s/%u: gap before seq %" PRIu64 ", replaying from %" PRIu64,
                      s->it->t->pod, s->dp_rank, seen, s->sm.replay_from);
+    /* progress (ingest_metrics.c): from replay_from up to the live batch that revealed the
+     * gap (the first one buffered) */
+    atomic_store_explicit(&s->p_replay_from, s->sm.replay_from, memory_order_relaxed);
+    atomic_store_explicit(&s->p_replay_to, s->npend > 0 ? s->pend[0].seq : seen,
+                          memory_order_relaxed);
     if (in->replay == NULL || in->replay(in->arg, &req) != 0)
         abort_replay(w, s, "replay unavailable");
     else
@@ -396,7 +441,7 @@ static void handle_live(struct writer *w, struct kvr_queue_msg *item)
         }
         break;
     }
-    publish(s);
+    publish(w->ing, s);
 }
 
 static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
@@ -408,7 +453,7 @@ static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
     if (v == KVR_STREAM_REPLAY) {
         /* A hole the ROUTER left mid-replay: ask again from the expected seq. */
         request_replay(w, s, item->seq);
-        publish(s);
+        publish(w->ing, s);
         return;
     }
     if (v != KVR_STREAM_APPLY) {
@@ -416,7 +461,7 @@ static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
             KVR_CNT_OWN_INC(w->st.dup_batches);
         else
             KVR_CNT_OWN_INC(w->st.stale_items);
-        publish(s);
+        publish(w->ing, s);
         return;
     }
     if (kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) != 0) {
@@ -433,14 +478,14 @@ static void handle_replay(struct writer *w, struct kvr_queue_msg *item)
         KVR_CNT_OWN_INC(w->st.replayed_batches);
     }
     applied(w, s, item->seq);
-    publish(s);
+    publish(w->ing, s);
 }
 
-static void reset_stream(struct ing_stream *s)
+static void reset_stream(struct kvr_ingest *ing, struct ing_stream *s)
 {
     kvr_ingest_drop_pending(s);
     kvr_stream_reset(&s->sm);
-    publish(s);
+    publish(ing, s);
 }
 
 /* Endpoint gone for purge_after_disconnect: purge the workers this source fed. */
@@ -455,13 +500,13 @@ static void handle_purge(struct writer *w, struct kvr_queue_msg *item)
         if (s == NULL || s->source != item->source)
             continue;
         kvr_ingest_clear_worker(w, s, &w->st.purged);
-        reset_stream(s);
+        reset_stream(w->ing, s);
     }
 }
 
 static void detach_stream(struct kvr_ingest *ing, struct ing_stream *s)
 {
-    reset_stream(s);
+    reset_stream(ing, s);
     pthread_mutex_lock(&ing->reg_mu);
     s->wid = NO_WID;
     atomic_store_explicit(&s->p_has_last, false, memory_order_release); /* unlisted */
@@ -696,7 +741,7 @@ static void handle_item(struct writer *w, struct kvr_queue_msg *item)
             drain(w, s);
         else
             KVR_CNT_OWN_INC(w->st.stale_items);
-        publish(s);
+        publish(w->ing, s);
         if (s->it->dying)
             (void)topic_try_free(w, s->it);
         break;
@@ -761,7 +806,7 @@ void *kvr_ingest_writer_main(void *arg)
             struct ing_stream *s = it->ranks[r];
             if (s != NULL && s->sm.replaying) {
                 abort_replay(w, s, "shutting down");
-                publish(s);
+                publish(w->ing, s);
             }
         }
     }

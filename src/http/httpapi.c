@@ -20,6 +20,7 @@
 #include "http/httpapi_int.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -32,6 +33,7 @@
 #include "http/jtok.h"
 #include "core/metrics.h"
 #include "http/reqbody.h"
+#include "route/rstat.h"
 
 
 int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi **out)
@@ -58,6 +60,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->public_introspection = deps->public_introspection;
     pthread_mutex_init(&api->token_lock, NULL);
     api->max_tokens = deps->conf->max_query_tokens ? deps->conf->max_query_tokens : 262144;
+    api->min_streams_ready = deps->conf->min_streams_ready;
     api->server_metrics = deps->server_metrics;
     api->server_metrics_arg = deps->server_metrics_arg;
     if (deps->conf->admin_token != NULL && deps->conf->admin_token[0] != '\0') {
@@ -67,6 +70,12 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
             return -ENOMEM;
         }
         api->token_len = strlen(api->token);
+    }
+    if (kvr_rstat_create(deps->conf->forget_after_ms, &api->rstat) != 0) {
+        free(api->token);
+        pthread_mutex_destroy(&api->token_lock);
+        free(api);
+        return -ENOMEM;
     }
     atomic_init(&api->ready, false);
     *out = api;
@@ -82,6 +91,7 @@ void kvr_httpapi_destroy(struct kvr_httpapi *api)
         free(api->token);
     }
     pthread_mutex_destroy(&api->token_lock);
+    kvr_rstat_destroy(api->rstat);
     free(api);
 }
 
@@ -449,8 +459,13 @@ int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpre
 int kvr_httpapi_score_ready(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
                             struct kvr_httpresp *resp)
 {
-    if (!q->has_tokens && kvr_httpapi_tokenize(t, q, resp) != 0)
-        return -1;
+    if (!q->has_tokens) {
+        uint64_t t0 = kvr_now_ns();
+        if (kvr_httpapi_tokenize(t, q, resp) != 0)
+            return -1;
+        kvr_rstat_tokenized(t->api->rstat, kvr_httpapi_input_kind(t, q),
+                            (double)(kvr_now_ns() - t0) / 1e9);
+    }
     if (t->sctx == NULL) {
         fail(resp, 503, "scoring is not available");
         return -1;
@@ -533,6 +548,8 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
     struct kvr_reqbody_query q;
     struct kvr_score_query sq;
     struct kvr_score_result res;
+    uint64_t t0 = kvr_now_ns();
+    uint32_t best = 0;
     int rc;
 
     if (kvr_httpapi_query_body(t, req, resp, &q, NULL, NULL, 0) != 0 ||
@@ -559,6 +576,15 @@ static void ep_score(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req
         return;
     }
     write_score(resp->body, q.model, &res, q.has_tokens ? -1 : (long)q.ntokens);
+    for (size_t i = 0; i < res.nentries; i++)
+        if (res.entries[i].matched_blocks > best)
+            best = res.entries[i].matched_blocks;
+    kvr_rstat_record(t->api->rstat,
+                     &(struct kvr_rstat_decision){
+                         .endpoint = KVR_RSTAT_SCORE, .input = kvr_httpapi_input_kind(t, &q),
+                         .model = q.model, .query_blocks = res.query_blocks,
+                         .block_size = res.block_size, .prompt_tokens = q.ntokens,
+                         .best_matched = best, .seconds = (double)(kvr_now_ns() - t0) / 1e9});
 }
 
 /* ---- POST /v1/tokenize ----------------------------------------------------------------- */
@@ -695,6 +721,7 @@ static void ep_pod_delete(struct kvr_httpapi_thread *t, const char *raw, size_t 
         return;
     }
     size_t bonds = t->api->route != NULL ? kvr_route_forget_pod(t->api->route, t->decoded) : 0;
+    kvr_rstat_forget_pod(t->api->rstat, t->decoded); /* its decision series go too */
     put(resp->body, "{\"pod\":");
     put_json_str(resp->body, t->decoded);
     put_kv_u64(resp->body, ",\"removed_blocks\":", removed);
@@ -795,13 +822,30 @@ static bool ingestion_ready(const struct kvr_httpapi *api)
            (api->zsub == NULL || kvr_zsub_running(api->zsub));
 }
 
+/* [events] min_streams_ready: enough streams synced (always, when 0); *n gets how many. */
+static bool streams_ready(const struct kvr_httpapi *api, uint64_t *n)
+{
+    *n = 0;
+    if (api->min_streams_ready == 0)
+        return true;
+    *n = api->ingest != NULL ? kvr_ingest_synced(api->ingest) : 0;
+    return *n >= api->min_streams_ready;
+}
+
 static void ep_readyz(struct kvr_httpapi *api, struct kvr_httpresp *resp)
 {
     bool http_ready = kvr_httpapi_ready(api);
     bool ing_ready = ingestion_ready(api);
+    uint64_t synced;
+    bool st_ready = streams_ready(api, &synced);
 
-    if (http_ready && ing_ready) {
+    if (http_ready && ing_ready && st_ready) {
         put(resp->body, "{\"ready\":true}\n");
+        return;
+    }
+    if (http_ready && ing_ready) {
+        fail(resp, 503, "not ready (%" PRIu64 " of [events] min_streams_ready = %u streams "
+                        "synced)", synced, api->min_streams_ready);
         return;
     }
     fail(resp, 503, "not ready (%s)", !http_ready ? "starting or stopping" : "ingestion not ready");
@@ -851,8 +895,12 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
     struct kvr_buf *b = resp->body;
 
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    uint64_t synced;
+    bool st_ready = streams_ready(api, &synced);
     kvr_metrics_gauge(b, "ready", "1 while /readyz answers 200", NULL,
-                      kvr_httpapi_ready(api) && ingestion_ready(api) ? 1.0 : 0.0);
+                      kvr_httpapi_ready(api) && ingestion_ready(api) && st_ready ? 1.0 : 0.0);
+    kvr_metrics_gauge(b, "ready_min_streams", "[events] min_streams_ready (0 = off)", NULL,
+                      (double)api->min_streams_ready);
     if (api->ingest != NULL)
         kvr_ingest_metrics(api->ingest, b);
     if (api->zsub != NULL)
@@ -865,6 +913,7 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
         kvr_tokset_metrics(api->tokset, b);
     if (api->route != NULL)
         kvr_route_metrics(api->route, b);
+    kvr_rstat_metrics(api->rstat, b);
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
     kvr_load_metrics(api->load, b); /* nothing when NULL */

@@ -18,6 +18,7 @@
 #include "core/buf.h"
 #include "http/jtok.h"
 #include "http/reqbody.h"
+#include "route/rstat.h"
 
 struct route_scratch;
 
@@ -31,6 +32,7 @@ struct kvr_httpapi {
     struct kvr_tokset *tokset;
     struct kvr_route *route;
     struct kvr_load *load;
+    struct kvr_rstat *rstat; /* decision metrics (owned; its own mutex) */
     uint64_t max_prompt_bytes;
     bool admin_listener;
     bool public_introspection;
@@ -38,6 +40,7 @@ struct kvr_httpapi {
     char *token;      /* NULL = no auth */
     size_t token_len;
     uint32_t max_tokens;
+    uint32_t min_streams_ready;  /* [events] min_streams_ready: /readyz waits for them */
     void (*server_metrics)(void *arg, struct kvr_buf *out);
     void *server_metrics_arg;
     _Atomic bool ready;
@@ -114,6 +117,16 @@ int kvr_httpapi_tokenize(struct kvr_httpapi_thread *t, struct kvr_reqbody_query 
  * to score (503 otherwise): 0, or -1 with the error answered. */
 int kvr_httpapi_score_ready(struct kvr_httpapi_thread *t, struct kvr_reqbody_query *q,
                             struct kvr_httpresp *resp);
+
+/* The input kind of a parsed query for the decision metrics (rstat.h): token ids, a chat
+ * (messages) or a prompt. */
+static inline int kvr_httpapi_input_kind(const struct kvr_httpapi_thread *t,
+                                         const struct kvr_reqbody_query *q)
+{
+    return q->has_tokens ? KVR_RSTAT_TOKENS
+           : t->chat.messages_str != NULL ? KVR_RSTAT_CHAT
+                                          : KVR_RSTAT_PROMPT;
+}
 
 /* POST /v1/route (httpapi_route.c). */
 void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,

@@ -15,7 +15,9 @@
 #include <string.h>
 
 #include "events/ingest.h"
+#include "core/log.h"
 #include "route/route.h"
+#include "route/rstat.h"
 #include "route/score.h"
 
 /* ---- POST /v1/route -------------------------------------------------------------------- */
@@ -82,6 +84,7 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     struct kvr_buf *b = resp->body;
     char id[17];
     int rc, policy = -1;
+    uint64_t t0 = kvr_now_ns();
 
     if (t->rs == NULL && (t->rs = malloc(sizeof(*t->rs))) == NULL) {
         fail(resp, 500, "out of memory");
@@ -111,6 +114,13 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         kvr_route_approx_pods(t->api->route, q.model, add_approx_pod, rs);
     }
     if (rs->n == 0) {
+        kvr_rstat_record(t->api->rstat,
+                         &(struct kvr_rstat_decision){
+                             .endpoint = KVR_RSTAT_ROUTE, .input = kvr_httpapi_input_kind(t, &q),
+                             .model = q.model,
+                             .policy = policy >= 0 ? policy : kvr_route_policy(t->api->route),
+                             .branch = KVR_RSTAT_NO_CANDIDATE, .prompt_tokens = q.ntokens,
+                             .seconds = -1});
         fail(resp, 503, "no candidate: no worker of model \"%.300s\" has published events "
                         "(send \"candidates\", or list [model] approximate_pods)", q.model);
         return;
@@ -170,7 +180,22 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                                              : req->session_len,
                                    .cands = rs->c,
                                    .ncands = rs->n};
-    if (kvr_route_decide(t->api->route, &rqy, &d) == -EBUSY) {
+    rc = kvr_route_decide(t->api->route, &rqy, &d);
+    /* the decision metrics (rstat.h): a refused decision counts as busy, with no worker */
+    kvr_rstat_record(t->api->rstat,
+                     &(struct kvr_rstat_decision){
+                         .endpoint = KVR_RSTAT_ROUTE, .input = kvr_httpapi_input_kind(t, &q),
+                         .model = q.model, .policy = d.policy,
+                         .branch = kvr_rstat_branch(rs->c, rs->n, d.chosen, d.policy,
+                                                    rc == -EBUSY),
+                         .query_blocks = res.query_blocks, .block_size = res.block_size,
+                         .prompt_tokens = q.ntokens,
+                         .best_matched = kvr_rstat_best_matched(rs->c, rs->n),
+                         .pod = rc == 0 ? rs->c[d.chosen].pod : NULL,
+                         .dp_rank = rs->c[d.chosen].dp_rank,
+                         .chosen_matched = rs->c[d.chosen].matched_blocks,
+                         .seconds = (double)(kvr_now_ns() - t0) / 1e9});
+    if (rc == -EBUSY) {
         resp->extra_headers = "Retry-After: 1\r\n";
         fail(resp, 429, "every candidate is busy (%.100s); [route] when_all_busy = reject",
              d.reason);

@@ -224,6 +224,14 @@ void kvr_route_set_conf(struct kvr_route *r, const struct kvr_conf *c)
     approx_free(old, fresh ? nold : 0);
 }
 
+int kvr_route_policy(struct kvr_route *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int p = r->policy;
+    pthread_mutex_unlock(&r->mu);
+    return p;
+}
+
 static size_t wbucket(const char *pod, uint32_t rank)
 {
     uint64_t h = 1469598103934665603ull;

@@ -66,6 +66,8 @@ int kvr_route_create(const struct kvr_conf *c, struct kvr_route **out);
 void kvr_route_destroy(struct kvr_route *r);
 /* SIGHUP: the reloadable [route] settings. */
 void kvr_route_set_conf(struct kvr_route *r, const struct kvr_conf *c);
+/* The [route] policy now (what a query without "policy" gets). */
+int kvr_route_policy(struct kvr_route *r);
 
 struct kvr_route_cand {
     const char *pod; /* NUL-terminated, borrowed for the call */

@@ -358,10 +358,17 @@ static int parse_worker(struct vstate *v, const struct sec *s)
 
 #define RESTORE_THREADS 8
 
+/* A progress line at most this often while the workers are restored (a large snapshot takes
+ * seconds: about 5 s for 10M pairs; the HTTP listeners are not up yet to show gauges). */
+#define RESTORE_PROGRESS_NS 1000000000ull
+
 struct rpool {
     struct vstate *v;
     _Atomic size_t next;
+    _Atomic size_t done;          /* workers restored */
     _Atomic uint64_t pairs;
+    uint64_t t0_ns;               /* set before the threads start */
+    _Atomic uint64_t next_log_ns; /* the next progress line is due then (CAS among threads) */
     _Atomic int failed;
     pthread_mutex_t mu; /* err, rc */
     int rc;             /* the first failure */
@@ -393,7 +400,14 @@ static void *restore_main(void *arg)
             pthread_mutex_unlock(&rp->mu);
             break;
         }
-        atomic_fetch_add(&rp->pairs, res.stored);
+        uint64_t pairs = atomic_fetch_add(&rp->pairs, res.stored) + res.stored;
+        size_t done = atomic_fetch_add(&rp->done, 1) + 1;
+        uint64_t now = kvr_now_ns(), due = atomic_load(&rp->next_log_ns);
+        if (now >= due && done < v->njobs &&
+            atomic_compare_exchange_strong(&rp->next_log_ns, &due, now + RESTORE_PROGRESS_NS))
+            kvr_log_info("recovery: loading the snapshot: %zu of %zu workers, %" PRIu64
+                         " of %" PRIu64 " pairs, %.1f s", done, v->njobs, pairs,
+                         v->out->info.pairs, (double)(now - rp->t0_ns) / 1e9);
     }
     return NULL;
 }
@@ -409,6 +423,8 @@ static int restore_workers(struct vstate *v)
         n = RESTORE_THREADS;
     if (n > v->njobs)
         n = v->njobs;
+    rp.t0_ns = kvr_now_ns();
+    atomic_init(&rp.next_log_ns, rp.t0_ns + RESTORE_PROGRESS_NS);
     pthread_mutex_init(&rp.mu, NULL);
     for (size_t i = 1; i < n; i++) /* the calling thread is the first */
         if (pthread_create(&th[started], NULL, restore_main, &rp) == 0)
@@ -581,6 +597,7 @@ struct kvr_snap {
 
     _Atomic uint64_t taken, failures, bytes, pairs, duration_ns, stall_ns, last_ok_ms;
     _Atomic uint64_t pairs_taken, streams_taken, workers_taken; /* of the last one taken */
+    struct kvr_snap_recovery rec;   /* startup's recovery (read-only after create) */
 };
 
 static int sink_stream(void *arg, uint32_t writer, const struct kvr_ingest_snap_stream *s)
@@ -653,6 +670,9 @@ int kvr_snap_create(const struct kvr_snap_opts *o, struct kvr_snap **out, struct
         kvr_buf_init(&s->parts[i].workers);
     }
     s->interval_ms = o->interval_ms;
+    s->rec = o->rec;
+    if (s->rec.source == NULL)
+        s->rec.source = "none";
     s->ix = o->index;
     s->ing = o->ingest;
     pthread_mutex_init(&s->mu, NULL);
@@ -956,4 +976,28 @@ void kvr_snap_metrics(struct kvr_snap *s, struct kvr_buf *out)
     kvr_metrics_gauge(out, "snapshot_last_success_timestamp_seconds",
                       "Unix time of the last snapshot written (0 = none yet)", NULL,
                       (double)ok / 1000.0);
+    /* startup's recovery (before the listeners: its results, not its progress) */
+    char lab[64];
+    snprintf(lab, sizeof(lab), "source=\"%s\"", s->rec.source);
+    kvr_metrics_gauge(out, "recovery_snapshot_info",
+                      "1, labelled with where the startup snapshot came from (file, peer, none)",
+                      lab, 1);
+    kvr_metrics_gauge(out, "recovery_snapshot_load_seconds",
+                      "Time the startup snapshot took to load into the index (0 = none)", NULL,
+                      (double)s->rec.load_ns / 1e9);
+    kvr_metrics_gauge(out, "recovery_snapshot_pairs_restored",
+                      "(holder, block) pairs restored from the startup snapshot", NULL,
+                      (double)s->rec.pairs);
+    kvr_metrics_gauge(out, "recovery_snapshot_streams_restored",
+                      "Streams restored from the startup snapshot", NULL,
+                      (double)s->rec.streams);
+    kvr_metrics_gauge(out, "recovery_bootstrap_seconds",
+                      "Time the peer bootstrap's fetch took (0 = not asked)", NULL,
+                      (double)s->rec.bootstrap_ns / 1e9);
+    kvr_metrics_gauge(out, "recovery_bootstrap_bytes",
+                      "Bytes of the peer's snapshot received at startup", NULL,
+                      (double)s->rec.bootstrap_bytes);
+    kvr_metrics_gauge(out, "recovery_bootstrap_failed",
+                      "1 when a peer was asked at startup and gave no valid snapshot", NULL,
+                      s->rec.bootstrap && !s->rec.bootstrap_ok ? 1.0 : 0.0);
 }

@@ -123,10 +123,23 @@ struct kvr_snap_boot_opts {
 };
 
 /* What boot loaded: release with kvr_snap_boot_free after ingest copied the streams. */
+/* What startup recovered, for /metrics (kvr_snap_opts.rec): the startup runs before the
+ * HTTP listeners, so these are its results; the log lines say when each step starts and
+ * ends. */
+struct kvr_snap_recovery {
+    const char *source;           /* "file", "peer" or "none" (a static string) */
+    uint64_t streams, pairs;      /* restored */
+    uint64_t load_ns;             /* time kvr_snap_apply took */
+    bool bootstrap;               /* a peer was asked */
+    bool bootstrap_ok;            /* and answered a valid snapshot */
+    uint64_t bootstrap_ns, bootstrap_bytes;
+};
+
 struct kvr_snap_boot {
     struct kvr_buf bytes;         /* the snapshot (streams point into it) */
     struct kvr_snap_loaded loaded;
     const char *source;           /* "file", "peer" or NULL (nothing loaded) */
+    struct kvr_snap_recovery rec; /* kept by kvr_snap_boot_free */
 };
 void kvr_snap_boot_free(struct kvr_snap_boot *b);
 
@@ -149,6 +162,7 @@ struct kvr_snap_opts {
     int64_t interval_ms;          /* periodic snapshots; 0 = none (only kvr_snap_save) */
     struct kvr_index *index;
     struct kvr_ingest *ingest;
+    struct kvr_snap_recovery rec; /* startup's results (kvr_snap_boot), for /metrics */
 };
 
 int kvr_snap_create(const struct kvr_snap_opts *o, struct kvr_snap **out, struct kvr_err *err);

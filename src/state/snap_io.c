@@ -504,9 +504,19 @@ int kvr_snap_boot(const struct kvr_snap_boot_opts *o, struct kvr_index **ix,
         }
     }
     if (o->bootstrap != NULL && o->bootstrap[0] != '\0') {
+        uint64_t f0 = kvr_now_ns();
+        kvr_log_info("recovery: bootstrap: fetching the snapshot of peer %s (timeout %.1f s)",
+                     o->bootstrap, (double)o->timeout_ms / 1000.0);
+        out->rec.bootstrap = true;
         rc = kvr_snap_fetch(o->bootstrap, o->token, o->timeout_ms, &pbuf, &e);
+        out->rec.bootstrap_ns = kvr_now_ns() - f0;
+        out->rec.bootstrap_bytes = pbuf.len;
+        if (rc == 0)
+            kvr_log_info("recovery: bootstrap: %zu bytes from %s in %.3f s", pbuf.len,
+                         o->bootstrap, (double)out->rec.bootstrap_ns / 1e9);
         if (rc == 0)
             rc = kvr_snap_verify(pbuf.data, pbuf.len, &peer, &e);
+        out->rec.bootstrap_ok = rc == 0;
         if (rc != 0) {
             kvr_log_warn("bootstrap from %s failed: %s; %s", o->bootstrap, e.msg,
                          have_local ? "using the local snapshot" : "starting without a snapshot");
@@ -531,6 +541,10 @@ int kvr_snap_boot(const struct kvr_snap_boot_opts *o, struct kvr_index **ix,
     if (out->source == NULL)
         out->source = "file";
 
+    kvr_log_info("recovery: loading the snapshot from %s (%" PRIu64 " workers, %" PRIu64
+                 " pairs, %" PRIu64 " bytes)",
+                 strcmp(out->source, "peer") == 0 ? o->bootstrap : path, local.workers,
+                 local.pairs, local.bytes);
     uint64_t t0 = kvr_now_ns();
     rc = kvr_snap_apply(out->bytes.data, out->bytes.len, *ix, &out->loaded, &e);
     if (rc != 0) {
@@ -550,6 +564,10 @@ int kvr_snap_boot(const struct kvr_snap_boot_opts *o, struct kvr_index **ix,
         kvr_snap_boot_free(out);
         return 0;
     }
+    out->rec.source = out->source;
+    out->rec.load_ns = kvr_now_ns() - t0;
+    out->rec.pairs = out->loaded.pairs;
+    out->rec.streams = out->loaded.nstreams;
     char when[40];
     fmt_time(local.created_ms, when, sizeof(when));
     kvr_log_info("snapshot loaded from %s: taken %s by %s, %zu streams, %" PRIu64

@@ -193,6 +193,13 @@ def test_sigterm_restart(daemon_factory, zctx, tmp_path):
 
         d2 = start(daemon_factory, state_conf(tmp_path, fleet.pub), fleet)
         assert "snapshot loaded from" in d2.stderr_text()
+        # recovery: a line at the start of the load, its results in /metrics
+        assert re.search(r"recovery: loading the snapshot from \S+ \(\d+ workers, \d+ pairs",
+                         d2.stderr_text())
+        assert metric(d2, "recovery_snapshot_info", 'source="file"') == 1
+        assert metric(d2, "recovery_snapshot_streams_restored") == len(PODS)
+        assert metric(d2, "recovery_snapshot_pairs_restored") == metric(d2, "index_holders") > 0
+        assert metric(d2, "recovery_bootstrap_seconds") == 0
         restart_checks(d2, fleet, before, saved)
     finally:
         fleet.close()
@@ -291,6 +298,11 @@ def test_peer_bootstrap(daemon_factory, zctx, tmp_path):
         conf["state"]["bootstrap"] = "http://127.0.0.1:%d" % d1.admin_port
         d2 = start(daemon_factory, conf, fleet)
         assert "snapshot loaded from http://" in d2.stderr_text()
+        assert re.search(r"recovery: bootstrap: \d+ bytes from http://\S+ in [0-9.]+ s",
+                         d2.stderr_text())
+        assert metric(d2, "recovery_snapshot_info", 'source="peer"') == 1
+        assert metric(d2, "recovery_bootstrap_bytes") > 0
+        assert metric(d2, "recovery_bootstrap_failed") == 0
         assert os.path.exists(tmp_path / "b" / "snapshot.kvr")  # saved locally
         restart_checks(d2, fleet, before, saved)
         assert fleet.check(d1) == fleet.check(d2)
@@ -303,6 +315,8 @@ def test_bootstrap_peer_down_starts_empty(daemon_factory, tmp_path):
     d = daemon_factory(conf)
     assert "bootstrap from http://127.0.0.1:9 failed" in d.stderr_text()
     assert pods_states(d) == {}
+    assert metric(d, "recovery_bootstrap_failed") == 1
+    assert metric(d, "recovery_snapshot_info", 'source="none"') == 1
 
 
 def corrupt_cases(good):

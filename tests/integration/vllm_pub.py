@@ -123,6 +123,9 @@ class Rank:
         # can lose live batches after the engine served a replay, before its end arrives.
         self.replay_end_gate = None
         self.replay_served = threading.Event()
+        # Seconds the ROUTER waits before each replayed batch (0 = none): a slow replay, so a
+        # test can watch the recovery progress move.
+        self.replay_delay = 0
         ctx = engine.ctx
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
@@ -318,6 +321,8 @@ class Rank:
                     items = [(s, p) for s, p in self.ring
                              if s >= start_seq and s not in self.skip_replay]
                 for s, p in items:
+                    if self.replay_delay:
+                        time.sleep(self.replay_delay)
                     if v25:
                         sock.send_multipart([ident, b"", self.engine.topic_bytes, be64(s), p])
                     else:
