@@ -12,7 +12,9 @@
  *             publishes KV events it ends when the worker stores the request's last full
  *             block (kvr_route_confirm, called by the ingest writer with the stored blocks'
  *             content hashes: the same hashes score computed for the query), or, never
- *             confirmed, after [route] prefill_timeout (counted). For a worker without
+ *             confirmed, after [route] prefill_timeout (counted), or when a prefill decided
+ *             over a second after it on that worker is confirmed (counted: the engine
+ *             computes in arrival order, its events were lost). For a worker without
  *             events (approximate mode) or a request with no full block to store, it ends at
  *             the predicted time.
  *   decoding  counted as running until an engine metrics sample newer than its
@@ -326,6 +328,31 @@ static void learn(struct kvr_route *r, struct wload *w, const struct flight *f, 
         r->fleet_rate = r->fleet_work / r->fleet_secs;
 }
 
+/* A confirmed prefill decided at t0 on w: the prefills of ours decided on w over FIFO_MARGIN
+ * before it are done too, confirmed or not. An engine computes prefills in arrival order
+ * (vLLM's scheduler runs the earlier admitted first; chunks of a long one take the budget
+ * before a later one gets any), so only their events can be missing: lost in a gap, or never
+ * sent because a sibling had already stored their last block. Without this they would count
+ * as queued until prefill_timeout and keep traffic off a worker that is idle. The margin
+ * leaves requests that reach the engine in another order than decided (ms apart) alone. */
+#define FIFO_MARGIN_NS 1000000000ll
+
+static void infer_before(struct kvr_route *r, struct wload *w, int64_t t0, int64_t now)
+{
+    for (struct flight *prev = NULL, *f = w->pend.head, *nx; f != NULL; f = nx) {
+        nx = f->next;
+        if (f->t0_ns > t0 - FIFO_MARGIN_NS) {
+            prev = f;
+            continue;
+        }
+        fl_unlink(&w->pend, prev, f);
+        w->pend_tokens -= f->tokens < w->pend_tokens ? f->tokens : w->pend_tokens;
+        pend_dec(r);
+        r->pend_inferred++;
+        to_decoding(r, w, f, now);
+    }
+}
+
 void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
                        const uint64_t *content, size_t n)
 {
@@ -334,7 +361,7 @@ void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
     pthread_mutex_lock(&r->mu);
     struct wload *w = route_wfind(r, pod, dp_rank, false);
     if (w != NULL && w->pend.n > 0) {
-        int64_t now = route_now_ns();
+        int64_t now = route_now_ns(), latest = INT64_MIN;
         for (struct flight *prev = NULL, *f = w->pend.head, *nx; f != NULL; f = nx) {
             nx = f->next;
             bool hit = false;
@@ -351,8 +378,11 @@ void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
             r->confirmed++;
             w->confirmed++;
             w->last_ns = now;
+            latest = f->t0_ns > latest ? f->t0_ns : latest;
             to_decoding(r, w, f, now);
         }
+        if (latest != INT64_MIN)
+            infer_before(r, w, latest, now);
     }
     pthread_mutex_unlock(&r->mu);
 }

@@ -95,7 +95,8 @@ struct kvr_route {
     int64_t gc_ns;             /* next sweep of idle workers */
     _Atomic uint64_t npend;    /* prefills pending on every worker: the confirm hook's
                                 * lock-free "nothing to do" (written under mu) */
-    uint64_t confirmed, pend_expired, pend_estimated, flight_dropped, all_busy, rejected,
+    uint64_t confirmed, pend_expired, pend_estimated, pend_inferred, flight_dropped, all_busy,
+        rejected,
         busy_skipped;
     /* session affinity (session.h) */
     struct kvr_session *sess;

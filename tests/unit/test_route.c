@@ -611,6 +611,43 @@ static void test_rate_served(void **state)
     kvr_route_destroy(r);
 }
 
+/* A worker computes prefills in arrival order: when one is confirmed, those decided on the
+ * same worker over a second before it are done too (their events were lost); those decided
+ * less than a second before, or after, are not. */
+static void test_inferred_before(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    c.route_prefill_timeout_ms = 60000;
+    c.route_decode_time_ms = 60000;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    decide_on(r, pods[0], 1000, 0xa1);
+    decide_on(r, pods[1], 1000, 0xa2); /* another worker: never inferred */
+    usleep(1050000);
+    decide_on(r, pods[0], 1000, 0xb1);
+    decide_on(r, pods[0], 1000, 0xc1);
+    decide_on(r, pods[1], 1000, 0xb2);
+    uint64_t k = 0xc1; /* C, decided ms after B: B stays, A (> 1 s before C) is done */
+    kvr_route_confirm(r, pods[0], 0, &k, 1);
+    struct kvr_route_flight f;
+    kvr_route_flight_of(r, pods[0], 0, &f);
+    assert_int_equal(f.pending, 1);
+    assert_int_equal(f.pending_tokens, 1000);
+    assert_int_equal(f.decoding, 2);
+    assert_int_equal(f.confirmed, 1);
+    kvr_route_flight_of(r, pods[1], 0, &f);
+    assert_int_equal(f.pending, 2);
+    struct kvr_buf b;
+    kvr_buf_init(&b);
+    kvr_route_metrics(r, &b);
+    kvr_buf_append(&b, "", 1);
+    assert_non_null(strstr(b.data, "kvrouter_route_prefills_inferred_total 1\n"));
+    assert_non_null(strstr(b.data, "kvrouter_route_prefills_confirmed_total 1\n"));
+    kvr_buf_free(&b);
+    kvr_route_destroy(r);
+}
+
 /* sticky_band: within (1 + band) x the best predicted time, the longest cached prefix. */
 static void test_ttft_sticky_band(void **state)
 {
@@ -692,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_ttft_all_busy),   cmocka_unit_test(test_inflight),
         cmocka_unit_test(test_engine_sample),   cmocka_unit_test(test_ttft_sticky_band),
         cmocka_unit_test(test_inflight_approx_model), cmocka_unit_test(test_rate_served),
+        cmocka_unit_test(test_inferred_before),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
