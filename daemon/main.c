@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/notify.h"
 #include "route/score.h"
+#include "route/share.h"
 #include "state/snap.h"
 #include "route/route.h"
 #include "text/tokset.h"
@@ -46,6 +47,7 @@ struct app {
     struct kvr_tokset *tokset; /* [model] tokenizers; reloaded on SIGHUP */
     struct kvr_route *route;   /* [route]: decisions and tracked loads */
     struct kvr_load *load;     /* [load]: the engines' own /metrics (its own thread) */
+    struct kvr_share *share;   /* [route] peer_bind/peers: replicas share decisions */
     bool running;              /* app_start succeeded: a shutdown snapshot is worth writing */
 };
 
@@ -186,9 +188,20 @@ static int app_start(struct app *a, struct kvr_err *err)
     if (rc != 0)
         return rc;
     kvr_route_set_load_source(a->route, kvr_daemon_route_load, a->load); /* before http */
+    if ((a->conf.route_peer_bind != NULL && a->conf.route_peer_bind[0] != '\0') ||
+        (a->conf.route_peers != NULL && a->conf.route_peers[0] != '\0')) {
+        rc = kvr_share_create(a->route, a->conf.route_peer_bind, a->conf.route_peers,
+                              &a->share, err);
+        if (rc == 0)
+            rc = kvr_share_start(a->share, err);
+        if (rc != 0)
+            return rc;
+        kvr_route_set_share(a->route, kvr_share_publish, a->share);
+    }
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
                                 .zsub = a->zsub, .index = a->index, .snap = a->snap,
-                                .tokset = a->tokset, .route = a->route, .load = a->load};
+                                .tokset = a->tokset, .route = a->route, .load = a->load,
+                                .share = a->share};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
@@ -207,8 +220,12 @@ static void app_stop(struct app *a)
         kvr_http_destroy(a->http);
         a->http = NULL;
     }
-    if (a->route != NULL)
+    if (a->route != NULL) {
         kvr_route_set_load_source(a->route, NULL, NULL); /* no decision runs any more */
+        kvr_route_set_share(a->route, NULL, NULL);
+    }
+    kvr_share_destroy(a->share); /* sends what is queued, stops its thread */
+    a->share = NULL;
     kvr_load_destroy(a->load); /* stops its thread; before ingest, which its listing reads */
     a->load = NULL;
     kvr_snap_stop(a->snap); /* the periodic thread (finishes a snapshot being written) */

@@ -146,6 +146,8 @@ const struct directive kvr_conf_directives[] = {
     {"route", "busy_kv_usage", T_DOUBLE, "0.95", 0, 1, F_RELOADABLE, OFF(route_busy_kv_usage)},
     {"route", "busy_waiting", T_U32, "0", 0, 1000000, F_RELOADABLE, OFF(route_busy_waiting)},
     {"route", "when_all_busy", T_STRING, "best", 1, 16, F_RELOADABLE, OFF(route_when_all_busy)},
+    {"route", "peer_bind", T_STRING, NULL, 0, 1023, F_EMPTY_OK, OFF(route_peer_bind)},
+    {"route", "peers", T_STRING, NULL, 0, 4095, F_EMPTY_OK, OFF(route_peers)},
     {"route", "session_header", T_STRING, "X-Session-ID", 0, 64, F_EMPTY_OK,
      OFF(route_session_header)},
     {"route", "session_ttl", T_DURATION, "300s", 0, 7 * 24 * MS_H, F_RELOADABLE,
@@ -998,6 +1000,24 @@ static void cross_check(struct pstate *st)
              "[route] when_all_busy = %.100s: expected best or reject", c->route_when_all_busy);
         return;
     }
+    for (const char *p = c->route_peers; p != NULL && *p;) { /* ZeroMQ endpoints */
+        size_t n = strcspn(p, " \t,");
+        if (n > 0 && strncmp(p, "tcp://", 6) != 0 && strncmp(p, "ipc://", 6) != 0) {
+            fail(st, seen_line(st, "route", "peers"), -EINVAL,
+                 "[route] peers: %.*s is not a tcp:// or ipc:// endpoint", (int)(n > 200 ? 200 : n),
+                 p);
+            return;
+        }
+        p += n;
+        p += strspn(p, " \t,");
+    }
+    if (c->route_peer_bind != NULL && c->route_peer_bind[0] != '\0' &&
+        strncmp(c->route_peer_bind, "tcp://", 6) != 0 &&
+        strncmp(c->route_peer_bind, "ipc://", 6) != 0) {
+        fail(st, seen_line(st, "route", "peer_bind"), -EINVAL,
+             "[route] peer_bind = %.200s: not a tcp:// or ipc:// endpoint", c->route_peer_bind);
+        return;
+    }
     for (const char *h = c->route_session_header; h != NULL && *h; h++) {
         /* an HTTP field name: RFC 9110's token characters */
         if (!isalnum((unsigned char)*h) && strchr("!#$%&'*+-.^_`|~", *h) == NULL) {
@@ -1169,6 +1189,8 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->route_policy);
     free(c->route_when_all_busy);
     free(c->route_session_header);
+    free(c->route_peer_bind);
+    free(c->route_peers);
     free(c->load_metrics_url);
     kvr_conf_models_free(c);
     memset(c, 0, sizeof(*c));

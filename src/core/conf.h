@@ -163,6 +163,9 @@ struct kvr_conf {
     double route_busy_kv_usage;       /* ttft: skip workers at this KV usage; 0.95 (0 = off) */
     uint32_t route_busy_waiting;      /* ttft: ... with this many waiting; 0 = off */
     char *route_when_all_busy;        /* best | reject (429); default best */
+    char *route_peer_bind;            /* replicas: our PUB endpoint for decisions; NULL/"" =
+                                       * none (route/share.h); not reloadable */
+    char *route_peers;                /* the other replicas' PUB endpoints (blanks/commas) */
     char *route_session_header;       /* session affinity: the request header carrying the
                                        * session key; default X-Session-ID; "" = none (the
                                        * body's "session_id" only); not reloadable */

@@ -731,6 +731,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     ad.tokset = deps->tokset;
     ad.route = deps->route;
     ad.load = deps->load;
+    ad.share = deps->share;
     ad.admin_listener = conf->admin_listen != NULL && conf->admin_listen[0] != '\0';
     ad.public_introspection = conf->public_introspection;
     ad.server_metrics = server_metrics;

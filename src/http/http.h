@@ -16,6 +16,7 @@
 #include "core/err.h"
 #include "events/ingest.h"
 #include "load/load.h"
+#include "route/share.h"
 #include "route/score.h"
 #include "state/snap.h"
 #include "text/tokset.h"
@@ -33,6 +34,7 @@ struct kvr_http_deps {
     struct kvr_tokset *tokset; /* prompts to token ids; NULL: text answers 400 */
     struct kvr_route *route;   /* POST /v1/route; NULL: 503 */
     struct kvr_load *load;     /* the engines' scraped loads in /v1/pods, /metrics; may be NULL */
+    struct kvr_share *share;   /* replicas sharing decisions: its /metrics lines; may be NULL */
 };
 
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err);

@@ -54,6 +54,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->tokset = deps->tokset;
     api->route = deps->route;
     api->load = deps->load;
+    api->share = deps->share;
     api->max_prompt_bytes = deps->conf->max_prompt_bytes > 0 ? (uint64_t)deps->conf->max_prompt_bytes
                                                              : 1u << 20;
     api->admin_listener = deps->admin_listener;
@@ -917,6 +918,8 @@ static void ep_metrics(struct kvr_httpapi *api, struct kvr_httpresp *resp)
     if (api->snap != NULL)
         kvr_snap_metrics(api->snap, b);
     kvr_load_metrics(api->load, b); /* nothing when NULL */
+    if (api->share != NULL)
+        kvr_share_metrics(api->share, b);
     if (api->server_metrics != NULL)
         api->server_metrics(api->server_metrics_arg, b);
 }

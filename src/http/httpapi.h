@@ -47,6 +47,7 @@
 #include "index/index.h"
 #include "events/ingest.h"
 #include "load/load.h"
+#include "route/share.h"
 #include "route/score.h"
 #include "route/route.h"
 #include "state/snap.h"
@@ -68,6 +69,7 @@ struct kvr_httpapi_deps {
     struct kvr_snap *snap;     /* GET /v1/snapshot and its /metrics lines; NULL: 503 */
     struct kvr_route *route;   /* POST /v1/route, DELETE /v1/routes/{id}; NULL: 503 */
     struct kvr_load *load;     /* scraped engine loads in /v1/pods and /metrics; may be NULL */
+    struct kvr_share *share;   /* replicas sharing decisions: /metrics lines; may be NULL */
     struct kvr_tokset *tokset; /* POST /v1/tokenize, "prompt" in /v1/score; NULL: no
                                 * tokenizers (text gets 400 "no tokenizer for model") */
     bool admin_listener;       /* an admin listener exists (mutations only there) */

@@ -32,6 +32,7 @@ struct kvr_httpapi {
     struct kvr_tokset *tokset;
     struct kvr_route *route;
     struct kvr_load *load;
+    struct kvr_share *share;
     struct kvr_rstat *rstat; /* decision metrics (owned; its own mutex) */
     uint64_t max_prompt_bytes;
     bool admin_listener;

@@ -611,14 +611,14 @@ size_t kvr_route_forget_pod(struct kvr_route *r, const char *pod)
 
 void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
 {
-    uint64_t dec[KVR_ROUTE_NPOLICIES], tt, en, ex, nt, cf, pe, ps, pi, fd, ab, rj, bs, np;
+    uint64_t dec[KVR_ROUTE_NPOLICIES], tt, en, ex, nt, cf, pe, ps, pi, fd, ab, rj, bs, np, sa;
     pthread_mutex_lock(&r->mu);
     expire(r, now_ms());
     route_flight_age_all(r, route_now_ns());
     memcpy(dec, r->decisions, sizeof(dec));
     tt = r->tracked_total, en = r->ended, ex = r->expired, nt = r->ntracked;
     cf = r->confirmed, pe = r->pend_expired, ps = r->pend_estimated, fd = r->flight_dropped;
-    pi = r->pend_inferred;
+    pi = r->pend_inferred, sa = r->shared_applied;
     ab = r->all_busy, rj = r->rejected, bs = r->busy_skipped;
     np = atomic_load_explicit(&r->npend, memory_order_relaxed);
     pthread_mutex_unlock(&r->mu);
@@ -645,6 +645,9 @@ void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
     kvr_metrics_counter(out, "route_prefills_inferred_total",
                         "Prefills taken as done, unconfirmed, when one routed to the same "
                         "worker over a second later was confirmed", NULL, pi);
+    kvr_metrics_counter(out, "route_shared_applied_total",
+                        "Decisions of peer replicas taken in as in-flight work ([route] peers)",
+                        NULL, sa);
     kvr_metrics_counter(out, "route_prefills_estimated_total",
                         "Prefills on workers without events, done by the predicted time", NULL,
                         ps);

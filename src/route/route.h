@@ -164,6 +164,26 @@ void kvr_route_set_load_source(struct kvr_route *r, kvr_route_load_fn fn, void *
 void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
                        const uint64_t *content, size_t n);
 
+/* ---- replicas sharing their decisions (share.h carries them) --------------------- */
+
+/* A committed decision as a replica's peers take it in: its uncached tokens queue as a
+ * prefill on (pod, dp_rank), confirmed by the worker's events through key (the content hash
+ * of the request's last full block; evented false or key 0: done at the predicted time). */
+struct kvr_route_shared {
+    const char *pod; /* NUL-terminated, borrowed for the call */
+    uint32_t dp_rank;
+    uint64_t tokens;
+    uint64_t key;
+    bool evented;
+};
+/* Called under the route mutex for every committed decision: must copy what it keeps and
+ * return at once (no I/O, no call into route). */
+typedef void (*kvr_route_share_fn)(void *arg, const struct kvr_route_shared *s);
+void kvr_route_set_share(struct kvr_route *r, kvr_route_share_fn fn, void *arg);
+/* A peer's decision: in-flight work on its worker from now, as if decided here (not a
+ * decision of ours: no session, no counters but its own). 0, -EINVAL, -ENOMEM. */
+int kvr_route_apply_shared(struct kvr_route *r, const struct kvr_route_shared *s);
+
 /* The in-flight view of one worker, for /v1/pods. */
 struct kvr_route_flight {
     uint64_t requests, tokens; /* tracked (track + DELETE), as kvr_route_load */

@@ -261,6 +261,8 @@ void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t n
     }
 }
 
+static void flight_add(struct kvr_route *r, struct wload *w, struct flight *f, int64_t now);
+
 void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
                          const struct kvr_route_cand *c, int64_t now)
 {
@@ -283,6 +285,19 @@ void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
                    (q->model != NULL && !route_assumes_locked(r, q->model, c->pod));
     f->evented = evented && q->last_block != 0 && c->matched_blocks < q->query_blocks;
     f->key = f->evented ? q->last_block : 0;
+    if (r->share_fn != NULL) {
+        struct kvr_route_shared sh = {.pod = c->pod, .dp_rank = c->dp_rank,
+                                      .tokens = f->tokens, .key = f->key,
+                                      .evented = f->evented};
+        r->share_fn(r->share_arg, &sh);
+    }
+    flight_add(r, w, f, now);
+}
+
+/* f (tokens, ahead, t0, evented, key set) becomes w's newest prefill, or decoding at once
+ * when it has nothing to compute. */
+static void flight_add(struct kvr_route *r, struct wload *w, struct flight *f, int64_t now)
+{
     if (f->tokens == 0) { /* all cached: decoding at once */
         to_decoding(r, w, f, now);
         return;
@@ -302,6 +317,40 @@ void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
     fl_push(&w->pend, f);
     w->pend_tokens += f->tokens;
     atomic_fetch_add_explicit(&r->npend, 1, memory_order_relaxed);
+}
+
+void kvr_route_set_share(struct kvr_route *r, kvr_route_share_fn fn, void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    r->share_fn = fn;
+    r->share_arg = arg;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int kvr_route_apply_shared(struct kvr_route *r, const struct kvr_route_shared *s)
+{
+    if (s->pod == NULL || s->pod[0] == '\0')
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int64_t now = route_now_ns();
+    struct wload *w = route_wfind(r, s->pod, s->dp_rank, true);
+    struct flight *f = w != NULL ? calloc(1, sizeof(*f)) : NULL;
+    if (f == NULL) {
+        r->flight_dropped++;
+        pthread_mutex_unlock(&r->mu);
+        return -ENOMEM;
+    }
+    route_flight_age(r, w, now);
+    w->last_ns = now;
+    f->tokens = s->tokens;
+    f->ahead = w->pend_tokens;
+    f->t0_ns = now; /* the peer's clock is not ours: it was decided about now */
+    f->evented = s->evented && s->key != 0;
+    f->key = f->evented ? s->key : 0;
+    flight_add(r, w, f, now);
+    r->shared_applied++;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
 }
 
 /* A confirmed prefill's service time: from the worker's previous confirmation (it was queued

@@ -98,6 +98,9 @@ struct kvr_route {
     uint64_t confirmed, pend_expired, pend_estimated, pend_inferred, flight_dropped, all_busy,
         rejected,
         busy_skipped;
+    kvr_route_share_fn share_fn; /* replicas: each committed decision (NULL = none) */
+    void *share_arg;
+    uint64_t shared_applied;     /* peers' decisions taken in */
     /* session affinity (session.h) */
     struct kvr_session *sess;
     int64_t session_ttl_ms;    /* 0 = off */
