@@ -145,3 +145,30 @@ def test_sidecar_shape_ports():
         host = "%s-%d.%s" % (sts["metadata"]["name"], i, svc)
         assert ep == "tcp://%s:%d" % (host, port_of(cfg["endpoint"]))
         assert replay == "replay=tcp://%s:%d" % (host, port_of(cfg["replay_endpoint"]))
+
+
+def test_replicas_shape_shares_decisions():
+    """[route] peer_bind / peers: the primary and every replica of the StatefulSet publish
+    their decisions on one port and subscribe to all the others by stable names."""
+    docs = load("replicas")
+    cm = confs(docs)
+    primary, replica = cm["kvrouterd-primary"], cm["kvrouterd-replica"]
+    (sts,) = [w for w in of_kind(docs, "StatefulSet") if w["metadata"]["name"] == "kvrouterd"]
+    svc = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
+    peers_svc = svc[sts["spec"]["serviceName"]]
+    assert peers_svc["spec"]["clusterIP"] == "None"  # headless: per-pod names
+    (bind,) = ini_values(primary, "peer_bind")
+    assert ini_values(replica, "peer_bind") == [bind]
+    port = port_of(bind)
+    assert port in {p["port"] for p in peers_svc["spec"]["ports"]}
+    assert port in {p["port"] for p in svc["kvrouterd-primary"]["spec"]["ports"]}
+    names = ["tcp://%s-%d.%s:%d" % (sts["metadata"]["name"], i, peers_svc["metadata"]["name"],
+                                    port) for i in range(sts["spec"]["replicas"])]
+    (pp,) = ini_values(primary, "peers")
+    (rp,) = ini_values(replica, "peers")
+    assert pp.split() == names
+    assert rp.split() == ["tcp://kvrouterd-primary:%d" % port] + names
+    for w in pod_templates(docs):
+        if w["metadata"]["name"] in ("kvrouterd", "kvrouterd-primary"):
+            (c,) = w["spec"]["template"]["spec"]["containers"]
+            assert port in {p["containerPort"] for p in c["ports"]}
