@@ -329,8 +329,30 @@ DESCRIPTIONS = {
 }
 
 
+def split_replicas(name):
+    """"ROUTER@N": N kvrouterd replicas sharing their decisions ([route] peers), the routing
+    calls spread over them in turn; "ROUTER@Nu": the same without sharing. -> (router, N,
+    share)."""
+    base, _, rep = name.partition("@")
+    if not rep:
+        return name, 1, False
+    share = not rep.endswith("u")
+    n = int(rep[:-1] if not share else rep)
+    if n < 1:
+        raise ValueError("replicas must be >= 1 in %r" % name)
+    return base, n, share
+
+
 def make(name, ctx):
-    """A router by name; "kvrouterd:<policy>" for any policy of the daemon."""
+    """A router by name; "kvrouterd:<policy>" for any policy of the daemon; "@N" / "@Nu"
+    suffixes: see split_replicas (the router is the same, run_cell starts the replicas)."""
+    base, n, _ = split_replicas(name)
+    if n > 1 or base != name:
+        r = make(base, ctx)
+        if not r.needs_kvr:
+            raise ValueError("%r: replicas are for kvrouterd routers" % name)
+        r.name = name
+        return r
     if name.startswith("kvrouterd:"):
         pol = name.split(":", 1)[1] or None
         return Kvrouterd(ctx, name, pol, False)
@@ -350,6 +372,10 @@ def make(name, ctx):
 
 
 def describe(name):
+    base, n, share = split_replicas(name)
+    if base != name:
+        return "%s, %d replicas%s" % (describe(base), n,
+                                      " sharing decisions" if share else ", not sharing")
     if name.startswith("kvrouterd:"):
         return "kvrouterd `%s`, no loads" % (name.split(":", 1)[1] or "default")
     if name.startswith("llm-d:"):

@@ -40,10 +40,12 @@ import datetime
 import gc
 import heapq
 import http.client
+import itertools
 import json
 import os
 import queue
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -115,10 +117,36 @@ class KvrClient:
 
 # ---- the fleet ----------------------------------------------------------------------------------
 
-class Fleet:
-    """N engines; with a daemon, each one with its /metrics server and KV-event publisher."""
+class KvrReplicas:
+    """KvrClient's interface over several kvrouterd replicas: each call goes to the next one
+    (a round-robin of callers in front of the replicas), one kept-alive connection each."""
 
-    def __init__(self, n, cfg, daemon=None):
+    _turn = itertools.count()
+
+    def __init__(self, ports, timeout=10):
+        self.clients = [KvrClient(p, timeout) for p in ports]
+
+    def post(self, path, body, method="POST"):
+        c = self.clients[next(KvrReplicas._turn) % len(self.clients)]
+        return c.post(path, body, method)
+
+    def get(self, path):
+        return self.post(path, None, method="GET")
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+
+
+def kvr_client(ports):
+    return KvrClient(ports[0]) if len(ports) == 1 else KvrReplicas(ports)
+
+
+class Fleet:
+    """N engines; with a daemon, each one with its /metrics server and KV-event publisher
+    (connected to every daemon of `others` too: replicas each read every engine)."""
+
+    def __init__(self, n, cfg, daemon=None, others=()):
         self.cfg = cfg
         self.daemon = daemon
         self.engines = []
@@ -141,9 +169,23 @@ class Fleet:
             self.engines.append(eng)
         for pub in self.pubs:
             pub.wait_subscriber(10)
+            for d in others:
+                pub.rank(0).pub.connect(d.events[0])
         for e in self.engines:  # an empty batch: the stream is known from the start
             if e.pub is not None:
                 e.pub.publish()
+        deadline = time.monotonic() + 10
+        for d in others:  # slow joiners: empty batches until every replica knows every pod
+            while True:
+                st, ans = d.json("GET", "/v1/pods", admin=True)
+                known = {p.get("pod") for p in (ans or {}).get("pods", [])}
+                if all(e.pod in known for e in self.engines):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("a replica never saw every engine: %r" % sorted(known))
+                for e in self.engines:
+                    e.pub.publish()
+                time.sleep(0.05)
 
     @property
     def pods(self):
@@ -161,14 +203,14 @@ class Fleet:
 class Loop:
     """Drives the fleet through one workload with one router."""
 
-    def __init__(self, fleet, router, reqs, args, realtime, kvr_port=None):
+    def __init__(self, fleet, router, reqs, args, realtime, kvr_ports=None):
         self.fleet = fleet
         self.engines = fleet.engines
         self.router = router
         self.reqs = reqs
         self.args = args
         self.realtime = realtime
-        self.kvr_port = kvr_port
+        self.kvr_ports = kvr_ports
         self.speed = args.speed
         self.heap = []
         self.seq = 0
@@ -209,7 +251,7 @@ class Loop:
 
     # routing threads (real time)
     def _route_worker(self):
-        kvr = KvrClient(self.kvr_port) if self.router.needs_kvr else None
+        kvr = kvr_client(self.kvr_ports) if self.router.needs_kvr else None
         router = self.router
         inbox = self.inbox
         n = len(self.engines)
@@ -227,7 +269,7 @@ class Loop:
                     if self.route_errors <= 3:
                         log("routing error (%s): %s" % (router.name, ex))
                     i = req.rid % n
-                    kvr = KvrClient(self.kvr_port) if router.needs_kvr else None
+                    kvr = kvr_client(self.kvr_ports) if router.needs_kvr else None
                 w1 = time.perf_counter()
                 req.route_ms = (w1 - w0) * 1000.0
                 inbox.put((req, i, w1 - w_sub))
@@ -359,6 +401,14 @@ def settle(fleet, daemon, timeout=20.0):
                        % (timeout, want, rows))
 
 
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def route_counters(daemon):
     """kvrouterd's unlabelled kvrouter_route_* series at the end of a cell (confirmed,
     expired, estimated prefills...): what its in-flight accounting saw."""
@@ -368,7 +418,8 @@ def route_counters(daemon):
         return {}
     out = {}
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith("kvrouter_route_") and "{" not in line:
+        if (line.startswith("kvrouter_route_") or line.startswith("kvrouter_share_")) \
+                and "{" not in line:
             name, _, val = line.partition(" ")
             try:
                 out[name] = float(val)
@@ -507,10 +558,20 @@ def run_cell(args, workload, rate, router_name, reqs=None):
         reqs, info = build_reqs(args, workload, rate, args.duration)
     else:
         info = {}
-    daemon = Daemon(config=daemon_config(args), ready_timeout=30)
+    _, nrep, share = fleet_routers.split_replicas(router_name)
+    cfgs = [daemon_config(args) for _ in range(nrep)]
+    if nrep > 1 and share:
+        ports = [free_port() for _ in range(nrep)]
+        for c, p in zip(cfgs, ports):
+            c.setdefault("route", {})["peer_bind"] = "tcp://127.0.0.1:%d" % p
+            c["route"]["peers"] = " ".join("tcp://127.0.0.1:%d" % q for q in ports)
+    daemon = Daemon(config=cfgs[0], ready_timeout=30)
+    others = []
     fleet = None
     try:
-        fleet = Fleet(args.engines, engine_config(args), daemon)
+        for c in cfgs[1:]:
+            others.append(Daemon(config=c, ready_timeout=30))
+        fleet = Fleet(args.engines, engine_config(args), daemon, others)
         for e in fleet.engines:
             e.window = (args.warmup, args.duration)
         ctx = fleet_routers.Ctx(fleet.pods, MODEL, args.block_size, fleet.engines, args.seed,
@@ -523,7 +584,8 @@ def run_cell(args, workload, rate, router_name, reqs=None):
         gc.freeze()
         cpu0 = os.times()
         try:
-            loop = Loop(fleet, router, reqs, args, realtime=True, kvr_port=daemon.http_port).run()
+            loop = Loop(fleet, router, reqs, args, realtime=True,
+                        kvr_ports=[daemon.http_port] + [d.http_port for d in others]).run()
         finally:
             gc.unfreeze()
         cpu1 = os.times()
@@ -532,12 +594,16 @@ def run_cell(args, workload, rate, router_name, reqs=None):
         res["loadavg"] = [load0, os.getloadavg()[0]]
         res["workload_info"] = info
         res["kvr_route"] = route_counters(daemon)
+        res["replicas"] = nrep
+        res["shared"] = share
         if args.validate_sample > 0:
             res["validation"] = validate(fleet, daemon, reqs, args.validate_sample, args.seed)
         return res
     finally:
         if fleet is not None:
             fleet.close()
+        for d in others:
+            d.stop()
         daemon.stop()
 
 
