@@ -83,7 +83,7 @@ class Req:
     """One request: the workload's part (prompt, lengths, arrival) and the state of its
     life in the router and the engine."""
 
-    __slots__ = ("rid", "arrival", "prompt", "plen", "olen", "tag",
+    __slots__ = ("rid", "arrival", "prompt", "plen", "olen", "tag", "session", "parent",
                  # router side
                  "engine", "routed_t", "route_ms", "kvr", "rstate",
                  # engine side
@@ -97,6 +97,8 @@ class Req:
         self.plen = prompt.length
         self.olen = max(1, olen)
         self.tag = tag
+        self.session = None  # a conversation's key (mooncake: its first turn's rid)
+        self.parent = None   # the conversation's previous turn (a Req), if any
         self.engine = None
         self.routed_t = None
         self.route_ms = 0.0

@@ -132,11 +132,12 @@ class Kvrouterd(Router):
     """POST /v1/route. policy None = the daemon's default; loads: send true loads."""
     needs_kvr = True
 
-    def __init__(self, ctx, name, policy=None, loads=False):
+    def __init__(self, ctx, name, policy=None, loads=False, sessions=False):
         super().__init__(ctx)
         self.name = name
         self.policy = policy
         self.loads = loads
+        self.sessions = sessions
         self.rr = 0
 
     def route(self, req, kvr):
@@ -149,8 +150,10 @@ class Kvrouterd(Router):
             cand = "[" + ",".join(cands) + "]"
         else:
             cand = json.dumps([{"pod": p} for p in ctx.pods])
-        body = '{"candidates":%s,%s"model":%s,"token_ids":[%s]}' % (
+        body = '{"candidates":%s,%s%s"model":%s,"token_ids":[%s]}' % (
             cand, ('"policy":%s,' % json.dumps(self.policy)) if self.policy else "",
+            ('"session_id":%s,' % json.dumps(req.session))
+            if self.sessions and req.session else "",
             json.dumps(ctx.model), req.prompt.json_ids())
         status, ans = kvr.post("/v1/route", body)
         i = None
@@ -309,6 +312,7 @@ ROUTERS = {
     "round-robin": RoundRobin,
     "least-loaded": LeastLoaded,
     "kvrouterd-gw": lambda ctx: Kvrouterd(ctx, "kvrouterd-gw"),
+    "kvrouterd-gw-sessions": lambda ctx: Kvrouterd(ctx, "kvrouterd-gw-sessions", sessions=True),
     "kvrouterd-cost-true": lambda ctx: Kvrouterd(ctx, "kvrouterd-cost-true", "cost", True),
     "kvrouterd-cache_aware-true": lambda ctx: Kvrouterd(ctx, "kvrouterd-cache_aware-true",
                                                         "cache_aware", True),
@@ -321,6 +325,8 @@ DESCRIPTIONS = {
     "round-robin": "round-robin",
     "least-loaded": "least outstanding tokens (its own in-flight)",
     "kvrouterd-gw": "kvrouterd as the shipped gateways call it (no loads)",
+    "kvrouterd-gw-sessions": "kvrouterd as the gateways call it, with the conversation as "
+                             "session_id",
     "kvrouterd-cost-true": "kvrouterd `cost`, true loads given by the gateway",
     "kvrouterd-cache_aware-true": "kvrouterd `cache_aware`, true loads given",
     "sglang": "SGLang `cache_aware` (its own in-flight counts)",

@@ -506,6 +506,11 @@ def summarize(loop, reqs, args, fleet):
         "stored_blocks": sum(e.stored_blocks for e in engines),
         "removed_blocks": sum(e.removed_blocks for e in engines),
         "aborted": loop.aborted,
+        # conversations (mooncake): follow-up turns, and those that ran on their previous
+        # turn's engine
+        "followups": sum(1 for r in meas if r.parent is not None),
+        "followups_same": sum(1 for r in meas if r.parent is not None
+                              and r.engine is not None and r.engine == r.parent.engine),
         # The tail, to tell a router's doing from a prompt's own cost: the 10 slowest
         # first tokens with their prompt, what their engine had cached and the minimum
         # prefill time of the uncached rest at the calibrated rate.

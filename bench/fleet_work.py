@@ -160,8 +160,35 @@ def mooncake(path, rate=1.0, duration=60.0, start=0.0, max_tokens=131072, seed=0
                 left -= used
             if left > 0:  # input_length beyond its hash ids: unique filler
                 parts.append(("mx%d" % ts, left, left))
-            reqs.append(Req(0, (ts - t_lo) / 1000.0 / rate, corpus.prompt(parts), n_out, "trace"))
-    return _mk(reqs), {"skipped_too_long": skipped, "corpus_segments": len(corpus.segs)}
+            r = Req(0, (ts - t_lo) / 1000.0 / rate, corpus.prompt(parts), n_out, "trace")
+            r.session = tuple(rec["hash_ids"])  # replaced by conversations() below
+            reqs.append(r)
+    reqs = _mk(reqs)
+    conversations(reqs)
+    return reqs, {"skipped_too_long": skipped, "corpus_segments": len(corpus.segs)}
+
+
+def conversations(reqs):
+    """The trace has no session ids: a request whose 512-token ids start with all of an
+    earlier request's ids but its last (a partial block, whose id changes when the next
+    turn fills it) is that conversation's next turn (the history is resent), the latest such
+    request its previous turn (longest match first). Requests that only share a system
+    prompt that some earlier one consisted of are taken as one conversation too: the trace
+    cannot tell them apart. Sets req.session (the first turn's rid, as a string) and
+    req.parent."""
+    last = {}  # ids but the last of a request -> the latest such request
+    for r in reqs:
+        ids = r.session
+        parent = None
+        for k in range(len(ids), 0, -1):  # longest earlier prefix first
+            parent = last.get(ids[:k])
+            if parent is not None:
+                break
+        r.parent = parent
+        if len(ids) >= 2:
+            last[ids[:-1]] = r
+    for r in reqs:
+        r.session = r.parent.session if r.parent is not None else "conv-%d" % r.rid
 
 
 def hot(rate, duration=60.0, seed=0, share=0.7, sys_len=4096, suffix=(32, 512),
