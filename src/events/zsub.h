@@ -256,10 +256,19 @@ struct kvr_zsub_topic_parts {
 int kvr_zsub_topic_split(const void *frame, size_t len, struct kvr_zsub_topic_parts *out);
 /* Exactly 8 bytes big-endian → 0; otherwise -EINVAL. */
 int kvr_zsub_seq(const void *frame, size_t len, uint64_t *seq);
+/* The longest publisher id accepted after the seq (vLLM's is 16 bytes). */
+#define KVR_ZSUB_PUBID_MAX 64
+/* A live seq frame: 8 bytes big-endian, then optionally the publisher's id (vLLM with a
+ * snapshot_endpoint, PR #57789: a 16-byte uuid4 per publisher lifetime, so 24 bytes in
+ * all). 0 with *seq set and id, id_len the id's bytes (NULL/0 without one: 8 bytes); -EINVAL
+ * (outputs untouched) for fewer than 8 bytes or an id over KVR_ZSUB_PUBID_MAX bytes. */
+int kvr_zsub_seq_id(const void *frame, size_t len, uint64_t *seq, const void **id,
+                    size_t *id_len);
 
 #define KVR_ZSUB_SEQ_END UINT64_MAX
 /* A replay reply as seen by a DEALER: v0.9–v0.24 [empty, seq8, payload] or v0.25+
- * [empty, topic, seq8, payload]. frames/lens hold nframes frames. On success *seq and the
+ * [empty, topic, seq8, payload] (replies carry no publisher id, PR #57789's included).
+ * frames/lens hold nframes frames. On success *seq and the
  * payload span are set; *seq == KVR_ZSUB_SEQ_END (or an empty payload) is the end
  * marker. -EINVAL for any other shape. */
 int kvr_zsub_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,

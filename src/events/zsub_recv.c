@@ -77,6 +77,7 @@ struct kvr_queue_msg *kvr_zsub_reserve_item(struct kvr_zsub *z, uint32_t shard)
         it->ctx = NULL;
         it->seq = 0;
         it->recv_ns = 0;
+        it->pubid = 0;
         it->source = 0;
         it->gen = 0;
         it->ok = false;
@@ -421,6 +422,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         size_t n = 0;
         int more = 1;
         uint64_t seq;
+        const void *pid;
+        size_t pid_len;
         enum kvr_zsub_bad bad;
         struct topic_rec *t;
         struct kvr_queue_msg *it;
@@ -452,7 +455,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, KVR_ZSUB_BAD_FRAMES, n);
             goto drop;
         }
-        if (kvr_zsub_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
+        if (kvr_zsub_seq_id(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq, &pid,
+                            &pid_len) != 0) {
             count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
             goto drop;
         }
@@ -480,6 +484,7 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         it->kind = KVR_QUEUE_LIVE;
         it->topic = &t->pub;
         it->seq = seq;
+        it->pubid = pid_len > 0 ? kvr_queue_pubid(pid, pid_len) : 0;
         it->recv_ns = kvr_now_ns();
         it->source = s->id;
         /* A {pod} template cannot name the ROUTER of a pod id that is no host. */
