@@ -31,6 +31,7 @@ struct kvr_httpapi {
     struct kvr_tokset *tokset;
     struct kvr_route *route;
     struct kvr_load *load;
+    const struct kvr_modelfilter *models; /* [events] models (NULL: all) */
     uint64_t max_prompt_bytes;
     bool admin_listener;
     bool public_introspection;

@@ -511,7 +511,7 @@ static int pipeline_start(const struct kvr_conf *c, struct kvr_index *ix,
     *z = NULL;
     rc = kvr_ingest_create(c, ix, ing, err);
     if (rc == 0)
-        rc = kvr_daemon_zsub_create(c, *ing, z, err);
+        rc = kvr_daemon_zsub_create(c, NULL, *ing, z, err);
     if (rc == 0)
         rc = kvr_ingest_start(*ing, err);
     if (rc == 0)
