@@ -814,6 +814,23 @@ static void test_write_seeds(void **state)
         if (i > 0)
             model_free(&m);
     }
+    { /* version 2: streams with and without a publisher id */
+        struct kvr_ingest_snap_stream ss[2] = {
+            {.pod = "pod-a", .model = "org/m", .last_seq = 7, .pub_id = 0x1234},
+            {.pod = "pod-b", .model = "org/m", .dp_rank = 1, .last_seq = 9, .unsynced = true},
+        };
+        struct st a;
+        struct kvr_buf x;
+        char path[512];
+        st_init(&a);
+        assert_int_equal(kvr_ingest_restore_streams(a.ing, ss, 2), 0);
+        kvr_buf_init(&x);
+        snapshot_of(&a, &x);
+        snprintf(path, sizeof(path), "%s/seed-3-publisher-id.kvr", FUZZ_SEEDS_DIR);
+        write_bytes(path, x.data, x.len);
+        kvr_buf_free(&x);
+        st_free(&a);
+    }
 }
 #endif
 
