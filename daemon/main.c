@@ -22,6 +22,7 @@
 #include "events/ingest.h"
 #include "load/load.h"
 #include "core/log.h"
+#include "core/modelfilter.h"
 #include "core/notify.h"
 #include "route/score.h"
 #include "route/share.h"
@@ -48,6 +49,7 @@ struct app {
     struct kvr_route *route;   /* [route]: decisions and tracked loads */
     struct kvr_load *load;     /* [load]: the engines' own /metrics (its own thread) */
     struct kvr_share *share;   /* [route] peer_bind/peers: replicas share decisions */
+    struct kvr_modelfilter *models; /* [events] models: read by zsub and http; SIGHUP */
     bool running;              /* app_start succeeded: a shutdown snapshot is worth writing */
 };
 
@@ -63,8 +65,8 @@ static void usage(FILE *f)
             "  -h, --help         print this help and exit\n"
             "\n"
             "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP reloads [log], [score], [route],\n"
-            "[load], [http] admin_token, [index] max_memory and the [model] sections (changed\n"
-            "tokenizers are loaded).\n");
+            "[load], [http] admin_token, [index] max_memory, [events] models and the [model]\n"
+            "sections (changed tokenizers are loaded).\n");
 }
 
 /* kvrouterd -t: advice that does not fail the check. */
@@ -96,6 +98,11 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
             kvr_log_error("reload: [load]: %s", err.msg);
         if (kvr_daemon_load_fixed(a->load, live) != 0)
             kvr_log_error("reload: out of memory setting the approximate_pods to scrape");
+    }
+    if (a->models != NULL) {
+        struct kvr_err err;
+        if (kvr_modelfilter_set(a->models, live->events_models, &err) != 0)
+            kvr_log_error("reload: [events] models: %s (the previous list stays)", err.msg);
     }
     if (a->tokset != NULL) {
         struct kvr_err err;
@@ -165,7 +172,10 @@ static int app_start(struct app *a, struct kvr_err *err)
     rc = kvr_snap_create(&so, &a->snap, err);
     if (rc != 0)
         return rc;
-    rc = kvr_daemon_zsub_create(&a->conf, a->ingest, &a->zsub, err); /* binds, connects */
+    rc = kvr_modelfilter_create(a->conf.events_models, &a->models, err); /* checked by conf */
+    if (rc != 0)
+        return rc;
+    rc = kvr_daemon_zsub_create(&a->conf, a->models, a->ingest, &a->zsub, err); /* binds */
     if (rc != 0)
         return rc;
     kvr_ingest_set_store_hook(a->ingest, stored_blocks, a->route);
@@ -201,7 +211,7 @@ static int app_start(struct app *a, struct kvr_err *err)
     hd = (struct kvr_http_deps){.conf = &a->conf, .score = a->score, .ingest = a->ingest,
                                 .zsub = a->zsub, .index = a->index, .snap = a->snap,
                                 .tokset = a->tokset, .route = a->route, .load = a->load,
-                                .share = a->share};
+                                .share = a->share, .models = a->models};
     rc = kvr_http_create(&hd, &a->http, err);
     if (rc != 0)
         return rc;
@@ -261,6 +271,8 @@ static void app_stop(struct app *a)
     a->tokset = NULL;
     kvr_route_destroy(a->route);
     a->route = NULL;
+    kvr_modelfilter_destroy(a->models); /* after zsub and http, its readers */
+    a->models = NULL;
 }
 
 static void app_ready(struct app *a)

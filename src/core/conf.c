@@ -49,6 +49,7 @@
 
 #include "core/base.h"
 #include "core/log.h"
+#include "core/modelfilter.h"
 
 #define CONF_MAX_FILE_BYTES (1 << 20)
 #define MAX_POD_ID 256
@@ -96,6 +97,7 @@ const struct directive kvr_conf_directives[] = {
     {"events", "min_streams_ready", T_U32, "0", 0, 1000000, 0, OFF(min_streams_ready)},
     {"events", "bind_replay", T_STRING, NULL, 1, 255, 0, OFF(bind_replay)},
     {"events", "forward", T_STRING, NULL, 1, 255, 0, OFF(forward)},
+    {"events", "models", T_STRING, NULL, 0, 4095, F_EMPTY_OK | F_RELOADABLE, OFF(events_models)},
 
     {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
     {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},
@@ -971,6 +973,13 @@ static void cross_check(struct pstate *st)
                                                "there is no [events] bind");
         return;
     }
+    if (c->events_models != NULL) {
+        struct kvr_err me;
+        if (kvr_modelfilter_check(c->events_models, &me) != 0) {
+            fail(st, seen_line(st, "events", "models"), -EINVAL, "[events] models: %s", me.msg);
+            return;
+        }
+    }
     if (c->forward != NULL) {
         if (kvr_conf_check_endpoint(c->forward, true) != 0) {
             fail(st, c->forward_line, -EINVAL, "invalid endpoint '%.200s' for [events] "
@@ -1181,6 +1190,7 @@ void kvr_conf_free(struct kvr_conf *c)
     free(c->subscribe);
     free(c->bind_replay);
     free(c->forward);
+    free(c->events_models);
     free(c->state_dir);
     free(c->bootstrap);
     free(c->listen);

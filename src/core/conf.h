@@ -103,6 +103,8 @@ struct kvr_conf {
     int bind_replay_line;
     char *forward;                   /* XPUB endpoint re-publishing live messages; NULL = off */
     int forward_line;
+    char *events_models;             /* glob patterns of the models this instance holds
+                                      * (core/modelfilter.h, checked); NULL/"" = all; reloadable */
 
     /* [index] */
     uint32_t jump_stride;    /* default 32, 1..4096 */

@@ -271,7 +271,8 @@ static int check_templates(const struct kvr_conf *c, struct kvr_err *err)
     return 0;
 }
 
-int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
+int kvr_daemon_zsub_create(const struct kvr_conf *c, const struct kvr_modelfilter *models,
+                           struct kvr_ingest *ing,
                            struct kvr_zsub **out, struct kvr_err *err)
 {
     struct kvr_ingest_intake in;
@@ -302,6 +303,7 @@ int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
     zo.nallow = c->nallow;
     zo.pod_must_match_peer = c->pod_must_match_peer;
     zo.bind_replay = c->bind_replay;
+    zo.models = models;
     if ((rc = check_templates(c, err)) != 0)
         return rc;
     if (c->curve_secret_key_file != NULL) {

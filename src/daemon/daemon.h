@@ -85,8 +85,11 @@ int kvr_daemon_wait(struct kvr_daemon_loop *l);
  *
  * Creates zsub from [events]/[log] with ing's queues as outputs, binds and connects every
  * configured endpoint (the first failure is returned, with its endpoint in err, and nothing
- * is left created) and sets ing's intake to it. */
-int kvr_daemon_zsub_create(const struct kvr_conf *c, struct kvr_ingest *ing,
+ * is left created) and sets ing's intake to it. models: [events] models (NULL: all), borrowed
+ * for zsub's life. */
+struct kvr_modelfilter;
+int kvr_daemon_zsub_create(const struct kvr_conf *c, const struct kvr_modelfilter *models,
+                           struct kvr_ingest *ing,
                            struct kvr_zsub **out, struct kvr_err *err);
 
 /* kvrouterd -t beyond parsing: resolves what startup resolves, without binding. Bind

@@ -459,6 +459,29 @@ static int unpack_scalar(struct kvr_decoder *d, const uint8_t *buf, size_t start
     return 0;
 }
 
+/* The batch's 4th element as a publisher id (decode.h): bin 8 or str (fixstr, str 8) of
+ * 1..KVR_DECODE_PUBID_MAX bytes; anything else is left alone. prescan proved the element
+ * and its bytes lie within len. */
+static void batch_pub_id(const uint8_t *p, size_t off, size_t len, struct kvr_batch *out)
+{
+    uint8_t b = p[off];
+    size_t hl, n;
+
+    if (b >= 0xa0 && b <= 0xbf) {
+        hl = 1;
+        n = b & 0x1f;
+    } else if ((b == 0xc4 || b == 0xd9) && off + 2 <= len) {
+        hl = 2;
+        n = p[off + 1];
+    } else {
+        return;
+    }
+    if (n == 0 || n > KVR_DECODE_PUBID_MAX || off + hl + n > len)
+        return;
+    out->pub_id = p + off + hl;
+    out->pub_id_len = (uint32_t)n;
+}
+
 int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct kvr_batch *out)
 {
     const uint8_t *p = buf;
@@ -517,6 +540,8 @@ int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct 
             return -EBADMSG;
         }
     }
+    if (sc.ntop >= 4)
+        batch_pub_id(p, sc.top_off[3], len, out);
 
     rc = size_zone(d, sc.zone_max);
     if (rc != 0)

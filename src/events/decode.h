@@ -44,9 +44,16 @@ struct kvr_batch {
     bool has_dp_rank;   /* false for v0.9.0 two-element batches or nil */
     uint32_t dp_rank;
     uint32_t nevents;   /* events array length (including ones that will be skipped) */
+    /* A 4th element that is a bin or str of 1..KVR_DECODE_PUBID_MAX bytes: the publisher id
+     * of the engine run (forward compatibility with vLLM's state-snapshot publishers; today's
+     * PR #57789 sends it after the seq instead, see zsub.h). Borrowed from the input buffer;
+     * NULL/0 when absent or of any other type (extra elements never reject a batch). */
+    const uint8_t *pub_id;
+    uint32_t pub_id_len;
 };
+#define KVR_DECODE_PUBID_MAX 64
 
-/* Opens a batch: [ts, events, dp_rank?, ...extras ignored]. Returns 0, or -EBADMSG when the
+/* Opens a batch: [ts, events, dp_rank?, publisher id?, ...extras ignored]. Returns 0, or -EBADMSG when the
  * outer structure is unusable (not an array of >= 2, ts not a number, events not an array,
  * too many events, trailing garbage, nesting too deep). */
 int kvr_decode_batch(struct kvr_decoder *d, const void *buf, size_t len, struct kvr_batch *out);

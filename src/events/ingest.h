@@ -184,6 +184,7 @@ struct kvr_ingest_snap_stream {
     bool unsynced;          /* the index may miss blocks of it */
     uint64_t groups_full;   /* learned hybrid KV-cache groups (bit g: full attention) */
     uint64_t groups_other;  /* bit g: another kind (its removals are not indexed) */
+    uint64_t pub_id;        /* the engine run's publisher id (kvr_queue_pubid); 0: none seen */
 };
 
 /* Where a snapshot's per-writer parts go. Both are called on writer thread `writer` (or on

@@ -130,6 +130,7 @@ struct writer_stats {
     _Atomic uint64_t skipped[SKIP_COUNT];
     _Atomic uint64_t stored, removed, dup_blocks, orphaned, adopted, orphans_dropped;
     _Atomic uint64_t unknown_removes, cleared, purged, restart_purged;
+    _Atomic uint64_t pub_restarts;  /* engine restarts read from a changed publisher id */
     _Atomic uint64_t buffered, replay_aborts;
     _Atomic uint64_t pods_forgotten, workers_refused;
     _Atomic uint64_t budget_blocks; /* blocks of stores refused by the memory cap */
@@ -277,6 +278,7 @@ struct ing_restored {
     bool claimed;                   /* a live stream took it over (under reg_mu), or its pod
                                      * was forgotten */
     uint64_t groups_full, groups_other;
+    uint64_t pub_id;                /* the engine run's publisher id (kvr_queue_pubid), 0: none */
 };
 /* The CMD_SNAPSHOT item: the writer's part begins (w->snap); its pods are handed to the sink
  * a few per step, each step between two batches; the command is completed (done, rc,

@@ -223,6 +223,10 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     kvr_metrics_counter(out, "events_blocks_restart_purged_total",
                         "Blocks purged because their engine restarted", NULL,
                         SUMW(restart_purged));
+    kvr_metrics_counter(out, "events_publisher_restarts_total",
+                        "Engine restarts read from a changed publisher id (also counted in "
+                        "events_restarts_total)",
+                        NULL, SUMW(pub_restarts));
     kvr_metrics_counter(out, "events_blocks_purged_total",
                         "Blocks purged by admin request or endpoint disconnect", NULL,
                         SUMW(purged));
@@ -273,7 +277,7 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
     pthread_mutex_unlock(&ing->reg_mu);
     kvr_metrics_counter(out, "events_gaps_total", "Sequence gaps detected", NULL, gaps);
     kvr_metrics_counter(out, "events_restarts_total",
-                        "Engine restarts detected (seq went backwards)", NULL, restarts);
+                        "Engine restarts detected (seq went backwards or the publisher id changed)", NULL, restarts);
     kvr_metrics_counter(out, "events_replays_started_total", "Replays requested by streams",
                         NULL, replays);
     kvr_metrics_counter(out, "events_replays_total", "Replays finished, by result",

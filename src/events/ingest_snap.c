@@ -90,7 +90,8 @@ static int emit_pod(struct writer *w, const struct kvr_ingest_snap_sink *sink, c
             struct kvr_ingest_snap_stream ss = {
                 .pod = it->t->pod, .model = it->t->model, .dp_rank = s->dp_rank,
                 .last_seq = s->sm.last, .unsynced = s->sm.unsynced || s->over_budget,
-                .groups_full = s->groups_full, .groups_other = s->groups_other};
+                .groups_full = s->groups_full, .groups_other = s->groups_other,
+                .pub_id = s->sm.pub_id};
             rc = sink->stream(sink->arg, w->idx, &ss);
         }
     }
@@ -101,7 +102,7 @@ static int emit_pod(struct writer *w, const struct kvr_ingest_snap_sink *sink, c
         struct kvr_ingest_snap_stream ss = {
             .pod = e->pod, .model = e->model, .dp_rank = e->dp_rank, .last_seq = e->last_seq,
             .unsynced = e->unsynced, .groups_full = e->groups_full,
-            .groups_other = e->groups_other};
+            .groups_other = e->groups_other, .pub_id = e->pub_id};
         rc = add_wid(&j->wids, &j->nwids, &j->capwids, e->wid);
         if (rc == 0)
             rc = sink->stream(sink->arg, w->idx, &ss);
@@ -343,6 +344,7 @@ int kvr_ingest_restore_streams(struct kvr_ingest *ing, const struct kvr_ingest_s
         e->unsynced = s->unsynced;
         e->groups_full = s->groups_full;
         e->groups_other = s->groups_other;
+        e->pub_id = s->pub_id;
         w->nrestored++;
     }
     return 0;
@@ -355,7 +357,7 @@ void kvr_ingest_snap_claim(struct writer *w, const struct kvr_queue_topic *t, st
         if (e->claimed || e->dp_rank != s->dp_rank || strcmp(e->pod, t->pod) != 0 ||
             strcmp(e->model, t->model) != 0)
             continue;
-        kvr_stream_restore(&s->sm, e->last_seq, e->unsynced);
+        kvr_stream_restore_pub(&s->sm, e->last_seq, e->unsynced, e->pub_id);
         s->groups_full = e->groups_full;
         s->groups_other = e->groups_other;
         /* listed from here on as the stream (restored), no longer as the entry: one switch

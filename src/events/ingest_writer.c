@@ -381,6 +381,7 @@ static void handle_live(struct writer *w, struct kvr_queue_msg *item)
     struct ing_stream *s;
     int bad = BAD_WORKER;
     int v;
+    uint64_t pub, prev_pub, pub_restarts;
 
     if (kvr_decode_batch(w->dec, item->payload.data, item->payload.len, &b) != 0) {
         KVR_CNT_OWN_INC(w->st.bad[BAD_DECODE]);
@@ -398,12 +399,25 @@ static void handle_live(struct writer *w, struct kvr_queue_msg *item)
     }
     s->source = item->source;
     s->can_replay = item->can_replay;
-    v = kvr_stream_on_live(&s->sm, item->seq, stream_can_replay(w, s));
+    /* The publisher id: in the seq frame (vLLM PR #57789), else a batch's 4th element. */
+    pub = item->pubid != 0 ? item->pubid
+          : b.pub_id_len > 0 ? kvr_queue_pubid(b.pub_id, b.pub_id_len)
+                             : 0;
+    prev_pub = s->sm.pub_id;
+    pub_restarts = s->sm.pub_restarts;
+    v = kvr_stream_on_live_pub(&s->sm, item->seq, pub, stream_can_replay(w, s));
     if (v & KVR_STREAM_F_PURGE) {
         kvr_ingest_drop_pending(s);
         kvr_ingest_clear_worker(w, s, &w->st.restart_purged);
-        kvr_log_info("events: %s/%u restarted (seq %" PRIu64 "): its blocks were purged",
-                     item->topic->pod, s->dp_rank, item->seq);
+        if (s->sm.pub_restarts != pub_restarts) {
+            KVR_CNT_OWN_INC(w->st.pub_restarts);
+            kvr_log_info("events: %s/%u restarted (publisher id %016" PRIx64 " -> %016" PRIx64
+                         ", seq %" PRIu64 "): its blocks were purged",
+                         item->topic->pod, s->dp_rank, prev_pub, pub, item->seq);
+        } else {
+            kvr_log_info("events: %s/%u restarted (seq %" PRIu64 "): its blocks were purged",
+                         item->topic->pod, s->dp_rank, item->seq);
+        }
     }
     switch (v & KVR_STREAM_ACTION_MASK) {
     case KVR_STREAM_APPLY:

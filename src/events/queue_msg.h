@@ -75,6 +75,8 @@ struct kvr_queue_msg {
     void *ctx;                          /* REPLAY, REPLAY_END, CMD */
     uint64_t seq;                       /* LIVE, REPLAY */
     uint64_t recv_ns;                   /* LIVE, REPLAY: kvr_now_ns() at receipt */
+    uint64_t pubid;                     /* LIVE: kvr_queue_pubid() of the publisher id the
+                                         * seq frame carried after the seq; 0: none */
     uint32_t source;                    /* LIVE: source id; PURGE: the source gone */
     uint32_t gen;                       /* REPLAY, REPLAY_END: the request's gen */
     uint8_t kind;                       /* enum kvr_queue_kind */
@@ -106,6 +108,20 @@ static inline uint32_t kvr_queue_shard(const char *pod, size_t len, uint32_t n)
         h *= 16777619u;
     }
     return n > 0 ? h % n : 0;
+}
+
+/* The publisher id of a vLLM engine run (a random id per publisher lifetime, sent after the
+ * seq in the seq frame, or as a batch's 4th element), reduced to 64 bits for comparison:
+ * FNV-1a-64, never 0 (0 means "no id"). Two runs colliding is a 2^-64 chance. */
+static inline uint64_t kvr_queue_pubid(const void *id, size_t len)
+{
+    const unsigned char *p = id;
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h != 0 ? h : 1;
 }
 
 #endif

@@ -70,6 +70,46 @@ void kvr_stream_restore(struct kvr_stream *s, uint64_t last, bool unsynced)
     s->restored = true;
 }
 
+void kvr_stream_restore_pub(struct kvr_stream *s, uint64_t last, bool unsynced, uint64_t pub_id)
+{
+    kvr_stream_restore(s, last, unsynced);
+    s->pub_id = pub_id;
+}
+
+/* The engine restarted (vLLM sends no clear at start-up): a new baseline from this batch,
+ * with the worker purged first. */
+static int restart(struct kvr_stream *s, uint64_t seq, bool can_replay)
+{
+    s->restarts++;
+    if (s->replaying) {
+        s->replaying = false;
+        s->replay_gen++; /* items of the old run's replay become stale */
+    }
+    s->unsynced = false;
+    s->has_last = false;
+    s->live_last = seq;
+    if (seq == 0)
+        return KVR_STREAM_APPLY | KVR_STREAM_F_PURGE;
+    s->gaps++; /* batches 0..seq-1 of the new run were missed */
+    if (can_replay)
+        return start_replay(s, 0) | KVR_STREAM_F_PURGE;
+    s->unsynced = true;
+    return KVR_STREAM_APPLY | KVR_STREAM_F_PURGE;
+}
+
+int kvr_stream_on_live_pub(struct kvr_stream *s, uint64_t seq, uint64_t pub_id, bool can_replay)
+{
+    bool changed = pub_id != 0 && s->pub_id != 0 && pub_id != s->pub_id && s->based;
+
+    if (pub_id != 0)
+        s->pub_id = pub_id;
+    if (!changed)
+        return kvr_stream_on_live(s, seq, can_replay);
+    s->restored = false;
+    s->pub_restarts++;
+    return restart(s, seq, can_replay);
+}
+
 int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay)
 {
     uint64_t expected;
@@ -91,24 +131,8 @@ int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay)
         }
         return KVR_STREAM_APPLY;
     }
-    if (seq <= s->live_last) {
-        /* seq went backwards: the engine restarted (vLLM sends no clear at start-up). */
-        s->restarts++;
-        if (s->replaying) {
-            s->replaying = false;
-            s->replay_gen++; /* items of the old run's replay become stale */
-        }
-        s->unsynced = false;
-        s->has_last = false;
-        s->live_last = seq;
-        if (seq == 0)
-            return KVR_STREAM_APPLY | KVR_STREAM_F_PURGE;
-        s->gaps++; /* batches 0..seq-1 of the new run were missed */
-        if (can_replay)
-            return start_replay(s, 0) | KVR_STREAM_F_PURGE;
-        s->unsynced = true;
-        return KVR_STREAM_APPLY | KVR_STREAM_F_PURGE;
-    }
+    if (seq <= s->live_last) /* seq went backwards: the engine restarted */
+        return restart(s, seq, can_replay);
     s->live_last = seq;
     if (s->replaying)
         return KVR_STREAM_BUFFER;

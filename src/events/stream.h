@@ -27,6 +27,16 @@
  *   replay that reached the end of the engine's ring (end marker, no hole after its first
  *   batch), a buffered batch beyond the next expected seq is a new gap (batches lost on the
  *   live socket after the engine served the replay) and starts another replay.
+ * - Publisher id (vLLM with state snapshots: a random id per publisher lifetime, on every live
+ *   batch): a live batch whose id differs from the last id the stream saw is an engine
+ *   restart, whatever its seq, handled exactly as a seq that went backwards (purge, new
+ *   baseline from this batch). The seq alone misses a restart whose new run got past the old
+ *   `last` while kvrouterd was not looking (kvrouterd down, restored from a snapshot; the
+ *   subscriber disconnected), which then reads as a gap and keeps the dead run's blocks. A
+ *   batch without an id (replies to replay requests; an engine run without snapshots) is
+ *   judged by its seq alone and leaves the remembered id as it was: id A, no id, id A is one
+ *   run, so a missing id never flaps the stream; id A, no id, id B is a restart at B. A
+ *   stream without a baseline (first contact, reset) just learns the id.
  * - Resync: an unsynced stream becomes synced again when AllBlocksCleared is applied (the
  *   worker's blocks are all dropped, so the index no longer misses anything), or on a
  *   re-baseline (restart at seq 0, purge).
@@ -84,6 +94,7 @@ struct kvr_stream {
 
     bool unsynced;      /* sticky until resync */
     bool restored;      /* from a snapshot, until the first live batch */
+    uint64_t pub_id;    /* the engine run's publisher id (kvr_queue_pubid), last seen; 0: none */
 
     /* counters (monotonic) */
     uint64_t gaps;      /* gaps detected (live or inside a replay) */
@@ -91,6 +102,7 @@ struct kvr_stream {
     uint64_t replays_ok;
     uint64_t replays_failed;
     uint64_t restarts;
+    uint64_t pub_restarts;   /* of those, read from a changed publisher id */
     uint64_t first_contacts; /* replays from 0 started at first contact */
     uint64_t hole_replays;   /* replays restarted for a hole the ROUTER left */
     uint64_t duplicates; /* batches dropped as already applied */
@@ -103,10 +115,17 @@ void kvr_stream_init(struct kvr_stream *s);
  * applied, a gap starts a replay from last + 1 (or leaves it unsynced), a seq <= last is an
  * engine restart (purge). State KVR_STREAM_RESTORED until that batch. */
 void kvr_stream_restore(struct kvr_stream *s, uint64_t last, bool unsynced);
+/* The same with the publisher id the snapshot saved (0: none): a first live batch with
+ * another id is then an engine restart, one with the same id or none is judged by its seq. */
+void kvr_stream_restore_pub(struct kvr_stream *s, uint64_t last, bool unsynced, uint64_t pub_id);
 
 /* A live batch. can_replay: its source has a replay endpoint and replays may be started
  * (at first contact too: a replay from 0, see above). */
 int kvr_stream_on_live(struct kvr_stream *s, uint64_t seq, bool can_replay);
+/* A live batch that may carry its publisher's id (pub_id, kvr_queue_pubid; 0: none): a
+ * changed id is an engine restart (KVR_STREAM_F_PURGE, see above); otherwise as
+ * kvr_stream_on_live. */
+int kvr_stream_on_live_pub(struct kvr_stream *s, uint64_t seq, uint64_t pub_id, bool can_replay);
 /* A batch returned by replay `gen`: KVR_STREAM_APPLY, KVR_STREAM_DROP, or KVR_STREAM_REPLAY:
  * a hole after the replay's first batch, a new replay (replay_from, replay_gen) has started
  * from the expected seq; drop this batch, request it; the buffered live batches wait on. */

@@ -959,6 +959,8 @@ void kvr_zsub_stats(struct kvr_zsub *z, struct kvr_zsub_stats *st)
     st->bytes = KVR_CNT_GET(z->bytes);
     for (int i = 0; i < KVR_ZSUB_BAD_COUNT; i++)
         st->bad[i] = KVR_CNT_GET(z->bad[i]);
+    for (int i = 0; i < KVR_ZSUB_SKIP_COUNT; i++)
+        st->skipped[i] = KVR_CNT_GET(z->skipped[i]);
     st->queue_waits = KVR_CNT_GET(z->queue_waits);
     st->replays_started = KVR_CNT_GET(z->replays_started);
     st->replays_completed = KVR_CNT_GET(z->replays_completed);
@@ -1008,6 +1010,10 @@ void kvr_zsub_metrics(struct kvr_zsub *z, struct kvr_buf *out)
                             r == 0 ? "Messages dropped before decoding, by reason" : NULL, lab,
                             zs.bad[r]);
     }
+    kvr_metrics_counter(out, "events_messages_skipped_total",
+                        "Live messages skipped before decoding, by reason (model: not one of "
+                        "[events] models)",
+                        "reason=\"model\"", zs.skipped[KVR_ZSUB_SKIP_MODEL]);
     kvr_metrics_counter(out, "events_replay_batches_received_total",
                         "Batches received from replay endpoints", NULL, zs.replay_batches);
     kvr_metrics_counter(out, "events_replay_bad_replies_total",

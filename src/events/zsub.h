@@ -48,6 +48,8 @@ struct kvr_zsub_curve {
     size_t nauthorized;
 };
 
+struct kvr_modelfilter; /* core/modelfilter.h */
+
 struct kvr_zsub_opts {
     const char *subscribe;            /* topic prefix for sockets without pod override */
     int64_t rcvhwm;                   /* ZMQ_RCVHWM (0 = unlimited) */
@@ -71,6 +73,11 @@ struct kvr_zsub_opts {
      * and the stream's DP rank (kvr_zsub_template_*), e.g. "tcp://{pod}:{5558+rank}"; NULL =
      * bind sockets have no replay. Checked at create (-EINVAL); copied. */
     const char *bind_replay;
+    /* [events] models: a live message whose topic's model the filter does not hold is
+     * skipped in the receive thread (counted, never queued, decoded or forwarded); NULL or
+     * an inactive filter: every model. Borrowed (outlives zsub); may be changed meanwhile
+     * (kvr_modelfilter_set): topics are judged again after each change. */
+    const struct kvr_modelfilter *models;
 };
 
 /* With an allowlist or authorized CURVE keys, create also binds the context's ZAP handler
@@ -160,17 +167,24 @@ int kvr_zsub_forget_topic(struct kvr_zsub *z, const struct kvr_queue_topic *t);
 
 enum kvr_zsub_bad {
     KVR_ZSUB_BAD_FRAMES = 0, /* not exactly 3 frames */
-    KVR_ZSUB_BAD_SEQ,        /* seq frame not 8 bytes */
+    KVR_ZSUB_BAD_SEQ,        /* seq frame not 8 bytes (+ a publisher id of at most 64) */
     KVR_ZSUB_BAD_TOPIC,      /* not kv@<pod>@<model> (and no pod override) */
     KVR_ZSUB_BAD_TOO_MANY_TOPICS,
     KVR_ZSUB_BAD_COUNT
 };
 const char *kvr_zsub_bad_name(enum kvr_zsub_bad r);
 
+/* Why a well-formed live message was skipped (not a fault of the peer's). */
+enum kvr_zsub_skip {
+    KVR_ZSUB_SKIP_MODEL = 0, /* its model is not one of [events] models (o.models) */
+    KVR_ZSUB_SKIP_COUNT
+};
+
 struct kvr_zsub_stats {
     uint64_t messages;        /* live messages handed to writers */
     uint64_t bytes;           /* their payload bytes */
     uint64_t bad[KVR_ZSUB_BAD_COUNT];
+    uint64_t skipped[KVR_ZSUB_SKIP_COUNT]; /* live messages skipped, by enum kvr_zsub_skip */
     uint64_t queue_waits;     /* hand-offs that found the writer queue full and waited */
     uint64_t replays_started;
     uint64_t replays_completed; /* end marker received */
@@ -256,10 +270,19 @@ struct kvr_zsub_topic_parts {
 int kvr_zsub_topic_split(const void *frame, size_t len, struct kvr_zsub_topic_parts *out);
 /* Exactly 8 bytes big-endian → 0; otherwise -EINVAL. */
 int kvr_zsub_seq(const void *frame, size_t len, uint64_t *seq);
+/* The longest publisher id accepted after the seq (vLLM's is 16 bytes). */
+#define KVR_ZSUB_PUBID_MAX 64
+/* A live seq frame: 8 bytes big-endian, then optionally the publisher's id (vLLM with a
+ * snapshot_endpoint, PR #57789: a 16-byte uuid4 per publisher lifetime, so 24 bytes in
+ * all). 0 with *seq set and id, id_len the id's bytes (NULL/0 without one: 8 bytes); -EINVAL
+ * (outputs untouched) for fewer than 8 bytes or an id over KVR_ZSUB_PUBID_MAX bytes. */
+int kvr_zsub_seq_id(const void *frame, size_t len, uint64_t *seq, const void **id,
+                    size_t *id_len);
 
 #define KVR_ZSUB_SEQ_END UINT64_MAX
 /* A replay reply as seen by a DEALER: v0.9–v0.24 [empty, seq8, payload] or v0.25+
- * [empty, topic, seq8, payload]. frames/lens hold nframes frames. On success *seq and the
+ * [empty, topic, seq8, payload] (replies carry no publisher id, PR #57789's included).
+ * frames/lens hold nframes frames. On success *seq and the
  * payload span are set; *seq == KVR_ZSUB_SEQ_END (or an empty payload) is the end
  * marker. -EINVAL for any other shape. */
 int kvr_zsub_replay_reply(const void *const *frames, const size_t *lens, size_t nframes,

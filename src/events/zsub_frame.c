@@ -1,5 +1,6 @@
 /* zsub_frame.c — the ZeroMQ frames of the event wire format, as bytes: the topic
- * "kv@<pod>@<model>", the 8-byte big-endian seq, and a replay reply in either era.
+ * "kv@<pod>@<model>", the 8-byte big-endian seq (and the publisher id some engines send
+ * after it), and a replay reply in either era.
  *
  * Why its own file: these are pure functions of peer bytes (no sockets, no msgpack, no state),
  * so they are unit-tested and fuzzed on their own (tests/unit/test_zsub.c,
@@ -47,6 +48,18 @@ int kvr_zsub_seq(const void *frame, size_t len, uint64_t *seq)
     if (frame == NULL || len != 8 || seq == NULL)
         return -EINVAL;
     *seq = be_read(frame, 8);
+    return 0;
+}
+
+int kvr_zsub_seq_id(const void *frame, size_t len, uint64_t *seq, const void **id,
+                    size_t *id_len)
+{
+    if (frame == NULL || len < 8 || len > 8 + KVR_ZSUB_PUBID_MAX || seq == NULL || id == NULL ||
+        id_len == NULL)
+        return -EINVAL;
+    *seq = be_read(frame, 8);
+    *id = len > 8 ? (const uint8_t *)frame + 8 : NULL;
+    *id_len = len - 8;
     return 0;
 }
 

@@ -19,12 +19,14 @@
 
 #include "core/base.h"
 #include "core/log.h"
+#include "core/modelfilter.h"
 #include "events/zsub.h"
 
 #define NAME_MAX_LEN (KVR_NAME_MAX - 1) /* 255: the longest pod or model name accepted */
 #define RECV_BURST 512   /* messages read from one socket before polling the others */
 #define MAX_REPLY_FRAMES 8
 #define DEFAULT_MODEL "default"
+#define SKIP_MODEL (-1) /* intern_topic's *bad for a model [events] models does not hold */
 
 /* ---- state ------------------------------------------------------------------------- */
 
@@ -38,6 +40,8 @@ struct topic_rec {
     bool gone;            /* being forgotten (kvr_zsub_forget_run) */
     bool pod_host;        /* the pod id can fill a {pod} replay template */
     bool unaddressable;   /* counted in replay_unaddressable (it came on a {pod} source) */
+    bool skip_model;      /* receive thread: its model is not held ([events] models) ... */
+    uint32_t models_gen;  /* ... as of this kvr_modelfilter_gen */
 };
 
 /* A topic the consumer is done with (kvr_zsub_forget_topic), posted under cmu. */
@@ -173,6 +177,7 @@ struct kvr_zsub {
 
     /* stats (relaxed atomics; written by the receive thread) */
     _Atomic uint64_t messages, bytes, bad[KVR_ZSUB_BAD_COUNT], queue_waits;
+    _Atomic uint64_t skipped[KVR_ZSUB_SKIP_COUNT];
     _Atomic uint64_t replays_started, replays_completed, replays_failed, replay_batches;
     _Atomic uint64_t replay_bad_replies, replays_pending, replays_active, replay_unaddressable;
     _Atomic uint64_t connects, disconnects, disconnect_purges;

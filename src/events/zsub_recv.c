@@ -77,6 +77,7 @@ struct kvr_queue_msg *kvr_zsub_reserve_item(struct kvr_zsub *z, uint32_t shard)
         it->ctx = NULL;
         it->seq = 0;
         it->recv_ns = 0;
+        it->pubid = 0;
         it->source = 0;
         it->gen = 0;
         it->ok = false;
@@ -148,6 +149,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     const char *pod, *model;
     size_t plen, mlen;
     struct kvr_zsub_topic_parts kt;
+    uint32_t gen;
 
     if (s->last_topic != NULL && topic_key_eq(s->last_topic, override, raw, len))
         return s->last_topic;
@@ -159,7 +161,9 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
             if (t->hash == h && topic_key_eq(t, override, raw, len))
                 goto found;
     }
-    /* New topic: work out pod and model. */
+    /* New topic: work out pod and model (the filter's generation first: a change after this
+     * read is seen at the topic's next message). */
+    gen = kvr_modelfilter_gen(z->o.models);
     if (override == NULL) {
         if (kvr_zsub_topic_split(raw, len, &kt) != 0) {
             *bad = KVR_ZSUB_BAD_TOPIC;
@@ -189,6 +193,12 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     if (plen == 0 || plen > NAME_MAX_LEN || mlen == 0 || mlen > NAME_MAX_LEN ||
         memchr(pod, '\0', plen) != NULL || memchr(model, '\0', mlen) != NULL) {
         *bad = KVR_ZSUB_BAD_TOPIC;
+        return NULL;
+    }
+    /* [events] models: a model this instance does not hold is not even interned (its
+     * topics would fill max_topics and never be released by a writer). */
+    if (!kvr_modelfilter_holds(z->o.models, model, mlen)) {
+        *bad = SKIP_MODEL;
         return NULL;
     }
     if (z->ntopics >= z->o.max_topics) {
@@ -225,6 +235,7 @@ static struct topic_rec *intern_topic(struct kvr_zsub *z, struct source *s, cons
     t->pub.shard = kvr_queue_shard(t->pub.pod, plen, z->o.nshards);
     t->pub.id = z->next_topic_id++;
     t->pod_host = kvr_zsub_pod_is_host(t->pub.pod, plen);
+    t->models_gen = gen;
     t->tidx = z->ntopics;
     z->tlist[z->ntopics++] = t;
     KVR_CNT_SET(z->ntopics_pub, z->ntopics);
@@ -413,6 +424,18 @@ static void count_bad(struct kvr_zsub *z, struct source *s, enum kvr_zsub_bad r,
                     s->bind ? s->bound : s->endpoint, kvr_zsub_bad_name(r), nframes);
 }
 
+/* An interned topic's model is held by [events] models (judged again after a reload). */
+static bool models_held(struct kvr_zsub *z, struct topic_rec *t)
+{
+    uint32_t gen = kvr_modelfilter_gen(z->o.models);
+
+    if (t->models_gen != gen) {
+        t->models_gen = gen;
+        t->skip_model = !kvr_modelfilter_holds(z->o.models, t->pub.model, strlen(t->pub.model));
+    }
+    return !t->skip_model;
+}
+
 /* Reads up to RECV_BURST messages from a SUB and hands them off. */
 void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
 {
@@ -421,6 +444,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         size_t n = 0;
         int more = 1;
         uint64_t seq;
+        const void *pid;
+        size_t pid_len;
         enum kvr_zsub_bad bad;
         struct topic_rec *t;
         struct kvr_queue_msg *it;
@@ -452,7 +477,8 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
             count_bad(z, s, KVR_ZSUB_BAD_FRAMES, n);
             goto drop;
         }
-        if (kvr_zsub_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
+        if (kvr_zsub_seq_id(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq, &pid,
+                            &pid_len) != 0) {
             count_bad(z, s, KVR_ZSUB_BAD_SEQ, n);
             goto drop;
         }
@@ -460,8 +486,11 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         if (!kvr_zsub_pod_admitted(z, s, &f[0]))
             goto drop;
         t = intern_topic(z, s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), &bad);
-        if (t == NULL) {
-            count_bad(z, s, bad, n);
+        if (t == NULL || !models_held(z, t)) {
+            if (t == NULL && (int)bad != SKIP_MODEL)
+                count_bad(z, s, bad, n);
+            else
+                KVR_CNT_INC(z->skipped[KVR_ZSUB_SKIP_MODEL]);
             goto drop;
         }
         if (z->fwd != NULL)
@@ -480,6 +509,7 @@ void kvr_zsub_read_sub(struct kvr_zsub *z, struct source *s)
         it->kind = KVR_QUEUE_LIVE;
         it->topic = &t->pub;
         it->seq = seq;
+        it->pubid = pid_len > 0 ? kvr_queue_pubid(pid, pid_len) : 0;
         it->recv_ns = kvr_now_ns();
         it->source = s->id;
         /* A {pod} template cannot name the ROUTER of a pod id that is no host. */

@@ -730,6 +730,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     ad.snap = deps->snap;
     ad.tokset = deps->tokset;
     ad.route = deps->route;
+    ad.models = deps->models;
     ad.load = deps->load;
     ad.share = deps->share;
     ad.admin_listener = conf->admin_listen != NULL && conf->admin_listen[0] != '\0';

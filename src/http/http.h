@@ -35,6 +35,7 @@ struct kvr_http_deps {
     struct kvr_route *route;   /* POST /v1/route; NULL: 503 */
     struct kvr_load *load;     /* the engines' scraped loads in /v1/pods, /metrics; may be NULL */
     struct kvr_share *share;   /* replicas sharing decisions: its /metrics lines; may be NULL */
+    const struct kvr_modelfilter *models; /* [events] models: other models answer 404; NULL */
 };
 
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err);

@@ -32,6 +32,7 @@
 
 #include "http/jtok.h"
 #include "core/metrics.h"
+#include "core/modelfilter.h"
 #include "http/reqbody.h"
 #include "route/rstat.h"
 
@@ -55,6 +56,7 @@ int kvr_httpapi_create(const struct kvr_httpapi_deps *deps, struct kvr_httpapi *
     api->route = deps->route;
     api->load = deps->load;
     api->share = deps->share;
+    api->models = deps->models;
     api->max_prompt_bytes = deps->conf->max_prompt_bytes > 0 ? (uint64_t)deps->conf->max_prompt_bytes
                                                              : 1u << 20;
     api->admin_listener = deps->admin_listener;
@@ -451,6 +453,14 @@ int kvr_httpapi_query_body(struct kvr_httpapi_thread *t, const struct kvr_httpre
     }
     if (rc != 0) {
         fail(resp, 400, "%s", err.msg[0] ? err.msg : "invalid body");
+        return -1;
+    }
+    /* a model partitioned to another instance: not an empty answer, an error the gateway
+     * can see (docs/scaling.md) */
+    if (!kvr_modelfilter_holds(t->api->models, q->model, strlen(q->model))) {
+        fail(resp, 404, "model \"%.300s\" is not held by this kvrouterd instance: its "
+                        "[events] models (%.400s) excludes it",
+             q->model, kvr_modelfilter_text(t->api->models));
         return -1;
     }
     return 0;

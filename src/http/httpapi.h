@@ -72,6 +72,8 @@ struct kvr_httpapi_deps {
     struct kvr_share *share;   /* replicas sharing decisions: /metrics lines; may be NULL */
     struct kvr_tokset *tokset; /* POST /v1/tokenize, "prompt" in /v1/score; NULL: no
                                 * tokenizers (text gets 400 "no tokenizer for model") */
+    const struct kvr_modelfilter *models; /* [events] models: queries naming another model
+                                * answer 404; NULL: every model (outlives the api) */
     bool admin_listener;       /* an admin listener exists (mutations only there) */
     bool public_introspection; /* with admin_listener: introspection also on the main one */
     /* Appends the server's own metrics (connections, requests, limits); may be NULL. */

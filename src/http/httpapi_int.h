@@ -34,6 +34,7 @@ struct kvr_httpapi {
     struct kvr_load *load;
     struct kvr_share *share;
     struct kvr_rstat *rstat; /* decision metrics (owned; its own mutex) */
+    const struct kvr_modelfilter *models; /* [events] models (NULL: all) */
     uint64_t max_prompt_bytes;
     bool admin_listener;
     bool public_introspection;

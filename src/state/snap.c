@@ -213,6 +213,7 @@ struct wjob {
 
 struct vstate {
     struct kvr_err *err;
+    uint32_t version; /* the file's format version */
     uint64_t ns, tiers, streams, workers;
     int phase; /* 0: expect NAMESPACES, 1: TIERS, 2: parts */
     /* apply */
@@ -304,9 +305,16 @@ static int parse_streams(struct vstate *v, const struct sec *s)
         flags = rd_le(&r, 1);
         ss.groups_full = rd_le(&r, 8);
         ss.groups_other = rd_le(&r, 8);
-        if (flags > 1)
+        /* bit 0: unsynced; bit 1 (version 2): a publisher id follows, never 0 */
+        if (flags > (v->version >= 2 ? 3u : 1u))
             r.bad = true;
         ss.unsynced = flags & 1;
+        ss.pub_id = 0;
+        if (flags & 2) {
+            ss.pub_id = rd_le(&r, 8);
+            if (ss.pub_id == 0)
+                r.bad = true;
+        }
         if (r.bad || v->out == NULL)
             continue;
         if (v->out->nstreams == v->capstreams) {
@@ -511,6 +519,7 @@ static int run(const void *data, size_t len, struct vstate *v, struct kvr_snap_i
     rc = check_header(data, len, &in, v->err);
     if (rc != 0)
         return rc;
+    v->version = in.version;
     rc = walk(data, len, on_section, v, v->err);
     if (rc != 0)
         return rc;
@@ -609,9 +618,11 @@ static int sink_stream(void *arg, uint32_t writer, const struct kvr_ingest_snap_
     put_str(&p->streams, s->model);
     put_le(&p->streams, s->dp_rank, 4);
     put_le(&p->streams, s->last_seq, 8);
-    put_le(&p->streams, s->unsynced ? 1 : 0, 1);
+    put_le(&p->streams, (s->unsynced ? 1 : 0) | (s->pub_id != 0 ? 2 : 0), 1);
     put_le(&p->streams, s->groups_full, 8);
     put_le(&p->streams, s->groups_other, 8);
+    if (s->pub_id != 0)
+        put_le(&p->streams, s->pub_id, 8);
     p->nstreams++;
     return p->streams.oom ? -ENOMEM : 0;
 }

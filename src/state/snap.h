@@ -9,7 +9,8 @@
  *     ("kvrouterd X.Y.Z", 24 bytes), u64 xxh64 of the 88 bytes before it;
  *   sections: u32 type, u32 records, u64 length, u64 xxh64(payload), payload:
  *     NAMESPACES (model, LoRA, block size, in id order), TIERS (names in id order), then per
- *     writer one STREAMS section (pod, model, dp_rank, last seq, unsynced, hybrid groups) and
+ *     writer one STREAMS section (pod, model, dp_rank, last seq, flags: unsynced and, from
+ *     version 2, has-publisher-id, hybrid groups, the publisher id when flagged) and
  *     one WORKER section per worker (pod, dp_rank, the index's blob of its blocks), and END
  *     (xxh64 of every byte before the END section).
  *   Strings are u16 length, bytes, NUL.
@@ -37,7 +38,9 @@
 #include "index/index.h"
 #include "events/ingest.h"
 
-#define KVR_SNAP_VERSION 1
+/* 2: a stream record may carry its engine's publisher id (flags bit 1); version 1 files
+ * load as before. */
+#define KVR_SNAP_VERSION 2
 #define KVR_SNAP_FILE "snapshot.kvr"
 #define KVR_SNAP_TMP "snapshot.tmp"
 

@@ -41,6 +41,10 @@ static void run_batch(struct kvr_decoder *d, const uint8_t *p, size_t n)
         check(kvr_decode_next(d, &ev, &why) == 0);
         return;
     }
+    /* a publisher id borrows 1..KVR_DECODE_PUBID_MAX bytes of the input */
+    check((bt.pub_id == NULL) == (bt.pub_id_len == 0));
+    check(bt.pub_id_len <= KVR_DECODE_PUBID_MAX);
+    check(bt.pub_id == NULL || (bt.pub_id > p && bt.pub_id + bt.pub_id_len <= p + n));
     while ((rc = kvr_decode_next(d, &ev, &why)) != 0) {
         seen++;
         check(rc == 1 || rc == 2);
@@ -103,7 +107,8 @@ static void run_diff(struct kvr_decoder *a, struct kvr_decoder *r, const uint8_t
     if (ra != 0)
         return;
     check(ba.nevents == br.nevents && ba.has_dp_rank == br.has_dp_rank &&
-          ba.dp_rank == br.dp_rank && memcmp(&ba.ts, &br.ts, sizeof(ba.ts)) == 0);
+          ba.dp_rank == br.dp_rank && memcmp(&ba.ts, &br.ts, sizeof(ba.ts)) == 0 &&
+          ba.pub_id == br.pub_id && ba.pub_id_len == br.pub_id_len);
     do {
         ra = kvr_decode_next(a, &ea, &wa);
         rr = kvr_decode_next(r, &er, &wr);

@@ -5,7 +5,8 @@
  *
  * Input format:
  *   [topic_len u8][seq_len u8][topic][seq][payload]   (lengths clamped to what is left)
- * The three parts are the three ZMQ frames of a live message: topic and seq are parsed. The
+ * The three parts are the three ZMQ frames of a live message: topic and seq (strict, and with
+ * a publisher id after it) are parsed. The
  * same parts are then fed as replay replies in both eras ([empty, seq, payload] and
  * [empty, topic, seq, payload], plus a wrong delimiter), and the whole input as
  * [empty, first 8 bytes, rest]. Invariants are checked with abort().
@@ -61,6 +62,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(sl == 8);
     else
         check(sl != 8);
+    {
+        const void *id;
+        size_t idl;
+        if (kvr_zsub_seq_id(seqf, sl, &seq, &id, &idl) == 0) {
+            check(sl >= 8 && sl <= 8 + KVR_ZSUB_PUBID_MAX && idl == sl - 8);
+            check(idl == 0 ? id == NULL : id == seqf + 8);
+            check(kvr_queue_pubid(id, idl) != 0);
+        } else {
+            check(sl < 8 || sl > 8 + KVR_ZSUB_PUBID_MAX);
+        }
+    }
 
     /* replay replies, both eras */
     {

@@ -148,6 +148,11 @@ static const struct bad_case bad_cases[] = {
      "t.conf:3: [events] forward tcp://*:5557 is also an [events] bind endpoint"},
     {EV "forward = 5559\n", "t.conf:3: invalid endpoint '5559' for [events] forward: expected "
                            "tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME"},
+    /* models: glob patterns checked, at the directive's line */
+    {EV "models = Qwen/* org/m[0-9\n",
+     "t.conf:3: [events] models: pattern 'org/m[0-9': '[' set without its ']' (a literal '[' is "
+     "written '\\[')"},
+    {EV "models = a\\\n", "t.conf:3: [events] models: pattern 'a\\' ends with '\\'"},
     /* host:port */
     {EV "[http]\nlisten = localhost:8080\n", "t.conf:4: invalid value 'localhost:8080' for "
                                              "[http] listen: expected IP:PORT or [IPv6]:PORT "
@@ -488,6 +493,29 @@ static void test_admission_directives(void **state)
     kvr_conf_free(&d);
 }
 
+/* [events] models: kept as written, empty means all, reloadable (SIGHUP). */
+static void test_events_models(void **state)
+{
+    struct kvr_conf c, d;
+    struct kvr_err changed, ignored;
+    (void)state;
+    load_ok(EV, &c);
+    assert_null(c.events_models);
+    load_ok(EV "models = Qwen/*  meta-llama/Llama-3.1-8B\n", &d);
+    assert_string_equal(d.events_models, "Qwen/*  meta-llama/Llama-3.1-8B");
+    assert_int_equal(kvr_conf_apply_reload(&c, &d, &changed, &ignored), 1);
+    assert_string_equal(changed.msg, "events.models");
+    assert_string_equal(ignored.msg, "");
+    assert_string_equal(c.events_models, "Qwen/*  meta-llama/Llama-3.1-8B");
+    kvr_conf_free(&d);
+    load_ok(EV "models =\n", &d);
+    assert_string_equal(d.events_models, "");
+    assert_int_equal(kvr_conf_apply_reload(&c, &d, &changed, &ignored), 1);
+    assert_string_equal(c.events_models, "");
+    kvr_conf_free(&c);
+    kvr_conf_free(&d);
+}
+
 /* [events] bind_replay and forward are stored with their lines (kvrouterd -t checks the
  * template through zsub: test_zsub, test_daemon); connect's replay= may be a template. */
 static void test_replay_directives(void **state)
@@ -823,6 +851,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_events_models),
         cmocka_unit_test(test_admission_directives),
         cmocka_unit_test(test_values_units_comments),
         cmocka_unit_test(test_values_units),

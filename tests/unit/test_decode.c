@@ -1106,6 +1106,83 @@ static void test_outer(void **state)
     kvr_decode_destroy(d);
 }
 
+/* A batch with fields after dp_rank (vLLM's state-snapshot publishers may send their
+ * publisher id as a 4th element): decoded and applied as before; a bin or str of 1..64 bytes
+ * there is the publisher id, any other 4th element is ignored, never a rejection. */
+static void test_publisher_id_field(void **state)
+{
+    struct kvr_decoder *d = mk(0, 0, 0, 0), *ref = mk_ref();
+    struct kvr_batch bt;
+    struct res r[2];
+    /* [0, [["BlockRemoved", [1, 2], nil]], 3, <4th>, <5th...>] */
+    static const char head4[] = "\x94\x00\x91\x93\xac" "BlockRemoved" "\x92\x01\x02\xc0\x03";
+    static const char head5[] = "\x95\x00\x91\x93\xac" "BlockRemoved" "\x92\x01\x02\xc0\x03";
+    static const char id16[] = "\x8f\x12\x03\x44\x55\x66\x77\x88\x99\xaa\xbb\xcc\xdd\xee\xff\x00";
+    static const char uuid[] = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    static const struct {
+        const char *tail;   /* the 4th (and 5th) elements */
+        size_t n;
+        bool five;
+        const char *id;     /* the id expected, NULL: none */
+        size_t id_len;
+    } cases[] = {
+        {"\xc4\x10" "\x8f\x12\x03\x44\x55\x66\x77\x88\x99\xaa\xbb\xcc\xdd\xee\xff\x00", 18, false,
+         id16, 16},                                                 /* bin 8, 16 bytes */
+        {"\xb0" "0123456789abcdef", 17, false, "0123456789abcdef", 16}, /* fixstr */
+        {"\xd9\x24" "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", 38, false, uuid, 36}, /* str 8 */
+        {"\xc4\x01\x07\x81\xa1k\x01", 7, true, "\x07", 1},        /* then a map: ignored */
+        {"\xc0", 1, false, NULL, 0},                               /* nil */
+        {"\x2a", 1, false, NULL, 0},                               /* an int */
+        {"\xc4\x00", 2, false, NULL, 0},                           /* empty bin */
+        {"\xa0", 1, false, NULL, 0},                               /* empty str */
+        {"\x92\x01\x02", 3, false, NULL, 0},                       /* an array */
+        {"\x81\xa2id\xc4\x01\x07", 7, false, NULL, 0},             /* a map */
+        {"\xc0\xc4\x01\x07", 4, true, NULL, 0},                    /* nil, then a bin */
+    };
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint8_t b[256];
+        size_t n = sizeof(head4) - 1;
+        memcpy(b, cases[i].five ? head5 : head4, n);
+        memcpy(b + n, cases[i].tail, cases[i].n);
+        n += cases[i].n;
+        assert_int_equal(run(d, b, n, &bt, r, 2), 1);
+        assert_ok(&r[0], KVR_EV_REMOVED);
+        assert_int_equal(r[0].ev.nhashes, 2);
+        assert_int_equal(r[0].ev.hashes[1], 2);
+        assert_true(bt.has_dp_rank && bt.dp_rank == 3);
+        if (cases[i].id == NULL) {
+            if (bt.pub_id != NULL || bt.pub_id_len != 0)
+                fail_msg("case %zu: a publisher id of %u bytes", i, bt.pub_id_len);
+        } else {
+            if (bt.pub_id_len != cases[i].id_len ||
+                memcmp(bt.pub_id, cases[i].id, cases[i].id_len) != 0)
+                fail_msg("case %zu: publisher id of %u bytes", i, bt.pub_id_len);
+            assert_true(bt.pub_id > b && bt.pub_id + bt.pub_id_len <= b + n); /* borrowed */
+        }
+        assert_int_equal(diff_paths(d, ref, b, n), 1);
+    }
+    /* 65 bytes: too long for an id, still applied */
+    {
+        uint8_t b[256];
+        size_t n = sizeof(head4) - 1;
+        memcpy(b, head4, n);
+        b[n++] = 0xc4;
+        b[n++] = 65;
+        memset(b + n, 0x5a, 65);
+        n += 65;
+        assert_int_equal(run(d, b, n, &bt, r, 2), 1);
+        assert_null(bt.pub_id);
+        b[sizeof(head4) - 1 + 1] = 64; /* 64 bytes: the longest accepted (one trailing byte) */
+        assert_int_equal(kvr_decode_batch(d, b, n, &bt), -EBADMSG);
+        assert_int_equal(run(d, b, n - 1, &bt, r, 2), 1);
+        assert_int_equal(bt.pub_id_len, 64);
+    }
+    kvr_decode_destroy(d);
+    kvr_decode_destroy(ref);
+}
+
 /* ---- limits -------------------------------------------------------------------------- */
 
 static void test_limits_events(void **state)
@@ -1857,6 +1934,7 @@ int main(void)
         cmocka_unit_test(test_extra_keys),
         cmocka_unit_test(test_realwire),
         cmocka_unit_test(test_outer),
+        cmocka_unit_test(test_publisher_id_field),
         cmocka_unit_test(test_limits_events),
         cmocka_unit_test(test_limits_tokens_hashes),
         cmocka_unit_test(test_limits_depth),

@@ -435,6 +435,62 @@ static void reseal(unsigned char *d, size_t len)
     }
 }
 
+/* Version 2 keeps each stream's publisher id (a restarted kvrouterd must not read the engine
+ * run it already knew as a restart); version 1 files, which have none, still load; a
+ * version 1 file claiming one is refused. */
+static void test_publisher_ids(void **state)
+{
+    struct st a;
+    struct kvr_buf x;
+    struct kvr_err err;
+    struct kvr_snap_loaded l;
+    struct kvr_index *ix;
+    (void)state;
+
+    for (int with = 0; with < 2; with++) {
+        struct kvr_ingest_snap_stream ss[2] = {
+            {.pod = "pod-a", .model = "org/m", .last_seq = 7, .pub_id = with ? 0x1234 : 0},
+            {.pod = "pod-b", .model = "org/m", .dp_rank = 1, .last_seq = 9, .unsynced = true},
+        };
+        st_init(&a);
+        assert_int_equal(kvr_ingest_restore_streams(a.ing, ss, 2), 0);
+        kvr_buf_init(&x);
+        snapshot_of(&a, &x);
+        unsigned char *d = (unsigned char *)x.data;
+        CHECK(d[8] == 2 && d[9] == 0 && d[10] == 0 && d[11] == 0); /* version 2 */
+        assert_int_equal(kvr_index_create(&IXO, &ix), 0);
+        assert_int_equal(kvr_snap_apply(x.data, x.len, ix, &l, &err), 0);
+        CHECK(l.nstreams == 2);
+        for (size_t i = 0; i < l.nstreams; i++) {
+            bool is_a = strcmp(l.streams[i].pod, "pod-a") == 0;
+            CHECK(l.streams[i].pub_id == (is_a && with ? 0x1234u : 0u));
+            CHECK(l.streams[i].unsynced == !is_a);
+            CHECK(l.streams[i].last_seq == (is_a ? 7u : 9u));
+        }
+        kvr_snap_loaded_free(&l);
+        kvr_index_destroy(ix);
+
+        /* the same bytes labelled version 1: fine without ids, refused with one */
+        d[8] = 1;
+        reseal(d, x.len);
+        int rc = kvr_snap_verify(x.data, x.len, NULL, &err);
+        if (with) {
+            CHECK(rc == -EINVAL);
+            CHECK(strstr(err.msg, "streams") != NULL);
+        } else {
+            CHECK(rc == 0);
+            assert_int_equal(kvr_index_create(&IXO, &ix), 0);
+            assert_int_equal(kvr_snap_apply(x.data, x.len, ix, &l, &err), 0);
+            CHECK(l.nstreams == 2 && l.info.version == 1);
+            CHECK(l.streams[0].pub_id == 0 && l.streams[1].pub_id == 0);
+            kvr_snap_loaded_free(&l);
+            kvr_index_destroy(ix);
+        }
+        kvr_buf_free(&x);
+        st_free(&a);
+    }
+}
+
 static void test_refused_files(void **state)
 {
     struct st a, b;
@@ -479,7 +535,7 @@ static void test_refused_files(void **state)
     }
     /* a future version (a valid header otherwise) */
     memcpy(c, good.data, good.len);
-    c[8] = 2;
+    c[8] = KVR_SNAP_VERSION + 1;
     reseal(c, good.len);
     CHECK(kvr_snap_verify(c, good.len, NULL, &err) == -EPROTONOSUPPORT);
     CHECK(strstr(err.msg, "newer") != NULL);
@@ -758,6 +814,23 @@ static void test_write_seeds(void **state)
         if (i > 0)
             model_free(&m);
     }
+    { /* version 2: streams with and without a publisher id */
+        struct kvr_ingest_snap_stream ss[2] = {
+            {.pod = "pod-a", .model = "org/m", .last_seq = 7, .pub_id = 0x1234},
+            {.pod = "pod-b", .model = "org/m", .dp_rank = 1, .last_seq = 9, .unsynced = true},
+        };
+        struct st a;
+        struct kvr_buf x;
+        char path[512];
+        st_init(&a);
+        assert_int_equal(kvr_ingest_restore_streams(a.ing, ss, 2), 0);
+        kvr_buf_init(&x);
+        snapshot_of(&a, &x);
+        snprintf(path, sizeof(path), "%s/seed-3-publisher-id.kvr", FUZZ_SEEDS_DIR);
+        write_bytes(path, x.data, x.len);
+        kvr_buf_free(&x);
+        st_free(&a);
+    }
 }
 #endif
 
@@ -768,6 +841,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_file),
         cmocka_unit_test(test_take_with_writers),
         cmocka_unit_test(test_refused_files),
+        cmocka_unit_test(test_publisher_ids),
         cmocka_unit_test(test_disk_full_keeps_old),
         cmocka_unit_test(test_clock_skew),
         cmocka_unit_test(test_unusable_dir),

@@ -54,6 +54,79 @@ static void test_restored(void **state)
     assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED);
 }
 
+static int live_pub(struct kvr_stream *s, uint64_t seq, uint64_t pub, bool can_replay)
+{
+    int v = kvr_stream_on_live_pub(s, seq, pub, can_replay);
+    if (ACT(v) == KVR_STREAM_APPLY)
+        kvr_stream_applied(s, seq);
+    return v;
+}
+
+/* vLLM's snapshot publishers send an id per engine run: a changed id is a restart even when
+ * the new run's seq is past the old `last` (which the seq alone reads as a gap); a batch
+ * without an id (a replay reply, an engine without snapshots) never flaps the stream. */
+static void test_publisher_id(void **state)
+{
+    struct kvr_stream s;
+    (void)state;
+
+    kvr_stream_init(&s);
+    assert_int_equal(live_pub(&s, 0, 0xa, true), KVR_STREAM_APPLY); /* first contact learns it */
+    assert_int_equal(s.pub_id, 0xa);
+    assert_int_equal(live_pub(&s, 1, 0xa, true), KVR_STREAM_APPLY);
+    assert_int_equal(live_pub(&s, 2, 0, true), KVR_STREAM_APPLY);    /* no id: same run */
+    assert_int_equal(s.pub_id, 0xa);
+    assert_int_equal(live_pub(&s, 3, 0xa, true), KVR_STREAM_APPLY);  /* no flap back */
+    assert_int_equal(s.restarts, 0);
+
+    /* a new run whose seq went past ours: the seq alone says gap (replay from 4) */
+    assert_int_equal(live_pub(&s, 9, 0xb, false), KVR_STREAM_APPLY | KVR_STREAM_F_PURGE);
+    assert_int_equal(s.restarts, 1);
+    assert_int_equal(s.pub_restarts, 1);
+    assert_int_equal(s.pub_id, 0xb);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_UNSYNCED); /* 0..8 of the run missed */
+    assert_int_equal(live_pub(&s, 10, 0xb, false), KVR_STREAM_APPLY);
+
+    /* with a replay endpoint: purge and a replay from 0 of the new run */
+    assert_int_equal(live_pub(&s, 20, 0xc, true), KVR_STREAM_REPLAY | KVR_STREAM_F_PURGE);
+    assert_int_equal(s.replay_from, 0);
+    assert_int_equal(s.pub_restarts, 2);
+
+    /* a new run caught at seq 0: one restart, not two (id and seq agree) */
+    kvr_stream_init(&s);
+    assert_int_equal(live_pub(&s, 0, 0xa, true), KVR_STREAM_APPLY);
+    assert_int_equal(live_pub(&s, 1, 0xa, true), KVR_STREAM_APPLY);
+    assert_int_equal(live_pub(&s, 0, 0xb, true), KVR_STREAM_APPLY | KVR_STREAM_F_PURGE);
+    assert_int_equal(s.restarts, 1);
+    assert_int_equal(kvr_stream_state(&s), KVR_STREAM_SYNCED);
+
+    /* id A, none, id B: a restart at B */
+    kvr_stream_init(&s);
+    assert_int_equal(live_pub(&s, 0, 0xa, true), KVR_STREAM_APPLY);
+    assert_int_equal(live_pub(&s, 1, 0, true), KVR_STREAM_APPLY);
+    assert_int_equal(live_pub(&s, 2, 0xb, false), KVR_STREAM_APPLY | KVR_STREAM_F_PURGE);
+    assert_int_equal(s.pub_restarts, 1);
+
+    /* restored from a snapshot with the id: the same run continues, another one restarts */
+    kvr_stream_restore_pub(&s, 100, false, 0xa);
+    assert_int_equal(live_pub(&s, 101, 0xa, true), KVR_STREAM_APPLY);
+    assert_int_equal(s.restarts, 0);
+    kvr_stream_restore_pub(&s, 100, false, 0xa);
+    assert_int_equal(live_pub(&s, 101, 0xb, false), KVR_STREAM_APPLY | KVR_STREAM_F_PURGE);
+    assert_int_equal(s.restarts, 1);
+    /* a snapshot without one (older kvrouterd) learns it from the first batch */
+    kvr_stream_restore_pub(&s, 100, false, 0);
+    assert_int_equal(live_pub(&s, 101, 0xb, true), KVR_STREAM_APPLY);
+    assert_int_equal(s.pub_id, 0xb);
+    assert_int_equal(s.restarts, 0);
+
+    /* an admin reset keeps no baseline: the next batch is a first contact, whatever its id */
+    kvr_stream_reset(&s);
+    assert_int_equal(live_pub(&s, 102, 0xc, false), KVR_STREAM_APPLY);
+    assert_int_equal(s.restarts, 0);
+    assert_int_equal(s.pub_id, 0xc);
+}
+
 static void test_baseline_and_normal(void **state)
 {
     struct kvr_stream s;
@@ -826,6 +899,7 @@ int main(void)
         cmocka_unit_test(test_restart_with_replay_from_zero),
         cmocka_unit_test(test_restart_during_replay),
         cmocka_unit_test(test_reset),
+        cmocka_unit_test(test_publisher_id),
         cmocka_unit_test(test_random_exactly_once),
         cmocka_unit_test(test_first_contact),
         cmocka_unit_test(test_random_first_contact_model),

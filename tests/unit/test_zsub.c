@@ -91,6 +91,43 @@ static void test_seq(void **state)
     assert_true(s == 7);
 }
 
+/* A live seq frame with the publisher id vLLM's snapshot publishers append (PR #57789:
+ * 8-byte seq + 16-byte uuid4): read, not dropped as a bad seq. */
+static void test_seq_id(void **state)
+{
+    static const char f24[] = "\x00\x00\x00\x00\x00\x00\x01\x02"
+                              "\x8f\x12\x03\x44\x55\x66\x77\x88\x99\xaa\xbb\xcc\xdd\xee\xff\x00";
+    char big[8 + KVR_ZSUB_PUBID_MAX + 1];
+    uint64_t s = 0;
+    const void *id = NULL;
+    size_t n = 99;
+    (void)state;
+
+    assert_int_equal(kvr_zsub_seq_id(f24, 24, &s, &id, &n), 0);
+    assert_true(s == 0x102);
+    assert_ptr_equal(id, f24 + 8);
+    assert_int_equal(n, 16);
+    assert_int_equal(kvr_zsub_seq_id(f24, 8, &s, &id, &n), 0); /* no id */
+    assert_null(id);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvr_zsub_seq_id(f24, 9, &s, &id, &n), 0);
+    assert_int_equal(n, 1);
+    memset(big, 1, sizeof(big));
+    assert_int_equal(kvr_zsub_seq_id(big, sizeof(big) - 1, &s, &id, &n), 0);
+    assert_int_equal(n, KVR_ZSUB_PUBID_MAX);
+    s = 7;
+    id = NULL;
+    n = 99;
+    assert_int_equal(kvr_zsub_seq_id(big, sizeof(big), &s, &id, &n), -EINVAL);
+    assert_int_equal(kvr_zsub_seq_id(f24, 7, &s, &id, &n), -EINVAL);
+    assert_int_equal(kvr_zsub_seq_id(NULL, 0, &s, &id, &n), -EINVAL);
+    assert_true(s == 7 && id == NULL && n == 99);
+    /* the writer compares runs by kvr_queue_pubid: equal ids agree, never 0 */
+    assert_true(kvr_queue_pubid(f24 + 8, 16) == kvr_queue_pubid(f24 + 8, 16));
+    assert_true(kvr_queue_pubid(f24 + 8, 16) != kvr_queue_pubid(f24 + 9, 15));
+    assert_true(kvr_queue_pubid("", 0) != 0);
+}
+
 static void test_replay(void **state)
 {
     static const char topic[] = "kv@p@m";
@@ -474,7 +511,7 @@ static int pipeline_start(const struct kvr_conf *c, struct kvr_index *ix,
     *z = NULL;
     rc = kvr_ingest_create(c, ix, ing, err);
     if (rc == 0)
-        rc = kvr_daemon_zsub_create(c, *ing, z, err);
+        rc = kvr_daemon_zsub_create(c, NULL, *ing, z, err);
     if (rc == 0)
         rc = kvr_ingest_start(*ing, err);
     if (rc == 0)
@@ -1468,6 +1505,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topic),
         cmocka_unit_test(test_seq),
+        cmocka_unit_test(test_seq_id),
         cmocka_unit_test(test_replay),
         cmocka_unit_test(test_topic_random),
         cmocka_unit_test(test_seq_random),
