@@ -36,8 +36,27 @@
  *   must arrive within request_timeout), so a liveness probe still gets its 200 while
  *   clients hold every slot. Past that, a connection is accepted, answered 503 with
  *   uv_try_write, and closed (counted as a limit rejection).
+ * - Large texts go to the text threads (textpool.h, [tokenizer] threads): a POST to an
+ *   endpoint that tokenizes or renders, with a body of [tokenizer] offload_bytes or more
+ *   (httpapi decides which), becomes a job that owns a copy of the request (the body is
+ *   taken from the connection's buffer, or copied out of the loop's read buffer) and runs
+ *   the same handler with a text thread's own context. httpreq stops parsing after it, so
+ *   pipelined answers keep their order; the connection keeps reading (bounded: one read
+ *   buffer of input) so it sees a reset or EOF. A finished job is queued to its loop and
+ *   the loop's async handle drains the queue: the answer is framed and written at once, and
+ *   the rest of the connection's input is parsed on the next loop iteration (the idle
+ *   queue), after the other connections' ready work; a connection has at most one job, so
+ *   a client pipelining large bodies takes turns with the others in the pool's FIFO. Queue
+ *   full: 503 with Retry-After, counted (http_limit_rejections_total{kind="text_queue"}).
+ *   Lifetime: a job never points into a connection; the connection points to its job. A
+ *   connection closed meanwhile (reset, write error, stop) cancels the job (a queued one is
+ *   not run) and forgets it; the loop frees the job when it comes back. EOF while a job
+ *   runs (a half-closing client) answers, then closes. The loop's done handle closes only
+ *   once none of its jobs is out, so a worker never signals a closed handle (it pushes and
+ *   signals under the loop's done_lock, which the drain takes too).
  * - Stop: an async handle per loop closes the listeners and every connection (waiting for a
- *   pending write to finish), then the loop ends and the thread is joined.
+ *   pending write or text job to finish), then the loop ends and the thread is joined; the
+ *   text threads are joined after the loops.
  * Threads: the public functions run on the main thread; everything else on the loop threads.
  */
 #include "http/http.h"
@@ -54,8 +73,10 @@
 #include <uv.h>
 
 #include "core/buf.h"
+#include "core/metrics.h"
 #include "http/httpapi.h"
 #include "http/httpreq.h"
+#include "http/textpool.h"
 #include "core/log.h"
 
 #define READ_BUF_SIZE (256u * 1024u)
@@ -65,6 +86,21 @@
 #define MAX_THREADS 64
 
 struct loop_thread;
+struct conn;
+
+/* A request on the text threads: a copy of what the handler reads, and its answer. */
+struct job {
+    struct kvr_textpool_job pj; /* first: the pool's callbacks get &pj */
+    struct loop_thread *lt;
+    struct conn *c;          /* loop thread only: NULL once the connection closed */
+    struct kvr_httpreq req;  /* points into path, ctype, body */
+    char path[KVR_HTTPREQ_URL_MAX + 1];
+    char ctype[KVR_HTTPREQ_CTYPE_MAX + 1];
+    struct kvr_buf body;     /* the request body, owned */
+    struct kvr_buf out;      /* the answer's body (the text thread's, then the loop's) */
+    struct kvr_httpresp resp;
+    struct job *done_next;   /* on lt->done_head */
+};
 
 struct conn {
     uv_tcp_t tcp; /* first: handle->data is the conn for both handles */
@@ -86,6 +122,7 @@ struct conn {
     bool probe;             /* over the cap: counted in probe_conns, not open_conns */
     bool resume_queued;     /* on lt->resume_head: continue parsing next loop iteration */
     struct conn *resume_next;
+    struct job *job;        /* its request on the text threads, or NULL */
     struct conn *prev, *next;
 };
 
@@ -112,6 +149,11 @@ struct loop_thread {
     uv_idle_t idle;         /* runs queued resumes (see conn_flush) */
     bool has_idle;
     struct conn *resume_head; /* loop thread only: connections waiting for their turn */
+    uv_async_t done_async;  /* text jobs finished: drained by on_done */
+    bool has_done_async;
+    pthread_mutex_t done_lock; /* done_head; held by a worker while it pushes and signals */
+    struct job *done_head;  /* done_lock: finished jobs, newest first */
+    unsigned pending_jobs;  /* loop thread only: jobs submitted and not yet back */
 };
 
 struct kvr_http {
@@ -122,7 +164,10 @@ struct kvr_http {
     int nthreads;           /* public loops: lts[0, nthreads) */
     int nloops;             /* + the admin loop, lts[nthreads], when admin_listen is set */
     struct loop_thread *lts;
-    struct kvr_httpstats *stats_ptrs[MAX_THREADS + 1];
+    struct kvr_httpstats *stats_ptrs[MAX_THREADS + 2]; /* the loops', then the text threads' */
+    struct kvr_textpool *pool; /* NULL: [tokenizer] threads = 0 or no tokenizers */
+    struct kvr_httpstats pool_stats; /* the text threads' handler-level limit counts */
+    size_t offload_bytes;
     _Atomic uint64_t open_conns;
     _Atomic uint64_t probe_conns;
     uint32_t max_conns;
@@ -143,8 +188,127 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void server_metrics(void *arg, struct kvr_buf *out)
 {
     struct kvr_http *h = arg;
-    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nloops,
+    struct kvr_textpool_stats ps;
+
+    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nloops + 1,
                              atomic_load_explicit(&h->open_conns, memory_order_relaxed), out);
+    if (h->pool == NULL)
+        return;
+    kvr_textpool_stats(h->pool, &ps);
+    kvr_metrics_gauge(out, "text_threads", "Text threads ([tokenizer] threads)", NULL,
+                      (double)ps.threads);
+    kvr_metrics_gauge(out, "text_queued", "Large texts waiting for a text thread", NULL,
+                      (double)ps.queued);
+    kvr_metrics_gauge(out, "text_running", "Large texts being tokenized on the text threads",
+                      NULL, (double)ps.running);
+    kvr_metrics_counter(out, "text_jobs_total",
+                        "Requests handed to the text threads ([tokenizer] offload_bytes)", NULL,
+                        ps.jobs);
+    kvr_metrics_counter(out, "text_rejected_total",
+                        "Requests answered 503 because [tokenizer] queue texts were waiting",
+                        NULL, ps.rejected);
+    kvr_metrics_counter(out, "text_cancelled_total",
+                        "Queued texts not tokenized because their connection closed", NULL,
+                        ps.cancelled);
+}
+
+/* ---- text jobs ------------------------------------------------------------------------- */
+
+static void job_free(struct job *j)
+{
+    kvr_buf_free(&j->body);
+    kvr_buf_free(&j->out);
+    free(j);
+}
+
+/* Text thread: the handler, with this thread's context, into the job's own buffer. */
+static void job_run(void *ctx, struct kvr_textpool_job *pj)
+{
+    struct job *j = (struct job *)pj;
+
+    kvr_httpapi_handle(ctx, &j->req, &j->resp);
+}
+
+/* Text thread: back to the loop (push and signal under done_lock: see the design note). */
+static void job_done(struct kvr_textpool_job *pj)
+{
+    struct job *j = (struct job *)pj;
+    struct loop_thread *lt = j->lt;
+
+    pthread_mutex_lock(&lt->done_lock);
+    j->done_next = lt->done_head;
+    lt->done_head = j;
+    uv_async_send(&lt->done_async);
+    pthread_mutex_unlock(&lt->done_lock);
+}
+
+/* A copy of req the job owns; the body taken from the connection when it was gathered there
+ * (no copy), else copied out of the loop's read buffer. NULL when out of memory. */
+static struct job *job_create(struct conn *c, const struct kvr_httpreq *req)
+{
+    struct job *j = calloc(1, sizeof(*j));
+
+    if (j == NULL)
+        return NULL;
+    j->pj.run = job_run;
+    j->pj.done = job_done;
+    atomic_init(&j->pj.cancelled, false);
+    j->lt = c->lt;
+    j->c = c;
+    kvr_buf_init(&j->out);
+    kvr_buf_init(&j->body);
+    if (req->body_len > 0 && req->body == c->hc.body.data) {
+        j->body = c->hc.body;
+        kvr_buf_init(&c->hc.body);
+    } else if (req->body_len > 0) {
+        kvr_buf_append(&j->body, req->body, req->body_len);
+        if (j->body.oom) {
+            job_free(j);
+            return NULL;
+        }
+    }
+    memcpy(j->path, req->path, req->path_len);
+    j->path[req->path_len] = '\0';
+    snprintf(j->ctype, sizeof(j->ctype), "%s", req->content_type);
+    j->req = *req;
+    j->req.path = j->path;
+    j->req.content_type = j->ctype;
+    j->req.auth = NULL; /* the text endpoints take no token */
+    j->req.auth_len = 0;
+    j->req.body = req->body_len > 0 ? j->body.data : NULL;
+    j->resp = (struct kvr_httpresp){.status = 200, .endpoint = KVR_EP_OTHER,
+                                     .content_type = "application/json", .body = &j->out};
+    return j;
+}
+
+/* The kvr_httpreq_handler of every connection: inline, or a job for the text threads. */
+static void conn_handle(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *resp)
+{
+    struct conn *c = arg;
+    struct loop_thread *lt = c->lt;
+    struct kvr_http *h = lt->h;
+    enum kvr_http_ep ep;
+    struct job *j;
+
+    if (h->pool == NULL || lt->stopping ||
+        (ep = kvr_httpapi_offload(h->api, req, h->offload_bytes)) == KVR_EP_OTHER ||
+        (j = job_create(c, req)) == NULL) {
+        kvr_httpapi_handle(lt->api_thread, req, resp);
+        return;
+    }
+    if (kvr_textpool_submit(h->pool, &j->pj) != 0) {
+        job_free(j);
+        kvr_httpreq_stats_limit(&lt->stats, KVR_LIMIT_TEXT_QUEUE);
+        resp->endpoint = ep;
+        resp->status = 503;
+        resp->extra_headers = "Retry-After: 1\r\n";
+        kvr_httpreq_error_body(resp->body, "too many large texts are waiting to be tokenized "
+                                           "([tokenizer] queue); retry later");
+        return;
+    }
+    c->job = j;
+    lt->pending_jobs++;
+    resp->deferred = true;
 }
 
 /* ---- connection teardown -------------------------------------------------------------- */
@@ -166,6 +330,11 @@ static void conn_close(struct conn *c)
     if (c->closing)
         return;
     c->closing = true;
+    if (c->job != NULL) { /* the loop frees it when it comes back; a queued one is not run */
+        kvr_textpool_cancel(&c->job->pj);
+        c->job->c = NULL;
+        c->job = NULL;
+    }
     if (c->resume_queued) { /* freed in the close callback: off the queue first */
         struct conn **pp = &lt->resume_head;
         while (*pp != c)
@@ -345,11 +514,13 @@ static void conn_queue_resume(struct conn *c)
     uv_idle_start(&lt->idle, on_idle);
 }
 
-static void conn_flush(struct conn *c)
+/* resume_now false: a paused connection's input waits for the next loop iteration (after a
+ * text job's answer: the others' ready work goes first). */
+static void conn_flush_mode(struct conn *c, bool resume_now)
 {
     uv_buf_t b;
     int n, rc;
-    bool resumed = false;
+    bool resumed = !resume_now;
 
     for (;;) {
         if (c->closing || c->writing)
@@ -381,7 +552,7 @@ static void conn_flush(struct conn *c)
                 return;
             }
         }
-        if (!c->hc.paused || c->close_after_write || c->lingering)
+        if (!c->hc.paused || c->close_after_write || c->lingering || c->hc.waiting)
             break;
         if (resumed || c->lt->stopping) { /* one round per callback: the rest waits */
             if (!c->lt->stopping)
@@ -396,11 +567,20 @@ static void conn_flush(struct conn *c)
             break; /* cannot happen (paused means out > max_output); never spin */
     }
     if (c->close_after_write) {
-        conn_linger(c);
+        if (c->job == NULL) /* else: once its answer is written */
+            conn_linger(c);
         return;
     }
     if (c->hc.paused) {
-        if (c->reading) {
+        /* waiting for a text job: read on (a reset or EOF shows), up to one read buffer */
+        bool more = c->hc.waiting && c->hc.in.len < READ_BUF_SIZE;
+        if (more && !c->reading) {
+            if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+                conn_close(c);
+                return;
+            }
+            c->reading = true;
+        } else if (!more && c->reading) {
             uv_read_stop((uv_stream_t *)&c->tcp);
             c->reading = false;
         }
@@ -415,6 +595,11 @@ static void conn_flush(struct conn *c)
     }
 }
 
+static void conn_flush(struct conn *c)
+{
+    conn_flush_mode(c, true);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
@@ -423,9 +608,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (c->closing)
         return;
     if (nread < 0) { /* EOF or error: a partial request is dropped */
-        if (c->lingering || nread != UV_EOF || !c->writing)
+        if (c->lingering || nread != UV_EOF || (!c->writing && c->job == NULL))
             conn_close(c);
-        else
+        else /* a half-close: the answer being written, or computed, is still sent */
             c->close_after_write = true;
         return;
     }
@@ -436,6 +621,46 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         c->close_after_write = true;
     conn_flush(c);
     conn_rearm(c);
+}
+
+/* Finished text jobs: answers framed and written in the order the jobs finished. */
+static void on_done(uv_async_t *a)
+{
+    struct loop_thread *lt = a->data;
+    struct job *j, *fifo = NULL;
+
+    pthread_mutex_lock(&lt->done_lock);
+    j = lt->done_head;
+    lt->done_head = NULL;
+    pthread_mutex_unlock(&lt->done_lock);
+    while (j != NULL) { /* newest first: reverse */
+        struct job *next = j->done_next;
+        j->done_next = fifo;
+        fifo = j;
+        j = next;
+    }
+    while ((j = fifo) != NULL) {
+        struct conn *c = j->c;
+        fifo = j->done_next;
+        lt->pending_jobs--;
+        if (c != NULL) {
+            c->job = NULL;
+            if (!j->pj.ran) { /* not run (the pool stopped): never the case while loops run */
+                j->resp.status = 503;
+                j->resp.extra_headers = "Retry-After: 1\r\n";
+                kvr_httpreq_error_body(&j->out, "shutting down");
+            }
+            if (kvr_httpreq_conn_finish(&c->hc, &j->resp, (int64_t)uv_now(&lt->loop)) ==
+                KVR_HTTPCONN_CLOSE)
+                c->close_after_write = true;
+            conn_flush_mode(c, false);
+            conn_rearm(c);
+        }
+        job_free(j);
+    }
+    if (lt->stopping && lt->pending_jobs == 0 && lt->has_done_async &&
+        !uv_is_closing((uv_handle_t *)&lt->done_async))
+        uv_close((uv_handle_t *)&lt->done_async, NULL);
 }
 
 /* ---- accept ---------------------------------------------------------------------------- */
@@ -533,8 +758,8 @@ static void on_connection(uv_stream_t *server, int status)
     c->timer.data = c;
     c->open_handles = 2;
     now = (int64_t)uv_now(&lt->loop);
-    kvr_httpreq_conn_init(&c->hc, probe ? &h->probe_lim : &h->lim, &lt->stats,
-                          kvr_httpapi_handle, lt->api_thread, &lt->scratch, admin, now);
+    kvr_httpreq_conn_init(&c->hc, probe ? &h->probe_lim : &h->lim, &lt->stats, conn_handle, c,
+                          &lt->scratch, admin, now);
     c->hc.probe_only = probe;
     c->next = lt->conns;
     if (lt->conns)
@@ -579,13 +804,15 @@ static void on_stop(uv_async_t *a)
         uv_close((uv_handle_t *)&lt->idle, NULL);
     for (c = lt->conns; c != NULL; c = next) {
         next = c->next;
-        if (c->writing) {
+        if (c->writing || c->job != NULL) {
             c->close_after_write = true; /* finish the response (bounded), then close */
             conn_rearm(c);
         } else {
             conn_close(c);
         }
     }
+    if (lt->has_done_async && lt->pending_jobs == 0) /* else on_done closes it */
+        uv_close((uv_handle_t *)&lt->done_async, NULL);
 }
 
 static void *loop_main(void *arg)
@@ -683,6 +910,25 @@ static void set_port(struct sockaddr_storage *ss, int port)
 
 /* ---- public API ------------------------------------------------------------------------- */
 
+/* Each text thread's context: a handler context of its own (tokenizer reader with the
+ * token limit, score context, buffers), its limit counts in pool_stats. */
+static int pool_ctx_create(void *arg, unsigned i, void **ctx)
+{
+    struct kvr_http *h = arg;
+    struct kvr_httpapi_thread *t;
+    int rc = kvr_httpapi_thread_create(h->api, &h->pool_stats, &t);
+    (void)i;
+    if (rc == 0)
+        *ctx = t;
+    return rc;
+}
+
+static void pool_ctx_destroy(void *arg, void *ctx)
+{
+    (void)arg;
+    kvr_httpapi_thread_destroy(ctx);
+}
+
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err)
 {
     const struct kvr_conf *conf;
@@ -747,6 +993,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
         struct loop_thread *lt = &h->lts[i];
         lt->h = h;
         lt->idx = i;
+        pthread_mutex_init(&lt->done_lock, NULL);
         h->stats_ptrs[i] = &lt->stats;
         kvr_buf_init(&lt->scratch);
         lt->rbuf = malloc(READ_BUF_SIZE);
@@ -755,6 +1002,16 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
         if (rc != 0) {
             kvr_http_destroy(h);
             return kvr_err_set(err, rc, "http: loop %d: %s", i, strerror(-rc));
+        }
+    }
+    h->stats_ptrs[h->nloops] = &h->pool_stats;
+    h->offload_bytes = (size_t)conf->offload_bytes;
+    if (deps->tokset != NULL && conf->text_threads > 0) {
+        rc = kvr_textpool_create(conf->text_threads, conf->text_queue ? conf->text_queue : 64,
+                                 pool_ctx_create, pool_ctx_destroy, h, &h->pool);
+        if (rc != 0) {
+            kvr_http_destroy(h);
+            return kvr_err_set(err, rc, "http: text threads: %s", strerror(-rc));
         }
     }
     *out = h;
@@ -819,6 +1076,13 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         }
         lt->idle.data = lt;
         lt->has_idle = true;
+        rc = uv_async_init(&lt->loop, &lt->done_async, on_done);
+        if (rc != 0) {
+            kvr_err_set(err, rc, "http: async: %s", uv_strerror(rc));
+            goto fail;
+        }
+        lt->done_async.data = lt;
+        lt->has_done_async = true;
     }
     for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
@@ -883,6 +1147,8 @@ void kvr_http_stop(struct kvr_http *h)
             uv_close((uv_handle_t *)&lt->stop_async, NULL);
         if (lt->has_idle)
             uv_close((uv_handle_t *)&lt->idle, NULL);
+        if (lt->has_done_async)
+            uv_close((uv_handle_t *)&lt->done_async, NULL);
         uv_run(&lt->loop, UV_RUN_DEFAULT);
     }
     for (int i = 0; i < h->nloops; i++) {
@@ -905,11 +1171,13 @@ void kvr_http_destroy(struct kvr_http *h)
         return;
     if (h->started)
         kvr_http_stop(h);
+    kvr_textpool_destroy(h->pool); /* after the loops: none of their jobs is out */
     for (int i = 0; h->lts != NULL && i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         kvr_httpapi_thread_destroy(lt->api_thread);
         kvr_buf_free(&lt->scratch);
         free(lt->rbuf);
+        pthread_mutex_destroy(&lt->done_lock);
     }
     free(h->lts);
     kvr_httpapi_destroy(h->api);
