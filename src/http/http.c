@@ -100,6 +100,8 @@ struct job {
     struct kvr_buf out;      /* the answer's body (the text thread's, then the loop's) */
     struct kvr_httpresp resp;
     struct job *done_next;   /* on lt->done_head */
+    bool back;               /* loop thread: returned, its answer not framed yet because the
+                              * connection's output was being written (on_write frames it) */
 };
 
 struct conn {
@@ -180,6 +182,7 @@ struct kvr_http {
 
 static void conn_rearm(struct conn *c);
 static void conn_flush(struct conn *c);
+static void conn_finish_job(struct conn *c);
 static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
@@ -330,7 +333,11 @@ static void conn_close(struct conn *c)
     if (c->closing)
         return;
     c->closing = true;
-    if (c->job != NULL) { /* the loop frees it when it comes back; a queued one is not run */
+    if (c->job != NULL && c->job->back) { /* returned already: nobody else holds it */
+        job_free(c->job);
+        c->job = NULL;
+    } else if (c->job != NULL) { /* the loop frees it when it comes back; a queued one is
+                                  * not run */
         kvr_textpool_cancel(&c->job->pj);
         c->job->c = NULL;
         c->job = NULL;
@@ -477,7 +484,10 @@ static void on_write(uv_write_t *req, int status)
     }
     kvr_httpreq_conn_consumed(&c->hc, c->write_len);
     c->write_len = 0;
-    conn_flush(c); /* more output (a 408 queued meanwhile, paused input), linger or read */
+    if (c->job != NULL && c->job->back) /* its answer waited for this write */
+        conn_finish_job(c);
+    else
+        conn_flush(c); /* more output (a 408 queued meanwhile, paused input), linger or read */
     conn_rearm(c);
 }
 
@@ -623,6 +633,27 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     conn_rearm(c);
 }
 
+/* The connection's returned job: its answer framed into out and written; the input
+ * behind it is parsed on the next loop iteration. Not while a write owns out. */
+static void conn_finish_job(struct conn *c)
+{
+    struct job *j = c->job;
+
+    KVR_ASSERT(j != NULL && j->back && !c->writing);
+    c->job = NULL;
+    if (!j->pj.ran) { /* not run (the pool stopped): never the case while loops run */
+        j->resp.status = 503;
+        j->resp.extra_headers = "Retry-After: 1\r\n";
+        kvr_httpreq_error_body(&j->out, "shutting down");
+    }
+    if (kvr_httpreq_conn_finish(&c->hc, &j->resp, (int64_t)uv_now(&c->lt->loop)) ==
+        KVR_HTTPCONN_CLOSE)
+        c->close_after_write = true;
+    job_free(j);
+    conn_flush_mode(c, false);
+    conn_rearm(c);
+}
+
 /* Finished text jobs: answers framed and written in the order the jobs finished. */
 static void on_done(uv_async_t *a)
 {
@@ -643,20 +674,13 @@ static void on_done(uv_async_t *a)
         struct conn *c = j->c;
         fifo = j->done_next;
         lt->pending_jobs--;
-        if (c != NULL) {
-            c->job = NULL;
-            if (!j->pj.ran) { /* not run (the pool stopped): never the case while loops run */
-                j->resp.status = 503;
-                j->resp.extra_headers = "Retry-After: 1\r\n";
-                kvr_httpreq_error_body(&j->out, "shutting down");
-            }
-            if (kvr_httpreq_conn_finish(&c->hc, &j->resp, (int64_t)uv_now(&lt->loop)) ==
-                KVR_HTTPCONN_CLOSE)
-                c->close_after_write = true;
-            conn_flush_mode(c, false);
-            conn_rearm(c);
+        if (c == NULL) { /* its connection closed meanwhile */
+            job_free(j);
+            continue;
         }
-        job_free(j);
+        j->back = true;
+        if (!c->writing) /* else out belongs to a write: on_write frames the answer */
+            conn_finish_job(c);
     }
     if (lt->stopping && lt->pending_jobs == 0 && lt->has_done_async &&
         !uv_is_closing((uv_handle_t *)&lt->done_async))

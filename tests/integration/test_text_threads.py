@@ -280,3 +280,41 @@ def test_pipelined_order_and_turns(daemon_factory):
     assert order.index("b0") < order.index("a2"), order
     a.close()
     b.close()
+
+
+def test_answer_waits_for_the_write_before_it(daemon_factory):
+    """A client that does not read: the answers before a text request (/metrics, large) fill
+    the socket, so a write still owns the connection's output when the text's answer comes
+    back; it is framed only once that write is done (appending meanwhile would move the
+    buffer the write is sending from)."""
+    c = cfg(["gemma3"], tokenizer={"offload_bytes": "1KiB"}, http={"max_output_bytes": "64MiB"})
+    c["http"]["admin_listen"] = None  # /metrics on the main listener: large answers
+    d = start(daemon_factory, c)
+    text = prose(4 << 10, seed=60)
+    status, body = d.json("POST", "/v1/tokenize", {"model": "test/gemma3", "prompt": text})
+    assert status == 200
+    want = body["tokens"]
+    jobs0 = metric(d, "text_jobs_total")
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    s.settimeout(60)
+    s.connect(("127.0.0.1", d.http_port))
+    nm = 250  # more than the kernel's send buffer takes (tcp_wmem's 4 MiB at most)
+    s.sendall(http_bytes("GET", "/metrics") * nm + tokenize_req("gemma3", text))
+    deadline = time.monotonic() + 60
+    while metric(d, "text_jobs_total") < jobs0 + 1 or metric(d, "text_running") or \
+            metric(d, "text_queued"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.2)  # the job is back on the loop, whose write is still blocked
+    f = s.makefile("rb")
+    total = 0
+    for k in range(nm):
+        status, _, body = read_response(f)
+        assert status == 200 and body.startswith(b"# HELP"), body[:100]
+        total += len(body)
+    status, _, body = read_response(f)
+    assert status == 200, body[:200]
+    assert json.loads(body)["tokens"] == want
+    print("%d bytes of /metrics answers before the text's" % total)
+    s.close()
