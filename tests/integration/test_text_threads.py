@@ -285,8 +285,10 @@ def test_pipelined_order_and_turns(daemon_factory):
 def test_answer_waits_for_the_write_before_it(daemon_factory):
     """A client that does not read: the answers before a text request (/metrics, large) fill
     the socket, so a write still owns the connection's output when the text's answer comes
-    back; it is framed only once that write is done (appending meanwhile would move the
-    buffer the write is sending from)."""
+    back; the answer is framed only once that write is done (appending to the buffer a write
+    is sending from could move it). This drives that path (on_write frames the answer) and
+    checks every answer arrives whole and in order; whether an append would have moved the
+    buffer depends on how much the kernel took, so the move itself is not provoked here."""
     c = cfg(["gemma3"], tokenizer={"offload_bytes": "1KiB"}, http={"max_output_bytes": "64MiB"})
     c["http"]["admin_listen"] = None  # /metrics on the main listener: large answers
     d = start(daemon_factory, c)
