@@ -189,12 +189,18 @@ void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s)
         memset(s->wc, 0, WC_SLOTS * sizeof *s->wc);
 }
 
-/* BPE of one pre-token through the word cache. */
-static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
+static bool whole_words; /* kvr_tok_force_whole_words (tests, benchmarks) */
+
+void kvr_tok_force_whole_words(bool on)
+{
+    whole_words = on;
+}
+
+/* BPE of one piece of a pre-token through the word cache. */
+static int bpe_piece(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
 {
     if (!n)
         return 0;
-    s->bpe_bytes += n;
     if (n > WC_WORD)
         return bpe_merge(t, s, w, n);
     if (!s->wc && !(s->wc = calloc(WC_SLOTS, sizeof *s->wc)))
@@ -220,6 +226,50 @@ static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
             memcpy(e->ids, s->ids + before, k * sizeof *e->ids);
     }
     return 0;
+}
+
+/* A character of a pre-token that BPE starts as its own vocabulary entry (as bpe_merge
+ * looks it up), not as byte-fallback or unk symbols. */
+static bool direct(const kvr_tok *t, const char *w, size_t k)
+{
+    return k == 1 ? t->id1[(unsigned char)w[0]] != UINT32_MAX : vocab_get(t, w, k) != UINT32_MAX;
+}
+
+#define SPLIT_MIN 64 /* pre-tokens longer than this are split where merges cannot reach */
+
+/* BPE of one pre-token. A long one (Gemma 3, Mistral: a whole segment is one pre-token, so
+ * BPE would be O(n log n) over all of it, with no word cache and no early stop) is cut
+ * between two characters c1 c2 when both start as vocabulary entries of their own and the
+ * byte pair (last of c1, first of c2) occurs inside no vocabulary entry: then no merge can
+ * ever make a symbol that spans the cut (a merge's result is the entry of its parts' bytes
+ * joined, and a symbol ending with c1 ends with c1's bytes, one starting with c2 starts with
+ * c2's), so the merges on either side never meet, and in HF's order (rank, then position)
+ * each side's merges come in the same order as when run alone: the ids are the same as
+ * BPE of the whole pre-token. Gemma 3's and Mistral's vocabularies have "\u2581" after
+ * another character in one entry at most, so their texts are cut at (nearly) every word. */
+static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
+{
+    int rc;
+    s->bpe_bytes += n;
+    if (n <= SPLIT_MIN || !t->split_words || whole_words)
+        return bpe_piece(t, s, w, n);
+    size_t start = 0, i = 0;
+    bool prev = false;
+    while (i < n) {
+        size_t k = t->byte_level ? 1 : utf8_len((unsigned char)w[i]);
+        if (k > n - i)
+            k = n - i;
+        bool d = direct(t, w + i, k);
+        unsigned x = (unsigned)(unsigned char)w[i ? i - 1 : 0] << 8 | (unsigned char)w[i];
+        if (i > start && prev && d && !(t->pairs[x >> 3] & (1u << (x & 7)))) {
+            if ((rc = bpe_piece(t, s, w + start, i - start)))
+                return rc;
+            start = i;
+        }
+        prev = d;
+        i += k;
+    }
+    return bpe_piece(t, s, w + start, n - start);
 }
 
 /* BPE of one pre-token, as HF's Word::merge_all (heap ordered by rank, then position). */

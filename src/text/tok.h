@@ -85,6 +85,11 @@ uint64_t kvr_tok_scratch_bpe_bytes(const kvr_tok_scratch *s);
 int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
                    bool add_special, const uint32_t **ids);
 
+/* Tests and benchmarks: true runs BPE over every pre-token whole, as HF does, instead of
+ * cutting long ones where no merge can reach across (same ids, faster; tok.c says why).
+ * Not for concurrent use with encodes. */
+void kvr_tok_force_whole_words(bool on);
+
 /* ---- the prefix cache (tok_cache.c) -------------------------------------------------------
  * Token ids of earlier texts at checkpoints proven resumable, shared by every thread and
  * every tokenizer (keyed by the load generation), LRU-bounded in bytes. Exact: the result

@@ -93,6 +93,11 @@ struct kvr_tok {
      * raw text of n bytes makes at least ceil(n / max_sym) ids (tok_load.c says why). */
     uint32_t max_sym;
     bool cover, raw_bound, keep_all; /* keep_all: no pre-tokenizer removes text */
+    /* Long pre-tokens split where no merge can ever reach across (tok.c: bpe): pairs has
+     * bit (a << 8 | b) set when bytes a, b follow each other inside some vocabulary entry;
+     * NULL (and split_words false) with ignore_merges, where splitting would change ids. */
+    uint8_t *pairs;
+    bool split_words;
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */

@@ -716,6 +716,29 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
  *   (compositions, compatibility forms; the ratio is small but we do not rely on a proof of
  *   it) and a Removed split drops text: for those, only the per-pre-token bound applies
  *   (kvr_tok_encode_at checks it before each segment's BPE). */
+/* The byte pairs found inside vocabulary entries (keys: raw bytes for byte-level ones), for
+ * splitting long pre-tokens (tok.c: bpe says why that is exact). Not with ignore_merges: a
+ * piece that is itself a vocabulary entry would become one id, which BPE of the whole
+ * pre-token need not give. */
+static int word_pairs(kvr_tok *t)
+{
+    if (t->ignore_merges)
+        return 0;
+    if (!(t->pairs = calloc(65536 / 8, 1)))
+        return -ENOMEM;
+    for (uint32_t id = 0; id < t->nvocab; id++) {
+        if (t->vlen[id] == UINT32_MAX)
+            continue;
+        const unsigned char *k = (const unsigned char *)t->arena + t->voff[id];
+        for (uint32_t j = 1; j < t->vlen[id]; j++) {
+            unsigned x = (unsigned)k[j - 1] << 8 | k[j];
+            t->pairs[x >> 3] |= (uint8_t)(1u << (x & 7));
+        }
+    }
+    t->split_words = true;
+    return 0;
+}
+
 static void token_bounds(kvr_tok *t)
 {
     uint32_t m = 4;
@@ -790,6 +813,10 @@ int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t co
         t->any_lstrip |= a->lstrip;
     }
     token_bounds(t);
+    if ((rc = word_pairs(t)) != 0) {
+        kvr_tok_free(t);
+        return errf(err, errlen, rc, "out of memory");
+    }
     *out = t;
     return 0;
 }
@@ -882,6 +909,7 @@ void kvr_tok_free(kvr_tok *t)
     free(t->normd.idx);
     free(t->prefix);
     free(t->suffix);
+    free(t->pairs);
     free(t);
 }
 

@@ -628,6 +628,66 @@ static void test_refusals(void **state)
     kvr_tok_free(t);
 }
 
+/* Long pre-tokens cut where no merge can reach across give the ids BPE of the whole
+ * pre-token gives (kvr_tok_force_whole_words): every model, on the goldens and on random
+ * mixes of pieces chosen to sit at cuts (spaces, "\u2581" itself, Gemma 3's one entry with
+ * "\u2581" inside (">\u2581</"), characters that fall back to bytes or unk, added-token
+ * lookalikes, long runs). */
+static void test_split_words(void **state)
+{
+    (void)state;
+    if (!have_ref)
+        return;
+    unsigned seed = test_seed();
+    static const char *pieces[] = {"a", "ab", " ", "   ", "\n", "\t", "1", "12345", "中文",
+                                   "😀", "\u200d", "e\u0301", "'s", " the", "Hello", ">", "</",
+                                   "> </", "\u2581", "\u2581\u2581", ".", "!!", "é", "ß", "ا",
+                                   "\u00a0", "\ufeff", "\U0001d400", "\u0fff", "<unk>",
+                                   "<start_of_turn>", "     ", "word", " word", "x"};
+    kvr_tok_scratch *s = kvr_tok_scratch_new(), *w = kvr_tok_scratch_new();
+    assert_non_null(s);
+    assert_non_null(w);
+    char *text = malloc(1 << 16);
+    assert_non_null(text);
+    int failed = 0;
+    for (size_t m = 0; m < NMODELS; m++) {
+        struct goldens g;
+        goldens_load(models[m].name, &g);
+        size_t ncases = g.n + 400;
+        for (size_t i = 0; i < ncases; i++) {
+            const char *t;
+            size_t n = 0;
+            if (i < g.n) {
+                t = g.c[i].text;
+                n = g.c[i].len;
+            } else {
+                int k = 20 + rand_r(&seed) % 300;
+                for (int j = 0; j < k; j++) {
+                    const char *p = pieces[rand_r(&seed) % (sizeof pieces / sizeof *pieces)];
+                    size_t pl = strlen(p);
+                    memcpy(text + n, p, pl);
+                    n += pl;
+                }
+                t = text;
+            }
+            const uint32_t *a, *b;
+            kvr_tok_force_whole_words(false);
+            int ra = kvr_tok_encode(toks[m], s, t, n, true, &a);
+            kvr_tok_force_whole_words(true);
+            int rb = kvr_tok_encode(toks[m], w, t, n, true, &b);
+            kvr_tok_force_whole_words(false);
+            if ((ra != rb || (ra > 0 && memcmp(a, b, (size_t)ra * sizeof *a))) && failed++ < 5)
+                printf("  %s: case %zu (%zu bytes): cut %d ids, whole %d ids (seed %u)\n",
+                       models[m].name, i, n, ra, rb, seed);
+        }
+        goldens_free(&g);
+    }
+    free(text);
+    kvr_tok_scratch_free(s);
+    kvr_tok_scratch_free(w);
+    assert_int_equal(failed, 0);
+}
+
 /* The token limit (kvr_tok_scratch_set_limit): a text of n ids encodes in full under any
  * limit >= n and is refused (-EMSGSIZE) under any limit < n, plain and through the prefix
  * cache (resumed encodes start from cached ids); the raw-length bound never refuses a text
@@ -730,6 +790,7 @@ int main(void)
         cmocka_unit_test(test_special_boundary),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_limit),
+        cmocka_unit_test(test_split_words),
     };
     int rc = cmocka_run_group_tests(plain, NULL, NULL);
     rc |= cmocka_run_group_tests(ref, setup_ref, teardown_ref);
