@@ -36,7 +36,8 @@
  *   must arrive within request_timeout), so a liveness probe still gets its 200 while
  *   clients hold every slot. Past that, a connection is accepted, answered 503 with
  *   uv_try_write, and closed (counted as a limit rejection).
- * - Large texts go to the text threads (textpool.h, [tokenizer] threads): a POST to an
+ * - Large texts go to the text threads (textpool.h, [tokenizer] threads; the hand-off is
+ *   http_text.c, what the two files share http_int.h): a POST to an
  *   endpoint that tokenizes or renders, with a body of [tokenizer] offload_bytes or more
  *   (httpapi decides which), becomes a job that owns a copy of the request (the body is
  *   taken from the connection's buffer, or copied out of the loop's read buffer) and runs
@@ -73,116 +74,14 @@
 #include <uv.h>
 
 #include "core/buf.h"
-#include "core/metrics.h"
+#include "http/http_int.h"
 #include "http/httpapi.h"
 #include "http/httpreq.h"
 #include "http/textpool.h"
 #include "core/log.h"
 
-#define READ_BUF_SIZE (256u * 1024u)
-#define LISTEN_BACKLOG 1024
-#define LINGER_MS 2000
-#define STOP_WRITE_MS 2000
-#define MAX_THREADS 64
-
-struct loop_thread;
-struct conn;
-
-/* A request on the text threads: a copy of what the handler reads, and its answer. */
-struct job {
-    struct kvr_textpool_job pj; /* first: the pool's callbacks get &pj */
-    struct loop_thread *lt;
-    struct conn *c;          /* loop thread only: NULL once the connection closed */
-    struct kvr_httpreq req;  /* points into path, ctype, body */
-    char path[KVR_HTTPREQ_URL_MAX + 1];
-    char ctype[KVR_HTTPREQ_CTYPE_MAX + 1];
-    struct kvr_buf body;     /* the request body, owned */
-    struct kvr_buf out;      /* the answer's body (the text thread's, then the loop's) */
-    struct kvr_httpresp resp;
-    struct job *done_next;   /* on lt->done_head */
-    bool back;               /* loop thread: returned, its answer not framed yet because the
-                              * connection's output was being written (on_write frames it) */
-};
-
-struct conn {
-    uv_tcp_t tcp; /* first: handle->data is the conn for both handles */
-    uv_timer_t timer;
-    uv_write_t wreq;
-    uv_shutdown_t sreq;
-    struct loop_thread *lt;
-    struct kvr_httpconn hc;
-    size_t write_len;     /* bytes of hc.out owned by the pending uv_write */
-    int64_t write_start;
-    int64_t linger_start;
-    int64_t timer_due;    /* when the armed timer fires; INT64_MAX when not armed */
-    int open_handles;
-    bool writing;
-    bool close_after_write; /* final response queued: linger-close once it is written */
-    bool lingering;
-    bool closing;           /* uv_close issued */
-    bool reading;           /* uv_read_start in effect */
-    bool probe;             /* over the cap: counted in probe_conns, not open_conns */
-    bool resume_queued;     /* on lt->resume_head: continue parsing next loop iteration */
-    struct conn *resume_next;
-    struct job *job;        /* its request on the text threads, or NULL */
-    struct conn *prev, *next;
-};
-
-struct loop_thread {
-    struct kvr_http *h;
-    int idx;
-    uv_loop_t loop;
-    bool loop_inited;
-    uv_tcp_t listener;
-    bool has_listener;
-    uv_tcp_t admin;
-    bool has_admin;
-    uv_async_t stop_async;
-    bool has_async;
-    pthread_t thread;
-    bool started;
-    bool stopping;          /* loop thread only */
-    int64_t stop_deadline;  /* loop thread only: pending writes are cut after this */
-    struct kvr_httpstats stats;
-    struct kvr_httpapi_thread *api_thread;
-    struct kvr_buf scratch;
-    char *rbuf;
-    struct conn *conns;     /* loop thread only */
-    uv_idle_t idle;         /* runs queued resumes (see conn_flush) */
-    bool has_idle;
-    struct conn *resume_head; /* loop thread only: connections waiting for their turn */
-    uv_async_t done_async;  /* text jobs finished: drained by on_done */
-    bool has_done_async;
-    pthread_mutex_t done_lock; /* done_head; held by a worker while it pushes and signals */
-    struct job *done_head;  /* done_lock: finished jobs, newest first */
-    unsigned pending_jobs;  /* loop thread only: jobs submitted and not yet back */
-};
-
-struct kvr_http {
-    const struct kvr_conf *conf;
-    struct kvr_httpapi *api;
-    struct kvr_httpreq_limits lim;
-    struct kvr_httpreq_limits probe_lim; /* lim, idle wait cut to request_timeout */
-    int nthreads;           /* public loops: lts[0, nthreads) */
-    int nloops;             /* + the admin loop, lts[nthreads], when admin_listen is set */
-    struct loop_thread *lts;
-    struct kvr_httpstats *stats_ptrs[MAX_THREADS + 2]; /* the loops', then the text threads' */
-    struct kvr_textpool *pool; /* NULL: [tokenizer] threads = 0 or no tokenizers */
-    struct kvr_httpstats pool_stats; /* the text threads' handler-level limit counts */
-    size_t offload_bytes;
-    _Atomic uint64_t open_conns;
-    _Atomic uint64_t probe_conns;
-    uint32_t max_conns;
-    uint32_t max_probe_conns;
-    int port;
-    int admin_port;
-    bool started;
-    bool stopped;
-};
-
 static void conn_rearm(struct conn *c);
 static void conn_flush(struct conn *c);
-static void conn_finish_job(struct conn *c);
 static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
@@ -191,127 +90,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void server_metrics(void *arg, struct kvr_buf *out)
 {
     struct kvr_http *h = arg;
-    struct kvr_textpool_stats ps;
 
     kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nloops + 1,
                              atomic_load_explicit(&h->open_conns, memory_order_relaxed), out);
-    if (h->pool == NULL)
-        return;
-    kvr_textpool_stats(h->pool, &ps);
-    kvr_metrics_gauge(out, "text_threads", "Text threads ([tokenizer] threads)", NULL,
-                      (double)ps.threads);
-    kvr_metrics_gauge(out, "text_queued", "Large texts waiting for a text thread", NULL,
-                      (double)ps.queued);
-    kvr_metrics_gauge(out, "text_running", "Large texts being tokenized on the text threads",
-                      NULL, (double)ps.running);
-    kvr_metrics_counter(out, "text_jobs_total",
-                        "Requests handed to the text threads ([tokenizer] offload_bytes)", NULL,
-                        ps.jobs);
-    kvr_metrics_counter(out, "text_rejected_total",
-                        "Requests answered 503 because [tokenizer] queue texts were waiting",
-                        NULL, ps.rejected);
-    kvr_metrics_counter(out, "text_cancelled_total",
-                        "Queued texts not tokenized because their connection closed", NULL,
-                        ps.cancelled);
-}
-
-/* ---- text jobs ------------------------------------------------------------------------- */
-
-static void job_free(struct job *j)
-{
-    kvr_buf_free(&j->body);
-    kvr_buf_free(&j->out);
-    free(j);
-}
-
-/* Text thread: the handler, with this thread's context, into the job's own buffer. */
-static void job_run(void *ctx, struct kvr_textpool_job *pj)
-{
-    struct job *j = (struct job *)pj;
-
-    kvr_httpapi_handle(ctx, &j->req, &j->resp);
-}
-
-/* Text thread: back to the loop (push and signal under done_lock: see the design note). */
-static void job_done(struct kvr_textpool_job *pj)
-{
-    struct job *j = (struct job *)pj;
-    struct loop_thread *lt = j->lt;
-
-    pthread_mutex_lock(&lt->done_lock);
-    j->done_next = lt->done_head;
-    lt->done_head = j;
-    uv_async_send(&lt->done_async);
-    pthread_mutex_unlock(&lt->done_lock);
-}
-
-/* A copy of req the job owns; the body taken from the connection when it was gathered there
- * (no copy), else copied out of the loop's read buffer. NULL when out of memory. */
-static struct job *job_create(struct conn *c, const struct kvr_httpreq *req)
-{
-    struct job *j = calloc(1, sizeof(*j));
-
-    if (j == NULL)
-        return NULL;
-    j->pj.run = job_run;
-    j->pj.done = job_done;
-    atomic_init(&j->pj.cancelled, false);
-    j->lt = c->lt;
-    j->c = c;
-    kvr_buf_init(&j->out);
-    kvr_buf_init(&j->body);
-    if (req->body_len > 0 && req->body == c->hc.body.data) {
-        j->body = c->hc.body;
-        kvr_buf_init(&c->hc.body);
-    } else if (req->body_len > 0) {
-        kvr_buf_append(&j->body, req->body, req->body_len);
-        if (j->body.oom) {
-            job_free(j);
-            return NULL;
-        }
-    }
-    memcpy(j->path, req->path, req->path_len);
-    j->path[req->path_len] = '\0';
-    snprintf(j->ctype, sizeof(j->ctype), "%s", req->content_type);
-    j->req = *req;
-    j->req.path = j->path;
-    j->req.content_type = j->ctype;
-    j->req.auth = NULL; /* the text endpoints take no token */
-    j->req.auth_len = 0;
-    j->req.body = req->body_len > 0 ? j->body.data : NULL;
-    j->resp = (struct kvr_httpresp){.status = 200, .endpoint = KVR_EP_OTHER,
-                                     .content_type = "application/json", .body = &j->out};
-    return j;
-}
-
-/* The kvr_httpreq_handler of every connection: inline, or a job for the text threads. */
-static void conn_handle(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *resp)
-{
-    struct conn *c = arg;
-    struct loop_thread *lt = c->lt;
-    struct kvr_http *h = lt->h;
-    enum kvr_http_ep ep;
-    struct job *j;
-
-    if (h->pool == NULL || lt->stopping ||
-        (ep = kvr_httpapi_offload(h->api, req, h->offload_bytes)) == KVR_EP_OTHER ||
-        (j = job_create(c, req)) == NULL) {
-        kvr_httpapi_handle(lt->api_thread, req, resp);
-        return;
-    }
-    if (kvr_textpool_submit(h->pool, &j->pj) != 0) {
-        job_free(j);
-        kvr_httpreq_stats_limit(&lt->stats, KVR_LIMIT_TEXT_QUEUE);
-        resp->endpoint = ep;
-        resp->status = 503;
-        resp->extra_headers = "Retry-After: 1\r\n";
-        kvr_httpreq_error_body(resp->body, "too many large texts are waiting to be tokenized "
-                                           "([tokenizer] queue); retry later");
-        return;
-    }
-    c->job = j;
-    lt->pending_jobs++;
-    resp->deferred = true;
+    kvr_http_text_metrics(h, out);
 }
 
 /* ---- connection teardown -------------------------------------------------------------- */
@@ -333,15 +115,8 @@ static void conn_close(struct conn *c)
     if (c->closing)
         return;
     c->closing = true;
-    if (c->job != NULL && c->job->back) { /* returned already: nobody else holds it */
-        job_free(c->job);
-        c->job = NULL;
-    } else if (c->job != NULL) { /* the loop frees it when it comes back; a queued one is
-                                  * not run */
-        kvr_textpool_cancel(&c->job->pj);
-        c->job->c = NULL;
-        c->job = NULL;
-    }
+    if (c->job != NULL)
+        kvr_http_text_forget(c);
     if (c->resume_queued) { /* freed in the close callback: off the queue first */
         struct conn **pp = &lt->resume_head;
         while (*pp != c)
@@ -485,7 +260,7 @@ static void on_write(uv_write_t *req, int status)
     kvr_httpreq_conn_consumed(&c->hc, c->write_len);
     c->write_len = 0;
     if (c->job != NULL && c->job->back) /* its answer waited for this write */
-        conn_finish_job(c);
+        kvr_http_text_finish(c);
     else
         conn_flush(c); /* more output (a 408 queued meanwhile, paused input), linger or read */
     conn_rearm(c);
@@ -610,6 +385,16 @@ static void conn_flush(struct conn *c)
     conn_flush_mode(c, true);
 }
 
+void kvr_http_conn_flush(struct conn *c, bool resume_now)
+{
+    conn_flush_mode(c, resume_now);
+}
+
+void kvr_http_conn_rearm(struct conn *c)
+{
+    conn_rearm(c);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
@@ -631,60 +416,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         c->close_after_write = true;
     conn_flush(c);
     conn_rearm(c);
-}
-
-/* The connection's returned job: its answer framed into out and written; the input
- * behind it is parsed on the next loop iteration. Not while a write owns out. */
-static void conn_finish_job(struct conn *c)
-{
-    struct job *j = c->job;
-
-    KVR_ASSERT(j != NULL && j->back && !c->writing);
-    c->job = NULL;
-    if (!j->pj.ran) { /* not run (the pool stopped): never the case while loops run */
-        j->resp.status = 503;
-        j->resp.extra_headers = "Retry-After: 1\r\n";
-        kvr_httpreq_error_body(&j->out, "shutting down");
-    }
-    if (kvr_httpreq_conn_finish(&c->hc, &j->resp, (int64_t)uv_now(&c->lt->loop)) ==
-        KVR_HTTPCONN_CLOSE)
-        c->close_after_write = true;
-    job_free(j);
-    conn_flush_mode(c, false);
-    conn_rearm(c);
-}
-
-/* Finished text jobs: answers framed and written in the order the jobs finished. */
-static void on_done(uv_async_t *a)
-{
-    struct loop_thread *lt = a->data;
-    struct job *j, *fifo = NULL;
-
-    pthread_mutex_lock(&lt->done_lock);
-    j = lt->done_head;
-    lt->done_head = NULL;
-    pthread_mutex_unlock(&lt->done_lock);
-    while (j != NULL) { /* newest first: reverse */
-        struct job *next = j->done_next;
-        j->done_next = fifo;
-        fifo = j;
-        j = next;
-    }
-    while ((j = fifo) != NULL) {
-        struct conn *c = j->c;
-        fifo = j->done_next;
-        lt->pending_jobs--;
-        if (c == NULL) { /* its connection closed meanwhile */
-            job_free(j);
-            continue;
-        }
-        j->back = true;
-        if (!c->writing) /* else out belongs to a write: on_write frames the answer */
-            conn_finish_job(c);
-    }
-    if (lt->stopping && lt->pending_jobs == 0 && lt->has_done_async &&
-        !uv_is_closing((uv_handle_t *)&lt->done_async))
-        uv_close((uv_handle_t *)&lt->done_async, NULL);
 }
 
 /* ---- accept ---------------------------------------------------------------------------- */
@@ -782,8 +513,8 @@ static void on_connection(uv_stream_t *server, int status)
     c->timer.data = c;
     c->open_handles = 2;
     now = (int64_t)uv_now(&lt->loop);
-    kvr_httpreq_conn_init(&c->hc, probe ? &h->probe_lim : &h->lim, &lt->stats, conn_handle, c,
-                          &lt->scratch, admin, now);
+    kvr_httpreq_conn_init(&c->hc, probe ? &h->probe_lim : &h->lim, &lt->stats,
+                          kvr_http_text_handle, c, &lt->scratch, admin, now);
     c->hc.probe_only = probe;
     c->next = lt->conns;
     if (lt->conns)
@@ -828,6 +559,8 @@ static void on_stop(uv_async_t *a)
         uv_close((uv_handle_t *)&lt->idle, NULL);
     for (c = lt->conns; c != NULL; c = next) {
         next = c->next;
+        if (c->job != NULL) /* a queued text is not tokenized: answered 503, then closed */
+            kvr_textpool_cancel(&c->job->pj);
         if (c->writing || c->job != NULL) {
             c->close_after_write = true; /* finish the response (bounded), then close */
             conn_rearm(c);
@@ -835,7 +568,7 @@ static void on_stop(uv_async_t *a)
             conn_close(c);
         }
     }
-    if (lt->has_done_async && lt->pending_jobs == 0) /* else on_done closes it */
+    if (lt->has_done_async && lt->pending_jobs == 0) /* else kvr_http_text_done closes it */
         uv_close((uv_handle_t *)&lt->done_async, NULL);
 }
 
@@ -934,25 +667,6 @@ static void set_port(struct sockaddr_storage *ss, int port)
 
 /* ---- public API ------------------------------------------------------------------------- */
 
-/* Each text thread's context: a handler context of its own (tokenizer reader with the
- * token limit, score context, buffers), its limit counts in pool_stats. */
-static int pool_ctx_create(void *arg, unsigned i, void **ctx)
-{
-    struct kvr_http *h = arg;
-    struct kvr_httpapi_thread *t;
-    int rc = kvr_httpapi_thread_create(h->api, &h->pool_stats, &t);
-    (void)i;
-    if (rc == 0)
-        *ctx = t;
-    return rc;
-}
-
-static void pool_ctx_destroy(void *arg, void *ctx)
-{
-    (void)arg;
-    kvr_httpapi_thread_destroy(ctx);
-}
-
 int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, struct kvr_err *err)
 {
     const struct kvr_conf *conf;
@@ -1030,9 +744,12 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
     }
     h->stats_ptrs[h->nloops] = &h->pool_stats;
     h->offload_bytes = (size_t)conf->offload_bytes;
-    if (deps->tokset != NULL && conf->text_threads > 0) {
-        rc = kvr_textpool_create(conf->text_threads, conf->text_queue ? conf->text_queue : 64,
-                                 pool_ctx_create, pool_ctx_destroy, h, &h->pool);
+    bool texts = false; /* a model with a tokenizer at startup: else no text to hand off */
+    for (size_t i = 0; i < conf->nmodels; i++)
+        texts |= conf->models[i].tokenizer != NULL;
+    if (deps->tokset != NULL && texts && conf->text_threads > 0) {
+        rc = kvr_http_text_pool_create(h, conf->text_threads,
+                                       conf->text_queue ? conf->text_queue : 64);
         if (rc != 0) {
             kvr_http_destroy(h);
             return kvr_err_set(err, rc, "http: text threads: %s", strerror(-rc));
@@ -1100,7 +817,7 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         }
         lt->idle.data = lt;
         lt->has_idle = true;
-        rc = uv_async_init(&lt->loop, &lt->done_async, on_done);
+        rc = uv_async_init(&lt->loop, &lt->done_async, kvr_http_text_done);
         if (rc != 0) {
             kvr_err_set(err, rc, "http: async: %s", uv_strerror(rc));
             goto fail;
