@@ -14,7 +14,9 @@ that anything still done on the loop would block the probes, and the reference t
 - connections reset while their text is queued or running: the queued one is not
   tokenized, the daemon carries on (ASan/TSan builds: no report);
 - pipelined answers keep their order, and a client pipelining large bodies takes turns with
-  another client's large body.
+  another client's large body; an answer that comes back while the connection's output is
+  being written waits for that write;
+- off the loop, every endpoint that tokenizes or renders answers exactly as inline.
 Orderings and ratios are asserted, never absolute times.
 """
 
@@ -349,3 +351,34 @@ def test_answer_waits_for_the_write_before_it(daemon_factory):
     assert json.loads(body)["tokens"] == want
     print("%d bytes of /metrics answers before the text's" % total)
     s.close()
+
+
+def test_off_loop_answers_equal_inline(daemon_factory):
+    """Every endpoint that tokenizes or renders, with a large body: the text threads answer
+    exactly what the loop answers inline ([tokenizer] threads = 0): /v1/tokenize with chat
+    messages, /v1/score with a prompt, /v1/route with messages and candidates."""
+    msgs = [{"role": "system", "content": "You are terse."}]
+    for t in range(6):
+        msgs.append({"role": "user" if t % 2 == 0 else "assistant",
+                     "content": prose(6000, seed=80 + t)})
+    reqs = [("/v1/tokenize", {"model": "test/qwen3", "messages": msgs}),
+            ("/v1/score", {"model": "test/qwen3", "prompt": prose(40000, seed=90)}),
+            ("/v1/route", {"model": "test/qwen3", "messages": msgs,
+                           "candidates": [{"pod": "10.0.0.1"}, {"pod": "10.0.0.2"}]})]
+    answers = []
+    for threads in ("1", "0"):
+        d = start(daemon_factory, cfg(["qwen3"], tokenizer={"threads": threads}))
+        jobs0 = metric(d, "text_jobs_total") or 0
+        got = []
+        for path, obj in reqs:
+            status, body = d.json("POST", path, obj, timeout=60)
+            assert status == 200, (path, body)
+            got.append(body)
+        assert (metric(d, "text_jobs_total") or 0) - jobs0 == (3 if threads == "1" else 0)
+        answers.append(got)
+        d.stop()
+    off, inline = answers
+    assert off[0]["tokens"] == inline[0]["tokens"] and off[0]["count"] > 5000
+    assert off[1] == inline[1] and off[1]["tokens"] > 5000
+    assert off[2]["tokens"] == inline[2]["tokens"] == off[0]["count"]
+    assert off[2]["pod"] in ("10.0.0.1", "10.0.0.2")
