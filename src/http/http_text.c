@@ -135,7 +135,7 @@ void kvr_http_text_finish(struct conn *c)
 
     KVR_ASSERT(j != NULL && j->back && !c->writing);
     c->job = NULL;
-    if (!j->pj.ran) { /* not run (the pool stopped): never the case while loops run */
+    if (!j->pj.ran) { /* cancelled while queued by a stop (on_stop): not tokenized */
         j->resp.status = 503;
         j->resp.extra_headers = "Retry-After: 1\r\n";
         kvr_httpreq_error_body(&j->out, "shutting down");
@@ -224,6 +224,6 @@ void kvr_http_text_metrics(struct kvr_http *h, struct kvr_buf *out)
                         "Requests answered 503 because [tokenizer] queue texts were waiting",
                         NULL, ps.rejected);
     kvr_metrics_counter(out, "text_cancelled_total",
-                        "Queued texts not tokenized because their connection closed", NULL,
-                        ps.cancelled);
+                        "Queued texts not tokenized (their connection closed, or shutdown)",
+                        NULL, ps.cancelled);
 }

@@ -23,6 +23,7 @@ Orderings and ratios are asserted, never absolute times.
 import json
 import os
 import random
+import signal
 import socket
 import struct
 import threading
@@ -382,3 +383,27 @@ def test_off_loop_answers_equal_inline(daemon_factory):
     assert off[1] == inline[1] and off[1]["tokens"] > 5000
     assert off[2]["tokens"] == inline[2]["tokens"] == off[0]["count"]
     assert off[2]["pod"] in ("10.0.0.1", "10.0.0.2")
+
+
+def test_sigterm_with_texts_out(daemon_factory):
+    """SIGTERM while one large text runs and another waits: the running one is answered,
+    the waiting one is not tokenized (503 with Retry-After), and the daemon exits 0."""
+    d = start(daemon_factory, cfg(["gemma3"]))
+    ra, rb = score_req("gemma3", big_text(seed=100)), score_req("gemma3", big_text(seed=101))
+    a = conn(d)
+    a.sendall(ra)
+    b = conn(d)
+    b.sendall(rb)
+    deadline = time.monotonic() + 60
+    while metric(d, "text_queued") != 1:  # a runs, b waits
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    d.signal(signal.SIGTERM)
+    sa, _, body_a = read_response(a.makefile("rb"))
+    sb, hb, body_b = read_response(b.makefile("rb"))
+    assert sa == 200 and json.loads(body_a)["tokens"] > 1000, body_a[:200]
+    assert sb == 503 and hb.get("retry-after") == "1", body_b
+    assert "shutting down" in json.loads(body_b)["error"]
+    assert d.stop() == 0
+    a.close()
+    b.close()
