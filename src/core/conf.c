@@ -169,6 +169,9 @@ const struct directive kvr_conf_directives[] = {
 
     {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
     {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
+    {"tokenizer", "threads", T_U32, "2", 0, 64, 0, OFF(text_threads)},
+    {"tokenizer", "queue", T_U32, "64", 1, 65536, 0, OFF(text_queue)},
+    {"tokenizer", "offload_bytes", T_SIZE, "16KiB", 0, 1 * GiB, 0, OFF(offload_bytes)},
 
     {"state", "dir", T_STRING, NULL, 0, 4095, F_EMPTY_OK, OFF(state_dir)},
     {"state", "snapshot_interval", T_DURATION, "60s", 0, 7 * 24 * MS_H, 0,

@@ -141,6 +141,11 @@ struct kvr_conf {
     /* [tokenizer] */
     int64_t prefix_cache;      /* bytes of the shared text-prefix cache; default 64MiB; 0 = off */
     int64_t max_prompt_bytes;  /* a prompt (text) longer than this: 413; default 1MiB */
+    uint32_t text_threads;     /* text threads (large texts off the HTTP loops); default 2;
+                                * 0 = every text inline on its loop */
+    uint32_t text_queue;       /* large texts waiting for a text thread before 503; default 64 */
+    int64_t offload_bytes;     /* bodies of text endpoints from this size go to the text
+                                * threads; default 16KiB */
 
     /* [route] — POST /v1/route (route.h); reloadable except seed */
     char *route_policy;               /* cost | cache_aware | score | ttft; default ttft */

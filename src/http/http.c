@@ -36,8 +36,28 @@
  *   must arrive within request_timeout), so a liveness probe still gets its 200 while
  *   clients hold every slot. Past that, a connection is accepted, answered 503 with
  *   uv_try_write, and closed (counted as a limit rejection).
+ * - Large texts go to the text threads (textpool.h, [tokenizer] threads; the hand-off is
+ *   http_text.c, what the two files share http_int.h): a POST to an
+ *   endpoint that tokenizes or renders, with a body of [tokenizer] offload_bytes or more
+ *   (httpapi decides which), becomes a job that owns a copy of the request (the body is
+ *   taken from the connection's buffer, or copied out of the loop's read buffer) and runs
+ *   the same handler with a text thread's own context. httpreq stops parsing after it, so
+ *   pipelined answers keep their order; the connection keeps reading (bounded: one read
+ *   buffer of input) so it sees a reset or EOF. A finished job is queued to its loop and
+ *   the loop's async handle drains the queue: the answer is framed and written at once, and
+ *   the rest of the connection's input is parsed on the next loop iteration (the idle
+ *   queue), after the other connections' ready work; a connection has at most one job, so
+ *   a client pipelining large bodies takes turns with the others in the pool's FIFO. Queue
+ *   full: 503 with Retry-After, counted (http_limit_rejections_total{kind="text_queue"}).
+ *   Lifetime: a job never points into a connection; the connection points to its job. A
+ *   connection closed meanwhile (reset, write error, stop) cancels the job (a queued one is
+ *   not run) and forgets it; the loop frees the job when it comes back. EOF while a job
+ *   runs (a half-closing client) answers, then closes. The loop's done handle closes only
+ *   once none of its jobs is out, so a worker never signals a closed handle (it pushes and
+ *   signals under the loop's done_lock, which the drain takes too).
  * - Stop: an async handle per loop closes the listeners and every connection (waiting for a
- *   pending write to finish), then the loop ends and the thread is joined.
+ *   pending write or text job to finish), then the loop ends and the thread is joined; the
+ *   text threads are joined after the loops.
  * Threads: the public functions run on the main thread; everything else on the loop threads.
  */
 #include "http/http.h"
@@ -54,84 +74,11 @@
 #include <uv.h>
 
 #include "core/buf.h"
+#include "http/http_int.h"
 #include "http/httpapi.h"
 #include "http/httpreq.h"
+#include "http/textpool.h"
 #include "core/log.h"
-
-#define READ_BUF_SIZE (256u * 1024u)
-#define LISTEN_BACKLOG 1024
-#define LINGER_MS 2000
-#define STOP_WRITE_MS 2000
-#define MAX_THREADS 64
-
-struct loop_thread;
-
-struct conn {
-    uv_tcp_t tcp; /* first: handle->data is the conn for both handles */
-    uv_timer_t timer;
-    uv_write_t wreq;
-    uv_shutdown_t sreq;
-    struct loop_thread *lt;
-    struct kvr_httpconn hc;
-    size_t write_len;     /* bytes of hc.out owned by the pending uv_write */
-    int64_t write_start;
-    int64_t linger_start;
-    int64_t timer_due;    /* when the armed timer fires; INT64_MAX when not armed */
-    int open_handles;
-    bool writing;
-    bool close_after_write; /* final response queued: linger-close once it is written */
-    bool lingering;
-    bool closing;           /* uv_close issued */
-    bool reading;           /* uv_read_start in effect */
-    bool probe;             /* over the cap: counted in probe_conns, not open_conns */
-    bool resume_queued;     /* on lt->resume_head: continue parsing next loop iteration */
-    struct conn *resume_next;
-    struct conn *prev, *next;
-};
-
-struct loop_thread {
-    struct kvr_http *h;
-    int idx;
-    uv_loop_t loop;
-    bool loop_inited;
-    uv_tcp_t listener;
-    bool has_listener;
-    uv_tcp_t admin;
-    bool has_admin;
-    uv_async_t stop_async;
-    bool has_async;
-    pthread_t thread;
-    bool started;
-    bool stopping;          /* loop thread only */
-    int64_t stop_deadline;  /* loop thread only: pending writes are cut after this */
-    struct kvr_httpstats stats;
-    struct kvr_httpapi_thread *api_thread;
-    struct kvr_buf scratch;
-    char *rbuf;
-    struct conn *conns;     /* loop thread only */
-    uv_idle_t idle;         /* runs queued resumes (see conn_flush) */
-    bool has_idle;
-    struct conn *resume_head; /* loop thread only: connections waiting for their turn */
-};
-
-struct kvr_http {
-    const struct kvr_conf *conf;
-    struct kvr_httpapi *api;
-    struct kvr_httpreq_limits lim;
-    struct kvr_httpreq_limits probe_lim; /* lim, idle wait cut to request_timeout */
-    int nthreads;           /* public loops: lts[0, nthreads) */
-    int nloops;             /* + the admin loop, lts[nthreads], when admin_listen is set */
-    struct loop_thread *lts;
-    struct kvr_httpstats *stats_ptrs[MAX_THREADS + 1];
-    _Atomic uint64_t open_conns;
-    _Atomic uint64_t probe_conns;
-    uint32_t max_conns;
-    uint32_t max_probe_conns;
-    int port;
-    int admin_port;
-    bool started;
-    bool stopped;
-};
 
 static void conn_rearm(struct conn *c);
 static void conn_flush(struct conn *c);
@@ -143,8 +90,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void server_metrics(void *arg, struct kvr_buf *out)
 {
     struct kvr_http *h = arg;
-    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nloops,
+
+    kvr_httpreq_stats_render(h->stats_ptrs, (size_t)h->nloops + 1,
                              atomic_load_explicit(&h->open_conns, memory_order_relaxed), out);
+    kvr_http_text_metrics(h, out);
 }
 
 /* ---- connection teardown -------------------------------------------------------------- */
@@ -166,6 +115,8 @@ static void conn_close(struct conn *c)
     if (c->closing)
         return;
     c->closing = true;
+    if (c->job != NULL)
+        kvr_http_text_forget(c);
     if (c->resume_queued) { /* freed in the close callback: off the queue first */
         struct conn **pp = &lt->resume_head;
         while (*pp != c)
@@ -308,7 +259,10 @@ static void on_write(uv_write_t *req, int status)
     }
     kvr_httpreq_conn_consumed(&c->hc, c->write_len);
     c->write_len = 0;
-    conn_flush(c); /* more output (a 408 queued meanwhile, paused input), linger or read */
+    if (c->job != NULL && c->job->back) /* its answer waited for this write */
+        kvr_http_text_finish(c);
+    else
+        conn_flush(c); /* more output (a 408 queued meanwhile, paused input), linger or read */
     conn_rearm(c);
 }
 
@@ -345,11 +299,13 @@ static void conn_queue_resume(struct conn *c)
     uv_idle_start(&lt->idle, on_idle);
 }
 
-static void conn_flush(struct conn *c)
+/* resume_now false: a paused connection's input waits for the next loop iteration (after a
+ * text job's answer: the others' ready work goes first). */
+static void conn_flush_mode(struct conn *c, bool resume_now)
 {
     uv_buf_t b;
     int n, rc;
-    bool resumed = false;
+    bool resumed = !resume_now;
 
     for (;;) {
         if (c->closing || c->writing)
@@ -381,7 +337,7 @@ static void conn_flush(struct conn *c)
                 return;
             }
         }
-        if (!c->hc.paused || c->close_after_write || c->lingering)
+        if (!c->hc.paused || c->close_after_write || c->lingering || c->hc.waiting)
             break;
         if (resumed || c->lt->stopping) { /* one round per callback: the rest waits */
             if (!c->lt->stopping)
@@ -396,11 +352,20 @@ static void conn_flush(struct conn *c)
             break; /* cannot happen (paused means out > max_output); never spin */
     }
     if (c->close_after_write) {
-        conn_linger(c);
+        if (c->job == NULL) /* else: once its answer is written */
+            conn_linger(c);
         return;
     }
     if (c->hc.paused) {
-        if (c->reading) {
+        /* waiting for a text job: read on (a reset or EOF shows), up to one read buffer */
+        bool more = c->hc.waiting && c->hc.in.len < READ_BUF_SIZE;
+        if (more && !c->reading) {
+            if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+                conn_close(c);
+                return;
+            }
+            c->reading = true;
+        } else if (!more && c->reading) {
             uv_read_stop((uv_stream_t *)&c->tcp);
             c->reading = false;
         }
@@ -415,6 +380,21 @@ static void conn_flush(struct conn *c)
     }
 }
 
+static void conn_flush(struct conn *c)
+{
+    conn_flush_mode(c, true);
+}
+
+void kvr_http_conn_flush(struct conn *c, bool resume_now)
+{
+    conn_flush_mode(c, resume_now);
+}
+
+void kvr_http_conn_rearm(struct conn *c)
+{
+    conn_rearm(c);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
@@ -423,9 +403,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (c->closing)
         return;
     if (nread < 0) { /* EOF or error: a partial request is dropped */
-        if (c->lingering || nread != UV_EOF || !c->writing)
+        if (c->lingering || nread != UV_EOF || (!c->writing && c->job == NULL))
             conn_close(c);
-        else
+        else /* a half-close: the answer being written, or computed, is still sent */
             c->close_after_write = true;
         return;
     }
@@ -534,7 +514,7 @@ static void on_connection(uv_stream_t *server, int status)
     c->open_handles = 2;
     now = (int64_t)uv_now(&lt->loop);
     kvr_httpreq_conn_init(&c->hc, probe ? &h->probe_lim : &h->lim, &lt->stats,
-                          kvr_httpapi_handle, lt->api_thread, &lt->scratch, admin, now);
+                          kvr_http_text_handle, c, &lt->scratch, admin, now);
     c->hc.probe_only = probe;
     c->next = lt->conns;
     if (lt->conns)
@@ -579,13 +559,17 @@ static void on_stop(uv_async_t *a)
         uv_close((uv_handle_t *)&lt->idle, NULL);
     for (c = lt->conns; c != NULL; c = next) {
         next = c->next;
-        if (c->writing) {
+        if (c->job != NULL) /* a queued text is not tokenized: answered 503, then closed */
+            kvr_textpool_cancel(&c->job->pj);
+        if (c->writing || c->job != NULL) {
             c->close_after_write = true; /* finish the response (bounded), then close */
             conn_rearm(c);
         } else {
             conn_close(c);
         }
     }
+    if (lt->has_done_async && lt->pending_jobs == 0) /* else kvr_http_text_done closes it */
+        uv_close((uv_handle_t *)&lt->done_async, NULL);
 }
 
 static void *loop_main(void *arg)
@@ -752,6 +736,7 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
         struct loop_thread *lt = &h->lts[i];
         lt->h = h;
         lt->idx = i;
+        pthread_mutex_init(&lt->done_lock, NULL);
         h->stats_ptrs[i] = &lt->stats;
         kvr_buf_init(&lt->scratch);
         lt->rbuf = malloc(READ_BUF_SIZE);
@@ -760,6 +745,19 @@ int kvr_http_create(const struct kvr_http_deps *deps, struct kvr_http **out, str
         if (rc != 0) {
             kvr_http_destroy(h);
             return kvr_err_set(err, rc, "http: loop %d: %s", i, strerror(-rc));
+        }
+    }
+    h->stats_ptrs[h->nloops] = &h->pool_stats;
+    h->offload_bytes = (size_t)conf->offload_bytes;
+    bool texts = false; /* a model with a tokenizer at startup: else no text to hand off */
+    for (size_t i = 0; i < conf->nmodels; i++)
+        texts |= conf->models[i].tokenizer != NULL;
+    if (deps->tokset != NULL && texts && conf->text_threads > 0) {
+        rc = kvr_http_text_pool_create(h, conf->text_threads,
+                                       conf->text_queue ? conf->text_queue : 64);
+        if (rc != 0) {
+            kvr_http_destroy(h);
+            return kvr_err_set(err, rc, "http: text threads: %s", strerror(-rc));
         }
     }
     *out = h;
@@ -824,6 +822,13 @@ int kvr_http_start(struct kvr_http *h, struct kvr_err *err)
         }
         lt->idle.data = lt;
         lt->has_idle = true;
+        rc = uv_async_init(&lt->loop, &lt->done_async, kvr_http_text_done);
+        if (rc != 0) {
+            kvr_err_set(err, rc, "http: async: %s", uv_strerror(rc));
+            goto fail;
+        }
+        lt->done_async.data = lt;
+        lt->has_done_async = true;
     }
     for (int i = 0; i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
@@ -888,6 +893,8 @@ void kvr_http_stop(struct kvr_http *h)
             uv_close((uv_handle_t *)&lt->stop_async, NULL);
         if (lt->has_idle)
             uv_close((uv_handle_t *)&lt->idle, NULL);
+        if (lt->has_done_async)
+            uv_close((uv_handle_t *)&lt->done_async, NULL);
         uv_run(&lt->loop, UV_RUN_DEFAULT);
     }
     for (int i = 0; i < h->nloops; i++) {
@@ -910,11 +917,13 @@ void kvr_http_destroy(struct kvr_http *h)
         return;
     if (h->started)
         kvr_http_stop(h);
+    kvr_textpool_destroy(h->pool); /* after the loops: none of their jobs is out */
     for (int i = 0; h->lts != NULL && i < h->nloops; i++) {
         struct loop_thread *lt = &h->lts[i];
         kvr_httpapi_thread_destroy(lt->api_thread);
         kvr_buf_free(&lt->scratch);
         free(lt->rbuf);
+        pthread_mutex_destroy(&lt->done_lock);
     }
     free(h->lts);
     kvr_httpapi_destroy(h->api);

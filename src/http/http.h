@@ -1,6 +1,7 @@
 /* http.h — the HTTP/1.1 front end (libuv + http-parser): scoring API, pod/endpoint admin,
- * health, readiness and Prometheus metrics. Scoring queries are answered inline on the loop
- * thread that read them.
+ * health, readiness and Prometheus metrics. Queries are answered inline on the loop thread
+ * that read them, except large texts to tokenize, which go to the text threads
+ * ([tokenizer] threads; http.c's design note).
  *
  * Lifecycle (main thread): create → start (binds the listeners, starts [http] threads loop
  * threads) → ... → stop (closes listeners, finishes in-flight responses, joins) → destroy.

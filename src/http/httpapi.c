@@ -151,6 +151,8 @@ int kvr_httpapi_thread_create(struct kvr_httpapi *api, struct kvr_httpstats *sta
         kvr_score_ctx_destroy(t->sctx);
         goto fail;
     }
+    if (t->tok != NULL) /* a text past max_query_tokens stops as soon as that is known */
+        kvr_tokset_reader_set_limit(t->tok, api->max_tokens);
     *out = t;
     return 0;
 fail:
@@ -534,6 +536,11 @@ int kvr_httpapi_tokenize(struct kvr_httpapi_thread *t, struct kvr_reqbody_query 
         return -1;
     case -EILSEQ:
         fail(resp, 400, "%s is not valid UTF-8", what);
+        return -1;
+    case -EMSGSIZE: /* stopped early: the rest was not tokenized */
+        kvr_httpreq_stats_limit(t->stats, KVR_LIMIT_TOKENS);
+        fail(resp, 413, "%s makes more than [http] max_query_tokens (%u) tokens", what,
+             t->api->max_tokens);
         return -1;
     default:
         break;
@@ -992,6 +999,21 @@ static void not_admin(struct kvr_httpresp *resp)
 #define ALLOW_POST "Allow: POST\r\n"
 #define ALLOW_DELETE "Allow: DELETE\r\n"
 #define ALLOW_ALL "Allow: GET, POST, DELETE\r\n"
+
+enum kvr_http_ep kvr_httpapi_offload(const struct kvr_httpapi *api, const struct kvr_httpreq *req,
+                                     size_t min_bytes)
+{
+    if (api->tokset == NULL || req->probe_only || req->method != HTTP_POST ||
+        req->body_len < min_bytes)
+        return KVR_EP_OTHER;
+    if (path_is(req, "/v1/score"))
+        return KVR_EP_SCORE;
+    if (path_is(req, "/v1/tokenize"))
+        return KVR_EP_TOKENIZE;
+    if (path_is(req, "/v1/route") && api->route != NULL)
+        return KVR_EP_ROUTE;
+    return KVR_EP_OTHER;
+}
 
 void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *resp)
 {

@@ -94,7 +94,15 @@ int kvr_httpapi_thread_create(struct kvr_httpapi *api, struct kvr_httpstats *sta
                               struct kvr_httpapi_thread **out);
 void kvr_httpapi_thread_destroy(struct kvr_httpapi_thread *t);
 
-/* The kvr_httpreq_handler: arg is the struct kvr_httpapi_thread. */
+/* Whether req is one for the text threads: a POST to an endpoint that tokenizes or renders
+ * (/v1/score, /v1/tokenize, /v1/route) with a body of at least min_bytes, while tokenizers
+ * are configured (the body's size bounds the text it holds; a chat template adds a bounded
+ * amount to it). Returns the endpoint, or KVR_EP_OTHER: answer inline. Any thread. */
+enum kvr_http_ep kvr_httpapi_offload(const struct kvr_httpapi *api, const struct kvr_httpreq *req,
+                                     size_t min_bytes);
+
+/* The kvr_httpreq_handler: arg is the struct kvr_httpapi_thread (a loop's, or a text
+ * thread's: the handler runs on whichever thread owns that struct). */
 void kvr_httpapi_handle(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *resp);
 
 /* Percent-decodes src[0..len) into dst (cap bytes incl. NUL): 0, or -EINVAL for a bad escape,

@@ -10,7 +10,9 @@
  *   that rejects records the status and returns non-zero, which stops the parser; the feed
  *   then appends the error response and marks the connection closing.
  * - Requests are answered synchronously in on_message_complete, so pipelined requests get
- *   their responses in order in `out` without any queue.
+ *   their responses in order in `out` without any queue; or, when the handler defers one
+ *   (a large text for the text threads), parsing pauses right after it until the socket
+ *   layer hands its answer to kvr_httpreq_conn_finish(): order is kept the same way.
  * - The clock is the caller's (now_ms per feed), so timeouts are testable without sleeping.
  * Threads: the connection's loop thread only.
  */
@@ -44,7 +46,7 @@ static const char *const ep_names[KVR_EP_COUNT] = {
 
 static const char *const limit_names[KVR_LIMIT_COUNT] = {
     "body_bytes",       "header_bytes",  "headers",     "uri",    "request_timeout",
-    "idle_timeout",     "write_timeout", "connections", "tokens",
+    "idle_timeout",     "write_timeout", "connections", "tokens", "text_queue",
 };
 
 const char *kvr_httpreq_ep_name(enum kvr_http_ep ep)
@@ -516,15 +518,51 @@ static int on_body(http_parser *p, const char *at, size_t len)
     return 0;
 }
 
+/* The response to the current request (handler's answer in resp, body in resp->body):
+ * framed into out, counted, logged; the connection made ready for the next request. keep:
+ * the request allows keep-alive; http10: an HTTP/1.0 request. Returns -1 when nothing after
+ * it may be parsed (closing). */
+static int respond(struct kvr_httpconn *c, const struct kvr_httpresp *resp, bool keep,
+                   bool http10)
+{
+    const struct kvr_buf *body = resp->body;
+    int conn_hdr;
+    size_t before;
+
+    keep = keep && !resp->close;
+    conn_hdr = !keep ? 1 : http10 ? 2 : 0;
+    before = c->out.len;
+    write_response_conn(&c->out, resp->status, resp->content_type, resp->extra_headers,
+                        body->data, body->len, conn_hdr);
+    count_request(c, resp->endpoint, resp->status);
+    access_log(c, true, resp->status, c->out.len - before);
+
+    c->in_request = false;
+    c->idle_since_ms = c->now_ms;
+    c->body_ptr = NULL;
+    c->body_len = 0;
+    if (c->body.cap > BUF_KEEP_MAX)
+        kvr_buf_free(&c->body);
+    if (!keep) {
+        c->closing = true;
+        return -1;
+    }
+    if (c->lim->max_output > 0 && c->out.len > c->lim->max_output) {
+        /* the client is not reading its answers: stop here, keep the rest of the input */
+        c->paused = true;
+        inc(&c->stats->output_pauses);
+        http_parser_pause(&c->parser, 1);
+    }
+    return 0;
+}
+
 static int on_message_complete(http_parser *p)
 {
     struct kvr_httpconn *c = p->data;
     struct kvr_httpreq req;
     struct kvr_httpresp resp;
     char *q;
-    bool keep;
-    int conn_hdr;
-    size_t before;
+    int rc;
 
     c->url[c->url_len] = '\0';
     c->ctype[c->ctype_len] = '\0';
@@ -564,37 +602,40 @@ static int on_message_complete(http_parser *p)
     resp.body = c->scratch;
     kvr_buf_reset(c->scratch);
     c->handler(c->handler_arg, &req, &resp);
+    if (q)
+        *q = '?'; /* the access log shows the whole target */
+    if (resp.deferred) {
+        /* answered later (kvr_httpreq_conn_finish): nothing after this request is parsed
+         * meanwhile, so pipelined responses stay in order */
+        c->waiting = true;
+        c->wait_keep = http_should_keep_alive(p);
+        c->wait_http10 = p->http_major == 1 && p->http_minor == 0;
+        c->in_request = false;
+        c->paused = true;
+        http_parser_pause(p, 1);
+        return 0;
+    }
     if (c->scratch->oom) {
         resp.status = 500;
         kvr_httpreq_error_body(c->scratch, "out of memory");
     }
+    rc = respond(c, &resp, http_should_keep_alive(p),
+                 p->http_major == 1 && p->http_minor == 0);
+    return rc;
+}
 
-    keep = http_should_keep_alive(p) && !resp.close;
-    conn_hdr = !keep ? 1 : (p->http_major == 1 && p->http_minor == 0) ? 2 : 0;
-    before = c->out.len;
-    write_response_conn(&c->out, resp.status, resp.content_type, resp.extra_headers,
-                        c->scratch->data, c->scratch->len, conn_hdr);
-    count_request(c, resp.endpoint, resp.status);
-    if (q)
-        *q = '?'; /* the access log shows the whole target */
-    access_log(c, true, resp.status, c->out.len - before);
-
-    c->in_request = false;
-    c->idle_since_ms = c->now_ms;
-    c->body_ptr = NULL;
-    c->body_len = 0;
-    if (c->body.cap > BUF_KEEP_MAX)
-        kvr_buf_free(&c->body);
-    if (!keep) {
-        c->closing = true;
-        return -1; /* stop: nothing after this request is parsed */
+int kvr_httpreq_conn_finish(struct kvr_httpconn *c, struct kvr_httpresp *resp, int64_t now_ms)
+{
+    if (!c->waiting)
+        return 0;
+    c->waiting = false;
+    c->now_ms = now_ms;
+    if (resp->body->oom) {
+        resp->status = 500;
+        kvr_httpreq_error_body(resp->body, "out of memory");
     }
-    if (c->lim->max_output > 0 && c->out.len > c->lim->max_output) {
-        /* the client is not reading its answers: stop here, keep the rest of the input */
-        c->paused = true;
-        inc(&c->stats->output_pauses);
-        http_parser_pause(p, 1);
-    }
+    if (respond(c, resp, c->wait_keep, c->wait_http10) != 0)
+        return KVR_HTTPCONN_CLOSE;
     return 0;
 }
 
@@ -732,7 +773,8 @@ int kvr_httpreq_conn_resume(struct kvr_httpconn *c, int64_t now_ms)
 
     if (c->closing)
         return KVR_HTTPCONN_CLOSE;
-    if (!c->paused || (c->lim->max_output > 0 && c->out.len > c->lim->max_output))
+    if (!c->paused || c->waiting ||
+        (c->lim->max_output > 0 && c->out.len > c->lim->max_output))
         return 0;
     c->now_ms = now_ms;
     c->paused = false;
@@ -757,6 +799,8 @@ int kvr_httpreq_conn_eof(struct kvr_httpconn *c)
 
 int64_t kvr_httpreq_conn_deadline(const struct kvr_httpconn *c)
 {
+    if (c->waiting) /* the request is in; its answer is being computed (bounded work) */
+        return INT64_MAX;
     if (c->in_request)
         return c->req_start_ms + c->lim->request_timeout_ms;
     return c->idle_since_ms + c->lim->idle_timeout_ms;
@@ -764,7 +808,7 @@ int64_t kvr_httpreq_conn_deadline(const struct kvr_httpconn *c)
 
 int kvr_httpreq_conn_timeout(struct kvr_httpconn *c, int64_t now_ms)
 {
-    if (c->closing)
+    if (c->closing || c->waiting)
         return 0;
     if (now_ms < kvr_httpreq_conn_deadline(c))
         return 0;

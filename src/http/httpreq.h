@@ -78,6 +78,7 @@ enum kvr_http_limit {
     KVR_LIMIT_WRITE_TIMEOUT,
     KVR_LIMIT_CONNECTIONS,
     KVR_LIMIT_TOKENS,
+    KVR_LIMIT_TEXT_QUEUE, /* 503: [tokenizer] queue large texts already wait (http.c) */
     KVR_LIMIT_COUNT
 };
 const char *kvr_httpreq_limit_name(enum kvr_http_limit l);
@@ -136,6 +137,9 @@ struct kvr_httpresp {
     const char *extra_headers;  /* NULL or "Name: value\r\n..." */
     struct kvr_buf *body;       /* the thread's scratch, reset before the call */
     bool close;                 /* close the connection after this response */
+    bool deferred;              /* the handler answers later (kvr_httpreq_conn_finish); it
+                                 * must have copied what it needs of the request: its
+                                 * strings and body are not valid after the call */
 };
 
 typedef void (*kvr_httpreq_handler)(void *arg, const struct kvr_httpreq *req,
@@ -197,7 +201,10 @@ struct kvr_httpconn {
 
     struct kvr_buf out;     /* response bytes not yet handed to the socket */
     struct kvr_buf in;      /* paused: received bytes not parsed yet */
-    bool paused;            /* out > max_output: parsing stopped, see kvr_httpreq_conn_resume */
+    bool paused;            /* out > max_output, or waiting: parsing stopped, see
+                             * kvr_httpreq_conn_resume */
+    bool waiting;           /* a deferred request's answer is awaited (no deadline meanwhile) */
+    bool wait_keep, wait_http10; /* what the deferred request said about keep-alive */
     int64_t req_start_us;   /* access log: monotonic start of the current request */
 };
 
@@ -213,6 +220,11 @@ int kvr_httpreq_conn_feed(struct kvr_httpconn *c, char *data, size_t len, int64_
  * to at most max_output it calls this to parse the kept input. Returns like _feed; the
  * connection may pause again (check ->paused). */
 int kvr_httpreq_conn_resume(struct kvr_httpconn *c, int64_t now_ms);
+/* The answer to the deferred request (resp as the handler would have filled it; its body
+ * any buffer of the caller's): framed into out like any response. Parsing stays paused:
+ * the caller resumes it (kvr_httpreq_conn_resume) when it wants to. Returns 0, or
+ * KVR_HTTPCONN_CLOSE when the connection closes after it. No-op when nothing waits. */
+int kvr_httpreq_conn_finish(struct kvr_httpconn *c, struct kvr_httpresp *resp, int64_t now_ms);
 /* The peer closed its side: a partial request is dropped. Returns KVR_HTTPCONN_CLOSE. */
 int kvr_httpreq_conn_eof(struct kvr_httpconn *c);
 /* Absolute time (ms, caller's clock) at which kvr_httpreq_conn_timeout() must run. */

@@ -65,6 +65,8 @@ struct kvr_tok_scratch {
     size_t catcap;
     void *aux; /* kvr_tok_scratch_aux */
     size_t auxcap;
+    size_t limit;        /* kvr_tok_scratch_set_limit: more ids than this stop (0 = none) */
+    uint64_t bpe_bytes;  /* bytes of pre-tokens run through BPE (word-cache hits too) */
 };
 
 kvr_tok_scratch *kvr_tok_scratch_new(void)
@@ -106,8 +108,22 @@ void kvr_tok_scratch_free(kvr_tok_scratch *s)
     free(s);
 }
 
+void kvr_tok_scratch_set_limit(kvr_tok_scratch *s, size_t max_ids)
+{
+    s->limit = max_ids;
+}
+
+uint64_t kvr_tok_scratch_bpe_bytes(const kvr_tok_scratch *s)
+{
+    return s->bpe_bytes;
+}
+
+/* The limit: ids are only ever appended, so once one more would pass it the text makes
+ * more than limit ids: stop (the caller answers 413) without looking at the rest. */
 static int out_id(kvr_tok_scratch *s, uint32_t id)
 {
+    if (s->limit && s->nids >= s->limit)
+        return -EMSGSIZE;
     if (s->nids == s->idcap) {
         if (s->nids >= INT32_MAX)
             return -EOVERFLOW;
@@ -173,8 +189,15 @@ void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s)
         memset(s->wc, 0, WC_SLOTS * sizeof *s->wc);
 }
 
-/* BPE of one pre-token through the word cache. */
-static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
+static bool whole_words; /* kvr_tok_force_whole_words (tests, benchmarks) */
+
+void kvr_tok_force_whole_words(bool on)
+{
+    whole_words = on;
+}
+
+/* BPE of one piece of a pre-token through the word cache. */
+static int bpe_piece(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
 {
     if (!n)
         return 0;
@@ -203,6 +226,50 @@ static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
             memcpy(e->ids, s->ids + before, k * sizeof *e->ids);
     }
     return 0;
+}
+
+/* A character of a pre-token that BPE starts as its own vocabulary entry (as bpe_merge
+ * looks it up), not as byte-fallback or unk symbols. */
+static bool direct(const kvr_tok *t, const char *w, size_t k)
+{
+    return k == 1 ? t->id1[(unsigned char)w[0]] != UINT32_MAX : vocab_get(t, w, k) != UINT32_MAX;
+}
+
+#define SPLIT_MIN 64 /* pre-tokens longer than this are split where merges cannot reach */
+
+/* BPE of one pre-token. A long one (Gemma 3, Mistral: a whole segment is one pre-token, so
+ * BPE would be O(n log n) over all of it, with no word cache and no early stop) is cut
+ * between two characters c1 c2 when both start as vocabulary entries of their own and the
+ * byte pair (last of c1, first of c2) occurs inside no vocabulary entry: then no merge can
+ * ever make a symbol that spans the cut (a merge's result is the entry of its parts' bytes
+ * joined, and a symbol ending with c1 ends with c1's bytes, one starting with c2 starts with
+ * c2's), so the merges on either side never meet, and in HF's order (rank, then position)
+ * each side's merges come in the same order as when run alone: the ids are the same as
+ * BPE of the whole pre-token. Gemma 3's and Mistral's vocabularies have "\u2581" after
+ * another character in one entry at most, so their texts are cut at (nearly) every word. */
+static int bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t n)
+{
+    int rc;
+    s->bpe_bytes += n;
+    if (n <= SPLIT_MIN || !t->split_words || whole_words)
+        return bpe_piece(t, s, w, n);
+    size_t start = 0, i = 0;
+    bool prev = false;
+    while (i < n) {
+        size_t k = t->byte_level ? 1 : utf8_len((unsigned char)w[i]);
+        if (k > n - i)
+            k = n - i;
+        bool d = direct(t, w + i, k);
+        unsigned x = (unsigned)(unsigned char)w[i ? i - 1 : 0] << 8 | (unsigned char)w[i];
+        if (i > start && prev && d && !(t->pairs[x >> 3] & (1u << (x & 7)))) {
+            if ((rc = bpe_piece(t, s, w + start, i - start)))
+                return rc;
+            start = i;
+        }
+        prev = d;
+        i += k;
+    }
+    return bpe_piece(t, s, w + start, n - start);
 }
 
 /* BPE of one pre-token, as HF's Word::merge_all (heap ordered by rank, then position). */
@@ -285,9 +352,10 @@ static int bpe_merge(const kvr_tok *t, kvr_tok_scratch *s, const char *w, size_t
 
 /* One split pre-tokenizer over each piece of *in (text buf), into *out. */
 static int split(const struct pre *p, kvr_tok_scratch *s, const char *buf, const struct piece *in,
-                 size_t nin, struct piece **out, size_t *outcap, size_t *nout, size_t first_rel)
+                 size_t nin, struct piece **out, size_t *outcap, size_t *nout, size_t first_rel,
+                 uint32_t bound)
 {
-    size_t no = 0;
+    size_t no = 0, least = s->nids;
     int rc;
     for (size_t pi = 0; pi < nin; pi++) {
         const char *w = buf + in[pi].s;
@@ -316,6 +384,12 @@ static int split(const struct pre *p, kvr_tok_scratch *s, const char *buf, const
             if (me == ms) { /* empty match: HF skips it */
                 at = ms + (ms < n ? utf8_len((unsigned char)w[ms]) : 1);
                 continue;
+            }
+            if (bound) { /* the token limit, while the regex runs (see pretok_bpe) */
+                size_t g0 = nq ? s->seq[nq - 1].e : from;
+                least += (ms - g0 + bound - 1) / bound + (me - ms + bound - 1) / bound;
+                if (least > s->limit)
+                    return -EMSGSIZE;
             }
             if ((rc = grow((void **)&s->seq, &s->seqcap, nq + 2, sizeof *s->seq)))
                 return rc;
@@ -388,21 +462,36 @@ static int pretok_bpe(const kvr_tok *t, kvr_tok_scratch *s, const char *buf, siz
     if (first_at >= off + len)
         return 0;
     int rc;
-    if (!t->npres)
+    if (!t->npres) {
+        if (s->limit && t->cover && s->nids + (len + t->max_sym - 1) / t->max_sym > s->limit)
+            return -EMSGSIZE;
         return bpe(t, s, buf + off, len);
+    }
     if ((rc = grow((void **)&s->pa, &s->pacap, 1, sizeof *s->pa)))
         return rc;
     s->pa[0] = (struct piece){(uint32_t)off, (uint32_t)(off + len), false};
     size_t n = 1;
     for (size_t i = 0; i < t->npres; i++) {
         size_t no;
+        /* The first pre-tokenizer's pieces (Isolated: kept as they are) each make at least
+         * ceil(len / max_sym) ids, whatever later pre-tokenizers split them into (when none
+         * removes text): a text past the limit stops during the regex scan */
+        uint32_t bound = i == 0 && s->limit && t->cover && t->keep_all &&
+                                 t->pres[0].behavior == B_ISOLATED ? t->max_sym : 0;
         if ((rc = split(&t->pres[i], s, buf, s->pa, n, &s->pb, &s->pbcap, &no,
-                        i ? 0 : first_at - off)))
+                        i ? 0 : first_at - off, bound)))
             return rc;
         struct piece *x = s->pa;
         size_t xc = s->pacap;
         s->pa = s->pb, s->pacap = s->pbcap, s->pb = x, s->pbcap = xc;
         n = no;
+    }
+    if (s->limit && t->cover) { /* each piece makes at least ceil(len / max_sym) ids */
+        size_t least = s->nids;
+        for (size_t i = 0; i < n && least <= s->limit; i++)
+            least += (s->pa[i].e - s->pa[i].s + t->max_sym - 1) / t->max_sym;
+        if (least > s->limit)
+            return -EMSGSIZE; /* before any BPE of this segment (Gemma 3: the whole text) */
     }
     bool rec = s->record && s->rec_base != SIZE_MAX;
     for (size_t i = 0; i < n; i++) {
@@ -667,6 +756,10 @@ int kvr_tok_encode_at(const kvr_tok *t, kvr_tok_scratch *s, const char *text, si
     size_t from = m ? m->raw : 0;
     if (from > len || !utf8_valid((const unsigned char *)text + from, len - from))
         return -EILSEQ;
+    if (kvr_tok_over_limit(t, s, len))
+        return -EMSGSIZE;
+    if (m != NULL && s->limit && s->nids > s->limit) /* the cached ids alone pass it */
+        return -EMSGSIZE;
     int rc = 0;
     s->record = record;
     s->nmarks = 0;
@@ -688,6 +781,11 @@ int kvr_tok_encode_at(const kvr_tok *t, kvr_tok_scratch *s, const char *text, si
         return rc;
     *ids = s->ids ? s->ids : (const uint32_t *)"";
     return (int)s->nids;
+}
+
+bool kvr_tok_over_limit(const kvr_tok *t, const kvr_tok_scratch *s, size_t len)
+{
+    return s->limit && t->raw_bound && (len + t->max_sym - 1) / t->max_sym > s->limit;
 }
 
 int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,

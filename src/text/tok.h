@@ -63,11 +63,32 @@ void kvr_tok_scratch_free(kvr_tok_scratch *s);
  * this empties it (benchmarks of cold text, tests). */
 void kvr_tok_scratch_clear_cache(kvr_tok_scratch *s);
 
+/* The token limit ([http] max_query_tokens): encodes with this scratch stop with -EMSGSIZE as
+ * soon as the text is known to make more than max_ids ids (0 = no limit, the default), and
+ * only then: a text of at most max_ids ids always encodes in full. Known when an id past
+ * the limit would be appended; before a segment's BPE when its pre-tokens alone must make
+ * too many (at least ceil(bytes / longest token) each, for tokenizers where that is sound);
+ * before anything when the raw text is too long for max_ids tokens of the longest length,
+ * where that is sound (tok_load.c: token_bounds says which tokenizers qualify and why). */
+void kvr_tok_scratch_set_limit(kvr_tok_scratch *s, size_t max_ids);
+/* True when len bytes of raw text certainly make more than the scratch's limit of ids
+ * (never for tokenizers without a sound bound): encodes refuse such a text at once. */
+bool kvr_tok_over_limit(const kvr_tok *t, const kvr_tok_scratch *s, size_t len);
+/* Bytes of pre-tokens this scratch has run through BPE so far (cumulative; word-cache hits
+ * included): how much text was actually tokenized (the limit's test and metric). */
+uint64_t kvr_tok_scratch_bpe_bytes(const kvr_tok_scratch *s);
+
 /* Encodes text (len bytes of UTF-8) into *ids (a buffer owned by s, valid until its next use);
  * add_special as HF's add_special_tokens (post-processor template, BOS/EOS). Returns the number
- * of ids, or -EILSEQ for invalid UTF-8, -ENOMEM, -EOVERFLOW (more than INT32_MAX ids). */
+ * of ids, or -EILSEQ for invalid UTF-8, -ENOMEM, -EOVERFLOW (more than INT32_MAX ids),
+ * -EMSGSIZE (more than the scratch's limit). */
 int kvr_tok_encode(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t len,
                    bool add_special, const uint32_t **ids);
+
+/* Tests and benchmarks: true runs BPE over every pre-token whole, as HF does, instead of
+ * cutting long ones where no merge can reach across (same ids, faster; tok.c says why).
+ * Not for concurrent use with encodes. */
+void kvr_tok_force_whole_words(bool on);
 
 /* ---- the prefix cache (tok_cache.c) -------------------------------------------------------
  * Token ids of earlier texts at checkpoints proven resumable, shared by every thread and

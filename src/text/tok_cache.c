@@ -175,6 +175,8 @@ int kvr_tok_encode_cached(const kvr_tok *t, kvr_tok_cache *c, kvr_tok_scratch *s
                           const char *text, size_t len, bool add_special, const uint32_t **ids)
 {
     size_t nb = len / G;
+    if (kvr_tok_over_limit(t, s, len))
+        return -EMSGSIZE; /* no hashing or lookup for a text refused by its size */
     if (!c || nb < 2 || len > UINT32_MAX / 2)
         return kvr_tok_encode(t, s, text, len, add_special, ids);
     uint64_t *h = kvr_tok_scratch_aux(s, (nb + 1) * sizeof *h + nb * sizeof(struct tok_mark));

@@ -84,6 +84,20 @@ struct kvr_tok {
      * boundary of the first pre-tokenizer (a regex Split, Isolated; normalizers NFx only) */
     bool inseg, has_nfx, any_lstrip;
     uint32_t max_added; /* bytes of the longest added token (content or normalized form) */
+    /* the token limit (kvr_tok_scratch_set_limit): lower bounds on the ids a text makes.
+     * max_sym: bytes one output token can cover at most (the longest vocabulary entry or
+     * added token, and 4 for an unknown character); cover: every character of a pre-token
+     * yields a symbol (by vocabulary, byte fallback or an unfused unk), so a pre-token of n
+     * bytes makes at least ceil(n / max_sym) ids; raw_bound: moreover normalization never
+     * shrinks the text, no split removes text and no added token strips whitespace, so a
+     * raw text of n bytes makes at least ceil(n / max_sym) ids (tok_load.c says why). */
+    uint32_t max_sym;
+    bool cover, raw_bound, keep_all; /* keep_all: no pre-tokenizer removes text */
+    /* Long pre-tokens split where no merge can ever reach across (tok.c: bpe): pairs has
+     * bit (a << 8 | b) set when bytes a, b follow each other inside some vocabulary entry;
+     * NULL (and split_words false) with ignore_merges, where splitting would change ids. */
+    uint8_t *pairs;
+    bool split_words;
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */

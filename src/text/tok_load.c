@@ -697,6 +697,76 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
     return 0;
 }
 
+/* The lower bounds the token limit uses (tok_int.h: max_sym, cover, raw_bound). Why they
+ * are sound:
+ * - A BPE symbol starts as one character (or byte, byte-level) of the pre-token: a vocabulary
+ *   entry of exactly those bytes, a byte-fallback token per byte (its entry "<0xAB>" is
+ *   longer than the byte it covers), or unk (one character, at most 4 bytes, unless fuse_unk
+ *   joins a run of them: unbounded). A merge's new id is the vocabulary entry of the two
+ *   parts' bytes concatenated (the loader looks it up so), so by induction the bytes a
+ *   symbol covers never exceed its entry's length. With ignore_merges a whole pre-token
+ *   found in the vocabulary is its entry. So every output id covers at most max_sym bytes.
+ * - cover: a character with none of vocabulary entry, byte fallback and unk is dropped
+ *   (makes no id), and a fused unk covers any number of bytes; either breaks the bound.
+ *   Byte-level vocabularies have all 256 one-byte entries; byte_fallback tokenizers have all
+ *   256 <0xAB> tokens (then neither unk nor dropping is ever reached).
+ * - raw_bound, from the raw text: added tokens cover at most max_added bytes each unless
+ *   lstrip/rstrip absorb whitespace runs (unbounded); Prepend and a Replace whose
+ *   replacement is no shorter than its pattern only grow the text; NFC/NFKC can shrink it
+ *   (compositions, compatibility forms; the ratio is small but we do not rely on a proof of
+ *   it) and a Removed split drops text: for those, only the per-pre-token bound applies
+ *   (kvr_tok_encode_at checks it before each segment's BPE). */
+/* The byte pairs found inside vocabulary entries (keys: raw bytes for byte-level ones), for
+ * splitting long pre-tokens (tok.c: bpe says why that is exact). Not with ignore_merges: a
+ * piece that is itself a vocabulary entry would become one id, which BPE of the whole
+ * pre-token need not give. */
+static int word_pairs(kvr_tok *t)
+{
+    if (t->ignore_merges)
+        return 0;
+    if (!(t->pairs = calloc(65536 / 8, 1)))
+        return -ENOMEM;
+    for (uint32_t id = 0; id < t->nvocab; id++) {
+        if (t->vlen[id] == UINT32_MAX)
+            continue;
+        const unsigned char *k = (const unsigned char *)t->arena + t->voff[id];
+        for (uint32_t j = 1; j < t->vlen[id]; j++) {
+            unsigned x = (unsigned)k[j - 1] << 8 | k[j];
+            t->pairs[x >> 3] |= (uint8_t)(1u << (x & 7));
+        }
+    }
+    t->split_words = true;
+    return 0;
+}
+
+static void token_bounds(kvr_tok *t)
+{
+    uint32_t m = 4;
+    for (uint32_t i = 0; i < t->nvocab; i++)
+        if (t->vlen[i] != UINT32_MAX && t->vlen[i] > m)
+            m = t->vlen[i];
+    if (t->max_added > m)
+        m = t->max_added;
+    t->max_sym = m;
+    bool all1 = true, allfb = true;
+    for (int b = 0; b < 256; b++) {
+        all1 &= t->id1[b] != UINT32_MAX;
+        allfb &= t->bytefb[b] != UINT32_MAX;
+    }
+    t->cover = (t->byte_level && all1) || (t->byte_fallback && allfb) ||
+               (t->unk != UINT32_MAX && !t->fuse_unk);
+    t->keep_all = true;
+    for (size_t i = 0; i < t->npres; i++)
+        t->keep_all &= t->pres[i].behavior != B_REMOVED;
+    t->raw_bound = t->cover && t->keep_all;
+    for (size_t i = 0; i < t->nadded; i++)
+        t->raw_bound &= !t->added[i].lstrip && !t->added[i].rstrip;
+    for (size_t i = 0; i < t->nnorms; i++) {
+        const struct norm *nm = &t->norms[i];
+        t->raw_bound &= nm->kind == N_PREPEND || (nm->kind == N_REPLACE && nm->blen >= nm->alen);
+    }
+}
+
 int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t config_len,
                      kvr_tok **out, char *err, size_t errlen)
 {
@@ -741,6 +811,11 @@ int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t co
         if (l > t->max_added)
             t->max_added = l;
         t->any_lstrip |= a->lstrip;
+    }
+    token_bounds(t);
+    if ((rc = word_pairs(t)) != 0) {
+        kvr_tok_free(t);
+        return errf(err, errlen, rc, "out of memory");
     }
     *out = t;
     return 0;
@@ -834,6 +909,7 @@ void kvr_tok_free(kvr_tok *t)
     free(t->normd.idx);
     free(t->prefix);
     free(t->suffix);
+    free(t->pairs);
     free(t);
 }
 

@@ -83,6 +83,7 @@ struct kvr_tokset {
     struct kvr_tokset_reader *readers;
     kvr_tok_cache *cache; /* [tokenizer] prefix_cache; NULL = off */
     _Atomic uint64_t reloads, reload_failures, encodes, chats;
+    _Atomic uint64_t limit_stops, limit_prechecks, bpe_bytes; /* the token limit */
 };
 
 static void fid_of(const char *path, struct fid *f)
@@ -582,6 +583,31 @@ void kvr_tokset_reader_destroy(struct kvr_tokset_reader *r)
     free(r);
 }
 
+void kvr_tokset_reader_set_limit(struct kvr_tokset_reader *r, size_t max_ids)
+{
+    kvr_tok_scratch_set_limit(r->scratch, max_ids);
+}
+
+/* Text to ids through the prefix cache, under the reader's token limit (counted). */
+static int encode(struct kvr_tokset *ts, struct kvr_tokset_reader *r, const kvr_tok *tok,
+                  const char *text, size_t len, bool add_special, const uint32_t **ids)
+{
+    uint64_t before = kvr_tok_scratch_bpe_bytes(r->scratch);
+    int rc;
+
+    if (kvr_tok_over_limit(tok, r->scratch, len)) {
+        atomic_fetch_add_explicit(&ts->limit_prechecks, 1, memory_order_relaxed);
+        rc = -EMSGSIZE;
+    } else {
+        rc = kvr_tok_encode_cached(tok, ts->cache, r->scratch, text, len, add_special, ids);
+    }
+    if (rc == -EMSGSIZE)
+        atomic_fetch_add_explicit(&ts->limit_stops, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ts->bpe_bytes, kvr_tok_scratch_bpe_bytes(r->scratch) - before,
+                              memory_order_relaxed);
+    return rc;
+}
+
 int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char *text,
                       size_t len, bool add_special, const uint32_t **ids)
 {
@@ -594,8 +620,7 @@ int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char
     if (e == NULL)
         rc = -ENOENT;
     else
-        rc = kvr_tok_encode_cached(e->mt->tok, ts->cache, r->scratch, text, len, add_special,
-                                   ids);
+        rc = encode(ts, r, e->mt->tok, text, len, add_special, ids);
     atomic_store_explicit(&r->active, 0, memory_order_release);
     if (rc >= 0)
         atomic_fetch_add_explicit(&ts->encodes, 1, memory_order_relaxed);
@@ -678,8 +703,7 @@ int kvr_tokset_chat(struct kvr_tokset_reader *r, const char *model,
     else if ((rc = render(e->mt, r->ctx, c, &out, &outlen, err, errlen)) == 0 &&
              (!c->continue_final_message ||
               (rc = cut_final(out, &outlen, c->final_text, c->final_len, err, errlen)) == 0))
-        rc = kvr_tok_encode_cached(e->mt->tok, ts->cache, r->scratch, out, outlen,
-                                   c->add_special_tokens, ids);
+        rc = encode(ts, r, e->mt->tok, out, outlen, c->add_special_tokens, ids);
     atomic_store_explicit(&r->active, 0, memory_order_release);
     if (rc >= 0)
         atomic_fetch_add_explicit(&ts->chats, 1, memory_order_relaxed);
@@ -700,6 +724,16 @@ void kvr_tokset_metrics(struct kvr_tokset *ts, struct kvr_buf *out)
     kvr_metrics_counter(out, "tokenizer_chats_total",
                         "Chat requests rendered with the model's chat template and tokenized",
                         NULL, atomic_load(&ts->chats));
+    kvr_metrics_counter(out, "tokenizer_limit_stops_total",
+                        "Texts refused at [http] max_query_tokens as soon as known, without "
+                        "tokenizing the rest", NULL, atomic_load(&ts->limit_stops));
+    kvr_metrics_counter(out, "tokenizer_limit_prechecks_total",
+                        "Of those, texts refused by their length alone, before tokenizing "
+                        "(tokenizers with a sound bound only)", NULL,
+                        atomic_load(&ts->limit_prechecks));
+    kvr_metrics_counter(out, "tokenizer_bpe_bytes_total",
+                        "Text bytes run through BPE (pre-tokens; word-cache hits included)",
+                        NULL, atomic_load(&ts->bpe_bytes));
     if (ts->cache == NULL)
         return;
     struct kvr_tok_cache_stats st;

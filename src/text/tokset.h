@@ -8,7 +8,9 @@
  * has finished its call (per-reader epochs, RCU style): readers never take a lock or wait.
  *
  * Threads: create/reload/destroy from one thread (main); any number of readers, one
- * kvr_tokset_reader each (per loop thread), used by one thread at a time.
+ * kvr_tokset_reader each (per loop thread and per text thread of the HTTP layer), used by one
+ * thread at a time. A reload waits for the calls in progress (a large text on a text thread:
+ * up to hundreds of ms), never for idle readers.
  */
 #ifndef KVR_TOKSET_H
 #define KVR_TOKSET_H
@@ -46,10 +48,15 @@ void kvr_tokset_destroy(struct kvr_tokset *ts); /* after every reader is destroy
 int kvr_tokset_reader_create(struct kvr_tokset *ts, struct kvr_tokset_reader **out);
 void kvr_tokset_reader_destroy(struct kvr_tokset_reader *r);
 
+/* The reader's token limit (0 = none, the default): encode and chat return -EMSGSIZE as soon
+ * as the text is known to make more ids than this (tok.h: kvr_tok_scratch_set_limit),
+ * without tokenizing the rest. Counted in /metrics. */
+void kvr_tokset_reader_set_limit(struct kvr_tokset_reader *r, size_t max_ids);
+
 /* Token ids of text (len bytes, UTF-8) as model's tokenizer computes them; add_special as
  * HF's add_special_tokens. Returns the count, *ids valid until the reader's next call; or
  * -ENOENT (no tokenizer configured for model), -EILSEQ (invalid UTF-8), -ENOMEM,
- * -EOVERFLOW. */
+ * -EOVERFLOW, -EMSGSIZE (more ids than the reader's limit). */
 int kvr_tokset_encode(struct kvr_tokset_reader *r, const char *model, const char *text,
                       size_t len, bool add_special, const uint32_t **ids);
 
@@ -76,7 +83,7 @@ struct kvr_tokset_chat {
  * Returns the count, *ids valid until the reader's next call; -ENOENT (no tokenizer for the
  * model), -ENOTSUP (the model has no chat template), -EINVAL (the template failed:
  * raise_exception's message in err, or the final message is not in the output), -E2BIG
- * (render larger than max_render_bytes), -ELOOP, -ENOMEM, -EILSEQ. */
+ * (render larger than max_render_bytes), -ELOOP, -ENOMEM, -EILSEQ, -EMSGSIZE (the limit). */
 int kvr_tokset_chat(struct kvr_tokset_reader *r, const char *model,
                     const struct kvr_tokset_chat *c, const uint32_t **ids, char *err,
                     size_t errlen);

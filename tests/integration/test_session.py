@@ -134,3 +134,26 @@ def test_sessions_off(daemon_factory):
     need_http(d)
     assert "session" not in route(d, 1, session="x")
     assert metric(d, "route_sessions") == 0
+
+
+def test_session_header_on_a_text_thread(daemon_factory):
+    """A /v1/route whose prompt is tokenized on a text thread ([tokenizer] offload_bytes)
+    keeps its session header: the job carries its own copy of it."""
+    from test_text_threads import cfg as text_cfg, prose, start
+    c = text_cfg(["qwen3"], tokenizer={"offload_bytes": "1KiB"})
+    pods = ["127.0.0.1:%d" % (9600 + i) for i in range(4)]
+    c['model "test/qwen3"'].update({"approximate_pods": ", ".join(pods)})
+    c["route"] = {"policy": "ttft", "seed": "3"}
+    d = start(daemon_factory, c)
+    first = None
+    for t in range(4):
+        st, res = d.json("POST", "/v1/route", {"model": "test/qwen3", "prompt": prose(8192, t)},
+                         headers={"X-Session-ID": "long-conversation"})
+        assert st == 200, res
+        if first is None:
+            first = res
+            assert res["session"] == "new", res
+        else:
+            assert res["pod"] == first["pod"] and res["session"] == "kept", res
+    assert (metric(d, "text_jobs_total") or 0) >= 4  # they did run on a text thread
+    assert (metric(d, "route_session_decisions_total", 'outcome="kept"') or 0) == 3

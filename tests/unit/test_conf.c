@@ -213,6 +213,13 @@ static const struct bad_case bad_cases[] = {
      "t.conf:4: [route] assumed_ttl = 10ms is out of range (1s..168h)"},
     {EV "[tokenizer]\nmax_prompt_bytes = 10\n",
      "t.conf:4: [tokenizer] max_prompt_bytes = 10 is out of range (1KiB..1GiB)"},
+    {EV "[tokenizer]\nthreads = 65\n",
+     "t.conf:4: [tokenizer] threads = 65 is out of range (0..64)"},
+    {EV "[tokenizer]\nthreads = -1\n", "t.conf:4: invalid value '-1' for [tokenizer] threads: "
+                                         "expected a non-negative integer"},
+    {EV "[tokenizer]\nqueue = 0\n", "t.conf:4: [tokenizer] queue = 0 is out of range (1..65536)"},
+    {EV "[tokenizer]\noffload_bytes = 2GiB\n",
+     "t.conf:4: [tokenizer] offload_bytes = 2GiB is out of range (0B..1GiB)"},
     /* weights */
     {EV "[score]\nweight.gpu = abc\n", "t.conf:4: invalid value 'abc' for [score] weight.*: "
                                        "expected a number (e.g. 0.8)"},
@@ -628,6 +635,9 @@ static void test_model_sections(void **state)
     assert_int_equal(c.nmodels, 0);
     assert_int_equal(c.prefix_cache, 64 << 20);
     assert_int_equal(c.max_prompt_bytes, 1 << 20);
+    assert_int_equal(c.text_threads, 2);
+    assert_int_equal(c.text_queue, 64);
+    assert_int_equal(c.offload_bytes, 16 << 10);
     kvr_conf_free(&c);
     struct kvr_err err = {{0}};
     assert_int_equal(kvr_conf_load_string("/etc/kvr/t.conf",

@@ -23,6 +23,7 @@ static struct kvr_httpreq_limits g_lim = {
 };
 
 static int g_calls;
+static char g_deferred[256];
 
 /* Echo: "METHOD PATH|ctype|auth|body"; /status/NNN answers NNN; /close asks to close;
  * /upcase upper-cases the body in place (bodies are mutable). */
@@ -36,6 +37,12 @@ static void echo(void *arg, const struct kvr_httpreq *req, struct kvr_httpresp *
         resp->status = atoi(req->path + 8);
     if (strcmp(req->path, "/close") == 0)
         resp->close = true;
+    if (strncmp(req->path, "/defer", 6) == 0) { /* answered later: keep a copy of the body */
+        snprintf(g_deferred, sizeof(g_deferred), "%.*s", (int)req->body_len,
+                 req->body ? req->body : "");
+        resp->deferred = true;
+        return;
+    }
     if (strcmp(req->path, "/upcase") == 0)
         for (size_t i = 0; i < req->body_len; i++)
             if (req->body[i] >= 'a' && req->body[i] <= 'z')
@@ -522,6 +529,63 @@ static void test_output_pause_resume(void **state)
     free(all);
 }
 
+/* A deferred request (a text job): parsing stops after it, so what was pipelined behind it
+ * waits; no deadline runs meanwhile; its answer, finished later, comes first and the rest
+ * follows in order once resumed. Connection: close on the deferred one closes after it. */
+static void test_deferred_order(void **state)
+{
+    struct fixture *f = fx_new();
+    struct resp r[4];
+    struct kvr_buf body;
+    struct kvr_httpresp resp;
+    (void)state;
+    kvr_buf_init(&body);
+    assert_int_equal(feed(f, "POST /defer HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+                             "GET /a HTTP/1.1\r\n\r\n", 0, 10), 0);
+    assert_int_equal(g_calls, 1);
+    assert_true(f->c.waiting);
+    assert_true(f->c.paused);
+    assert_string_equal(g_deferred, "hello");
+    assert_int_equal(f->c.out.len, 0);
+    assert_true(kvr_httpreq_conn_deadline(&f->c) == INT64_MAX);
+    assert_int_equal(kvr_httpreq_conn_timeout(&f->c, 1000000), 0);
+    /* more bytes meanwhile are kept, not parsed; resuming does nothing while waiting */
+    assert_int_equal(feed(f, "GET /b HTTP/1.1\r\n\r\n", 0, 20), 0);
+    assert_int_equal(kvr_httpreq_conn_resume(&f->c, 30), 0);
+    assert_int_equal(g_calls, 1);
+    kvr_buf_printf(&body, "late:%s", g_deferred);
+    resp = (struct kvr_httpresp){.status = 201, .endpoint = KVR_EP_TOKENIZE,
+                                 .content_type = "text/plain", .body = &body};
+    assert_int_equal(kvr_httpreq_conn_finish(&f->c, &resp, 40), 0);
+    assert_false(f->c.waiting);
+    assert_int_equal(parse_out(f, r, 4), 1);
+    assert_int_equal(r[0].status, 201);
+    assert_string_equal(r[0].body, "late:hello");
+    assert_int_equal(kvr_httpreq_conn_resume(&f->c, 50), 0);
+    assert_int_equal(g_calls, 3);
+    assert_int_equal(parse_out(f, r, 4), 3);
+    assert_string_equal(r[1].body, "GET /a||-|");
+    assert_string_equal(r[2].body, "GET /b||-|");
+    assert_int_equal(atomic_load(&f->st.requests[KVR_EP_TOKENIZE][0]), 1);
+    assert_int_equal(kvr_httpreq_conn_finish(&f->c, &resp, 60), 0); /* nothing waits: no-op */
+    assert_int_equal(parse_out(f, r, 4), 3);
+    fx_free(f);
+
+    f = fx_new();
+    assert_int_equal(feed(f, "POST /defer HTTP/1.1\r\nConnection: close\r\nContent-Length: 1\r\n"
+                             "\r\nxGET /a HTTP/1.1\r\n\r\n", 0, 10), 0);
+    kvr_buf_reset(&body);
+    kvr_buf_printf(&body, "bye");
+    resp = (struct kvr_httpresp){.status = 200, .content_type = "text/plain", .body = &body};
+    assert_int_equal(kvr_httpreq_conn_finish(&f->c, &resp, 20), KVR_HTTPCONN_CLOSE);
+    assert_int_equal(parse_out(f, r, 4), 1);
+    assert_non_null(strstr(r[0].headers, "Connection: close"));
+    assert_int_equal(kvr_httpreq_conn_resume(&f->c, 30), KVR_HTTPCONN_CLOSE);
+    assert_int_equal(g_calls, 1); /* nothing after it is parsed */
+    kvr_buf_free(&body);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_stats_render),
         cmocka_unit_test(test_long_target_is_414),
         cmocka_unit_test(test_output_pause_resume),
+        cmocka_unit_test(test_deferred_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

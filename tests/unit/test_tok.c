@@ -628,6 +628,155 @@ static void test_refusals(void **state)
     kvr_tok_free(t);
 }
 
+/* Long pre-tokens cut where no merge can reach across give the ids BPE of the whole
+ * pre-token gives (kvr_tok_force_whole_words): every model, on the goldens and on random
+ * mixes of pieces chosen to sit at cuts (spaces, "\u2581" itself, Gemma 3's one entry with
+ * "\u2581" inside (">\u2581</"), characters that fall back to bytes or unk, added-token
+ * lookalikes, long runs). */
+static void test_split_words(void **state)
+{
+    (void)state;
+    if (!have_ref)
+        return;
+    unsigned seed = test_seed();
+    static const char *pieces[] = {"a", "ab", " ", "   ", "\n", "\t", "1", "12345", "中文",
+                                   "😀", "\u200d", "e\u0301", "'s", " the", "Hello", ">", "</",
+                                   "> </", "\u2581", "\u2581\u2581", ".", "!!", "é", "ß", "ا",
+                                   "\u00a0", "\ufeff", "\U0001d400", "\u0fff", "<unk>",
+                                   "<start_of_turn>", "     ", "word", " word", "x"};
+    kvr_tok_scratch *s = kvr_tok_scratch_new(), *w = kvr_tok_scratch_new();
+    assert_non_null(s);
+    assert_non_null(w);
+    char *text = malloc(1 << 16);
+    assert_non_null(text);
+    int failed = 0;
+    for (size_t m = 0; m < NMODELS; m++) {
+        struct goldens g;
+        goldens_load(models[m].name, &g);
+        size_t ncases = g.n + 400;
+        for (size_t i = 0; i < ncases; i++) {
+            const char *t;
+            size_t n = 0;
+            if (i < g.n) {
+                t = g.c[i].text;
+                n = g.c[i].len;
+            } else {
+                int k = 20 + rand_r(&seed) % 300;
+                for (int j = 0; j < k; j++) {
+                    const char *p = pieces[rand_r(&seed) % (sizeof pieces / sizeof *pieces)];
+                    size_t pl = strlen(p);
+                    memcpy(text + n, p, pl);
+                    n += pl;
+                }
+                t = text;
+            }
+            const uint32_t *a, *b;
+            kvr_tok_force_whole_words(false);
+            int ra = kvr_tok_encode(toks[m], s, t, n, true, &a);
+            kvr_tok_force_whole_words(true);
+            int rb = kvr_tok_encode(toks[m], w, t, n, true, &b);
+            kvr_tok_force_whole_words(false);
+            if ((ra != rb || (ra > 0 && memcmp(a, b, (size_t)ra * sizeof *a))) && failed++ < 5)
+                printf("  %s: case %zu (%zu bytes): cut %d ids, whole %d ids (seed %u)\n",
+                       models[m].name, i, n, ra, rb, seed);
+        }
+        goldens_free(&g);
+    }
+    free(text);
+    kvr_tok_scratch_free(s);
+    kvr_tok_scratch_free(w);
+    assert_int_equal(failed, 0);
+}
+
+/* The token limit (kvr_tok_scratch_set_limit): a text of n ids encodes in full under any
+ * limit >= n and is refused (-EMSGSIZE) under any limit < n, plain and through the prefix
+ * cache (resumed encodes start from cached ids); the raw-length bound never refuses a text
+ * that fits; and a text far past the limit stops early: BPE sees a small part of it. */
+static void check_limit(const kvr_tok *t, kvr_tok_scratch *s, kvr_tok_scratch *full,
+                        kvr_tok_cache *cache, const char *text, size_t len, bool add,
+                        const char *what, int *failed)
+{
+    const uint32_t *want, *ids;
+    kvr_tok_scratch_set_limit(full, 0);
+    int n = kvr_tok_encode(t, full, text, len, add, &want);
+    assert_true(n >= 0);
+    size_t limits[] = {(size_t)n, (size_t)n + 1, n > 1 ? (size_t)n - 1 : 1, (size_t)n / 2 + 1, 1};
+    for (size_t k = 0; k < sizeof limits / sizeof limits[0]; k++) {
+        size_t lim = limits[k];
+        kvr_tok_scratch_set_limit(s, lim);
+        for (int pass = 0; pass < 2; pass++) {
+            int r = pass ? kvr_tok_encode_cached(t, cache, s, text, len, add, &ids)
+                         : kvr_tok_encode(t, s, text, len, add, &ids);
+            bool ok = (size_t)n > lim ? r == -EMSGSIZE
+                                      : r == n && !memcmp(ids, want, (size_t)n * sizeof *ids);
+            if (!ok && (*failed)++ < 5)
+                printf("  %s: %zu bytes, %d ids, limit %zu, %s: got %d\n", what, len, n, lim,
+                       pass ? "cached" : "plain", r);
+        }
+        if ((size_t)n <= lim && kvr_tok_over_limit(t, s, len) && (*failed)++ < 5)
+            printf("  %s: %zu bytes make %d ids but the raw bound refuses them at %zu\n", what,
+                   len, n, lim);
+    }
+}
+
+static void test_limit(void **state)
+{
+    (void)state;
+    if (!have_ref)
+        return;
+    unsigned seed = test_seed();
+    srand(seed);
+    kvr_tok_scratch *s = kvr_tok_scratch_new(), *full = kvr_tok_scratch_new();
+    assert_non_null(s);
+    assert_non_null(full);
+    char p[512];
+    size_t dlen;
+    snprintf(p, sizeof p, "tests/data/tok/doc20k.txt");
+    char *doc = slurp(p, &dlen);
+    assert_non_null(doc);
+    size_t big_len = 40 * dlen; /* ~800 KB, far past a limit of 100 */
+    char *big = malloc(big_len);
+    assert_non_null(big);
+    for (size_t i = 0; i < 40; i++)
+        memcpy(big + i * dlen, doc, dlen);
+    int failed = 0;
+    for (size_t m = 0; m < NMODELS; m++) {
+        kvr_tok_cache *cache;
+        assert_int_equal(kvr_tok_cache_new(16 << 20, &cache), 0);
+        struct goldens g;
+        goldens_load(models[m].name, &g);
+        for (size_t i = 0; i < g.n; i++)
+            check_limit(toks[m], s, full, cache, g.c[i].text, g.c[i].len, g.c[i].add,
+                        models[m].name, &failed);
+        for (int k = 0; k < 30; k++) { /* beginnings of the document: some resume */
+            size_t len = 1 + (size_t)rand() % dlen;
+            while (len < dlen && ((unsigned char)doc[len] & 0xC0) == 0x80)
+                len++;
+            check_limit(toks[m], s, full, cache, doc, len, k & 1, models[m].name, &failed);
+        }
+        goldens_free(&g);
+        /* far past the limit: stopped early */
+        const uint32_t *ids;
+        kvr_tok_scratch_set_limit(s, 100);
+        uint64_t before = kvr_tok_scratch_bpe_bytes(s);
+        assert_int_equal(kvr_tok_encode(toks[m], s, big, big_len, true, &ids), -EMSGSIZE);
+        uint64_t bpe = kvr_tok_scratch_bpe_bytes(s) - before;
+        printf("test_tok: %-12s limit 100 on %zu bytes: stopped after %" PRIu64 " bytes of BPE"
+               "%s\n", models[m].name, big_len, bpe,
+               kvr_tok_over_limit(toks[m], s, big_len) ? " (refused by its length)" : "");
+        if (bpe > big_len / 100 && failed++ < 5)
+            printf("  %s: the limit did not stop early\n", models[m].name);
+        kvr_tok_cache_free(cache);
+    }
+    if (failed)
+        printf("test_tok: test_limit: %d failures (KVR_TEST_SEED=%u)\n", failed, seed);
+    free(big);
+    free(doc);
+    kvr_tok_scratch_free(s);
+    kvr_tok_scratch_free(full);
+    assert_int_equal(failed, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest plain[] = {
@@ -640,6 +789,8 @@ int main(void)
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_special_boundary),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_limit),
+        cmocka_unit_test(test_split_words),
     };
     int rc = cmocka_run_group_tests(plain, NULL, NULL);
     rc |= cmocka_run_group_tests(ref, setup_ref, teardown_ref);
