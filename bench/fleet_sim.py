@@ -45,7 +45,6 @@ import json
 import os
 import queue
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -401,14 +400,6 @@ def settle(fleet, daemon, timeout=20.0):
                        % (timeout, want, rows))
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def route_counters(daemon):
     """kvrouterd's unlabelled kvrouter_route_* series at the end of a cell (confirmed,
     expired, estimated prefills...): what its in-flight accounting saw."""
@@ -558,7 +549,7 @@ def run_virtual(args, workload, rate, router_name="round-robin"):
 
 
 def run_cell(args, workload, rate, router_name, reqs=None):
-    from kvrharness import Daemon
+    from kvrharness import Daemon, free_port
     if reqs is None:
         reqs, info = build_reqs(args, workload, rate, args.duration)
     else:

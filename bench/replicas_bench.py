@@ -19,7 +19,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+from kvrharness import free_port  # noqa: E402
 BUILD = os.environ.get("BUILD", "build/release")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(REPO, BUILD)
@@ -46,14 +46,6 @@ READY_RE = re.compile(r"kvrouterd ready((?: [A-Za-z0-9_.-]+=[^\s\"]*)*)")
 def fail(msg):
     print("replicas bench: FAILED: %s" % msg)
     sys.exit(1)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Daemon:

@@ -24,17 +24,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from kvrharness import free_port  # noqa: F401  (test_partitions imports it from here)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(REPO, "deploy")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _sub(text, pattern, repl, count=1):

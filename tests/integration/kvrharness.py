@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -41,6 +42,15 @@ SANITIZER_MARKERS = (
     "ERROR: LeakSanitizer",
 )
 
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (a later bind may still lose a race)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 def kvr_bin():
     """Path of the binary under test."""

@@ -4,12 +4,12 @@ configuration with another port is followed. The container itself: make docker-t
 
 import os
 import shutil
-import socket
 import subprocess
 
 import pytest
 
 from kvrharness import REPO
+from kvrharness import free_port
 
 SCRIPT = os.path.join(REPO, "scripts", "healthcheck.sh")
 BASH = shutil.which("bash")
@@ -24,14 +24,6 @@ def probe(conf_text, tmp_path, env=None):
     e.update(env or {})
     return subprocess.run([BASH, SCRIPT, str(conf)], capture_output=True, text=True,
                           timeout=20, env=e)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_follows_configured_port(daemon, tmp_path):

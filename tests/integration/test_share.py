@@ -7,24 +7,16 @@ among its peers skips its own batches (echoes counted); garbage on the peer sock
 refused and counted, never applied. Loopback only; every wait is bounded.
 """
 
-import socket
 import time
 
 import pytest
 
 from test_ingest import metric, need_http
 from vllm_pub import tokens_for
+from kvrharness import free_port
 
 MODEL = "test/share"
 PODS = ["127.0.0.1:9501", "127.0.0.1:9502", "127.0.0.1:9503"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def cfg(bind_port, peer_ports, **route):
