@@ -50,12 +50,16 @@ struct kvr_conf_model {
                               * they publish no events) even without approximate, and are
                               * default route candidates (dp_rank 0) */
     size_t napproximate_pods;
+    /* disaggregated prefill and decode (route_pd.c): the pods that only prefill, and those
+     * that only decode, for this model; any other pod does both */
+    char **prefill_pods, **decode_pods; /* prefill_pods = POD[,POD...], decode_pods = ... */
+    size_t nprefill_pods, ndecode_pods;
     uint32_t block_size; /* block_size = N: the model's KV block size in tokens, used until
                           * events teach one (they win); 0 = unset (approximate models then
                           * use 16, vLLM's default) */
     int line;           /* of the section header */
     int tokenizer_line, chat_template_line, approximate_line, approximate_pods_line,
-        block_size_line;
+        block_size_line, prefill_pods_line, decode_pods_line;
 };
 
 struct kvr_conf {
@@ -173,6 +177,9 @@ struct kvr_conf {
     char *route_peer_bind;            /* replicas: our PUB endpoint for decisions; NULL/"" =
                                        * none (route/share.h); not reloadable */
     char *route_peers;                /* the other replicas' PUB endpoints (blanks/commas) */
+    uint32_t route_pd_local_max_uncached; /* P/D: a request stays on its decode worker with
+                                           * fewer uncached tokens than this; default 2048 */
+    double route_pd_local_max_share;  /* ... and at most this share of its prompt uncached; 1 */
     char *route_session_header;       /* session affinity: the request header carrying the
                                        * session key; default X-Session-ID; "" = none (the
                                        * body's "session_id" only); not reloadable */

@@ -122,9 +122,10 @@ static bool pod_sep(char ch)
     return ch == ',' || ch == ' ' || ch == '\t';
 }
 
-/* approximate_pods: names separated by commas or blanks; each 1..KVR_NAME_MAX bytes without
- * control characters, given once. */
-static int set_pods(struct kvr_conf_model *m, const char *v, char *msg, size_t msgcap)
+/* A pod list (approximate_pods, prefill_pods, decode_pods): names separated by commas or
+ * blanks; each 1..KVR_NAME_MAX bytes without control characters, given once. */
+static int set_pods(struct kvr_conf_model *m, const char *key, const char *v, char ***list,
+                    size_t *nlist, char *msg, size_t msgcap)
 {
     const char *p = v;
 
@@ -138,38 +139,38 @@ static int set_pods(struct kvr_conf_model *m, const char *v, char *msg, size_t m
             p++;
         size_t n = (size_t)(p - s);
         if (n > KVR_NAME_MAX) {
-            snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: a pod name longer than "
-                                  "%d bytes", m->name, KVR_NAME_MAX);
+            snprintf(msg, msgcap, "[model \"%.200s\"] %s: a pod name longer than %d bytes",
+                     m->name, key, KVR_NAME_MAX);
             return -EINVAL;
         }
         for (size_t k = 0; k < n; k++)
             if ((unsigned char)s[k] < 0x20 || s[k] == 0x7f) {
-                snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: control character "
-                                      "in a pod name", m->name);
+                snprintf(msg, msgcap, "[model \"%.200s\"] %s: control character in a pod name",
+                         m->name, key);
                 return -EINVAL;
             }
-        for (size_t k = 0; k < m->napproximate_pods; k++)
-            if (strlen(m->approximate_pods[k]) == n && memcmp(m->approximate_pods[k], s, n) == 0) {
-                snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: pod '%.*s' is "
-                                      "listed twice", m->name, (int)(n > 200 ? 200 : n), s);
+        for (size_t k = 0; k < *nlist; k++)
+            if (strlen((*list)[k]) == n && memcmp((*list)[k], s, n) == 0) {
+                snprintf(msg, msgcap, "[model \"%.200s\"] %s: pod '%.*s' is listed twice",
+                         m->name, key, (int)(n > 200 ? 200 : n), s);
                 return -EINVAL;
             }
-        if (m->napproximate_pods == MAX_APPROX_PODS) {
-            snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: more than %d pods",
-                     m->name, MAX_APPROX_PODS);
+        if (*nlist == MAX_APPROX_PODS) {
+            snprintf(msg, msgcap, "[model \"%.200s\"] %s: more than %d pods", m->name, key,
+                     MAX_APPROX_PODS);
             return -EINVAL;
         }
-        char **grown = realloc(m->approximate_pods, (m->napproximate_pods + 1) * sizeof(*grown));
+        char **grown = realloc(*list, (*nlist + 1) * sizeof(*grown));
         if (grown == NULL)
             goto nomem;
-        m->approximate_pods = grown;
-        if ((grown[m->napproximate_pods] = strndup(s, n)) == NULL)
+        *list = grown;
+        if ((grown[*nlist] = strndup(s, n)) == NULL)
             goto nomem;
-        m->napproximate_pods++;
+        (*nlist)++;
     }
-    if (m->napproximate_pods == 0) {
-        snprintf(msg, msgcap, "[model \"%.200s\"] approximate_pods: expected pod names "
-                              "separated by commas", m->name);
+    if (*nlist == 0) {
+        snprintf(msg, msgcap, "[model \"%.200s\"] %s: expected pod names separated by commas",
+                 m->name, key);
         return -EINVAL;
     }
     return 0;
@@ -206,7 +207,27 @@ int kvr_conf_model_key(struct kvr_conf *c, const char *key, const char *value, i
         if (m->approximate_pods_line != 0)
             return dup_key(m, "approximate_pods", m->approximate_pods_line, msg, msgcap);
         m->approximate_pods_line = line;
-        return set_pods(m, value, msg, msgcap);
+        return set_pods(m, "approximate_pods", value, &m->approximate_pods,
+                        &m->napproximate_pods, msg, msgcap);
+    }
+    if (strcasecmp(key, "prefill_pods") == 0 || strcasecmp(key, "decode_pods") == 0) {
+        bool pre = strcasecmp(key, "prefill_pods") == 0;
+        int *seen = pre ? &m->prefill_pods_line : &m->decode_pods_line;
+        if (*seen != 0)
+            return dup_key(m, pre ? "prefill_pods" : "decode_pods", *seen, msg, msgcap);
+        *seen = line;
+        int rc = set_pods(m, pre ? "prefill_pods" : "decode_pods", value,
+                          pre ? &m->prefill_pods : &m->decode_pods,
+                          pre ? &m->nprefill_pods : &m->ndecode_pods, msg, msgcap);
+        for (size_t i = 0; rc == 0 && i < m->nprefill_pods; i++)
+            for (size_t k = 0; k < m->ndecode_pods; k++)
+                if (strcmp(m->prefill_pods[i], m->decode_pods[k]) == 0) {
+                    snprintf(msg, msgcap, "[model \"%.200s\"] pod '%.200s' is in both "
+                                          "prefill_pods and decode_pods (a pod that does both "
+                                          "is listed in neither)", m->name, m->prefill_pods[i]);
+                    return -EINVAL;
+                }
+        return rc;
     }
     if (strcasecmp(key, "block_size") == 0) {
         uint64_t v;
@@ -261,9 +282,16 @@ int kvr_conf_model_key(struct kvr_conf *c, const char *key, const char *value, i
         return 0;
     }
     snprintf(msg, msgcap, "unknown key '%.100s' in section [model \"%.200s\"] (expected "
-                          "tokenizer, chat_template, approximate, approximate_pods or "
-                          "block_size)", key, m->name);
+                          "tokenizer, chat_template, approximate, approximate_pods, "
+                          "prefill_pods, decode_pods or block_size)", key, m->name);
     return -EINVAL;
+}
+
+static void list_free(char **list, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        free(list[k]);
+    free(list);
 }
 
 static void model_free(struct kvr_conf_model *m)
@@ -271,9 +299,36 @@ static void model_free(struct kvr_conf_model *m)
     free(m->name);
     free(m->tokenizer);
     free(m->chat_template);
-    for (size_t k = 0; k < m->napproximate_pods; k++)
-        free(m->approximate_pods[k]);
-    free(m->approximate_pods);
+    list_free(m->approximate_pods, m->napproximate_pods);
+    list_free(m->prefill_pods, m->nprefill_pods);
+    list_free(m->decode_pods, m->ndecode_pods);
+}
+
+static bool same_list(char *const *a, size_t na, char *const *b, size_t nb)
+{
+    if (na != nb)
+        return false;
+    for (size_t k = 0; k < na; k++)
+        if (strcmp(a[k], b[k]) != 0)
+            return false;
+    return true;
+}
+
+/* A copy of the list f[0..n) into *out: false when out of memory (*out holds *nout). */
+static bool list_copy(char ***out, size_t *nout, char *const *f, size_t n)
+{
+    *out = NULL;
+    *nout = 0;
+    if (n == 0)
+        return true;
+    if ((*out = calloc(n, sizeof(char *))) == NULL)
+        return false;
+    for (size_t k = 0; k < n; k++) {
+        if (((*out)[k] = strdup(f[k])) == NULL)
+            return false;
+        *nout = k + 1;
+    }
+    return true;
 }
 
 void kvr_conf_models_free(struct kvr_conf *c)
@@ -301,11 +356,11 @@ static bool same_str(const char *a, const char *b)
 static bool same(const struct kvr_conf_model *a, const struct kvr_conf_model *b)
 {
     if (a->approximate != b->approximate || a->block_size != b->block_size ||
-        a->napproximate_pods != b->napproximate_pods)
+        !same_list(a->approximate_pods, a->napproximate_pods, b->approximate_pods,
+                   b->napproximate_pods) ||
+        !same_list(a->prefill_pods, a->nprefill_pods, b->prefill_pods, b->nprefill_pods) ||
+        !same_list(a->decode_pods, a->ndecode_pods, b->decode_pods, b->ndecode_pods))
         return false;
-    for (size_t k = 0; k < a->napproximate_pods; k++)
-        if (strcmp(a->approximate_pods[k], b->approximate_pods[k]) != 0)
-            return false;
     return same_str(a->tokenizer, b->tokenizer) && same_str(a->chat_template, b->chat_template);
 }
 
@@ -316,18 +371,12 @@ static int model_copy(struct kvr_conf_model *m, const struct kvr_conf_model *f)
     m->name = strdup(f->name);
     m->tokenizer = f->tokenizer ? strdup(f->tokenizer) : NULL;
     m->chat_template = f->chat_template ? strdup(f->chat_template) : NULL;
-    m->approximate_pods = NULL;
-    m->napproximate_pods = 0;
     bool bad = m->name == NULL || (f->tokenizer && m->tokenizer == NULL) ||
                (f->chat_template && m->chat_template == NULL);
-    if (!bad && f->napproximate_pods > 0) {
-        m->approximate_pods = calloc(f->napproximate_pods, sizeof(char *));
-        bad = m->approximate_pods == NULL;
-        for (size_t k = 0; !bad && k < f->napproximate_pods; k++) {
-            bad = (m->approximate_pods[k] = strdup(f->approximate_pods[k])) == NULL;
-            m->napproximate_pods = k + 1;
-        }
-    }
+    bad |= !list_copy(&m->approximate_pods, &m->napproximate_pods, f->approximate_pods,
+                      f->napproximate_pods);
+    bad |= !list_copy(&m->prefill_pods, &m->nprefill_pods, f->prefill_pods, f->nprefill_pods);
+    bad |= !list_copy(&m->decode_pods, &m->ndecode_pods, f->decode_pods, f->ndecode_pods);
     if (bad) {
         model_free(m);
         return -ENOMEM;

@@ -56,7 +56,8 @@ static void add_worker(void *arg, const char *pod, uint32_t dp_rank)
         return;
     }
     memcpy(rs->names + rs->nnames, pod, l);
-    rs->in[rs->n] = (struct kvr_reqbody_cand){.pod = rs->names + rs->nnames, .dp_rank = dp_rank};
+    rs->in[rs->n] = (struct kvr_reqbody_cand){.pod = rs->names + rs->nnames, .dp_rank = dp_rank,
+                                              .role = -1};
     rs->nnames += l;
     rs->n++;
 }
@@ -138,12 +139,18 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         fail(resp, rc == -E2BIG ? 413 : 500, "scoring failed: %s", strerror(-rc));
         return;
     }
+    bool roles = kvr_route_has_roles(t->api->route, q.model);
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_reqbody_cand *in = &rs->in[i];
         /* a default candidate known from its events confirms its prefills by them; for
          * the others route asks the model's approximate mode (route_flight.c) */
         bool evented = rq.ncands == 0 && i < rs->nstream;
+        /* the role: the gateway's, else the model's prefill_pods / decode_pods */
+        int role = in->role >= 0 ? in->role
+                   : roles ? kvr_route_role(t->api->route, q.model, in->pod)
+                           : KVR_ROUTE_BOTH;
         rs->c[i] = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
+                                           .role = (uint8_t)role,
                                            .has_requests = in->has_requests,
                                            .has_tokens = in->has_tokens,
                                            .evented = evented,
@@ -195,6 +202,11 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                          .dp_rank = rs->c[d.chosen].dp_rank,
                          .chosen_matched = rs->c[d.chosen].matched_blocks,
                          .seconds = (double)(kvr_now_ns() - t0) / 1e9});
+    if (rc == -ENOENT) {
+        fail(resp, 503, "no decode worker among the candidates of model \"%.300s\" (every "
+                        "one has the role prefill)", q.model);
+        return;
+    }
     if (rc == -EBUSY) {
         resp->extra_headers = "Retry-After: 1\r\n";
         fail(resp, 429, "every candidate is busy (%.100s); [route] when_all_busy = reject",
@@ -212,10 +224,11 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
      * this when the worker publishes events; a default candidate known from its events is
      * not even handed over) */
     bool assumed = false;
-    if (res.hashes != NULL && t->api->ingest != NULL && d.chosen >= rs->nstream &&
-        kvr_route_assumes(t->api->route, q.model, ch->pod)) {
+    size_t at = d.prefill != SIZE_MAX ? d.prefill : d.chosen; /* the worker computing it */
+    if (res.hashes != NULL && t->api->ingest != NULL && at >= rs->nstream &&
+        kvr_route_assumes(t->api->route, q.model, rs->c[at].pod)) {
         struct kvr_ingest_assumption as = {.model = q.model, .lora = q.lora_name,
-                                           .pod = ch->pod, .dp_rank = ch->dp_rank,
+                                           .pod = rs->c[at].pod, .dp_rank = rs->c[at].dp_rank,
                                            .content = res.hashes, .n = res.query_blocks};
         assumed = kvr_ingest_assume(t->api->ingest, &as) == 0;
     }
@@ -244,6 +257,21 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     if (assumed)
         put(b, ",\"assumed\":true");
+    if (d.pd) { /* disaggregated serving: the pair, or the decode worker alone */
+        put(b, d.prefill != SIZE_MAX ? ",\"disaggregate\":true" : ",\"disaggregate\":false");
+        if (d.prefill != SIZE_MAX) {
+            const struct kvr_route_cand *p = &rs->c[d.prefill];
+            put(b, ",\"prefill\":{\"pod\":");
+            put_json_str(b, p->pod);
+            put_kv_u64(b, ",\"dp_rank\":", p->dp_rank);
+            put_kv_u64(b, ",\"matched_blocks\":", p->matched_blocks);
+            put(b, "}");
+        }
+        put(b, ",\"decode\":{\"pod\":");
+        put_json_str(b, ch->pod);
+        put_kv_u64(b, ",\"dp_rank\":", ch->dp_rank);
+        put(b, "}");
+    }
     if (d.session != KVR_ROUTE_SESSION_NONE) {
         put(b, ",\"session\":");
         put_json_str(b, kvr_route_session_name(d.session));
@@ -257,6 +285,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         put_kv_u64(b, ",\"matched_blocks\":", c->matched_blocks);
         put_kv_u64(b, ",\"active_requests\":", c->active_requests);
         put_kv_u64(b, ",\"active_tokens\":", c->active_tokens);
+        if (c->role != KVR_ROUTE_BOTH) {
+            put(b, ",\"role\":");
+            put_json_str(b, kvr_route_role_name(c->role));
+        }
         put(b, d.policy == KVR_ROUTE_COST ? ",\"cost\":"
                : d.policy == KVR_ROUTE_CACHE_AWARE ? ",\"match_rate\":"
                : d.policy == KVR_ROUTE_SCORE     ? ",\"score\":"

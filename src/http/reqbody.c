@@ -441,9 +441,10 @@ static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *
     char *key, *str;
     size_t klen, slen;
     uint64_t v;
-    bool sp = false, sr = false, sq = false, stk = false;
+    bool sp = false, sr = false, sq = false, stk = false, sro = false;
 
     memset(c, 0, sizeof(*c));
+    c->role = -1;
     if (kvr_jtok_peek(j) != '{')
         return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu] must be an object",
                            rc->rq->ncands);
@@ -452,6 +453,7 @@ static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *
                      : key_is(key, klen, "dp_rank") ? &sr
                      : key_is(key, klen, "active_requests") ? &sq
                      : key_is(key, klen, "active_tokens") ? &stk
+                     : key_is(key, klen, "role") ? &sro
                                                            : NULL;
         if (seen == NULL) {
             if (kvr_jtok_skip(j) != 0)
@@ -471,6 +473,18 @@ static int route_cand(struct route_ctx *rc, struct kvr_jtok *j, struct kvr_err *
                 return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].pod" NUL_REFUSED,
                                    rc->rq->ncands);
             c->pod = str;
+            continue;
+        }
+        if (seen == &sro) {
+            static const char *const roles[] = {"both", "prefill", "decode"};
+            c->role = -1;
+            if (kvr_jtok_peek(j) == '"' && kvr_jtok_string(j, &str, &slen) == 0)
+                for (int k = 0; k < 3 && c->role < 0; k++)
+                    if (slen == strlen(roles[k]) && memcmp(str, roles[k], slen) == 0)
+                        c->role = k;
+            if (c->role < 0)
+                return kvr_err_set(err, -EINVAL, "\"candidates\"[%zu].role must be \"prefill\", "
+                                   "\"decode\" or \"both\"", rc->rq->ncands);
             continue;
         }
         if (kvr_jtok_u64(j, &v) != 0 || (seen == &sr && v > UINT32_MAX))

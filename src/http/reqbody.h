@@ -74,12 +74,14 @@ int kvr_reqbody_query_msgpack(char *body, size_t len, const struct kvr_reqbody_s
                               struct kvr_reqbody_query *q, struct kvr_err *err);
 
 /* POST /v1/route: the query plus "candidates"?: [{"pod": str, "dp_rank"?: u32,
- * "active_requests"?: u64, "active_tokens"?: u64}]|null (at most cap, stored in cands),
+ * "active_requests"?: u64, "active_tokens"?: u64, "role"?: "prefill"|"decode"|"both"}]|null (at most cap, stored in cands),
  * "policy"?: str|null (checked by the caller), "track"?: bool, "session_id"?: str|null
  * (1..256 bytes, no NUL). JSON only. */
 struct kvr_reqbody_cand {
     const char *pod;
     uint32_t dp_rank;
+    int role;         /* "role": -1 when absent, else enum kvr_route_role (0 both, 1 prefill,
+                       * 2 decode) */
     bool has_requests, has_tokens;
     uint64_t active_requests, active_tokens;
 };

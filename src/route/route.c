@@ -74,24 +74,47 @@ static void set_conf(struct kvr_route *r, const struct kvr_conf *c)
     r->busy_waiting = c->route_busy_waiting;
     r->reject_all_busy = c->route_when_all_busy != NULL &&
                          strcmp(c->route_when_all_busy, "reject") == 0;
+    r->pd_local_max_uncached = c->route_pd_local_max_uncached;
+    r->pd_local_max_share = c->route_pd_local_max_share;
     r->session_ttl_ms = c->route_session_ttl_ms;
     r->session_max_wait = (double)c->route_session_max_wait_ms / 1000;
     if (r->sess != NULL)
         kvr_session_set_max(r->sess, c->route_session_max);
 }
 
+static void strs_free(char **v, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        free(v[k]);
+    free(v);
+}
+
 static void approx_free(struct approx *ap, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         free(ap[i].name);
-        for (size_t k = 0; k < ap[i].npods; k++)
-            free(ap[i].pods[k]);
-        free(ap[i].pods);
+        strs_free(ap[i].pods, ap[i].npods);
+        strs_free(ap[i].pre, ap[i].npre);
+        strs_free(ap[i].dec, ap[i].ndec);
     }
     free(ap);
 }
 
-/* The approximate-mode settings of c's [model] sections, copied: 0 or -ENOMEM. */
+/* A copy of f[0..n) into *out (counted in *nout as it goes): 0 or -ENOMEM. */
+static int strs_copy(char ***out, size_t *nout, char *const *f, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if ((*out = calloc(n, sizeof(char *))) == NULL)
+        return -ENOMEM;
+    for (size_t k = 0; k < n; k++, (*nout)++)
+        if (((*out)[k] = strdup(f[k])) == NULL)
+            return -ENOMEM;
+    return 0;
+}
+
+/* The approximate-mode and P/D-role settings of c's [model] sections, copied: 0 or
+ * -ENOMEM. */
 static int approx_copy(const struct kvr_conf *c, struct approx **out, size_t *nout)
 {
     struct approx *ap = calloc(c->nmodels ? c->nmodels : 1, sizeof(*ap));
@@ -101,18 +124,16 @@ static int approx_copy(const struct kvr_conf *c, struct approx **out, size_t *no
         return -ENOMEM;
     for (size_t i = 0; i < c->nmodels; i++) {
         const struct kvr_conf_model *m = &c->models[i];
-        if (!m->approximate && m->napproximate_pods == 0)
+        if (!m->approximate && m->napproximate_pods == 0 && m->nprefill_pods == 0 &&
+            m->ndecode_pods == 0)
             continue;
         struct approx *a = &ap[n++];
         a->all = m->approximate;
-        if ((a->name = strdup(m->name)) == NULL)
+        if ((a->name = strdup(m->name)) == NULL ||
+            strs_copy(&a->pods, &a->npods, m->approximate_pods, m->napproximate_pods) != 0 ||
+            strs_copy(&a->pre, &a->npre, m->prefill_pods, m->nprefill_pods) != 0 ||
+            strs_copy(&a->dec, &a->ndec, m->decode_pods, m->ndecode_pods) != 0)
             goto nomem;
-        if (m->napproximate_pods > 0 &&
-            (a->pods = calloc(m->napproximate_pods, sizeof(char *))) == NULL)
-            goto nomem;
-        for (size_t k = 0; k < m->napproximate_pods; k++, a->npods++)
-            if ((a->pods[k] = strdup(m->approximate_pods[k])) == NULL)
-                goto nomem;
     }
     *out = ap;
     *nout = n;
@@ -122,7 +143,7 @@ nomem:
     return -ENOMEM;
 }
 
-static const struct approx *approx_of(const struct kvr_route *r, const char *model)
+const struct approx *route_approx_of(const struct kvr_route *r, const char *model)
 {
     for (size_t i = 0; i < r->nap; i++)
         if (strcmp(r->ap[i].name, model) == 0)
@@ -132,7 +153,7 @@ static const struct approx *approx_of(const struct kvr_route *r, const char *mod
 
 bool route_assumes_locked(const struct kvr_route *r, const char *model, const char *pod)
 {
-    const struct approx *a = approx_of(r, model);
+    const struct approx *a = route_approx_of(r, model);
     bool yes = a != NULL && a->all;
     for (size_t k = 0; a != NULL && !yes && k < a->npods; k++)
         yes = strcmp(a->pods[k], pod) == 0;
@@ -153,9 +174,13 @@ size_t kvr_route_approx_pods(struct kvr_route *r, const char *model,
     size_t n = 0;
 
     pthread_mutex_lock(&r->mu);
-    const struct approx *a = approx_of(r, model);
+    const struct approx *a = route_approx_of(r, model);
     for (size_t k = 0; a != NULL && k < a->npods; k++, n++)
         cb(arg, a->pods[k], 0);
+    for (size_t k = 0; a != NULL && k < a->npre; k++, n++) /* roles name candidates too */
+        cb(arg, a->pre[k], 0);
+    for (size_t k = 0; a != NULL && k < a->ndec; k++, n++)
+        cb(arg, a->dec[k], 0);
     pthread_mutex_unlock(&r->mu);
     return n;
 }
@@ -429,6 +454,20 @@ static void decide_score(struct kvr_route *r, struct kvr_route_query *q,
     }
 }
 
+int route_decide_policy(struct kvr_route *r, struct kvr_route_query *q,
+                        struct kvr_route_decision *d)
+{
+    if (d->policy == KVR_ROUTE_COST)
+        decide_cost(r, q, d);
+    else if (d->policy == KVR_ROUTE_CACHE_AWARE)
+        decide_cache_aware(r, q, d);
+    else if (d->policy == KVR_ROUTE_SCORE)
+        decide_score(r, q, d);
+    else
+        return route_decide_ttft(r, q, d);
+    return 0;
+}
+
 int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
                      struct kvr_route_decision *d)
 {
@@ -455,19 +494,23 @@ int kvr_route_decide(struct kvr_route *r, struct kvr_route_query *q,
             c->active_tokens = w ? w->tokens : 0;
     }
     route_flight_view(r, q, now);
-    if (d->policy == KVR_ROUTE_COST)
-        decide_cost(r, q, d);
-    else if (d->policy == KVR_ROUTE_CACHE_AWARE)
-        decide_cache_aware(r, q, d);
-    else if (d->policy == KVR_ROUTE_SCORE)
-        decide_score(r, q, d);
-    else
-        rc = route_decide_ttft(r, q, d);
+    d->prefill = SIZE_MAX;
+    d->pd = false;
+    for (size_t i = 0; i < q->ncands && !d->pd; i++)
+        d->pd = q->cands[i].role != KVR_ROUTE_BOTH;
+    if (d->pd) { /* commits itself: two workers */
+        rc = route_decide_pd(r, q, d, now);
+        if (rc != -ENOENT)
+            r->decisions[d->policy]++;
+        pthread_mutex_unlock(&r->mu);
+        return rc;
+    }
+    rc = route_decide_policy(r, q, d);
     if (rc == 0)
         route_session_apply(r, q, d, now / 1000000);
     r->decisions[d->policy]++;
     if (rc == 0 && q->commit)
-        route_flight_commit(r, q, &q->cands[d->chosen], now);
+        route_flight_commit(r, q, &q->cands[d->chosen], now, true);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -663,7 +706,15 @@ void kvr_route_metrics(struct kvr_route *r, struct kvr_buf *out)
     pthread_mutex_lock(&r->mu);
     kvr_session_expire(r->sess, now_ms() - r->session_ttl_ms);
     route_session_metrics(r, out);
+    uint64_t split = r->pd_split, local = r->pd_local;
     pthread_mutex_unlock(&r->mu);
+    kvr_buf_printf(out, "# HELP kvrouter_route_pd_decisions_total Decisions for models with "
+                        "prefill and decode roles: split (a prefill worker and a decode worker) "
+                        "or local (the decode worker alone)\n"
+                        "# TYPE kvrouter_route_pd_decisions_total counter\n"
+                        "kvrouter_route_pd_decisions_total{kind=\"split\"} %llu\n"
+                        "kvrouter_route_pd_decisions_total{kind=\"local\"} %llu\n",
+                   (unsigned long long)split, (unsigned long long)local);
     kvr_buf_printf(out, "# HELP kvrouter_route_inflight_prefill_tokens Uncached tokens of "
                         "routed prefills not yet confirmed, per worker\n"
                         "# TYPE kvrouter_route_inflight_prefill_tokens gauge\n");

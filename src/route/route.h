@@ -69,9 +69,24 @@ void kvr_route_set_conf(struct kvr_route *r, const struct kvr_conf *c);
 /* The [route] policy now (what a query without "policy" gets). */
 int kvr_route_policy(struct kvr_route *r);
 
+/* A worker's part in disaggregated serving (route_pd.c). */
+enum kvr_route_role {
+    KVR_ROUTE_BOTH = 0, /* prefills and decodes (the default) */
+    KVR_ROUTE_PREFILL,  /* prefills only: its KV cache goes to a decode worker */
+    KVR_ROUTE_DECODE    /* decodes only (a prefill worker's KV comes to it) */
+};
+/* "both", "prefill", "decode" -> the role, or -1. */
+int kvr_route_role_parse(const char *s);
+const char *kvr_route_role_name(int role);
+/* The role of (model, pod) from its [model] prefill_pods / decode_pods (under the mutex). */
+int kvr_route_role(struct kvr_route *r, const char *model, const char *pod);
+/* Whether the model lists prefill_pods or decode_pods. */
+bool kvr_route_has_roles(struct kvr_route *r, const char *model);
+
 struct kvr_route_cand {
     const char *pod; /* NUL-terminated, borrowed for the call */
     uint32_t dp_rank;
+    uint8_t role;    /* enum kvr_route_role */
     uint32_t matched_blocks;
     double score;                  /* as /v1/score computes it */
     bool has_requests, has_tokens; /* the gateway sent the load */
@@ -123,13 +138,26 @@ enum kvr_route_session_out {
 const char *kvr_route_session_name(int out);
 
 struct kvr_route_decision {
-    size_t chosen;      /* index into cands */
+    size_t chosen;      /* index into cands: where the request goes (for a disaggregated
+                         * query, the decode worker) */
+    size_t prefill;     /* disaggregated: the prefill worker's index; SIZE_MAX: none */
+    bool pd;            /* some candidate has a role: the P/D decision ran */
     int policy;
     int session;        /* enum kvr_route_session_out */
     char reason[128];
 };
 
-/* Decides (ncands >= 1, else -EINVAL). Fills each candidate's loads, cost and in-flight
+/* Disaggregated prefill and decode (route_pd.c): when a candidate's role is prefill or
+ * decode, the decode worker is the decode-capable candidate (decode or both) with the fewest
+ * running requests (then the least queued prefill, then a seeded random choice); the request
+ * stays on it alone when its uncached tokens there are under [route] pd_local_max_uncached
+ * and at most pd_local_max_share of the prompt, or when
+ * no prefill-capable candidate is another worker; else the policy chooses the prefill worker
+ * among the prefill-capable candidates (prefill or both) and the decision counts the prefill
+ * there and a decoding request on the decode worker. -ENOENT: no decode-capable candidate.
+ * Sessions do not apply to such a query.
+ *
+ * Decides (ncands >= 1, else -EINVAL). Fills each candidate's loads, cost and in-flight
  * view. With a session key and [route] session_ttl > 0: a bond to a candidate, used within
  * the ttl, chooses that candidate unless it is busy while another is not, or (ttft) its
  * predicted time exceeds the best's by more than session_max_wait; then (and with no bond)

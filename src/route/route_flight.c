@@ -121,6 +121,10 @@ static void pend_dec(struct kvr_route *r)
 /* f (unlinked from pend) becomes a decoding request since `since`. */
 static void to_decoding(struct kvr_route *r, struct wload *w, struct flight *f, int64_t since)
 {
+    if (f->prefill_only) { /* its KV went to a decode worker, which counts the request */
+        free(f);
+        return;
+    }
     f->due_ns = since;
     if (w->dec.n >= FLIGHT_MAX) {
         struct flight *old = w->dec.head;
@@ -264,7 +268,7 @@ void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t n
 static void flight_add(struct kvr_route *r, struct wload *w, struct flight *f, int64_t now);
 
 void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
-                         const struct kvr_route_cand *c, int64_t now)
+                         const struct kvr_route_cand *c, int64_t now, bool decodes)
 {
     struct wload *w = route_wfind(r, c->pod, c->dp_rank, true);
     struct flight *f;
@@ -279,6 +283,7 @@ void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
                                                         r->mean_uncached)
                            : (double)c->uncached_tokens;
     f->tokens = c->uncached_tokens;
+    f->prefill_only = !decodes;
     f->ahead = c->queued_tokens;
     f->t0_ns = now;
     bool evented = c->evented ||
@@ -317,6 +322,19 @@ static void flight_add(struct kvr_route *r, struct wload *w, struct flight *f, i
     fl_push(&w->pend, f);
     w->pend_tokens += f->tokens;
     atomic_fetch_add_explicit(&r->npend, 1, memory_order_relaxed);
+}
+
+void route_flight_decoding(struct kvr_route *r, const struct kvr_route_cand *c, int64_t now)
+{
+    struct wload *w = route_wfind(r, c->pod, c->dp_rank, true);
+    struct flight *f = w != NULL ? calloc(1, sizeof(*f)) : NULL;
+    if (f == NULL) {
+        r->flight_dropped++;
+        return;
+    }
+    w->last_ns = now;
+    f->t0_ns = now;
+    to_decoding(r, w, f, now);
 }
 
 void kvr_route_set_share(struct kvr_route *r, kvr_route_share_fn fn, void *arg)

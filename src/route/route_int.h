@@ -28,6 +28,7 @@ struct flight {
     int64_t due_ns;   /* prefill: dropped (evented) or done (not evented) by then;
                        * decoding: the time it was confirmed */
     bool evented;
+    bool prefill_only; /* a P/D prefill worker's: done, it is not decoding there */
     struct flight *next; /* oldest first */
 };
 
@@ -68,6 +69,8 @@ struct approx {
     bool all;       /* approximate = on */
     char **pods;    /* approximate_pods */
     size_t npods;
+    char **pre, **dec; /* prefill_pods, decode_pods (route_pd.c) */
+    size_t npre, ndec;
 };
 
 struct kvr_route {
@@ -84,6 +87,9 @@ struct kvr_route {
     double uncached_weight;    /* ttft: the request's own uncached tokens count this much */
     double sticky_band;        /* ttft: within this share of the best time, the most cached */
     int64_t prefill_timeout_ns, decode_time_ns;
+    uint64_t pd_local_max_uncached; /* P/D: stay on the decode worker under this ... */
+    double pd_local_max_share;      /* ... and under this share of the prompt uncached */
+    uint64_t pd_split, pd_local;    /* P/D decisions: disaggregated, kept local */
     double busy_kv_usage;      /* 0 = off */
     uint32_t busy_waiting;     /* 0 = off */
     bool reject_all_busy;
@@ -117,6 +123,8 @@ struct kvr_route {
 int64_t route_now_ns(void);
 uint64_t route_rand(struct kvr_route *r);
 struct wload *route_wfind(struct kvr_route *r, const char *pod, uint32_t rank, bool create);
+/* The model's [model] routing settings (approximate mode, P/D roles), NULL: none. mu held. */
+const struct approx *route_approx_of(const struct kvr_route *r, const char *model);
 /* kvr_route_assumes with mu held. */
 bool route_assumes_locked(const struct kvr_route *r, const char *model, const char *pod);
 /* Frees w when nothing refers to it and it learned nothing worth keeping. */
@@ -131,14 +139,25 @@ void route_flight_age(struct kvr_route *r, struct wload *w, int64_t now);
 void route_flight_age_all(struct kvr_route *r, int64_t now);
 /* Fills every candidate's in-flight view (queued, running, ttft) at now. */
 void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t now);
-/* Records the decision for candidate c as in-flight work on its worker. */
+/* Records the decision for candidate c as in-flight work on its worker (a prefill, then a
+ * decoding request unless !decodes: a P/D prefill worker). */
 void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
-                         const struct kvr_route_cand *c, int64_t now);
+                         const struct kvr_route_cand *c, int64_t now, bool decodes);
 /* The ttft policy. 0, or -EBUSY when every candidate is busy and reject_all_busy. */
 int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
                       struct kvr_route_decision *d);
 /* Frees workers idle for long with nothing in flight (every few seconds at most). */
 void route_flight_gc(struct kvr_route *r, int64_t now);
+
+/* route_pd.c: the P/D decision (route.h) after route_flight_view filled the candidates;
+ * commits when q->commit. 0, -EBUSY (ttft, every prefill candidate busy, reject), -ENOENT. */
+int route_decide_pd(struct kvr_route *r, struct kvr_route_query *q,
+                    struct kvr_route_decision *d, int64_t now);
+/* The policy d->policy over q's candidates (route.c). 0 or -EBUSY. */
+int route_decide_policy(struct kvr_route *r, struct kvr_route_query *q,
+                        struct kvr_route_decision *d);
+/* A decoding request of ours on c's worker from now (route_flight.c). */
+void route_flight_decoding(struct kvr_route *r, const struct kvr_route_cand *c, int64_t now);
 
 /* route_session.c: after the policy chose d->chosen (and filled the candidates' costs and
  * busy flags), the query's session bond may choose instead; the key is bound to the final

@@ -196,7 +196,7 @@ static const struct bad_case bad_cases[] = {
      "t.conf:5: duplicate key 'tokenizer' in [model \"a\"] (first set on line 4)"},
     {EV "[model \"a\"]\ntokeniser = x\n",
      "t.conf:4: unknown key 'tokeniser' in section [model \"a\"] (expected tokenizer, "
-     "chat_template, approximate, approximate_pods or block_size)"},
+     "chat_template, approximate, approximate_pods, prefill_pods, decode_pods or block_size)"},
     {EV "[model \"a\"]\napproximate = maybe\n",
      "t.conf:4: [model \"a\"] approximate: expected on or off (also true/false, yes/no, 1/0)"},
     {EV "[model \"a\"]\napproximate = on\napproximate = off\n",

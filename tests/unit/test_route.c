@@ -648,6 +648,79 @@ static void test_inferred_before(void **state)
     kvr_route_destroy(r);
 }
 
+/* Disaggregated prefill and decode: the decode worker by fewest running; a long uncached
+ * part is split onto the prefill worker ttft picks (the most cached there), counted as a
+ * prefill there and a decoding request on the decode worker; a short one stays on the
+ * decode worker; prefill-only candidates alone are refused. */
+static void test_pd(void **state)
+{
+    (void)state;
+    struct kvr_conf c = conf("ttft");
+    c.route_prefill_rate = 1;
+    c.route_prefill_timeout_ms = 60000;
+    c.route_decode_time_ms = 60000;
+    c.route_pd_local_max_uncached = 2048;
+    c.route_pd_local_max_share = 1;
+    struct kvr_route *r;
+    assert_int_equal(kvr_route_create(&c, &r), 0);
+    struct kvr_route_decision d;
+    /* 4000 tokens (250 blocks): p0 (prefill) holds 200 blocks, p1 (prefill) none, p2 and p3
+     * decode (p3 busier), p4 both (holds 10) */
+    struct kvr_route_cand cand[5] = {
+        {.pod = pods[0], .role = KVR_ROUTE_PREFILL, .matched_blocks = 200, .evented = true},
+        {.pod = pods[1], .role = KVR_ROUTE_PREFILL, .evented = true},
+        {.pod = pods[2], .role = KVR_ROUTE_DECODE, .evented = true},
+        {.pod = pods[3], .role = KVR_ROUTE_DECODE, .has_requests = true, .active_requests = 7},
+        {.pod = pods[4], .role = KVR_ROUTE_BOTH, .matched_blocks = 10, .has_requests = true,
+         .active_requests = 9, .evented = true}};
+    struct kvr_route_query q = {.query_blocks = 250, .block_size = 16, .prompt_tokens = 4000,
+                                .last_block = 0x77, .commit = true, .policy = -1,
+                                .cands = cand, .ncands = 5};
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_true(d.pd);
+    assert_int_equal(d.chosen, 2);  /* decode: fewest running */
+    assert_int_equal(d.prefill, 0); /* prefill: 800 uncached on p0 against 4000 / 3840 */
+    struct kvr_route_flight f;
+    kvr_route_flight_of(r, pods[0], 0, &f);
+    assert_int_equal(f.pending, 1);
+    assert_int_equal(f.pending_tokens, 800);
+    kvr_route_flight_of(r, pods[2], 0, &f);
+    assert_true(f.pending == 0 && f.decoding == 1);
+    /* confirmed on the prefill worker: done there, not decoding there */
+    uint64_t k = 0x77;
+    kvr_route_confirm(r, pods[0], 0, &k, 1);
+    kvr_route_flight_of(r, pods[0], 0, &f);
+    assert_true(f.pending == 0 && f.decoding == 0 && f.confirmed == 1);
+
+    /* 1000 tokens, nothing cached on the decode worker: under 2048, stays there */
+    q.prompt_tokens = 1000;
+    q.query_blocks = 62;
+    cand[2].has_requests = true; /* p2 is the busier decode worker now */
+    cand[2].active_requests = 20;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 3);
+    assert_int_equal(d.prefill, SIZE_MAX);
+    assert_non_null(strstr(d.reason, "decode worker alone"));
+    kvr_route_flight_of(r, pods[3], 0, &f);
+    assert_int_equal(f.pending, 1); /* it prefills there itself */
+
+    /* only prefill workers: no decode worker */
+    struct kvr_route_query q2 = q;
+    q2.cands = cand;
+    q2.ncands = 2;
+    assert_int_equal(kvr_route_decide(r, &q2, &d), -ENOENT);
+    struct kvr_buf b;
+    kvr_buf_init(&b);
+    kvr_route_metrics(r, &b);
+    kvr_buf_append(&b, "", 1);
+    assert_non_null(strstr(b.data, "kvrouter_route_pd_decisions_total{kind=\"split\"} 1\n"));
+    assert_non_null(strstr(b.data, "kvrouter_route_pd_decisions_total{kind=\"local\"} 1\n"));
+    kvr_buf_free(&b);
+    assert_int_equal(kvr_route_role_parse("prefill"), KVR_ROUTE_PREFILL);
+    assert_int_equal(kvr_route_role_parse("x"), -1);
+    kvr_route_destroy(r);
+}
+
 /* sticky_band: within (1 + band) x the best predicted time, the longest cached prefix. */
 static void test_ttft_sticky_band(void **state)
 {
@@ -729,7 +802,7 @@ int main(void)
         cmocka_unit_test(test_ttft_all_busy),   cmocka_unit_test(test_inflight),
         cmocka_unit_test(test_engine_sample),   cmocka_unit_test(test_ttft_sticky_band),
         cmocka_unit_test(test_inflight_approx_model), cmocka_unit_test(test_rate_served),
-        cmocka_unit_test(test_inferred_before),
+        cmocka_unit_test(test_inferred_before), cmocka_unit_test(test_pd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,160 @@
+/* route_pd.c — disaggregated prefill and decode: one decision picks the decode worker by
+ * load, decides whether the request is worth disaggregating, and picks the prefill worker by
+ * the policy (KV overlap and prefill load).
+ *
+ * Why: large fleets split prefill and decode into pools (vLLM with a KV connector such as
+ * NIXL; llm-d, Dynamo and SGLang's gateway route that way). The prefill worker is where the
+ * prompt's KV cache matters; the decode worker only receives the computed KV, so it is
+ * chosen by load (Dynamo's decode router: overlap credit 0, load only). A short uncached
+ * part is cheaper to compute where the request decodes than to move: under [route]
+ * pd_local_max_uncached tokens (llm-d's prefix-based P/D decider; 2,048 as Dynamo) and at
+ * most pd_local_max_share of the prompt (1 by default: any share; Dynamo's conditional
+ * disaggregation uses 0.7) it stays on the decode worker alone.
+ *
+ * Roles come from [model] prefill_pods / decode_pods, or the gateway's candidates ("role").
+ * In-flight work: the prefill counts on the prefill worker (confirmed by its events, as any
+ * prefill), a decoding request on the decode worker.
+ *
+ * Threads: under kvr_route.mu (route.c takes it).
+ */
+#include "route/route_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const role_names[] = {"both", "prefill", "decode"};
+
+int kvr_route_role_parse(const char *s)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, role_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *kvr_route_role_name(int role)
+{
+    return role >= 0 && role < 3 ? role_names[role] : "both";
+}
+
+int kvr_route_role(struct kvr_route *r, const char *model, const char *pod)
+{
+    int role = KVR_ROUTE_BOTH;
+    pthread_mutex_lock(&r->mu);
+    const struct approx *a = model != NULL ? route_approx_of(r, model) : NULL;
+    for (size_t k = 0; a != NULL && k < a->npre && role == KVR_ROUTE_BOTH; k++)
+        if (strcmp(a->pre[k], pod) == 0)
+            role = KVR_ROUTE_PREFILL;
+    for (size_t k = 0; a != NULL && k < a->ndec && role == KVR_ROUTE_BOTH; k++)
+        if (strcmp(a->dec[k], pod) == 0)
+            role = KVR_ROUTE_DECODE;
+    pthread_mutex_unlock(&r->mu);
+    return role;
+}
+
+bool kvr_route_has_roles(struct kvr_route *r, const char *model)
+{
+    pthread_mutex_lock(&r->mu);
+    const struct approx *a = model != NULL ? route_approx_of(r, model) : NULL;
+    bool yes = a != NULL && (a->npre > 0 || a->ndec > 0);
+    pthread_mutex_unlock(&r->mu);
+    return yes;
+}
+
+/* The decode worker: the fewest running requests, then the least queued prefill (a worker
+ * that may also compute this prompt), then a seeded random choice. SIZE_MAX: none. */
+static size_t pick_decode(struct kvr_route *r, const struct kvr_route_query *q)
+{
+    size_t best = SIZE_MAX, ties = 0;
+    for (size_t i = 0; i < q->ncands; i++) {
+        const struct kvr_route_cand *c = &q->cands[i];
+        if (c->role == KVR_ROUTE_PREFILL)
+            continue;
+        int k = 0;
+        if (best != SIZE_MAX) {
+            const struct kvr_route_cand *b = &q->cands[best];
+            k = c->running != b->running       ? (c->running < b->running ? -1 : 1)
+                : c->queued_tokens != b->queued_tokens ? (c->queued_tokens < b->queued_tokens ? -1 : 1)
+                                                       : 0;
+        }
+        if (best == SIZE_MAX || k < 0) {
+            best = i;
+            ties = 1;
+        } else if (k == 0 && route_rand(r) % ++ties == 0) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+int route_decide_pd(struct kvr_route *r, struct kvr_route_query *q,
+                    struct kvr_route_decision *d, int64_t now)
+{
+    size_t dec = pick_decode(r, q), npre = 0;
+    if (dec == SIZE_MAX) {
+        snprintf(d->reason, sizeof(d->reason), "no decode-capable candidate");
+        return -ENOENT;
+    }
+    for (size_t i = 0; i < q->ncands; i++)
+        npre += q->cands[i].role != KVR_ROUTE_DECODE && i != dec;
+    const struct kvr_route_cand *dc = &q->cands[dec];
+    uint64_t unc = dc->uncached_tokens;
+    bool small = unc < r->pd_local_max_uncached &&
+                 (double)unc <= r->pd_local_max_share * (double)q->prompt_tokens;
+    d->chosen = dec;
+    if (small || npre == 0) {
+        r->pd_local++;
+        snprintf(d->reason, sizeof(d->reason),
+                 small ? "decode worker alone: %llu uncached tokens (under %llu, at most "
+                         "%.2f of the prompt)"
+                       : "decode worker alone: no prefill worker (%llu uncached tokens)",
+                 (unsigned long long)unc, (unsigned long long)r->pd_local_max_uncached,
+                 r->pd_local_max_share);
+        if (q->commit)
+            route_flight_commit(r, q, dc, now, true);
+        return 0;
+    }
+    /* the policy over the prefill-capable candidates (the decode worker excluded) */
+    struct kvr_route_cand *sub = malloc(npre * sizeof(*sub));
+    size_t *map = malloc(npre * sizeof(*map));
+    if (sub == NULL || map == NULL) { /* out of memory: the decode worker alone */
+        free(sub);
+        free(map);
+        r->pd_local++;
+        snprintf(d->reason, sizeof(d->reason), "decode worker alone: out of memory");
+        if (q->commit)
+            route_flight_commit(r, q, dc, now, true);
+        return 0;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < q->ncands; i++)
+        if (q->cands[i].role != KVR_ROUTE_DECODE && i != dec) {
+            sub[n] = q->cands[i];
+            map[n++] = i;
+        }
+    struct kvr_route_query sq = *q;
+    struct kvr_route_decision sd = {.policy = d->policy, .prefill = SIZE_MAX};
+    sq.cands = sub;
+    sq.ncands = n;
+    int rc = route_decide_policy(r, &sq, &sd);
+    for (size_t k = 0; k < n; k++) { /* the policy's figures back on the candidates */
+        q->cands[map[k]].cost = sub[k].cost;
+        q->cands[map[k]].busy = sub[k].busy;
+    }
+    size_t pre = map[sd.chosen];
+    free(sub);
+    free(map);
+    d->prefill = pre;
+    snprintf(d->reason, sizeof(d->reason), "prefill: %.90s; decode: fewest running",
+             sd.reason);
+    if (rc != 0)
+        return rc;
+    r->pd_split++;
+    if (q->commit) {
+        route_flight_commit(r, q, &q->cands[pre], now, false);
+        route_flight_decoding(r, dc, now);
+    }
+    return 0;
+}
