@@ -150,7 +150,8 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                 hi = mid;
         }
         for (; lo < rs->n && cand_cmp(&rs->in[rs->by_name[lo]], e->pod, e->dp_rank) == 0; lo++) {
-            rs->c[rs->by_name[lo]].matched_blocks = e->matched_blocks;
+            rs->c[rs->by_name[lo]].matched_blocks = e->predicted_blocks; /* max(exact, pred.) */
+            rs->c[rs->by_name[lo]].exact_blocks = e->matched_blocks;
             rs->c[rs->by_name[lo]].score = e->score;
         }
     }
@@ -186,12 +187,26 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                            .content = res.hashes, .n = res.query_blocks};
         assumed = kvr_ingest_assume(t->api->ingest, &as) == 0;
     }
+    /* predicted entries: a worker with events (its writer checks) now computes the blocks
+     * it lacks, until its events say so (ingest.h) */
+    bool predicted = false;
+    if (!assumed && res.hashes != NULL && t->api->ingest != NULL &&
+        ch->exact_blocks < res.query_blocks && kvr_ingest_predicting(t->api->ingest) &&
+        (d.chosen < rs->nstream || rq.ncands > 0)) {
+        struct kvr_ingest_assumption as = {.model = q.model, .lora = q.lora_name,
+                                           .pod = ch->pod, .dp_rank = ch->dp_rank,
+                                           .content = res.hashes, .n = res.query_blocks,
+                                           .predict = true};
+        predicted = kvr_ingest_assume(t->api->ingest, &as) == 0;
+    }
     put(b, "{\"model\":");
     put_json_str(b, q.model);
     put(b, ",\"pod\":");
     put_json_str(b, ch->pod);
     put_kv_u64(b, ",\"dp_rank\":", ch->dp_rank);
-    put_kv_u64(b, ",\"matched_blocks\":", ch->matched_blocks);
+    put_kv_u64(b, ",\"matched_blocks\":", ch->exact_blocks);
+    if (ch->matched_blocks > ch->exact_blocks)
+        put_kv_u64(b, ",\"predicted_blocks\":", ch->matched_blocks);
     put_kv_u64(b, ",\"query_blocks\":", res.query_blocks);
     put(b, ",\"block_size\":");
     if (res.block_size)
@@ -211,13 +226,17 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     if (assumed)
         put(b, ",\"assumed\":true");
+    if (predicted)
+        put(b, ",\"predicted\":true");
     put(b, ",\"candidates\":[");
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_route_cand *c = &rs->c[i];
         put(b, i ? ",{\"pod\":" : "{\"pod\":");
         put_json_str(b, c->pod);
         put_kv_u64(b, ",\"dp_rank\":", c->dp_rank);
-        put_kv_u64(b, ",\"matched_blocks\":", c->matched_blocks);
+        put_kv_u64(b, ",\"matched_blocks\":", c->exact_blocks);
+        if (c->matched_blocks > c->exact_blocks)
+            put_kv_u64(b, ",\"predicted_blocks\":", c->matched_blocks);
         put_kv_u64(b, ",\"active_requests\":", c->active_requests);
         put_kv_u64(b, ",\"active_tokens\":", c->active_tokens);
         put(b, d.policy == KVR_ROUTE_COST ? ",\"cost\":"
