@@ -383,7 +383,7 @@ static int set_weight(struct kvr_conf *c, const struct directive *d, const char 
         if (c->nweights == KVR_CONF_MAX_TIERS)
             return set_msg(sc, -ENOSPC, "too many tiers in [score]: at most %d weight.<tier> "
                                         "entries (including the defaults gpu, cpu, storage, "
-                                        "remote, external, assumed)",
+                                        "remote, external, assumed, predicted)",
                            KVR_CONF_MAX_TIERS);
         memcpy(c->weights[i].name, lower, tl + 1);
         c->nweights++;
