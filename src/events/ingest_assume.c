@@ -410,6 +410,7 @@ int64_t kvr_ingest_assume_wait_ms(const struct writer *w)
 void kvr_ingest_assume_evented(struct writer *w, uint32_t wid)
 {
     drop_worker(w, wid);
+    kvr_ingest_predict_evented(w, wid);
     if (wid >= w->nevented) {
         uint32_t nb = w->nevented ? w->nevented : 1024;
         while (nb <= wid)

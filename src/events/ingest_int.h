@@ -296,6 +296,9 @@ void kvr_ingest_predict_stored(struct writer *w, uint32_t wid, uint8_t tier,
 void kvr_ingest_predict_removing(struct writer *w, uint32_t wid, uint8_t tier,
                                  const uint64_t *hashes, size_t n);
 void kvr_ingest_predict_cleared(struct writer *w, uint32_t wid);
+/* A worker's stream appeared (or was restored from a snapshot, which may have saved
+ * predicted entries without their bookkeeping): its predicted tier is emptied. */
+void kvr_ingest_predict_evented(struct writer *w, uint32_t wid);
 void kvr_ingest_predict_expire(struct writer *w);
 int64_t kvr_ingest_predict_wait_ms(const struct writer *w);
 void kvr_ingest_predict_free(struct writer *w);

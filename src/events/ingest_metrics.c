@@ -80,8 +80,10 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
         for (int t = 0; t < KVR_TIER_MAX; t++) {
             si.tier_blocks[t] = tb[t];
             si.tier_names[t] = kvr_index_tier_name(ing->ix, (uint8_t)t);
-            /* Per-tier counts are distinct blocks; a block in two tiers counts in both. */
-            si.blocks += tb[t];
+            /* Per-tier counts are distinct blocks; a block in two tiers counts in both.
+             * Predictions (ingest_predict.c) are listed but not what the events hold. */
+            if (si.tier_names[t] == NULL || strcmp(si.tier_names[t], "predicted") != 0)
+                si.blocks += tb[t];
         }
         si.last_seq = atomic_load_explicit(&s->p_last_seq, memory_order_acquire);
         si.gaps = KVR_CNT_GET(s->p_gaps);

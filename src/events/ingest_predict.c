@@ -248,6 +248,25 @@ void kvr_ingest_predict_cleared(struct writer *w, uint32_t wid)
     drop_worker(w, wid, false);
 }
 
+void kvr_ingest_predict_evented(struct writer *w, uint32_t wid)
+{
+    struct kvr_index *ix = w->ing->ix;
+    struct kvr_index_wres res = {0};
+    uint8_t n = kvr_index_tier_count(ix);
+
+    if (w->pr != NULL && kvr_assume_worker_count(w->pr, wid) > 0) {
+        drop_worker(w, wid, true);
+        return;
+    }
+    for (uint8_t t = 0; t < n; t++) {
+        const char *name = kvr_index_tier_name(ix, t);
+        if (name != NULL && strcmp(name, "predicted") == 0) {
+            (void)kvr_index_clear(ix, wid, t, &res);
+            return;
+        }
+    }
+}
+
 void kvr_ingest_predict_expire(struct writer *w)
 {
     int64_t now, ttl;
