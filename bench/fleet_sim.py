@@ -368,14 +368,16 @@ def settle(fleet, daemon, timeout=20.0):
 
 def route_counters(daemon):
     """kvrouterd's unlabelled kvrouter_route_* series at the end of a cell (confirmed,
-    expired, estimated prefills...): what its in-flight accounting saw."""
+    expired, estimated prefills...): what its in-flight accounting saw; and the predicted
+    entries' labelled ones (made, confirmed, contradicted, expired)."""
     try:
         st, _, body = daemon.request("GET", "/metrics", admin=True)
     except OSError:
         return {}
     out = {}
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith("kvrouter_route_") and "{" not in line:
+        if line.startswith("kvrouter_route_") and ("{" not in line or
+                                                    line.startswith("kvrouter_route_predict")):
             name, _, val = line.partition(" ")
             try:
                 out[name] = float(val)
