@@ -22,7 +22,10 @@ PREFIX = 40  # blocks shared by the siblings
 
 
 def cfg(**route):
-    r = {"seed": "5"}  # the default policy (ttft)
+    # the default policy (ttft); a slow configured prefill rate, so that a slow machine's
+    # gaps between the routes never count a queued prefill as done (ties would then be
+    # broken at random)
+    r = {"seed": "5", "prefill_rate": "1000"}
     r.update(route)
     return {"route": r, 'model "%s"' % MODEL: {"block_size": str(BS)}}
 
