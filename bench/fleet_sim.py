@@ -364,11 +364,18 @@ class Loop:
 
 # ---- one cell -----------------------------------------------------------------------------------
 
-def daemon_config(args):
+def split_router(name):
+    """"kvrouterd-gw+route.predicted_ttl=0": the router and kvrouterd settings of its own
+    (on top of --kvr-set), so that one run can hold a setting's with and without."""
+    base, *sets = name.split("+")
+    return base, sets
+
+
+def daemon_config(args, extra=()):
     cfg = {"log": {"level": "info"},
            'model "%s"' % MODEL: {"block_size": str(args.block_size)},
            "route": {"seed": str(args.seed)}}
-    for kv in args.kvr_set:
+    for kv in list(args.kvr_set) + list(extra):
         key, _, val = kv.partition("=")
         sect, _, k = key.rpartition(".")
         cfg.setdefault(sect, {})[k] = val
@@ -402,15 +409,17 @@ def settle(fleet, daemon, timeout=20.0):
 
 def route_counters(daemon):
     """kvrouterd's unlabelled kvrouter_route_* series at the end of a cell (confirmed,
-    expired, estimated prefills...): what its in-flight accounting saw."""
+    expired, estimated prefills...): what its in-flight accounting saw; and the predicted
+    entries' labelled ones (made, confirmed, contradicted, expired)."""
     try:
         st, _, body = daemon.request("GET", "/metrics", admin=True)
     except OSError:
         return {}
     out = {}
     for line in body.decode(errors="replace").splitlines():
-        if (line.startswith("kvrouter_route_") or line.startswith("kvrouter_share_")) \
-                and "{" not in line:
+        if (line.startswith("kvrouter_share_") or (
+                line.startswith("kvrouter_route_") and ("{" not in line or
+                                                        line.startswith("kvrouter_route_predict")))):
             name, _, val = line.partition(" ")
             try:
                 out[name] = float(val)
@@ -513,7 +522,30 @@ def summarize(loop, reqs, args, fleet):
                      "kvr": r.kvr}
                     for r in sorted(fin, key=lambda r: r.first_t - r.arrival)[-10:]],
     }
+    together = burst_together(meas)
+    if together is not None:
+        res["burst_together"] = together
     return res
+
+
+def burst_together(meas):
+    """Workload burst: the share of siblings (all but each burst's first arrival) routed to
+    the engine its first sibling went to; None for other workloads. A burst is named by its
+    prompt's first segment ("bp<seed>-<burst>", fleet_work.burst)."""
+    bursts = {}
+    for r in meas:
+        key = r.prompt.parts[0][0].key if r.prompt.parts else None
+        if not (isinstance(key, str) and key.startswith("bp")) or r.engine is None:
+            continue
+        bursts.setdefault(key, []).append(r)
+    if not bursts:
+        return None
+    same = total = 0
+    for rs in bursts.values():
+        rs.sort(key=lambda r: r.arrival)
+        same += sum(r.engine == rs[0].engine for r in rs[1:])
+        total += len(rs) - 1
+    return same / total if total else None
 
 
 _CORPORA = {}
@@ -534,6 +566,7 @@ def build_reqs(args, workload, rate, duration):
 def run_virtual(args, workload, rate, router_name="round-robin"):
     """Calibration: the fleet without kvrouterd, as fast as the CPU goes."""
     reqs, info = build_reqs(args, workload, rate, args.duration)
+    router_name = split_router(router_name)[0]
     fleet = Fleet(args.engines, engine_config(args))
     for e in fleet.engines:
         e.window = (args.warmup, args.duration)
@@ -554,8 +587,9 @@ def run_cell(args, workload, rate, router_name, reqs=None):
         reqs, info = build_reqs(args, workload, rate, args.duration)
     else:
         info = {}
+    router_name, sets = split_router(router_name)
     _, nrep, share = fleet_routers.split_replicas(router_name)
-    cfgs = [daemon_config(args) for _ in range(nrep)]
+    cfgs = [daemon_config(args, sets) for _ in range(nrep)]
     if nrep > 1 and share:
         ports = [free_port() for _ in range(nrep)]
         for c, p in zip(cfgs, ports):
@@ -660,7 +694,9 @@ def report(results, routers, workloads, loads):
             else:
                 flag = "" if res.get("ok", True) else " ⚠"
                 cells.append(fmt3(res["ttft"]) + flag)
-        out.append("| %s | %s |" % (fleet_routers.describe(r), " | ".join(cells)))
+        base, sets = split_router(r)
+        out.append("| %s | %s |" % (fleet_routers.describe(base)
+                                    + ("".join(" `%s`" % s for s in sets)), " | ".join(cells)))
     out.append("")
     out.append("Per cell: end-to-end latency p50 / p90 / p99 (s), output tokens/s, engine-side "
                "prefix hit rate (tokens), requests per engine (min-max %), requests that waited "
@@ -778,7 +814,7 @@ def main(argv=None):
     workloads = [w for w in args.workloads.split(",") if w]
     loads = [float(x) for x in args.loads.split(",") if x]
     for r in routers:  # fail early on a bad name
-        fleet_routers.make(r, fleet_routers.Ctx(["a"], MODEL, 16, [], 1))
+        fleet_routers.make(split_router(r)[0], fleet_routers.Ctx(["a"], MODEL, 16, [], 1))
     fixed = {}
     for kv in args.rate:
         w, _, v = kv.partition("=")
@@ -823,6 +859,8 @@ def main(argv=None):
                     flagged.append("%s/%s/%s" % (w, load_label(l), r))
                 if v is not None and not v["ok"]:
                     failed.append("%s/%s/%s: %r" % (w, load_label(l), r, v))
+                if "burst_together" in res:
+                    log("   siblings on their first sibling's engine: %.3f" % res["burst_together"])
                 log("   TTFT %s  E2E %s  out %.0f tok/s  hit %.3f  waits %d preempt %d  "
                     "route %.2f/%.2f ms  util %.2f  lag p50/p99/max %.1f/%.1f/%.1f ms  wall %.0f s"
                     % (fmt3(res["ttft"]), fmt3(res["e2e"]), res["output_tok_s"], res["hit_rate"],

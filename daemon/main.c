@@ -87,6 +87,7 @@ static void app_reloaded(void *arg, const struct kvr_conf *live)
         kvr_ingest_set_max_memory(a->ingest, live->max_memory > 0 ? (uint64_t)live->max_memory : 0);
         kvr_ingest_set_assume_limits(a->ingest, live->route_assumed_ttl_ms,
                                      live->route_assumed_max_blocks);
+        kvr_ingest_set_predict_ttl(a->ingest, live->route_predicted_ttl_ms);
     }
     if (a->http != NULL && kvr_http_set_admin_token(a->http, live->admin_token) != 0)
         kvr_log_error("reload: out of memory setting [http] admin_token (the old one stays)");

@@ -138,6 +138,8 @@ const struct directive kvr_conf_directives[] = {
      OFF(route_assumed_ttl_ms)},
     {"route", "assumed_max_blocks", T_U32, "65536", 1, 16777216, F_RELOADABLE,
      OFF(route_assumed_max_blocks)},
+    {"route", "predicted_ttl", T_DURATION, "5s", 0, 3600000, F_RELOADABLE,
+     OFF(route_predicted_ttl_ms)},
     {"route", "prefill_rate", T_DOUBLE, "20000", 1, 1e9, F_RELOADABLE, OFF(route_prefill_rate)},
     {"route", "uncached_weight", T_DOUBLE, "1", 0, 100, F_RELOADABLE,
      OFF(route_uncached_weight)},
@@ -198,7 +200,10 @@ static const struct {
                        /* locality REMOTE blocks; SGLang's EXTERNAL (shared pool) medium */
                        {"remote", 0.6}, {"external", 0.4},
                        /* approximate mode's guesses (route.h): below a real GPU block */
-                       {"assumed", 0.7}};
+                       {"assumed", 0.7},
+                       /* a block a prefill routed there is computing (issue #26): the
+                        * burst's siblings count it as cached (route.h, ttft) */
+                       {"predicted", 1.0}};
 
 /* Parser state shared by the line reader and the inih handler. */
 struct pstate {
@@ -397,7 +402,7 @@ static int set_weight(struct kvr_conf *c, const struct directive *d, const char 
         if (c->nweights == KVR_CONF_MAX_TIERS)
             return set_msg(sc, -ENOSPC, "too many tiers in [score]: at most %d weight.<tier> "
                                         "entries (including the defaults gpu, cpu, storage, "
-                                        "remote, external, assumed)",
+                                        "remote, external, assumed, predicted)",
                            KVR_CONF_MAX_TIERS);
         memcpy(c->weights[i].name, lower, tl + 1);
         c->nweights++;

@@ -165,6 +165,9 @@ struct kvr_conf {
                                        * after the last decision that routed it; default 120s */
     uint32_t route_assumed_max_blocks; /* approximate mode: assumed blocks per worker (LRU);
                                         * default 65536 */
+    int64_t route_predicted_ttl_ms;   /* a decision to a worker with events predicts its
+                                       * blocks there this long, unless its events confirm or
+                                       * contradict them first; 0 = off; default 5s */
     double route_prefill_rate;        /* ttft: prefill tokens/s before one is learned; 20000 */
     double route_uncached_weight;     /* ttft: weight of this request's uncached tokens; 1 */
     double route_sticky_band;         /* ttft: within (1 + this) x the best time, the most

@@ -22,8 +22,10 @@
 
 struct anode {
     uint64_t key;
+    uint64_t parent;      /* the previous key of the chain it was touched in (root: none) */
     int64_t t;            /* last touch, ms */
     uint32_t wid;
+    uint32_t root;        /* 1: block 0 of its chain, no parent */
     uint32_t hnext;       /* hash chain, or the free list */
     uint32_t wprev, wnext; /* worker list: prev = more recent */
     uint32_t gprev, gnext; /* global list: prev = more recent */
@@ -240,6 +242,8 @@ int kvr_assume_touch(struct kvr_assume *a, uint32_t wid, const uint64_t *keys, s
         else
             unlink_lists(a, i);
         a->pool[i].t = now_ms;
+        a->pool[i].root = k == 0;
+        a->pool[i].parent = k > 0 ? keys[k - 1] : 0;
         link_front(a, i);
     }
     return (int)n;
@@ -272,6 +276,22 @@ size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, struct kvr_ass
 int64_t kvr_assume_oldest(const struct kvr_assume *a)
 {
     return a->gtail != NIL ? a->pool[a->gtail].t : INT64_MAX;
+}
+
+size_t kvr_assume_confirm(struct kvr_assume *a, uint32_t wid, uint64_t key, uint64_t *out,
+                          size_t cap)
+{
+    size_t k = 0;
+    uint32_t i;
+
+    while (k < cap && (i = find(a, wid, key)) != NIL) {
+        int root = a->pool[i].root;
+        key = a->pool[i].parent;
+        out[k++] = node_del(a, i);
+        if (root)
+            break;
+    }
+    return k;
 }
 
 size_t kvr_assume_drop_worker(struct kvr_assume *a, uint32_t wid)

@@ -16,6 +16,12 @@
  * their ancestors: the assumed blocks of a worker never have holes (every held key's parent
  * is held), which is what lets kvr_assume_touch report the new blocks as one suffix.
  *
+ * Predicted mode (ingest_assume.c, [route] predicted_ttl) uses a second store the same way
+ * for workers that do publish events, and drops a block from it when the worker's events
+ * confirm it (kvr_assume_confirm): that block and its ancestors go, its descendants stay. So
+ * a store that was confirmed into may hold a chain's later blocks without its first ones
+ * (never the other way round: the gaps are where the events took over).
+ *
  * Threads: none of its own; one store per writer thread, used by that thread only. Pure: no
  * clock (times are passed in, non-decreasing), no I/O. Errors: negative errno.
  */
@@ -33,7 +39,8 @@ void kvr_assume_destroy(struct kvr_assume *a);
 /* Assumes the chain keys[0..n) for worker wid at time now_ms (never earlier than a previous
  * call's). n is first cut to max_blocks (>= 1): blocks past a worker's cap are never
  * assumed. Keys already held are refreshed; *first_new is the first key that was not held
- * (n when all were): keys[*first_new..n) are the new ones (no holes, see above). Does not
+ * (n when all were): keys[*first_new..n) are the new ones (no holes, see above) unless
+ * kvr_assume_confirm dropped some: then the caller asks kvr_assume_holds first. Does not
  * evict: kvr_assume_evict does, after the caller stored the new blocks. Returns the number
  * of keys assumed (the cut n), or -ENOMEM (nothing changed). */
 int kvr_assume_touch(struct kvr_assume *a, uint32_t wid, const uint64_t *keys, size_t n,
@@ -57,6 +64,12 @@ size_t kvr_assume_expire(struct kvr_assume *a, int64_t before_ms, struct kvr_ass
 
 /* The last-touch time of the oldest assumption held, or INT64_MAX when none is. */
 int64_t kvr_assume_oldest(const struct kvr_assume *a);
+
+/* The worker's events stored key: drops it and then its ancestors (the keys before it in
+ * the chain it was last touched in) while they are held, at most cap keys, into out;
+ * returns how many (0: key was not held). */
+size_t kvr_assume_confirm(struct kvr_assume *a, uint32_t wid, uint64_t key, uint64_t *out,
+                          size_t cap);
 
 /* Forgets every assumption of worker wid (the caller drops them from the index); returns
  * how many there were. */

@@ -80,6 +80,7 @@ int kvr_ingest_create(const struct kvr_conf *conf, struct kvr_index *ix, struct 
     kvr_ratelimit_init(&ing->rl_gap, conf->log_ratelimit_ms, conf->log_ratelimit_burst);
     kvr_ingest_budget_init(ing);
     kvr_ingest_set_assume_limits(ing, conf->route_assumed_ttl_ms, conf->route_assumed_max_blocks);
+    kvr_ingest_set_predict_ttl(ing, conf->route_predicted_ttl_ms);
     /* 25 µs .. ~7 s in steps of 1.5x */
     kvr_hist_init_exp(&ing->lag, 25e-6, 1.5, 32);
 

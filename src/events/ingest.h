@@ -122,6 +122,8 @@ struct kvr_ingest_assumption {
     uint32_t dp_rank;
     const uint64_t *content; /* the request's whole blocks' content hashes (score.h) */
     size_t n;
+    bool predict;            /* a prediction for a worker with events (below), not an
+                              * assumption */
 };
 /* Hands an assumption to the pod's writer thread without ever waiting (any thread; an HTTP
  * loop calls it): 0 queued, -EAGAIN the writer's queue is full (dropped, counted),
@@ -138,6 +140,19 @@ int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption
 /* [route] assumed_ttl and assumed_max_blocks (reload, any thread): applied by the writers
  * from their next assumption or expiry check. */
 void kvr_ingest_set_assume_limits(struct kvr_ingest *ing, int64_t ttl_ms, uint32_t max_blocks);
+/* Predicted entries (issue #26; ingest_predict.c): kvr_ingest_assume with predict set, for a
+ * decision to a worker that publishes events, when [route] predicted_ttl > 0. Same queueing
+ * (a full queue drops it, counted as result="queue_full"). The writer skips it unless the
+ * worker has an event stream; else it keeps the chain in a second store (assume.h) and the
+ * index's "predicted" tier, refreshed by later decisions, until the worker's events confirm
+ * a block (its BlockStored: the block and its ancestors go), contradict one (its removal;
+ * a clear, restart, purge or forget drops all of the worker's), or predicted_ttl passes.
+ * Scores read the tier as predicted_blocks (score.h). */
+void kvr_ingest_set_predict_ttl(struct kvr_ingest *ing, int64_t ttl_ms);
+/* Whether predictions are on (predicted_ttl > 0; any thread). */
+bool kvr_ingest_predicting(struct kvr_ingest *ing);
+/* Blocks predicted now, over all workers (any thread). */
+uint64_t kvr_ingest_predicted_blocks(struct kvr_ingest *ing);
 /* Called by a writer after it applied a BlockStored of the worker (pod, dp_rank): the
  * stored blocks' content hashes (as score hashes a query's blocks), n >= 1. The hook runs on
  * the writer thread and must be quick (route's prefill confirmations: kvr_route_confirm). */

@@ -327,8 +327,11 @@ static void apply_stored(struct writer *w, struct ing_stream *s, const struct kv
     if (kvr_index_store(ix, s->wid, tier, ns, ev->has_parent ? &ev->parent : NULL, w->blocks, n,
                         &res) != 0) {
         skip(w, s, SKIP_INDEX);
-    } else if (w->ing->store_hook != NULL) {
-        w->ing->store_hook(w->ing->store_hook_arg, s->it->t->pod, s->dp_rank, w->content, n);
+    } else {
+        kvr_ingest_predict_stored(w, s->wid, tier, ev->hashes, n); /* confirmations */
+        if (w->ing->store_hook != NULL)
+            w->ing->store_hook(w->ing->store_hook_arg, s->it->t->pod, s->dp_rank, w->content,
+                               n);
     }
     add_wres(w, &res);
 }
@@ -349,6 +352,7 @@ static void flush_removed(struct writer *w, struct ing_stream *s)
 
     if (w->nrm == 0)
         return;
+    kvr_ingest_predict_removing(w, s->wid, w->rm_tier, w->rm, w->nrm);
     if (kvr_index_remove(w->ing->ix, s->wid, w->rm_tier, w->rm, w->nrm, &res) != 0)
         skip(w, s, SKIP_INDEX);
     add_wres(w, &res);
@@ -391,6 +395,8 @@ static void apply_remaining(struct writer *w, struct ing_stream *s, const struct
     for (size_t i = 0; i < ev->nhashes; i++) {
         uint32_t have = kvr_index_copies(w->ing->ix, s->wid, tier, ev->hashes[i]);
         uint32_t drop = have == 0 ? 1 : have > ev->remaining[i] ? have - ev->remaining[i] : 0;
+        if (ev->remaining[i] == 0 && have > 0)
+            kvr_ingest_predict_removing(w, s->wid, tier, &ev->hashes[i], 1);
         for (uint32_t k = 0; k < drop; k++)
             if (kvr_index_remove(w->ing->ix, s->wid, tier, &ev->hashes[i], 1, &res) != 0)
                 skip(w, s, SKIP_INDEX);
@@ -427,6 +433,7 @@ static void apply_removed(struct writer *w, struct ing_stream *s, const struct k
         if (p == NULL) {
             struct kvr_index_wres res = {0};
             flush_removed(w, s);
+            kvr_ingest_predict_removing(w, s->wid, tier, ev->hashes, ev->nhashes);
             if (kvr_index_remove(w->ing->ix, s->wid, tier, ev->hashes, ev->nhashes, &res) != 0)
                 skip(w, s, SKIP_INDEX);
             add_wres(w, &res);
@@ -448,6 +455,7 @@ void kvr_ingest_clear_worker(struct writer *w, struct ing_stream *s, _Atomic uin
     if (s->wid == NO_WID) /* forgotten: nothing held (and the id may be another's now) */
         return;
     kvr_index_clear(w->ing->ix, s->wid, -1, &res);
+    kvr_ingest_predict_cleared(w, s->wid); /* the clear took its predicted tier too */
     KVR_CNT_OWN_ADD(*counter, res.cleared);
 }
 

@@ -36,14 +36,6 @@
 #define AS_PAIR_BYTES 64u /* the memory cap's estimate of a stored block (ingest_apply.c) */
 #define AS_EXPIRE_BATCH 1024
 
-/* The ASSUME item's payload: this header, n content hashes, then "model\0lora\0pod\0". */
-struct as_msg {
-    uint32_t dp_rank;
-    uint32_t n;
-    uint16_t model_len, lora_len, pod_len; /* lora_len 0: none */
-    uint64_t content[];
-};
-
 static const char *msg_names(const struct as_msg *m)
 {
     return (const char *)(m->content + m->n);
@@ -64,6 +56,8 @@ int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption
     if (ml == 0 || pl == 0 || ml > KVR_NAME_MAX || ll > KVR_NAME_MAX || pl > KVR_NAME_MAX)
         return -EINVAL;
     n = a->n;
+    if (a->predict && !kvr_ingest_predicting(ing))
+        return 0;
     uint32_t max = atomic_load_explicit(&ing->assume_max, memory_order_relaxed);
     if (n > max)
         n = max;
@@ -79,6 +73,7 @@ int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption
     m->model_len = (uint16_t)ml;
     m->lora_len = (uint16_t)ll;
     m->pod_len = (uint16_t)pl;
+    m->predict = a->predict;
     memcpy(m->content, a->content, n * sizeof(uint64_t));
     char *names = (char *)(m->content + n);
     memcpy(names, a->model, ml + 1);
@@ -93,7 +88,10 @@ int kvr_ingest_assume(struct kvr_ingest *ing, const struct kvr_ingest_assumption
         free(m);
         if (kvr_queue_closed(w->q))
             return -ESHUTDOWN;
-        KVR_CNT_INC(ing->assume_full);
+        if (a->predict)
+            KVR_CNT_INC(ing->predict_full);
+        else
+            KVR_CNT_INC(ing->assume_full);
         return -EAGAIN;
     }
     memset(it, 0, sizeof(*it));
@@ -276,6 +274,10 @@ void kvr_ingest_assume_apply(struct writer *w, const struct kvr_queue_payload *p
     size_t n = m->n, first;
     int rc;
 
+    if (m->predict) {
+        kvr_ingest_predict_apply(w, m);
+        return;
+    }
     if (kvr_index_worker_lookup(ix, pod, m->dp_rank, &wid) != 0 &&
         kvr_index_worker_intern(ix, pod, m->dp_rank, &wid) != 0) {
         KVR_CNT_OWN_INC(w->st.as_skipped[AS_SKIP_WORKER]); /* max_workers reached */
@@ -371,6 +373,7 @@ void kvr_ingest_assume_expire(struct writer *w)
     int64_t now, ttl;
     size_t k;
 
+    kvr_ingest_predict_expire(w);
     if (w->as == NULL || w->next_expire == 0 || (now = kvr_now_ms()) < w->next_expire)
         return;
     ttl = atomic_load_explicit(&w->ing->assume_ttl_ms, memory_order_relaxed);
@@ -396,15 +399,18 @@ void kvr_ingest_assume_expire(struct writer *w)
 
 int64_t kvr_ingest_assume_wait_ms(const struct writer *w)
 {
+    int64_t p = kvr_ingest_predict_wait_ms(w);
     if (w->next_expire == 0)
-        return -1;
+        return p;
     int64_t d = w->next_expire - kvr_now_ms();
-    return d > 0 ? d : 0;
+    d = d > 0 ? d : 0;
+    return p >= 0 && p < d ? p : d;
 }
 
 void kvr_ingest_assume_evented(struct writer *w, uint32_t wid)
 {
     drop_worker(w, wid);
+    kvr_ingest_predict_evented(w, wid);
     if (wid >= w->nevented) {
         uint32_t nb = w->nevented ? w->nevented : 1024;
         while (nb <= wid)
@@ -422,6 +428,7 @@ void kvr_ingest_assume_evented(struct writer *w, uint32_t wid)
 
 void kvr_ingest_assume_forgotten(struct writer *w, uint32_t wid)
 {
+    kvr_ingest_predict_cleared(w, wid);
     if (wid < w->nevented)
         w->evented[wid / 64] &= ~(1ull << (wid % 64));
     if (w->as != NULL && kvr_assume_worker_count(w->as, wid) > 0) {
@@ -434,6 +441,7 @@ void kvr_ingest_assume_forgotten(struct writer *w, uint32_t wid)
 
 void kvr_ingest_assume_free(struct writer *w)
 {
+    kvr_ingest_predict_free(w);
     for (size_t k = 0; k < w->as_npub; k++)
         free(w->as_pub[k].pod);
     free(w->as_pub);

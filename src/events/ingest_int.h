@@ -44,8 +44,19 @@ enum {
 enum { BAD_DECODE = 0, BAD_WORKER, BAD_DP_RANK, BAD_REPLAY_RANK, BAD_COUNT };
 /* Why an assumption was not applied (ingest_assume.c). */
 enum { AS_SKIP_EVENTS = 0, AS_SKIP_WORKER, AS_SKIP_OVER_BUDGET, AS_SKIP_INDEX, AS_SKIP_COUNT };
+/* Why a prediction was not applied (ingest_predict.c). */
+enum { PR_SKIP_NO_EVENTS = 0, PR_SKIP_OVER_BUDGET, PR_SKIP_INDEX, PR_SKIP_COUNT };
 struct kvr_assume;
 struct kvr_assume_pair;
+/* The ASSUME item's payload (ingest_assume.c builds it): this header, n content hashes, then
+ * "model\0lora\0pod\0". predict: a prediction (ingest_predict.c). */
+struct as_msg {
+    uint32_t dp_rank;
+    uint32_t n;
+    uint16_t model_len, lora_len, pod_len; /* lora_len 0: none */
+    uint8_t predict;
+    uint64_t content[];
+};
 struct as_pub {
     char *pod;
     uint32_t wid, dp_rank;
@@ -140,6 +151,12 @@ struct writer_stats {
     _Atomic uint64_t as_stored, as_refreshed, as_evicted, as_expired, as_dropped; /* blocks */
     _Atomic uint64_t as_count;      /* gauge: blocks this writer assumes now */
     _Atomic uint64_t as_forgotten;  /* pods known only by assumptions, forgotten at expiry */
+    /* predicted entries (ingest_predict.c) */
+    _Atomic uint64_t pr_applied;    /* predictions applied */
+    _Atomic uint64_t pr_skipped[PR_SKIP_COUNT];
+    _Atomic uint64_t pr_stored, pr_refreshed, pr_confirmed, pr_contradicted, pr_expired,
+        pr_evicted; /* blocks */
+    _Atomic uint64_t pr_count;      /* gauge: blocks this writer predicts now */
 };
 
 struct writer {
@@ -177,6 +194,15 @@ struct writer {
     struct kvr_index_block *as_blocks;
     size_t as_cap;
     int64_t next_expire;            /* kvr_now_ms() of the next expiry check (0: none due) */
+    /* predicted entries (ingest_predict.c), writer only */
+    struct kvr_assume *pr;          /* created with the first prediction */
+    uint8_t pr_tier;                /* the index's "predicted" tier (0 = not interned yet) */
+    uint8_t *pr_new;                /* scratch: which keys of a prediction are new */
+    uint64_t *pr_keys;              /* scratch: chain keys, confirmations, evictions */
+    struct kvr_assume_pair *pr_pairs; /* scratch: expiries */
+    struct kvr_index_block *pr_blocks;
+    size_t pr_cap;
+    int64_t pr_next_expire;         /* as next_expire, for predictions */
     /* the workers holding assumptions, for kvr_ingest_assumed_workers (any thread): written
      * by the writer under as_mu, read under it */
     pthread_mutex_t as_mu;
@@ -229,6 +255,8 @@ struct kvr_ingest {
     _Atomic uint32_t replaying;
     _Atomic int64_t episode_t0_ms;
     _Atomic uint64_t episode_streams, episode_batches0;
+    _Atomic int64_t predict_ttl_ms; /* [route] predicted_ttl (0 = off); set on reload */
+    _Atomic uint64_t predict_full;  /* predictions dropped: the writer's queue was full */
     kvr_ingest_store_hook store_hook; /* set before start; NULL = none */
     void *store_hook_arg;
 
@@ -267,6 +295,24 @@ void kvr_ingest_assume_evented(struct writer *w, uint32_t wid);
 void kvr_ingest_assume_forgotten(struct writer *w, uint32_t wid);
 int64_t kvr_ingest_assume_wait_ms(const struct writer *w);
 void kvr_ingest_assume_free(struct writer *w);
+
+/* ingest_predict.c: predicted entries on the writer thread. A prediction (an ASSUME item
+ * with predict set, handed over by kvr_ingest_assume_apply); a BlockStored the writer just
+ * applied to worker wid, tier (engine hashes: confirms predictions); a BlockRemoved it is
+ * about to apply (contradicts them); a worker cleared or forgotten (the index dropped its
+ * blocks already: the bookkeeping follows); expiry and sleep as assume's; destroy. */
+void kvr_ingest_predict_apply(struct writer *w, const struct as_msg *m);
+void kvr_ingest_predict_stored(struct writer *w, uint32_t wid, uint8_t tier,
+                               const uint64_t *hashes, size_t n);
+void kvr_ingest_predict_removing(struct writer *w, uint32_t wid, uint8_t tier,
+                                 const uint64_t *hashes, size_t n);
+void kvr_ingest_predict_cleared(struct writer *w, uint32_t wid);
+/* A worker's stream appeared (or was restored from a snapshot, which may have saved
+ * predicted entries without their bookkeeping): its predicted tier is emptied. */
+void kvr_ingest_predict_evented(struct writer *w, uint32_t wid);
+void kvr_ingest_predict_expire(struct writer *w);
+int64_t kvr_ingest_predict_wait_ms(const struct writer *w);
+void kvr_ingest_predict_free(struct writer *w);
 
 /* ingest_snap.c: snapshots. A stream restored from a snapshot, until its first batch. */
 struct ing_restored {

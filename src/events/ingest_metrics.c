@@ -80,8 +80,10 @@ void kvr_ingest_streams(struct kvr_ingest *ing,
         for (int t = 0; t < KVR_TIER_MAX; t++) {
             si.tier_blocks[t] = tb[t];
             si.tier_names[t] = kvr_index_tier_name(ing->ix, (uint8_t)t);
-            /* Per-tier counts are distinct blocks; a block in two tiers counts in both. */
-            si.blocks += tb[t];
+            /* Per-tier counts are distinct blocks; a block in two tiers counts in both.
+             * Predictions (ingest_predict.c) are listed but not what the events hold. */
+            if (si.tier_names[t] == NULL || strcmp(si.tier_names[t], "predicted") != 0)
+                si.blocks += tb[t];
         }
         si.last_seq = atomic_load_explicit(&s->p_last_seq, memory_order_acquire);
         si.gaps = KVR_CNT_GET(s->p_gaps);
@@ -366,5 +368,34 @@ void kvr_ingest_metrics(struct kvr_ingest *ing, struct kvr_buf *out)
                         "assumption expired (worker ids freed)", NULL, SUMW(as_forgotten));
     kvr_metrics_gauge(out, "route_assumed_blocks", "Blocks assumed now (approximate mode)", NULL,
                       (double)kvr_ingest_assumed_blocks(ing));
+    /* predicted entries (ingest_predict.c) */
+    kvr_metrics_counter(out, "route_predictions_total",
+                        "Decisions to workers with events predicted on them, by result",
+                        "result=\"applied\"", SUMW(pr_applied));
+    static const char *const pr_why[PR_SKIP_COUNT] = {"no_events", "over_budget", "index"};
+    for (int r = 0; r < PR_SKIP_COUNT; r++) {
+        snprintf(lab, sizeof(lab), "result=\"skipped\",reason=\"%s\"", pr_why[r]);
+        kvr_metrics_counter(out, "route_predictions_total", NULL, lab, SUMW_AT(pr_skipped, r));
+    }
+    kvr_metrics_counter(out, "route_predictions_total", NULL, "result=\"queue_full\"",
+                        KVR_CNT_GET(ing->predict_full));
+    kvr_metrics_counter(out, "route_predicted_blocks_total",
+                        "Predicted blocks by event (stored: new; refreshed: routed again; "
+                        "confirmed: the worker's BlockStored; contradicted: its removal, clear, "
+                        "restart or purge; expired: past predicted_ttl; evicted: past "
+                        "assumed_max_blocks)",
+                        "event=\"stored\"", SUMW(pr_stored));
+    kvr_metrics_counter(out, "route_predicted_blocks_total", NULL, "event=\"refreshed\"",
+                        SUMW(pr_refreshed));
+    kvr_metrics_counter(out, "route_predicted_blocks_total", NULL, "event=\"confirmed\"",
+                        SUMW(pr_confirmed));
+    kvr_metrics_counter(out, "route_predicted_blocks_total", NULL, "event=\"contradicted\"",
+                        SUMW(pr_contradicted));
+    kvr_metrics_counter(out, "route_predicted_blocks_total", NULL, "event=\"expired\"",
+                        SUMW(pr_expired));
+    kvr_metrics_counter(out, "route_predicted_blocks_total", NULL, "event=\"evicted\"",
+                        SUMW(pr_evicted));
+    kvr_metrics_gauge(out, "route_predicted_blocks", "Blocks predicted now", NULL,
+                      (double)kvr_ingest_predicted_blocks(ing));
 
 }

@@ -388,6 +388,8 @@ static void write_score(struct kvr_buf *b, const char *model, const struct kvr_s
         put_kv_u64(b, ",\"dp_rank\":", e->dp_rank);
         put_kv_u64(b, ",\"matched_blocks\":", e->matched_blocks);
         put_kv_u64(b, ",\"matched_tokens\":", e->matched_tokens);
+        if (e->predicted_blocks > e->matched_blocks) /* issue #26: routed there, unconfirmed */
+            put_kv_u64(b, ",\"predicted_blocks\":", e->predicted_blocks);
         put(b, ",\"tiers\":{");
         for (int t = 0; t < KVR_TIER_MAX; t++) {
             const char *name = r->tier_names[t];

@@ -171,7 +171,8 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                 hi = mid;
         }
         for (; lo < rs->n && cand_cmp(&rs->in[rs->by_name[lo]], e->pod, e->dp_rank) == 0; lo++) {
-            rs->c[rs->by_name[lo]].matched_blocks = e->matched_blocks;
+            rs->c[rs->by_name[lo]].matched_blocks = e->predicted_blocks; /* max(exact, pred.) */
+            rs->c[rs->by_name[lo]].exact_blocks = e->matched_blocks;
             rs->c[rs->by_name[lo]].score = e->score;
         }
     }
@@ -232,12 +233,26 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                            .content = res.hashes, .n = res.query_blocks};
         assumed = kvr_ingest_assume(t->api->ingest, &as) == 0;
     }
+    /* predicted entries: a worker with events (its writer checks) now computes the blocks
+     * it lacks, until its events say so (ingest.h) */
+    bool predicted = false;
+    if (!assumed && res.hashes != NULL && t->api->ingest != NULL &&
+        rs->c[at].exact_blocks < res.query_blocks && kvr_ingest_predicting(t->api->ingest) &&
+        (at < rs->nstream || rq.ncands > 0)) {
+        struct kvr_ingest_assumption as = {.model = q.model, .lora = q.lora_name,
+                                           .pod = rs->c[at].pod, .dp_rank = rs->c[at].dp_rank,
+                                           .content = res.hashes, .n = res.query_blocks,
+                                           .predict = true};
+        predicted = kvr_ingest_assume(t->api->ingest, &as) == 0;
+    }
     put(b, "{\"model\":");
     put_json_str(b, q.model);
     put(b, ",\"pod\":");
     put_json_str(b, ch->pod);
     put_kv_u64(b, ",\"dp_rank\":", ch->dp_rank);
-    put_kv_u64(b, ",\"matched_blocks\":", ch->matched_blocks);
+    put_kv_u64(b, ",\"matched_blocks\":", ch->exact_blocks);
+    if (ch->matched_blocks > ch->exact_blocks)
+        put_kv_u64(b, ",\"predicted_blocks\":", ch->matched_blocks);
     put_kv_u64(b, ",\"query_blocks\":", res.query_blocks);
     put(b, ",\"block_size\":");
     if (res.block_size)
@@ -257,6 +272,8 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
     }
     if (assumed)
         put(b, ",\"assumed\":true");
+    if (predicted)
+        put(b, ",\"predicted\":true");
     if (d.pd) { /* disaggregated serving: the pair, or the decode worker alone */
         put(b, d.prefill != SIZE_MAX ? ",\"disaggregate\":true" : ",\"disaggregate\":false");
         if (d.prefill != SIZE_MAX) {
@@ -282,7 +299,9 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         put(b, i ? ",{\"pod\":" : "{\"pod\":");
         put_json_str(b, c->pod);
         put_kv_u64(b, ",\"dp_rank\":", c->dp_rank);
-        put_kv_u64(b, ",\"matched_blocks\":", c->matched_blocks);
+        put_kv_u64(b, ",\"matched_blocks\":", c->exact_blocks);
+        if (c->matched_blocks > c->exact_blocks)
+            put_kv_u64(b, ",\"predicted_blocks\":", c->matched_blocks);
         put_kv_u64(b, ",\"active_requests\":", c->active_requests);
         put_kv_u64(b, ",\"active_tokens\":", c->active_tokens);
         if (c->role != KVR_ROUTE_BOTH) {

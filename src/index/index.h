@@ -122,6 +122,15 @@ int kvr_index_remove(struct kvr_index *ix, uint32_t wid, uint8_t tier, const uin
  * with kvr_index_remove. Same thread rule as store. */
 uint32_t kvr_index_copies(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint64_t hash);
 
+/* The router's chain hash of the block the holder (wid, tier) stores under engine hash
+ * `hash` (0, or -ENOENT when it has none): the key predicted entries are kept under, so the
+ * worker's events can confirm them. Same thread rule as store. */
+int kvr_index_chain_of(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint64_t hash,
+                       uint64_t *chain);
+/* The chain hash a namespace's prefixes start from: chain[0] = kvr_hash_chain(root,
+ * content[0]), chain[i] = kvr_hash_chain(chain[i-1], content[i]) (pure; any thread). */
+uint64_t kvr_index_chain_root(uint32_t ns);
+
 /* AllBlocksCleared: drops the worker's blocks in one tier, or all tiers with tier < 0.
  * Cost proportional to that worker's blocks. */
 int kvr_index_clear(struct kvr_index *ix, uint32_t wid, int tier, struct kvr_index_wres *res);
@@ -149,11 +158,17 @@ void kvr_index_forget_stats(struct kvr_index *ix, uint64_t *forgotten, uint64_t 
 int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out);
 void kvr_index_reader_destroy(struct kvr_index_reader *r);
 
+/* Tiers (a bit per tier id) whose holdings count in a hit's matched but not in its
+ * matched_base: predicted entries, a guess next to what the events said. Default none. */
+void kvr_index_reader_aside(struct kvr_index_reader *r, uint32_t tier_mask);
+
 struct kvr_index_hit {
     uint32_t wid;
     uint32_t dp_rank;
     const char *pod; /* the worker's pod, read inside the find (a copy owned by the reader) */
     uint32_t matched;                    /* exact longest prefix held, any tier */
+    uint32_t matched_base;               /* longest prefix held in the tiers not set aside
+                                          * (kvr_index_reader_aside); = matched without */
     uint32_t tier_matched[KVR_TIER_MAX]; /* longest prefix held in that tier alone */
     double score; /* sum over blocks [0, matched) of the best weight among tiers holding it */
 };

@@ -45,6 +45,8 @@ struct slowst {
     uint32_t alive; /* tiers holding every position so far */
     uint32_t done;
     uint32_t matched;
+    uint32_t base;      /* matched_base: positions held in a tier not set aside */
+    uint32_t base_done;
     uint32_t tm[KVR_TIER_MAX];
     double score;
 };
@@ -62,6 +64,7 @@ struct kvr_index_reader {
     uint32_t qid;
     uint32_t maxq, maxh, maxw;
     uint64_t root;      /* the query namespace's chain root */
+    uint32_t aside;     /* tiers left out of matched_base (kvr_index_reader_aside) */
     uint64_t *ch;       /* chain per position, valid where chq[p] == qid */
     uint32_t *chq;
     struct node **nd;   /* node per position, valid where ndq[p] == qid */
@@ -83,6 +86,11 @@ struct kvr_index_reader {
     uint32_t *cgen, *crank;
     char **cname;
 };
+
+void kvr_index_reader_aside(struct kvr_index_reader *r, uint32_t tier_mask)
+{
+    r->aside = tier_mask;
+}
 
 int kvr_index_reader_create(struct kvr_index *ix, struct kvr_index_reader **out)
 {
@@ -608,6 +616,10 @@ static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
             uint32_t mask = 0;
             while (j < nb && H_WID(buf[j]) == sw->wid)
                 mask |= 1u << H_TIER(buf[j++]);
+            if (!sw->base_done && (mask & ~r->aside) == 0) {
+                sw->base_done = 1;
+                sw->base = p;
+            }
             if (mask == 0) {
                 sw->done = 1;
                 sw->matched = p;
@@ -624,6 +636,8 @@ static void find_slow(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q
     }
     for (uint32_t i = 0; i < nsw; i++) {
         struct slowst *sw = &r->sw[i];
+        if (!sw->base_done)
+            sw->base = n;
         if (sw->done)
             continue;
         sw->matched = n;
@@ -764,6 +778,7 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
             sw->wid = wid;
             for (uint32_t m = i; m < j; m++)
                 sw->alive |= 1u << H_TIER(s0[m]);
+            sw->base_done = (sw->alive & ~r->aside) == 0; /* base 0 */
             sw->score = maxw_of(sw->alive, w);
         }
         for (uint32_t m = i; m < j; m++) {
@@ -790,7 +805,8 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
     for (uint32_t a = 0; a < ncommon; a++) {
         uint32_t h0 = s0[a], m = tm[a];
         struct kvr_index_hit *hit = &hits_out[a];
-        *hit = (struct kvr_index_hit){.wid = H_WID(h0), .matched = m};
+        *hit = (struct kvr_index_hit){.wid = H_WID(h0), .matched = m,
+                                      .matched_base = r->aside >> H_TIER(h0) & 1 ? 0 : m};
         hit->tier_matched[H_TIER(h0)] = m;
         hit->score = (double)m * w[H_TIER(h0)];
     }
@@ -800,7 +816,9 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
         struct kvr_index_hit *hit = &hits_out[nh++];
         if (!(h0 & 0x80000000u) && (j == n0 || H_WID(s0[j] & 0x7fffffffu) != wid)) {
             /* one hole-free holder: the common case */
-            *hit = (struct kvr_index_hit){.wid = wid, .matched = tm[i]};
+            *hit = (struct kvr_index_hit){.wid = wid, .matched = tm[i],
+                                          .matched_base = r->aside >> H_TIER(h0) & 1 ? 0
+                                                                                    : tm[i]};
             hit->tier_matched[H_TIER(h0)] = tm[i];
             hit->score = (double)tm[i] * w[H_TIER(h0)];
             i = j;
@@ -813,10 +831,12 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
         if (s0[i] & 0x80000000u) {
             struct slowst *sw = &r->sw[si++];
             hit->matched = sw->matched;
+            hit->matched_base = sw->base;
             memcpy(hit->tier_matched, sw->tm, sizeof(sw->tm));
             hit->score = sw->score;
         } else if (j == i + 1) { /* one tier: the common case */
             hit->matched = tm[i];
+            hit->matched_base = r->aside >> H_TIER(s0[i]) & 1 ? 0 : tm[i];
             hit->tier_matched[H_TIER(s0[i])] = tm[i];
             hit->score = (double)tm[i] * w[H_TIER(s0[i])];
         } else {
@@ -826,6 +846,8 @@ int kvr_index_find(struct kvr_index_reader *r, uint32_t ns, const uint64_t *q, s
                 hit->tier_matched[t] = tm[m];
                 if (tm[m] > hit->matched)
                     hit->matched = tm[m];
+                if (!(r->aside >> t & 1) && tm[m] > hit->matched_base)
+                    hit->matched_base = tm[m];
                 /* insertion sort by tm descending */
                 uint32_t z = no++;
                 while (z > 0 && hit->tier_matched[ord[z - 1]] < tm[m]) {

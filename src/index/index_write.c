@@ -696,6 +696,27 @@ uint32_t kvr_index_copies(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+int kvr_index_chain_of(struct kvr_index *ix, uint32_t wid, uint8_t tier, uint64_t hash,
+                       uint64_t *chain)
+{
+    struct worker *w;
+    struct holder *H;
+    struct rec *r;
+
+    if (ix == NULL || tier >= KVR_TIER_MAX || (w = worker_get(ix, wid)) == NULL)
+        return -ENOENT;
+    H = w->h[tier];
+    if (H == NULL || H->recs.s == NULL || (r = recmap_get_key(&H->recs, rec_key(hash))) == NULL)
+        return -ENOENT;
+    *chain = REC_ND(r)->chain;
+    return 0;
+}
+
+uint64_t kvr_index_chain_root(uint32_t ns)
+{
+    return ns_root(ns);
+}
+
 /* remove's look-ahead, a rolling pipeline over the blocks: RM_D1 blocks ahead a block's
  * reverse-map home is prefetched, RM_D2 ahead its record is looked up (its node and the
  * slot after it prefetched), RM_D3 ahead the node's chain is read (its table slot and shard

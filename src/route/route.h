@@ -87,7 +87,9 @@ struct kvr_route_cand {
     const char *pod; /* NUL-terminated, borrowed for the call */
     uint32_t dp_rank;
     uint8_t role;    /* enum kvr_route_role */
-    uint32_t matched_blocks;
+    uint32_t matched_blocks;       /* the cached prefix the policies use: /v1/score's
+                                    * predicted_blocks, the better of exact and predicted */
+    uint32_t exact_blocks;         /* /v1/score's matched_blocks (reported, not used) */
     double score;                  /* as /v1/score computes it */
     bool has_requests, has_tokens; /* the gateway sent the load */
     bool evented;                  /* known to publish KV events (its prefills are confirmed

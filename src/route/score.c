@@ -71,6 +71,7 @@ struct kvr_score_ctx {
 
     uint64_t wgen_seen;
     uint8_t tiers_seen;
+    uint32_t aside; /* the "predicted" tier's bit, once interned */
     double weights[KVR_TIER_MAX];
     struct bs_conf *bsc; /* the ctx's copy of s->bsc, taken with the weights */
     size_t nbsc;
@@ -241,6 +242,11 @@ static void refresh_weights(struct kvr_score_ctx *c, struct kvr_score_result *re
         res->tier_names[t] = t < ntiers ? kvr_index_tier_name(s->ix, t) : NULL;
     if (gen == c->wgen_seen && ntiers == c->tiers_seen)
         return;
+    c->aside = 0;
+    for (uint8_t t = 0; t < KVR_TIER_MAX; t++)
+        if (res->tier_names[t] != NULL && strcmp(res->tier_names[t], "predicted") == 0)
+            c->aside = 1u << t;
+    kvr_index_reader_aside(c->reader, c->aside);
     pthread_mutex_lock(&s->wlock);
     for (uint8_t t = 0; t < KVR_TIER_MAX; t++) {
         const char *name = res->tier_names[t];
@@ -368,12 +374,13 @@ int kvr_score_query(struct kvr_score_ctx *c, const struct kvr_score_query *q,
             continue;
         e->pod = h->pod; /* named inside the find: the wid may be forgotten since */
         e->dp_rank = h->dp_rank;
-        e->matched_blocks = h->matched;
-        e->matched_tokens = h->matched * bs;
+        e->matched_blocks = h->matched_base;
+        e->matched_tokens = h->matched_base * bs;
+        e->predicted_blocks = h->matched;
         memcpy(e->tiers, h->tier_matched, sizeof(e->tiers));
         e->score = h->score;
-        if (h->matched > best)
-            best = h->matched;
+        if (h->matched_base > best)
+            best = h->matched_base;
         res->nentries++;
     }
     if (res->nentries > 1)

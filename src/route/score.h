@@ -6,6 +6,8 @@
  * and media items fold in as the engine's extra keys: kvr_hash_fold_query), and looked up
  * with kvr_index_find(). score = sum over the matched blocks of the best tier weight the
  * worker holds each at. Entries are sorted by score desc, then pod, then dp_rank.
+ * The "predicted" tier (ingest_assume.c) is set aside: matched_blocks counts without it,
+ * predicted_blocks with it, and score weighs it like any tier ([score] weight.predicted).
  *
  * Uses conf.h only for the settings struct it is created from (tier weights), as ingest does.
  *
@@ -53,8 +55,12 @@ struct kvr_score_query {
 struct kvr_score_entry {
     const char *pod; /* borrowed from the index */
     uint32_t dp_rank;
-    uint32_t matched_blocks;
+    uint32_t matched_blocks;   /* exact: what the worker's events (or approximate mode's
+                                * assumptions) say it holds */
     uint32_t matched_tokens;
+    uint32_t predicted_blocks; /* the longest prefix counting its "predicted" tier too
+                                * (>= matched_blocks): blocks requests routed there in the last
+                                * [route] predicted_ttl are computing, not yet confirmed */
     uint32_t tiers[KVR_TIER_MAX]; /* per-tier matched prefix, indexed by tier id */
     double score;
 };

@@ -24,7 +24,9 @@ def route(d, body, status=200):
 @pytest.fixture
 def fleet(daemon_factory):
     """A daemon and three engines (pod-a, pod-b, pod-c), each holding its own prompt."""
-    d = daemon_factory({"route": {"policy": "cost", "seed": "7"}})
+    # predicted_ttl 0: these tests follow the policies over what the engines hold; a decision
+    # predicting its prompt on the chosen worker (test_predict.py) would change later ones
+    d = daemon_factory({"route": {"policy": "cost", "seed": "7", "predicted_ttl": "0"}})
     need_http(d)
     engines, prompts = [], {}
     d.engines = {}

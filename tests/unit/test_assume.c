@@ -234,6 +234,44 @@ static void test_edges(void **state)
     kvr_assume_destroy(NULL);
 }
 
+/* Predicted mode: a confirmed block goes with its ancestors, never its descendants or
+ * another worker's; a branch shares its parents' chain; a later touch re-adds the gap. */
+static void test_confirm(void **state)
+{
+    (void)state;
+    struct kvr_assume *a;
+    uint64_t chain[5] = {10, 11, 12, 13, 14}, branch[4] = {10, 11, 22, 23}, out[16];
+    size_t first;
+
+    assert_int_equal(kvr_assume_create(&a), 0);
+    assert_int_equal(kvr_assume_touch(a, 1, chain, 5, 0, 100, &first), 5);
+    assert_int_equal(kvr_assume_touch(a, 1, branch, 4, 1, 100, &first), 4);
+    assert_int_equal(first, 2);
+    assert_int_equal(kvr_assume_touch(a, 2, chain, 5, 1, 100, &first), 5);
+    assert_int_equal(kvr_assume_worker_count(a, 1), 7);
+    assert_int_equal(kvr_assume_confirm(a, 1, 99, out, 16), 0); /* never predicted */
+    /* block 12 stored: 12, 11, 10 go (leaf first), 13 and 14 and the branch's 22, 23 stay */
+    assert_int_equal(kvr_assume_confirm(a, 1, 12, out, 16), 3);
+    assert_true(out[0] == 12 && out[1] == 11 && out[2] == 10);
+    assert_int_equal(kvr_assume_worker_count(a, 1), 4);
+    assert_true(kvr_assume_holds(a, 1, 13) && kvr_assume_holds(a, 1, 22));
+    assert_int_equal(kvr_assume_worker_count(a, 2), 5);
+    /* the branch's block 23 stored: 23 and 22; its parent 11 is gone already */
+    assert_int_equal(kvr_assume_confirm(a, 1, 23, out, 16), 2);
+    assert_true(out[0] == 23 && out[1] == 22);
+    /* the cap bounds one call: the rest is confirmed by the next */
+    assert_int_equal(kvr_assume_confirm(a, 2, 14, out, 2), 2);
+    assert_int_equal(kvr_assume_confirm(a, 2, 12, out, 16), 3);
+    assert_int_equal(kvr_assume_worker_count(a, 2), 0);
+    /* touched again: the confirmed gap is not held, the rest is */
+    assert_int_equal(kvr_assume_touch(a, 1, chain, 5, 2, 100, &first), 5);
+    assert_int_equal(first, 0);
+    assert_int_equal(kvr_assume_worker_count(a, 1), 5);
+    assert_int_equal(kvr_assume_confirm(a, 1, 14, out, 16), 5);
+    assert_int_equal(kvr_assume_count(a), 0);
+    kvr_assume_destroy(a);
+}
+
 /* Many workers and blocks: the table and the pool grow through several doublings. */
 static void test_growth(void **state)
 {
@@ -266,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_against_model),
         cmocka_unit_test(test_edges),
         cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_confirm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

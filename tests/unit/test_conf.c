@@ -232,10 +232,9 @@ static const struct bad_case bad_cases[] = {
     {EV "[score]\nweight.g/pu = 1\n", "t.conf:4: invalid tier name 'g/pu' in [score] "
                                       "weight.g/pu: expected 1..31 characters of [a-z0-9_-]"},
     {EV "[score]\nweight.t1 = 1\nweight.t2 = 1\nweight.t3 = 1\nweight.t4 = 1\nweight.t5 = 1\n"
-        "weight.t6 = 1\nweight.t7 = 1\nweight.t8 = 1\nweight.t9 = 1\nweight.t10 = 1\n"
-        "weight.t11 = 1\n",
-     "t.conf:14: too many tiers in [score]: at most 16 weight.<tier> entries (including the "
-     "defaults gpu, cpu, storage, remote, external, assumed)"},
+        "weight.t6 = 1\nweight.t7 = 1\nweight.t8 = 1\nweight.t9 = 1\nweight.t10 = 1\n",
+     "t.conf:13: too many tiers in [score]: at most 16 weight.<tier> entries (including the "
+     "defaults gpu, cpu, storage, remote, external, assumed, predicted)"},
     {EV "[score]\ndefault_weight = inf\n", "t.conf:4: invalid value 'inf' for [score] "
                                            "default_weight: expected a number (e.g. 0.5)"},
     {EV "[score]\ndefault_weight = 1001\n", "t.conf:4: [score] default_weight = 1001 is out of "
@@ -333,7 +332,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.probe_connections, 16);
     assert_false(c.public_introspection);
     assert_false(c.access_log);
-    assert_int_equal(c.nweights, 6);
+    assert_int_equal(c.nweights, 7);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 1.0);
     assert_true(kvr_conf_tier_weight(&c, "remote") == 0.6);
     assert_true(kvr_conf_tier_weight(&c, "external") == 0.4);
@@ -408,7 +407,7 @@ static void test_values_units(void **state)
     assert_int_equal(c.max_headers, 8);
     assert_int_equal(c.idle_timeout_ms, 120000);
     assert_int_equal(c.request_timeout_ms, 250);
-    assert_int_equal(c.nweights, 7);
+    assert_int_equal(c.nweights, 8);
     assert_true(kvr_conf_tier_weight(&c, "gpu") == 2.0);
     assert_true(kvr_conf_tier_weight(&c, "NVME_1") == 0.3);
     assert_true(kvr_conf_tier_weight(&c, "cpu") == 0.8);

@@ -1990,6 +1990,86 @@ static void test_assume_mirrors_model(void **state)
     fx_free(f);
 }
 
+/* Predicted entries on the writer (ingest_predict.c): made only for a worker with events;
+ * two siblings share 5 blocks; the first one's BlockStored confirms its 8 blocks (the shared
+ * ones with them) and leaves the second's 2; a removal of a predicted block contradicts it;
+ * AllBlocksCleared drops the rest. */
+static void test_predict_confirm_contradict(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new();
+    uint32_t a[8 * 4], b[7 * 4], c[4 * 4];
+    uint64_t ca[8], cb[7], cc[4], ha[8], hc[4];
+    uint64_t ns_seed = kvr_hash_ns_seed(MODEL, strlen(MODEL), NULL, 0);
+    uint8_t tier;
+
+    warm_up(f);
+    tokens_seq(a, 8 * 4, 5000);
+    memcpy(b, a, 5 * 4 * sizeof(uint32_t));
+    tokens_seq(b + 20, 2 * 4, 9000);
+    tokens_seq(c, 4 * 4, 7000);
+    kvr_hash_blocks(ns_seed, a, 8, 4, ca);
+    kvr_hash_blocks(ns_seed, b, 7, 4, cb);
+    kvr_hash_blocks(ns_seed, c, 4, 4, cc);
+    for (int i = 0; i < 8; i++)
+        ha[i] = 300 + (uint64_t)i;
+    for (int i = 0; i < 4; i++)
+        hc[i] = 400 + (uint64_t)i;
+    kvr_ingest_set_predict_ttl(f->ing, 600000);
+    /* pp-0 has a stream (its first block of c); pp-x has none: skipped */
+    struct tev e0 = {.type = EV_STORED, .hashes = hc, .n = 1, .tokens = c, .ntok = 4, .bs = 4,
+                     .lora_id = -1};
+    publish(f->pub, "kv@pp-0@" MODEL, 0, &e0, 1, 0);
+    wait_seq(f, "pp-0", 0, 0, KVR_STREAM_SYNCED);
+    struct kvr_ingest_assumption pa = {.model = MODEL, .pod = "pp-0", .content = ca, .n = 8,
+                                       .predict = true};
+    struct kvr_ingest_assumption pb = pa, pc = pa, px = pa;
+    pb.content = cb;
+    pb.n = 7;
+    pc.content = cc;
+    pc.n = 4;
+    px.pod = "pp-x";
+    assert_int_equal(kvr_ingest_assume(f->ing, &pa), 0);
+    assert_int_equal(kvr_ingest_assume(f->ing, &pb), 0);
+    assert_int_equal(kvr_ingest_assume(f->ing, &pc), 0);
+    assert_int_equal(kvr_ingest_assume(f->ing, &px), 0);
+    wait_metric(f, "route_predictions_total", "result=\"applied\"", 3);
+    wait_metric(f, "route_predictions_total", "result=\"skipped\",reason=\"no_events\"", 1);
+    assert_int_equal(kvr_index_tier_intern(f->ix, "predicted", 9, &tier), 0);
+    assert_int_equal(worker_tier_blocks(f, "pp-0", 0, tier), 8 + 2 + 4);
+    assert_int_equal(metric(f, "route_predicted_blocks_total", "event=\"refreshed\""), 5);
+    assert_int_equal(matched(f, MODEL, NULL, a, 8 * 4, 4, "pp-0", 0), 8);
+    assert_int_equal(matched(f, MODEL, NULL, b, 7 * 4, 4, "pp-0", 0), 7);
+    uint32_t xw;
+    assert_int_not_equal(kvr_index_worker_lookup(f->ix, "pp-x", 0, &xw), 0); /* not interned */
+    /* a's prefill: its 8 blocks are exact, b's 2 stay predicted (b still matches whole) */
+    struct tev ea = {.type = EV_STORED, .hashes = ha, .n = 8, .tokens = a, .ntok = 32, .bs = 4,
+                     .lora_id = -1};
+    publish(f->pub, "kv@pp-0@" MODEL, 1, &ea, 1, 0);
+    wait_seq(f, "pp-0", 0, 1, KVR_STREAM_SYNCED);
+    wait_metric(f, "route_predicted_blocks_total", "event=\"confirmed\"", 8);
+    assert_int_equal(worker_tier_blocks(f, "pp-0", 0, tier), 2 + 4);
+    assert_int_equal(matched(f, MODEL, NULL, b, 7 * 4, 4, "pp-0", 0), 7);
+    /* c's first block (exact, predicted too) evicted: contradicted; nothing of c matches */
+    struct tev rm = {.type = EV_REMOVED, .hashes = hc, .n = 1};
+    publish(f->pub, "kv@pp-0@" MODEL, 2, &rm, 1, 0);
+    wait_seq(f, "pp-0", 0, 2, KVR_STREAM_SYNCED);
+    wait_metric(f, "route_predicted_blocks_total", "event=\"contradicted\"", 1);
+    assert_int_equal(matched(f, MODEL, NULL, c, 4 * 4, 4, "pp-0", 0), 0);
+    /* AllBlocksCleared: the rest (b's 2, c's 3) */
+    struct tev clr = {.type = EV_CLEARED};
+    publish(f->pub, "kv@pp-0@" MODEL, 3, &clr, 1, 0);
+    wait_seq(f, "pp-0", 0, 3, KVR_STREAM_SYNCED);
+    wait_metric(f, "route_predicted_blocks_total", "event=\"contradicted\"", 1 + 5);
+    assert_int_equal(worker_tier_blocks(f, "pp-0", 0, tier), 0);
+    wait_metric(f, "route_predicted_blocks", NULL, 0);
+    /* off: nothing is handed over */
+    kvr_ingest_set_predict_ttl(f->ing, 0);
+    assert_int_equal(kvr_ingest_assume(f->ing, &pa), 0);
+    assert_false(kvr_ingest_predicting(f->ing));
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2013,6 +2093,7 @@ int main(void)
         cmocka_unit_test(test_realwire_apply),
         cmocka_unit_test(test_extra_keys_diff),
         cmocka_unit_test(test_assume_mirrors_model),
+        cmocka_unit_test(test_predict_confirm_contradict),
     };
     kvr_log_configure(getenv("KVR_TEST_DEBUG") ? KVR_LOG_DEBUG : KVR_LOG_ERROR, KVR_LOG_TEXT);
     if (getenv("KVR_TEST_FILTER") != NULL)

@@ -207,6 +207,58 @@ static void test_tiers_and_weights(void **state)
     fx_free(f);
 }
 
+/* The "predicted" tier is set aside: matched_blocks counts without it, predicted_blocks with
+ * it, on hole-free holders (the fast path) and on a predicted holder missing its first
+ * blocks, as confirmations leave it (the slow path). */
+static void test_predicted_tier(void **state)
+{
+    struct fx *f = fx_new(NULL);
+    uint32_t p[6 * BS], wid;
+    uint8_t tier;
+    struct kvr_score_result r;
+    const struct kvr_score_entry *e;
+    (void)state;
+
+    seq(p, 6 * BS, 77);
+    store(f, "w", 0, "GPU", p, 5 * BS); /* exact alone */
+    assert_int_equal(query(f, "m", NULL, p, 6 * BS, NULL, 0, &r), 0);
+    e = find(&r, "w", 0);
+    assert_int_equal(e->matched_blocks, 5);
+    assert_int_equal(e->predicted_blocks, 5);
+
+    store(f, "x", 0, "GPU", p, 3 * BS);
+    store(f, "x", 0, "predicted", p, 6 * BS);
+    store(f, "y", 0, "predicted", p, 4 * BS);
+    store(f, "z", 0, "GPU", p, 2 * BS);
+    uint64_t first = f->next_engine_hash;
+    store(f, "z", 0, "predicted", p, 5 * BS);
+    assert_int_equal(kvr_index_worker_lookup(f->ix, "z", 0, &wid), 0);
+    assert_int_equal(kvr_index_tier_intern(f->ix, "predicted", 9, &tier), 0);
+    uint64_t gone[2] = {first, first + 1};
+    struct kvr_index_wres res = {0};
+    assert_int_equal(kvr_index_remove(f->ix, wid, tier, gone, 2, &res), 0);
+
+    assert_int_equal(query(f, "m", NULL, p, 6 * BS, NULL, 0, &r), 0);
+    e = find(&r, "x", 0);
+    assert_int_equal(e->matched_blocks, 3);
+    assert_int_equal(e->matched_tokens, 3 * BS);
+    assert_int_equal(e->predicted_blocks, 6);
+    assert_int_equal(e->tiers[tier], 6);
+    assert_true(fabs(e->score - 6 * 1.0) < 1e-9); /* weight.predicted 1.0 */
+    e = find(&r, "y", 0);
+    assert_int_equal(e->matched_blocks, 0);
+    assert_int_equal(e->predicted_blocks, 4);
+    e = find(&r, "z", 0);
+    assert_int_equal(e->matched_blocks, 2);
+    assert_int_equal(e->predicted_blocks, 5);
+    assert_int_equal(e->tiers[tier], 0);
+    e = find(&r, "w", 0);
+    assert_int_equal(e->matched_blocks, 5);
+    assert_int_equal(e->predicted_blocks, 5);
+    assert_string_equal(r.entries[0].pod, "x");
+    fx_free(f);
+}
+
 static void test_pod_filter_ranks_and_ties(void **state)
 {
     struct fx *f = fx_new(NULL);
@@ -484,6 +536,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_divergent_prefixes),
         cmocka_unit_test(test_tiers_and_weights),
+        cmocka_unit_test(test_predicted_tier),
         cmocka_unit_test(test_pod_filter_ranks_and_ties),
         cmocka_unit_test(test_models_and_lora),
         cmocka_unit_test(test_configured_block_size_and_hashes),
