@@ -200,6 +200,11 @@ local function kvr_route(txn, url, backend, timeout_ms, policy)
     if not name then return fallback(txn, "unknown pod " .. ans.pod) end
     txn:set_var("txn.kvr_server", name)
     txn:set_var("txn.kvr_route", "kvrouterd")
+    -- disaggregated: the prefill worker for the decode engine's x-prefiller-host-port
+    if type(ans.prefill) == "table" and type(ans.prefill.pod) == "string" and
+       ans.prefill.pod:match("^[%w.%-:%[%]]+:%d+$") then
+        txn:set_var("txn.kvr_prefill", ans.prefill.pod)
+    end
 end
 
 core.register_action("kvr_route", {"http-req"}, kvr_route, 4)

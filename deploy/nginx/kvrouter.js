@@ -108,7 +108,12 @@ function route(r) {
             if (addr === undefined) {
                 throw new Error('unknown pod ' + pod);
             }
-            var uri = '/_kvr_pod/' + addr + r.uri;
+            // disaggregated: the decode engine, told where the prefill runs (an address:
+            // the header names host:port)
+            var pre = ans.prefill && ans.prefill.pod;
+            var uri = typeof pre === 'string' && ADDR_RE.test(pre)
+                          ? '/_kvr_pd/' + pre + '/' + addr + r.uri
+                          : '/_kvr_pod/' + addr + r.uri;
             if (v.args) {
                 uri += '?' + v.args;
             }

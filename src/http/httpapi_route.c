@@ -73,6 +73,17 @@ static void add_approx_pod(void *arg, const char *pod, uint32_t dp_rank)
     add_worker(arg, pod, dp_rank);
 }
 
+/* A prefill pool pod added to a gateway's candidates (which name where requests may go: the
+ * decode side), unless the gateway named it. */
+static void add_prefill_pod(void *arg, const char *pod, uint32_t dp_rank)
+{
+    struct route_scratch *rs = arg;
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->in[i].dp_rank == dp_rank && strcmp(rs->in[i].pod, pod) == 0)
+            return;
+    add_worker(arg, pod, dp_rank);
+}
+
 void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq *req,
                      struct kvr_httpresp *resp)
 {
@@ -126,6 +137,10 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                         "(send \"candidates\", or list [model] approximate_pods)", q.model);
         return;
     }
+    /* a gateway lists the engines it forwards to; the model's prefill pool is kvrouterd's
+     * to add (the gateway never sends a request there itself) */
+    if (rq.ncands > 0 && kvr_route_has_roles(t->api->route, q.model))
+        kvr_route_prefill_pods(t->api->route, q.model, add_prefill_pod, rs);
     /* score only the candidates' pods */
     for (size_t i = 0; i < rs->n; i++)
         rs->pods[i] = rs->in[i].pod;

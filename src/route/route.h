@@ -82,6 +82,9 @@ const char *kvr_route_role_name(int role);
 int kvr_route_role(struct kvr_route *r, const char *model, const char *pod);
 /* Whether the model lists prefill_pods or decode_pods. */
 bool kvr_route_has_roles(struct kvr_route *r, const char *model);
+/* Calls cb(arg, pod, 0) for each of the model's prefill_pods (under the mutex). */
+void kvr_route_prefill_pods(struct kvr_route *r, const char *model,
+                            void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg);
 
 struct kvr_route_cand {
     const char *pod; /* NUL-terminated, borrowed for the call */

@@ -63,6 +63,16 @@ bool kvr_route_has_roles(struct kvr_route *r, const char *model)
     return yes;
 }
 
+void kvr_route_prefill_pods(struct kvr_route *r, const char *model,
+                            void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    const struct approx *a = model != NULL ? route_approx_of(r, model) : NULL;
+    for (size_t k = 0; a != NULL && k < a->npre; k++)
+        cb(arg, a->pre[k], 0);
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* The decode worker: the fewest running requests, then the least queued prefill (a worker
  * that may also compute this prompt), then a seeded random choice. SIZE_MAX: none. */
 static size_t pick_decode(struct kvr_route *r, const struct kvr_route_query *q)

@@ -50,6 +50,9 @@ def test_roles_from_the_config(daemon_factory):
     assert "decode worker alone" in res["reason"]
     assert metric(d, "route_pd_decisions_total", 'kind="split"') == 6
     assert metric(d, "route_pd_decisions_total", 'kind="local"') == 1
+    # a gateway that lists the decode engines it forwards to: the prefill pool is added
+    res = route(d, 8192, 9, [{"pod": p} for p in DEC])
+    assert res["disaggregate"] is True and res["prefill"]["pod"] in PRE, res
 
 
 def test_threshold_and_gateway_roles(daemon_factory):
@@ -58,7 +61,7 @@ def test_threshold_and_gateway_roles(daemon_factory):
     assert route(d, 4096, 1)["disaggregate"] is False  # under the raised threshold
     cands = [{"pod": "p-a", "role": "prefill"}, {"pod": "d-a", "role": "decode"},
              {"pod": "both-a"}]
-    d2 = daemon_factory(pd_cfg())
+    d2 = daemon_factory({"route": {"policy": "ttft", "seed": "11"}})  # roles from the body
     need_http(d2)
     res = route(d2, 4096, 2, cands)
     assert res["pod"] in ("d-a", "both-a") and res["disaggregate"] is True, res
