@@ -84,6 +84,7 @@ class Req:
     life in the router and the engine."""
 
     __slots__ = ("rid", "arrival", "prompt", "plen", "olen", "tag", "session", "parent",
+                 "pd", "kv_in",
                  # router side
                  "engine", "routed_t", "route_ms", "kvr", "rstate",
                  # engine side
@@ -97,6 +98,8 @@ class Req:
         self.plen = prompt.length
         self.olen = max(1, olen)
         self.tag = tag
+        self.pd = None       # disaggregated: on a prefill copy, (the request, decode engine)
+        self.kv_in = False   # disaggregated: its prompt's KV came from a prefill engine
         self.session = None  # a conversation's key (mooncake: its first turn's rid)
         self.parent = None   # the conversation's previous turn (a Req), if any
         self.engine = None
@@ -194,6 +197,7 @@ class SimEngine:
         victim.n_hashed = 0
         victim.admitted = False
         victim.preempted += 1
+        victim.kv_in = False  # its transferred KV is gone: recomputed here
         self.preemptions += 1
         self.waiting.appendleft(victim)
 
@@ -257,6 +261,25 @@ class SimEngine:
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 r = waiting[0]
                 pt = r.plen + r.out_done
+                if r.kv_in:  # disaggregated: the prompt's KV arrived; compute its last token
+                    need = (pt + bs - 1) // bs
+                    if need > len(free):
+                        if not r.waited:
+                            r.waited = True
+                            self.kv_waits += 1
+                        break
+                    waiting.popleft()
+                    r.blocks = []
+                    self._allocate(r, need)
+                    r.computed = pt - 1
+                    r.n_hashed = 0
+                    r.pt = pt
+                    r.admitted = True
+                    running.append(r)
+                    sched.append((r, 1))
+                    budget -= 1
+                    prefill += 1
+                    continue
                 chain = r.chain
                 maxhit = (pt - 1) // bs
                 hit = []

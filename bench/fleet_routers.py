@@ -45,6 +45,7 @@ class Ctx:
 
     def __init__(self, pods, model, block_size, engines, seed=1, llmd_ttft_bound=1.0):
         self.pods = pods
+        self.pd_prefill = 0  # disaggregated fleets: the first pd_prefill engines prefill
         self.index = {p: i for i, p in enumerate(pods)}
         self.model = model
         self.block_size = block_size
@@ -132,12 +133,13 @@ class Kvrouterd(Router):
     """POST /v1/route. policy None = the daemon's default; loads: send true loads."""
     needs_kvr = True
 
-    def __init__(self, ctx, name, policy=None, loads=False, sessions=False):
+    def __init__(self, ctx, name, policy=None, loads=False, sessions=False, pd=False):
         super().__init__(ctx)
         self.name = name
         self.policy = policy
         self.loads = loads
         self.sessions = sessions
+        self.pd = pd  # candidates carry roles: the first ctx.pd_prefill engines prefill
         self.rr = 0
 
     def route(self, req, kvr):
@@ -148,6 +150,9 @@ class Kvrouterd(Router):
                 cands.append('{"pod":%s,"active_requests":%d,"active_tokens":%d}'
                              % (json.dumps(p), e.num_active(), max(0, e.active_tokens)))
             cand = "[" + ",".join(cands) + "]"
+        elif self.pd:
+            cand = json.dumps([{"pod": p, "role": "prefill" if i < ctx.pd_prefill else "decode"}
+                               for i, p in enumerate(ctx.pods)])
         else:
             cand = json.dumps([{"pod": p} for p in ctx.pods])
         body = '{"candidates":%s,%s%s"model":%s,"token_ids":[%s]}' % (
@@ -159,6 +164,9 @@ class Kvrouterd(Router):
         i = None
         if status == 200 and isinstance(ans, dict):
             i = ctx.index.get(ans.get("pod"))
+            pre = ans.get("prefill")
+            if self.pd and i is not None and isinstance(pre, dict) and pre.get("pod") in ctx.index:
+                i = (ctx.index[pre["pod"]], i)  # disaggregated: (prefill, decode)
             req.kvr = (ans.get("matched_blocks"), ans.get("reason"))
             with self.lock:
                 r = ans.get("reason", "?")
@@ -169,6 +177,29 @@ class Kvrouterd(Router):
                 i = self.rr
                 self.rr = (i + 1) % self.n
         return i
+
+
+class PdRandom(Router):
+    """Disaggregated baseline: a random prefill engine, the decode engine with the least
+    outstanding tokens (its own count), every request split."""
+    name = "pd-random"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.tokens = [0] * self.n
+
+    def route(self, req, kvr):
+        with self.lock:
+            p = self.rng.randrange(self.ctx.pd_prefill)
+            dec = range(self.ctx.pd_prefill, self.n)
+            d = min(dec, key=lambda k: (self.tokens[k], k))
+            self.tokens[d] += req.plen
+        req.rstate = d
+        return (p, d)
+
+    def on_done(self, req):
+        with self.lock:
+            self.tokens[req.rstate] -= req.plen
 
 
 class SGLangCacheAware(Router):
@@ -313,6 +344,8 @@ ROUTERS = {
     "least-loaded": LeastLoaded,
     "kvrouterd-gw": lambda ctx: Kvrouterd(ctx, "kvrouterd-gw"),
     "kvrouterd-gw-sessions": lambda ctx: Kvrouterd(ctx, "kvrouterd-gw-sessions", sessions=True),
+    "kvrouterd-pd": lambda ctx: Kvrouterd(ctx, "kvrouterd-pd", pd=True),
+    "pd-random": PdRandom,
     "kvrouterd-cost-true": lambda ctx: Kvrouterd(ctx, "kvrouterd-cost-true", "cost", True),
     "kvrouterd-cache_aware-true": lambda ctx: Kvrouterd(ctx, "kvrouterd-cache_aware-true",
                                                         "cache_aware", True),
@@ -327,6 +360,8 @@ DESCRIPTIONS = {
     "kvrouterd-gw": "kvrouterd as the shipped gateways call it (no loads)",
     "kvrouterd-gw-sessions": "kvrouterd as the gateways call it, with the conversation as "
                              "session_id",
+    "kvrouterd-pd": "kvrouterd, prefill and decode pools (candidates' roles): the pair it answers",
+    "pd-random": "prefill and decode pools: a random prefill engine, the least-loaded decode",
     "kvrouterd-cost-true": "kvrouterd `cost`, true loads given by the gateway",
     "kvrouterd-cache_aware-true": "kvrouterd `cache_aware`, true loads given",
     "sglang": "SGLang `cache_aware` (its own in-flight counts)",

@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 
 import fleet_routers  # noqa: E402
 import fleet_work  # noqa: E402
-from fleet_engine import EngineConfig, MetricsServer, SimEngine  # noqa: E402
+from fleet_engine import EngineConfig, MetricsServer, Req, SimEngine  # noqa: E402
 
 MODEL = "fleet/model"
 INF = float("inf")
@@ -217,6 +217,7 @@ class Loop:
         self.done = 0
         self.lags = []
         self.route_errors = 0
+        self.pd_split = 0
         self.inbox = queue.SimpleQueue()
         self.outbox = queue.SimpleQueue()
         self.threads = []
@@ -231,6 +232,18 @@ class Loop:
             heapq.heappush(self.heap, (t + d, self.seq, e.idx))
 
     def _enqueue(self, req, i, t):
+        if isinstance(i, tuple):  # (prefill engine, decode engine): disaggregated
+            p, dec = i
+            sh = Req(-1, req.arrival, req.prompt, 1, "pd-prefill")
+            sh.chain = list(req.chain)
+            sh.pd = (req, dec)
+            req.routed_t = t
+            self.pd_split += 1
+            e = self.engines[p]
+            e.add(sh)
+            if e.idle():
+                self._start(e, t)
+            return
         req.routed_t = t
         e = self.engines[i]
         e.add(req)
@@ -242,10 +255,17 @@ class Loop:
         firsts, done = e.end_step(t)
         r = self.router
         for q in firsts:
-            r.on_first_token(q)
+            if q.pd is None:
+                r.on_first_token(q)
         for q in done:
+            if q.pd is not None:  # a prefill copy: its KV goes to the decode engine
+                self.seq += 1
+                blocks = (q.plen + self.args.block_size - 1) // self.args.block_size
+                heapq.heappush(self.heap, (t + blocks * self.args.pd_xfer_ms * 1e-3, self.seq,
+                                           ("xfer", q)))
+                continue
             r.on_done(q)
-        self.done += len(done)
+            self.done += 1
         self._start(e, t)
 
     # routing threads (real time)
@@ -342,7 +362,15 @@ class Loop:
                 self.last_t = nt
                 if nh <= na:
                     _, _, i = heapq.heappop(heap)
-                    self._step_end(i, nt)
+                    if isinstance(i, tuple):  # a KV transfer ends: the decode engine takes it
+                        req, dec = i[1].pd
+                        req.kv_in = True
+                        e = self.engines[dec]
+                        e.add(req)
+                        if e.idle():
+                            self._start(e, nt)
+                    else:
+                        self._step_end(i, nt)
                 else:
                     req = reqs[ai]
                     ai += 1
@@ -467,6 +495,7 @@ def summarize(loop, reqs, args, fleet):
     fin = [r for r in meas if r.done_t is not None]
     ttft = sorted(r.first_t - r.arrival for r in fin)
     e2e = sorted(r.done_t - r.arrival for r in fin)
+    itl = sorted((r.done_t - r.first_t) / (r.olen - 1) for r in fin if r.olen > 1)
     unfinished = len(meas) - len(fin)
     started = [r for r in meas if r.first_t is not None and r.done_t is None]
     engines = fleet.engines
@@ -486,6 +515,8 @@ def summarize(loop, reqs, args, fleet):
         "unfinished_started": len(started),
         "ttft": [pct(ttft, 50), pct(ttft, 90), pct(ttft, 99)],
         "e2e": [pct(e2e, 50), pct(e2e, 90), pct(e2e, 99)],
+        "itl": [pct(itl, 50), pct(itl, 90), pct(itl, 99)],
+        "pd_split": loop.pd_split,
         "ttft_mean": sum(ttft) / len(ttft) if ttft else None,
         "output_tok_s": sum(e.window_tokens for e in engines) / win,
         "hit_rate": h / q if q else 0.0,
@@ -606,6 +637,7 @@ def run_cell(args, workload, rate, router_name, reqs=None):
             e.window = (args.warmup, args.duration)
         ctx = fleet_routers.Ctx(fleet.pods, MODEL, args.block_size, fleet.engines, args.seed,
                                 args.llmd_ttft_bound)
+        ctx.pd_prefill = args.pd_prefill
         router = fleet_routers.make(router_name, ctx)
         load0 = os.getloadavg()[0]
         # the corpus, the requests and the block pools are millions of long-lived objects:
@@ -788,6 +820,12 @@ def main(argv=None):
                     help="trace time (s) to start at (the first ~10 minutes are mostly new "
                     "conversations: little prefix reuse)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pd-prefill", type=int, default=0,
+                    help="disaggregated fleets: the first N engines prefill, the rest decode "
+                    "(for the routers kvrouterd-pd and pd-random; others ignore the roles)")
+    ap.add_argument("--pd-xfer-ms", type=float, default=0.08,
+                    help="KV transfer from a prefill to a decode engine, ms per block "
+                    "(0.08: a 2 MiB block of an 8B model over ~25 GB/s)")
     ap.add_argument("--route-threads", type=int, default=4)
     ap.add_argument("--llmd-ttft-bound", type=float, default=1.0,
                     help="llm-d stickiness break: predicted TTFT difference (s)")
@@ -813,6 +851,9 @@ def main(argv=None):
     routers = [r for r in args.routers.split(",") if r]
     workloads = [w for w in args.workloads.split(",") if w]
     loads = [float(x) for x in args.loads.split(",") if x]
+    if args.pd_prefill <= 0 and any(split_router(r)[0] in ("kvrouterd-pd", "pd-random")
+                                    for r in routers):
+        raise SystemExit("kvrouterd-pd and pd-random need --pd-prefill N (1 <= N < engines)")
     for r in routers:  # fail early on a bad name
         fleet_routers.make(split_router(r)[0], fleet_routers.Ctx(["a"], MODEL, 16, [], 1))
     fixed = {}
@@ -861,6 +902,7 @@ def main(argv=None):
                     failed.append("%s/%s/%s: %r" % (w, load_label(l), r, v))
                 if "burst_together" in res:
                     log("   siblings on their first sibling's engine: %.3f" % res["burst_together"])
+                log("   ITL %s  split %d" % (fmt3([x * 1e3 for x in res["itl"]]), res["pd_split"]))
                 log("   TTFT %s  E2E %s  out %.0f tok/s  hit %.3f  waits %d preempt %d  "
                     "route %.2f/%.2f ms  util %.2f  lag p50/p99/max %.1f/%.1f/%.1f ms  wall %.0f s"
                     % (fmt3(res["ttft"]), fmt3(res["e2e"]), res["output_tok_s"], res["hit_rate"],
