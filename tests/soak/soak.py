@@ -1037,7 +1037,7 @@ def main():
     ap.add_argument("--dp-engines", type=int, default=2, help="engines with 2 DP ranks")
     ap.add_argument("--num-blocks", type=int, default=16384, help="prefix cache per rank")
     ap.add_argument("--trace", default=TRACE)
-    ap.add_argument("--speed", type=float, default=1.0, help="trace time speed-up")
+    ap.add_argument("--speed", type=float, default=2.0, help="trace time speed-up")
     ap.add_argument("--max-hash-ids", type=int, default=24, help="prompt cut (x512 tokens)")
     ap.add_argument("--drop-rate", type=float, default=0.02, help="live batches dropped")
     ap.add_argument("--kill-every", type=float, default=180, help="s between SIGKILLs (+-30%%)")
