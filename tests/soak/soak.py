@@ -362,7 +362,11 @@ class Soak:
             self.engines.append(eng)
         self.pause = threading.Event()  # set: the driver does not publish
         self.driver_idle = threading.Event()
-        self.recent = collections.deque(maxlen=400)  # prompts (array('I')) for the checks
+        # prompts (array('I')) for the checks: the latest ones, and a uniform sample of all
+        # (older prompts, whose blocks were evicted since, test removals)
+        self.recent = collections.deque(maxlen=300)
+        self.reservoir = []
+        self.nprompts = 0
         self.recent_lock = threading.Lock()
         self.no_restart_until = 0.0
         self.A = Slot(self, "A")
@@ -493,6 +497,12 @@ class Soak:
             drop = rng.random() < self.args.drop_rate
             with eng.lock:
                 hit, stored, removed = rank.request(toks.tolist())
+                if removed and rng.random() < self.args.lose_removals:
+                    # --lose-removals (a self-test): the daemon never hears of an eviction
+                    # the engine made, as a lost event would; the checks must catch it
+                    rank.pending = [ev for ev in rank.pending
+                                    if not (isinstance(ev, dict) and ev["type"] == "BlockRemoved")]
+                    self.stats.inc("removals_lost_on_purpose")
                 self.publish(eng, rank, drop=drop)
             self.stats.inc("requests")
             self.stats.inc("blocks_hit", hit)
@@ -500,6 +510,13 @@ class Soak:
             self.stats.inc("blocks_evicted", len(removed))
             with self.recent_lock:
                 self.recent.append(toks)
+                self.nprompts += 1
+                if len(self.reservoir) < 300:
+                    self.reservoir.append(toks)
+                else:
+                    j = rng.randrange(self.nprompts)
+                    if j < 300:
+                        self.reservoir[j] = toks
         self.driver_idle.set()
 
     # ---- checks ---------------------------------------------------------------------------
@@ -573,7 +590,7 @@ class Soak:
         with self.recent_lock:
             if not self.recent:
                 return None
-            p = rng.choice(self.recent)
+            p = rng.choice(self.recent if rng.random() < 0.5 else self.reservoir)
         r = rng.random()
         if r < 0.5:
             return p
@@ -1056,6 +1073,9 @@ def main():
     ap.add_argument("--text-sleep", type=float, default=0.2)
     ap.add_argument("--tokref", help="reference tokenizers dir (default build/tokref)")
     ap.add_argument("--no-text", action="store_true", help="no tokenizer, no text traffic")
+    ap.add_argument("--lose-removals", type=float, default=0.0,
+                    help="self-test: share of requests whose BlockRemoved events are left out "
+                         "of the batch (the run must then fail with mismatches)")
     ap.add_argument("--workdir", default=None, help="parent of the run's temp dir")
     ap.add_argument("--keep", action="store_true", help="keep the workdir when OK")
     args = ap.parse_args()
