@@ -8,6 +8,8 @@
 #                   scripts/publish-demo.py)
 #   make bench      build and run the benchmarks (bench/run.sh)
 #   make fuzz       clang libFuzzer builds, time-boxed runs (FUZZ_SECONDS, default 60 each)
+#   make soak       the long fault campaign (tests/soak/soak.py, SOAK_SECONDS, default 1800;
+#                   not in make test): kills, restarts, replays, bootstrap, checked scores
 #   make install    PREFIX=/usr/local DESTDIR= (keeps an existing /etc/kvrouterd/kvrouterd.conf)
 #   make docker-test build the Dockerfile with buildah and run it with podman (as root)
 #   make SANITIZE=address,undefined ... / make SANITIZE=thread ...
@@ -92,7 +94,7 @@ FUZZ_REPLAY := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 BENCH_SRCS := $(sort $(wildcard bench/bench_*.c))
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: layers all deps deps-deb deps-tok deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz run bench install clean check-config docker-test
+.PHONY: layers all deps deps-deb deps-tok deps-fuzz deps-test test unit integration fuzz-replay fuzz-replay-clang fuzz soak run bench install clean check-config docker-test
 .DEFAULT_GOAL := all
 
 # build/kvrouterd always points at the binary of the variant built last (tests use it).
@@ -218,6 +220,14 @@ bench:
 	@$(MAKE) --no-print-directory deps DEPS="$(DEB_BUILD) $(DEB_TEST) $(DEB_BENCH)"
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)
 	BUILD=$(BUILD) PYTHON=$(PYTHON) sh bench/run.sh
+
+# ---- soak (not in make test or CI) ---------------------------------------------------
+# tests/soak/soak.py against this variant's binary (SANITIZE=address,undefined: the ASan+UBSan
+# one); SOAK_ARGS passes more options (--seed N, --kill-every S, ...; --help lists them).
+SOAK_SECONDS ?= 1800
+SOAK_ARGS ?=
+soak: all
+	$(PYTHON) tests/soak/soak.py --bin $(BIN) --duration $(SOAK_SECONDS) $(SOAK_ARGS)
 
 # ---- fuzzing (clang + libFuzzer) -----------------------------------------------------
 FUZZ_BUILD := build/fuzz

@@ -420,6 +420,37 @@ static void *restore_main(void *arg)
     return NULL;
 }
 
+static int wjob_cmp(const void *a, const void *b)
+{
+    const struct wjob *x = *(const struct wjob *const *)a, *y = *(const struct wjob *const *)b;
+    int c = strcmp(x->pod, y->pod);
+    return c != 0 ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* A file that lists one worker twice (damaged or crafted) is refused before any restore: the
+ * threads below would restore both sections into the same worker at once, and a worker has
+ * one writer at a time (index.h; fuzz_snap found the assertion in the apply and a
+ * use-after-free). */
+static int jobs_distinct(struct vstate *v)
+{
+    const struct wjob **ix;
+    int rc = 0;
+
+    if (v->njobs < 2)
+        return 0;
+    if ((ix = malloc(v->njobs * sizeof(*ix))) == NULL)
+        return kvr_err_set(v->err, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < v->njobs; i++)
+        ix[i] = &v->jobs[i];
+    qsort(ix, v->njobs, sizeof(*ix), wjob_cmp);
+    for (size_t i = 1; i < v->njobs && rc == 0; i++)
+        if (wjob_cmp(&ix[i - 1], &ix[i]) == 0)
+            rc = kvr_err_set(v->err, -EINVAL, "worker %s/%u listed twice", ix[i]->pod,
+                             ix[i]->rank);
+    free(ix);
+    return rc;
+}
+
 static int restore_workers(struct vstate *v)
 {
     struct rpool rp = {.v = v};
@@ -565,6 +596,8 @@ int kvr_snap_apply(const void *data, size_t len, struct kvr_index *ix, struct kv
     v.ix = ix;
     v.out = out;
     rc = run(data, len, &v, &out->info);
+    if (rc == 0)
+        rc = jobs_distinct(&v);
     if (rc == 0)
         rc = restore_workers(&v);
     free(v.jobs);

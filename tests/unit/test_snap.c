@@ -600,6 +600,43 @@ static void test_refused_files(void **state)
     kvr_snap_boot_free(&bt);
     st_free(&b);
 
+    /* one worker listed twice (its section repeated, the header's count raised, resealed):
+     * refused before anything is restored; the restore threads wrote both into the same
+     * worker at once (fuzz_snap: an assertion in the apply, a use-after-free) */
+    {
+        size_t off = 96, last = 0, lastlen = 0;
+        while (off + 24 <= good.len) {
+            uint32_t type;
+            uint64_t sl;
+            memcpy(&type, good.data + off, 4);
+            memcpy(&sl, good.data + off + 8, 8);
+            if (type == 4) {
+                last = off;
+                lastlen = sl;
+            }
+            off += 24 + sl;
+        }
+        CHECK(last != 0);
+        size_t sec = 24 + lastlen, at = last + sec, n = good.len + sec;
+        unsigned char *d = malloc(n);
+        uint64_t nw;
+        memcpy(d, good.data, at);
+        memcpy(d + at, good.data + last, sec);
+        memcpy(d + at + sec, good.data + at, good.len - at);
+        memcpy(&nw, d + 48, 8);
+        nw++;
+        memcpy(d + 48, &nw, 8);
+        reseal(d, n);
+        CHECK(kvr_snap_verify(d, n, NULL, &err) == 0);
+        struct st e;
+        struct kvr_snap_loaded l;
+        st_init(&e);
+        CHECK(kvr_snap_apply(d, n, e.ix, &l, &err) == -EINVAL);
+        CHECK(strstr(err.msg, "listed twice") != NULL);
+        st_free(&e);
+        free(d);
+    }
+
     /* apply into a non-empty index */
     CHECK(kvr_snap_apply(good.data, good.len, a.ix, &bt.loaded, &err) == -EBUSY);
 
