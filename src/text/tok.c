@@ -602,12 +602,20 @@ static int unicode_norm(kvr_tok_scratch *s, int kind, const char *in, size_t n, 
     return 0;
 }
 
-/* Normalizes s[0,n) into a scratch buffer: *out, *outn. */
+/* Normalizes s[0,n) into a scratch buffer: *out, *outn. -EOVERFLOW when the normalized text
+ * would pass NORM_GROWTH x n + NORM_SLACK bytes: chained Replace normalizers of a hostile
+ * tokenizer.json can grow a text exponentially (found by fuzz_tok_load), while real
+ * normalizers grow it a few times at most (NFKC's widest expansion is 18 code points for
+ * one; a Replace of " " by "\u2581" triples a space). */
+#define NORM_GROWTH 32
+#define NORM_SLACK 4096
 int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
                       const char **out, size_t *outn)
 {
     const char *cur = in;
     size_t cn = n;
+    size_t cap = n > (SIZE_MAX - NORM_SLACK) / NORM_GROWTH ? SIZE_MAX
+                                                           : n * NORM_GROWTH + NORM_SLACK;
     int which = 0, rc;
     for (size_t i = 0; i < t->nnorms; i++) {
         const struct norm *nm = &t->norms[i];
@@ -625,6 +633,8 @@ int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size
         } else if (nm->kind == N_PREPEND) {
             if (!cn)
                 continue;
+            if (cn + nm->alen > cap)
+                return -EOVERFLOW;
             if ((rc = grow((void **)dst, dcap, cn + nm->alen, 1)))
                 return rc;
             memcpy(*dst, nm->a, nm->alen);
@@ -637,6 +647,8 @@ int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size
                 cnt++;
             if (!cnt)
                 continue;
+            if (nm->blen > nm->alen && (cnt > (cap - cn) / (nm->blen - nm->alen) || cn > cap))
+                return -EOVERFLOW;
             if ((rc = grow((void **)dst, dcap, cn + cnt * nm->blen, 1)))
                 return rc;
             const char *p = cur, *f;

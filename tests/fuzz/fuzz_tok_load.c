@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; s && i < sizeof texts / sizeof *texts; i++) {
         const uint32_t *ids;
         int r = kvr_tok_encode(t, s, texts[i], strlen(texts[i]), i & 1, &ids);
-        if (r < 0 && r != -E2BIG)
+        if (r < 0 && r != -E2BIG && r != -EOVERFLOW) /* too long; a normalizer blew up */
             abort();
         for (int k = 0; k < r; k++)
             if (ids[k] >= kvr_tok_vocab_size(t))
