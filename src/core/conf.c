@@ -1,7 +1,8 @@
 /* conf.c — INI file → validated struct kvr_conf, driven by one table of directives.
  *
- * Files: conf.c (the directive table, setters, INI walk, cross-checks), conf_value.c (the
- * syntax of values: sizes, durations, HOST:PORT, ZMQ endpoints), conf_model.c ([model "NAME"]
+ * Files: conf.c (setters, INI walk, cross-checks), conf_table.c (the directive table),
+ * conf_value.c (the syntax of values: sizes, durations, HOST:PORT, ZMQ endpoints),
+ * conf_model.c ([model "NAME"]
  * sections) and conf_reload.c (SIGHUP: kvr_conf_apply_reload, moved out of this file), sharing
  * conf_int.h, which also holds the table's types so that conf_reload.c can walk it.
  *
@@ -54,141 +55,7 @@
 #define CONF_MAX_FILE_BYTES (1 << 20)
 #define MAX_POD_ID 256
 
-#define OFF(f) offsetof(struct kvr_conf, f)
-#define MS_S 1000.0
-#define MS_M 60000.0
-#define MS_H 3600000.0
-#define KiB 1024.0
-#define MiB (1024.0 * 1024.0)
-#define GiB (1024.0 * 1024.0 * 1024.0)
 
-/* The table. Keep conf/kvrouterd.conf in sync (tests load it and compare against defaults). */
-const struct directive kvr_conf_directives[] = {
-    {"log", "level", T_LEVEL, "info", 0, 3, F_RELOADABLE, OFF(log_level)},
-    {"log", "format", T_FORMAT, "text", 0, 1, F_RELOADABLE, OFF(log_format)},
-    {"log", "ratelimit_interval", T_DURATION, "10s", 1, MS_H, F_RELOADABLE, OFF(log_ratelimit_ms)},
-    {"log", "ratelimit_burst", T_U32, "10", 1, 1000000, F_RELOADABLE, OFF(log_ratelimit_burst)},
-    {"log", "access_log", T_BOOL, "off", 0, 1, 0, OFF(access_log)},
-
-    {"events", "bind", T_BIND, NULL, 0, 0, F_REPEATABLE, OFF(bind)},
-    {"events", "connect", T_CONNECT, NULL, 0, 0, F_REPEATABLE, OFF(connect)},
-    {"events", "subscribe", T_STRING, "kv@", 0, 255, F_EMPTY_OK, OFF(subscribe)},
-    {"events", "writer_threads", T_U32, "2", 1, 64, 0, OFF(writer_threads)},
-    {"events", "queue_depth", T_U32, "4096", 1, 1048576, 0, OFF(queue_depth)},
-    {"events", "rcvhwm", T_I64, "100000", 0, 100000000, 0, OFF(rcvhwm)},
-    {"events", "max_message_size", T_SIZE, "64MiB", 1 * KiB, 1 * GiB, 0, OFF(max_message_size)},
-    {"events", "reconnect_interval", T_DURATION, "100ms", 1, MS_H, 0, OFF(reconnect_interval_ms)},
-    {"events", "reconnect_interval_max", T_DURATION, "5s", 0, MS_H, 0,
-     OFF(reconnect_interval_max_ms)},
-    {"events", "purge_after_disconnect", T_DURATION, "60s", 0, 7 * 24 * MS_H, 0,
-     OFF(purge_after_disconnect_ms)},
-    {"events", "replay_timeout", T_DURATION, "2s", 1, 10 * MS_M, 0, OFF(replay_timeout_ms)},
-    {"events", "max_concurrent_replays", T_U32, "4", 0, 1024, 0, OFF(max_concurrent_replays)},
-    {"events", "max_events_per_batch", T_U32, "65536", 1, 16777216, 0, OFF(max_events_per_batch)},
-    {"events", "max_tokens_per_event", T_U32, "1048576", 1, 67108864, 0,
-     OFF(max_tokens_per_event)},
-    {"events", "allow", T_CIDR, NULL, 0, 0, F_REPEATABLE, OFF(allow)},
-    {"events", "pod_must_match_peer", T_BOOL, "off", 0, 0, 0, OFF(pod_must_match_peer)},
-    {"events", "curve_secret_key_file", T_STRING, NULL, 1, 4095, 0, OFF(curve_secret_key_file)},
-    {"events", "curve_public_key_file", T_STRING, NULL, 1, 4095, 0, OFF(curve_public_key_file)},
-    {"events", "curve_authorized_keys_file", T_STRING, NULL, 1, 4095, 0,
-     OFF(curve_authorized_keys_file)},
-    {"events", "forget_after", T_DURATION, "10m", 0, 7 * 24 * MS_H, 0, OFF(forget_after_ms)},
-    {"events", "min_streams_ready", T_U32, "0", 0, 1000000, 0, OFF(min_streams_ready)},
-    {"events", "bind_replay", T_STRING, NULL, 1, 255, 0, OFF(bind_replay)},
-    {"events", "forward", T_STRING, NULL, 1, 255, 0, OFF(forward)},
-    {"events", "models", T_STRING, NULL, 0, 4095, F_EMPTY_OK | F_RELOADABLE, OFF(events_models)},
-
-    {"index", "jump_stride", T_U32, "32", 1, 4096, 0, OFF(jump_stride)},
-    {"index", "max_workers", T_U32, "16384", 1, 1048576, 0, OFF(max_workers)},
-    {"index", "orphan_capacity", T_U32, "65536", 0, 16777216, 0, OFF(orphan_capacity)},
-    {"index", "max_memory", T_SIZE, "0", 0, 1024 * GiB, F_RELOADABLE, OFF(max_memory)},
-
-    {"http", "listen", T_HOSTPORT, "0.0.0.0:8080", 0, 0, 0, OFF(listen)},
-    {"http", "admin_listen", T_HOSTPORT, NULL, 0, 0, 0, OFF(admin_listen)},
-    {"http", "admin_token", T_STRING, NULL, 1, 255, F_RELOADABLE, OFF(admin_token)},
-    {"http", "threads", T_U32, "1", 1, 64, 0, OFF(http_threads)},
-    {"http", "max_body_bytes", T_SIZE, "8MiB", 1 * KiB, 1 * GiB, 0, OFF(max_body_bytes)},
-    {"http", "max_header_bytes", T_SIZE, "16KiB", 1 * KiB, 1 * MiB, 0, OFF(max_header_bytes)},
-    {"http", "max_headers", T_U32, "64", 1, 1024, 0, OFF(max_headers)},
-    {"http", "request_timeout", T_DURATION, "10s", 1, MS_H, 0, OFF(request_timeout_ms)},
-    {"http", "idle_timeout", T_DURATION, "60s", 1, 24 * MS_H, 0, OFF(idle_timeout_ms)},
-    {"http", "max_connections", T_U32, "10000", 1, 1000000, 0, OFF(max_connections)},
-    {"http", "max_query_tokens", T_U32, "262144", 1, 16777216, 0, OFF(max_query_tokens)},
-    {"http", "max_output_bytes", T_SIZE, "4MiB", 64 * KiB, 1 * GiB, 0, OFF(max_output_bytes)},
-    {"http", "probe_connections", T_U32, "16", 0, 1024, 0, OFF(probe_connections)},
-    {"http", "public_introspection", T_BOOL, "off", 0, 1, 0, OFF(public_introspection)},
-
-    {"score", "weight.*", T_WEIGHT, NULL, 0, 1000, F_REPEATABLE | F_RELOADABLE, OFF(weights)},
-    {"score", "default_weight", T_DOUBLE, "0.5", 0, 1000, F_RELOADABLE, OFF(default_weight)},
-
-    {"route", "policy", T_STRING, "ttft", 1, 32, F_RELOADABLE, OFF(route_policy)},
-    {"route", "overlap_weight", T_DOUBLE, "1.0", 0, 1000, F_RELOADABLE, OFF(route_overlap_weight)},
-    {"route", "temperature", T_DOUBLE, "0", 0, 100, F_RELOADABLE, OFF(route_temperature)},
-    {"route", "balance_abs_threshold", T_U32, "64", 0, 1000000000, F_RELOADABLE,
-     OFF(route_balance_abs_threshold)},
-    {"route", "balance_rel_threshold", T_DOUBLE, "1.5", 1, 1000, F_RELOADABLE,
-     OFF(route_balance_rel_threshold)},
-    {"route", "cache_threshold", T_DOUBLE, "0.3", 0, 1, F_RELOADABLE, OFF(route_cache_threshold)},
-    {"route", "max_request_age", T_DURATION, "10m", 1000, 24 * MS_H, F_RELOADABLE,
-     OFF(route_max_request_age_ms)},
-    {"route", "max_tracked", T_U32, "100000", 1, 100000000, F_RELOADABLE, OFF(route_max_tracked)},
-    {"route", "seed", T_U32, "0", 0, 4294967295.0, 0, OFF(route_seed)},
-    {"route", "assumed_ttl", T_DURATION, "120s", 1000, 7 * 24 * MS_H, F_RELOADABLE,
-     OFF(route_assumed_ttl_ms)},
-    {"route", "assumed_max_blocks", T_U32, "65536", 1, 16777216, F_RELOADABLE,
-     OFF(route_assumed_max_blocks)},
-    {"route", "predicted_ttl", T_DURATION, "5s", 0, 3600000, F_RELOADABLE,
-     OFF(route_predicted_ttl_ms)},
-    {"route", "prefill_rate", T_DOUBLE, "20000", 1, 1e9, F_RELOADABLE, OFF(route_prefill_rate)},
-    {"route", "uncached_weight", T_DOUBLE, "1", 0, 100, F_RELOADABLE,
-     OFF(route_uncached_weight)},
-    {"route", "sticky_band", T_DOUBLE, "0.5", 0, 10, F_RELOADABLE, OFF(route_sticky_band)},
-    {"route", "prefill_timeout", T_DURATION, "30s", 100, MS_H, F_RELOADABLE,
-     OFF(route_prefill_timeout_ms)},
-    {"route", "decode_time", T_DURATION, "5s", 0, MS_H, F_RELOADABLE, OFF(route_decode_time_ms)},
-    {"route", "busy_kv_usage", T_DOUBLE, "0.95", 0, 1, F_RELOADABLE, OFF(route_busy_kv_usage)},
-    {"route", "busy_waiting", T_U32, "0", 0, 1000000, F_RELOADABLE, OFF(route_busy_waiting)},
-    {"route", "when_all_busy", T_STRING, "best", 1, 16, F_RELOADABLE, OFF(route_when_all_busy)},
-    {"route", "pd_local_max_uncached", T_U32, "2048", 0, 4294967295.0, F_RELOADABLE,
-     OFF(route_pd_local_max_uncached)},
-    {"route", "pd_local_max_share", T_DOUBLE, "1", 0, 1, F_RELOADABLE,
-     OFF(route_pd_local_max_share)},
-    {"route", "peer_bind", T_STRING, NULL, 0, 1023, F_EMPTY_OK, OFF(route_peer_bind)},
-    {"route", "peers", T_STRING, NULL, 0, 4095, F_EMPTY_OK, OFF(route_peers)},
-    {"route", "session_header", T_STRING, "X-Session-ID", 0, 64, F_EMPTY_OK,
-     OFF(route_session_header)},
-    {"route", "session_ttl", T_DURATION, "300s", 0, 7 * 24 * MS_H, F_RELOADABLE,
-     OFF(route_session_ttl_ms)},
-    {"route", "session_max", T_U32, "100000", 1, 100000000, F_RELOADABLE, OFF(route_session_max)},
-    {"route", "session_max_wait", T_DURATION, "1s", 0, MS_H, F_RELOADABLE,
-     OFF(route_session_max_wait_ms)},
-
-    {"load", "metrics_url", T_STRING, NULL, 0, 1023, F_EMPTY_OK | F_RELOADABLE,
-     OFF(load_metrics_url)},
-    {"load", "metrics_interval", T_DURATION, "50ms", 10, MS_M, F_RELOADABLE, OFF(load_interval_ms)},
-    {"load", "metrics_timeout", T_DURATION, "500ms", 10, MS_M, F_RELOADABLE, OFF(load_timeout_ms)},
-    {"load", "stale_after", T_DURATION, "1s", 10, MS_H, F_RELOADABLE, OFF(load_stale_after_ms)},
-    {"load", "max_response_bytes", T_SIZE, "4MiB", 4 * KiB, 256 * MiB, F_RELOADABLE,
-     OFF(load_max_response_bytes)},
-    {"load", "max_targets", T_U32, "4096", 1, 1048576, F_RELOADABLE, OFF(load_max_targets)},
-
-    {"tokenizer", "prefix_cache", T_SIZE, "64MiB", 0, 64 * GiB, 0, OFF(prefix_cache)},
-    {"tokenizer", "max_prompt_bytes", T_SIZE, "1MiB", 1 * KiB, 1 * GiB, 0, OFF(max_prompt_bytes)},
-    {"tokenizer", "threads", T_U32, "2", 0, 64, 0, OFF(text_threads)},
-    {"tokenizer", "queue", T_U32, "64", 1, 65536, 0, OFF(text_queue)},
-    {"tokenizer", "offload_bytes", T_SIZE, "16KiB", 0, 1 * GiB, 0, OFF(offload_bytes)},
-
-    {"state", "dir", T_STRING, NULL, 0, 4095, F_EMPTY_OK, OFF(state_dir)},
-    {"state", "snapshot_interval", T_DURATION, "60s", 0, 7 * 24 * MS_H, 0,
-     OFF(snapshot_interval_ms)},
-    {"state", "bootstrap", T_STRING, NULL, 0, 1023, F_EMPTY_OK, OFF(bootstrap)},
-    {"state", "bootstrap_timeout", T_DURATION, "30s", 1, MS_H, 0, OFF(bootstrap_timeout_ms)},
-
-    {"daemon", "shutdown_timeout", T_DURATION, "5s", 0, MS_H, 0, OFF(shutdown_timeout_ms)},
-};
-#define NDIRECTIVES (sizeof(kvr_conf_directives) / sizeof(kvr_conf_directives[0]))
-const size_t kvr_conf_ndirectives = NDIRECTIVES;
 
 static const char *const sections[] = {"log", "events", "index", "http", "score", "route",
                                        "load", "tokenizer", "state", "daemon"};
@@ -214,7 +81,7 @@ struct pstate {
     int lineno;
     int rc;               /* first error (negative errno) or 0 */
     struct kvr_err *err;
-    int seen_line[NDIRECTIVES];          /* line a directive was first set on, 0 = unset */
+    int seen_line[KVR_CONF_MAX_DIRECTIVES]; /* line a directive was first set on, 0 = unset */
     int weight_line[KVR_CONF_MAX_TIERS]; /* per weights[] entry, 0 = default */
     int section_line;     /* line of the last [section] header */
     bool in_model;        /* the last header was [model "NAME"] (inih sees "[model]") */
@@ -631,7 +498,7 @@ static int set_value(struct kvr_conf *c, const struct directive *d, const char *
 
 static const struct directive *find_directive(const char *section, const char *name)
 {
-    for (size_t i = 0; i < NDIRECTIVES; i++) {
+    for (size_t i = 0; i < kvr_conf_ndirectives; i++) {
         const struct directive *d = &kvr_conf_directives[i];
         if (strcasecmp(d->section, section) != 0)
             continue;
@@ -654,7 +521,7 @@ static int apply_defaults(struct kvr_conf *c, struct kvr_err *err)
 {
     struct setctx sc;
 
-    for (size_t i = 0; i < NDIRECTIVES; i++) {
+    for (size_t i = 0; i < kvr_conf_ndirectives; i++) {
         const struct directive *d = &kvr_conf_directives[i];
         if (d->def == NULL)
             continue;
@@ -1022,21 +889,22 @@ static void cross_check(struct pstate *st)
         return;
     }
     for (const char *p = c->route_peers; p != NULL && *p;) { /* ZeroMQ endpoints */
+        char ep[1024];
         size_t n = strcspn(p, " \t,");
-        if (n > 0 && strncmp(p, "tcp://", 6) != 0 && strncmp(p, "ipc://", 6) != 0) {
+        snprintf(ep, sizeof(ep), "%.*s", (int)(n < sizeof(ep) ? n : sizeof(ep) - 1), p);
+        if (n > 0 && (n >= sizeof(ep) || kvr_conf_check_endpoint(ep, false) != 0)) {
             fail(st, seen_line(st, "route", "peers"), -EINVAL,
-                 "[route] peers: %.*s is not a tcp:// or ipc:// endpoint", (int)(n > 200 ? 200 : n),
-                 p);
+                 "[route] peers: %.200s is not an endpoint (tcp://HOST:PORT, ipc://PATH)", ep);
             return;
         }
         p += n;
         p += strspn(p, " \t,");
     }
     if (c->route_peer_bind != NULL && c->route_peer_bind[0] != '\0' &&
-        strncmp(c->route_peer_bind, "tcp://", 6) != 0 &&
-        strncmp(c->route_peer_bind, "ipc://", 6) != 0) {
+        kvr_conf_check_endpoint(c->route_peer_bind, true) != 0) {
         fail(st, seen_line(st, "route", "peer_bind"), -EINVAL,
-             "[route] peer_bind = %.200s: not a tcp:// or ipc:// endpoint", c->route_peer_bind);
+             "[route] peer_bind = %.200s: not a bind endpoint (tcp://HOST:PORT, ipc://PATH)",
+             c->route_peer_bind);
         return;
     }
     for (const char *h = c->route_session_header; h != NULL && *h; h++) {

@@ -54,7 +54,16 @@ struct directive {
     size_t off;       /* offset of the field in struct kvr_conf */
 };
 
-extern const struct directive kvr_conf_directives[];
+/* Units of the table's defaults and ranges, and of the messages that print them. */
+#define MS_S 1000.0
+#define MS_M 60000.0
+#define MS_H 3600000.0
+#define KiB 1024.0
+#define MiB (1024.0 * 1024.0)
+#define GiB (1024.0 * 1024.0 * 1024.0)
+
+extern const struct directive kvr_conf_directives[]; /* conf_table.c */
+#define KVR_CONF_MAX_DIRECTIVES 256 /* the table's size at most (checked there) */
 extern const size_t kvr_conf_ndirectives; /* entries in kvr_conf_directives[] */
 
 /* The field of struct kvr_conf (c) that directive d describes, as a T * (const T *). */

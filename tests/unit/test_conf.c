@@ -184,6 +184,14 @@ static const struct bad_case bad_cases[] = {
         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
         "aa\n",
      "t.conf:4: line too long (at most 198 characters)"},
+    /* [route] replicas and sessions */
+    {EV "[route]\npeers = tcp://a:1, http://b:2\n",
+     "t.conf:4: [route] peers: http://b:2 is not an endpoint (tcp://HOST:PORT, ipc://PATH)"},
+    {EV "[route]\npeer_bind = tcp://*\n",
+     "t.conf:4: [route] peer_bind = tcp://*: not a bind endpoint (tcp://HOST:PORT, ipc://PATH)"},
+    {EV "[route]\nsession_header = X Session\n",
+     "t.conf:4: [route] session_header = X Session: not an HTTP header name (letters, digits "
+     "and !#$%&'*+-.^_`|~ only)"},
     /* [model "NAME"] sections */
     {EV "[model Qwen]\ntokenizer = x\n", "t.conf:3: expected [model \"NAME\"] (the model as "
                                          "engines name it in their topic, in double quotes)"},
