@@ -154,18 +154,15 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
         fail(resp, rc == -E2BIG ? 413 : 500, "scoring failed: %s", strerror(-rc));
         return;
     }
-    bool roles = kvr_route_has_roles(t->api->route, q.model);
     for (size_t i = 0; i < rs->n; i++) {
         const struct kvr_reqbody_cand *in = &rs->in[i];
         /* a default candidate known from its events confirms its prefills by them; for
          * the others route asks the model's approximate mode (route_flight.c) */
         bool evented = rq.ncands == 0 && i < rs->nstream;
-        /* the role: the gateway's, else the model's prefill_pods / decode_pods */
-        int role = in->role >= 0 ? in->role
-                   : roles ? kvr_route_role(t->api->route, q.model, in->pod)
-                           : KVR_ROUTE_BOTH;
+        /* the role: the gateway's, else (resolved below) the model's lists */
         rs->c[i] = (struct kvr_route_cand){.pod = in->pod, .dp_rank = in->dp_rank,
-                                           .role = (uint8_t)role,
+                                           .role = in->role >= 0 ? (uint8_t)in->role
+                                                                 : KVR_ROUTE_ROLE_UNSET,
                                            .has_requests = in->has_requests,
                                            .has_tokens = in->has_tokens,
                                            .evented = evented,
@@ -173,6 +170,7 @@ void kvr_httpapi_ep_route(struct kvr_httpapi_thread *t, const struct kvr_httpreq
                                            .active_tokens = in->active_tokens};
         rs->by_name[i] = (uint32_t)i;
     }
+    kvr_route_resolve_roles(t->api->route, q.model, rs->c, rs->n);
     /* each scored worker to its candidates: sorted by name, one binary search per entry */
     qsort_r(rs->by_name, rs->n, sizeof(rs->by_name[0]), by_name_cmp, rs->in);
     for (size_t k = 0; k < res.nentries; k++) {

@@ -78,10 +78,16 @@ enum kvr_route_role {
 /* "both", "prefill", "decode" -> the role, or -1. */
 int kvr_route_role_parse(const char *s);
 const char *kvr_route_role_name(int role);
-/* The role of (model, pod) from its [model] prefill_pods / decode_pods (under the mutex). */
-int kvr_route_role(struct kvr_route *r, const char *model, const char *pod);
 /* Whether the model lists prefill_pods or decode_pods. */
 bool kvr_route_has_roles(struct kvr_route *r, const char *model);
+/* A candidate role not given by the gateway (kvr_route_cand.role before
+ * kvr_route_resolve_roles). */
+#define KVR_ROUTE_ROLE_UNSET 0xff
+struct kvr_route_cand;
+/* Each candidate whose role is KVR_ROUTE_ROLE_UNSET gets its pod's role from the model's
+ * prefill_pods / decode_pods (both when listed in neither): one look under the mutex. */
+void kvr_route_resolve_roles(struct kvr_route *r, const char *model, struct kvr_route_cand *c,
+                             size_t n);
 /* Calls cb(arg, pod, 0) for each of the model's prefill_pods (under the mutex). */
 void kvr_route_prefill_pods(struct kvr_route *r, const char *model,
                             void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg);

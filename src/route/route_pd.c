@@ -39,19 +39,28 @@ const char *kvr_route_role_name(int role)
     return role >= 0 && role < 3 ? role_names[role] : "both";
 }
 
-int kvr_route_role(struct kvr_route *r, const char *model, const char *pod)
+static int role_locked(const struct approx *a, const char *pod)
 {
-    int role = KVR_ROUTE_BOTH;
+    for (size_t k = 0; a != NULL && k < a->npre; k++)
+        if (strcmp(a->pre[k], pod) == 0)
+            return KVR_ROUTE_PREFILL;
+    for (size_t k = 0; a != NULL && k < a->ndec; k++)
+        if (strcmp(a->dec[k], pod) == 0)
+            return KVR_ROUTE_DECODE;
+    return KVR_ROUTE_BOTH;
+}
+
+void kvr_route_resolve_roles(struct kvr_route *r, const char *model, struct kvr_route_cand *c,
+                             size_t n)
+{
     pthread_mutex_lock(&r->mu);
     const struct approx *a = model != NULL ? route_approx_of(r, model) : NULL;
-    for (size_t k = 0; a != NULL && k < a->npre && role == KVR_ROUTE_BOTH; k++)
-        if (strcmp(a->pre[k], pod) == 0)
-            role = KVR_ROUTE_PREFILL;
-    for (size_t k = 0; a != NULL && k < a->ndec && role == KVR_ROUTE_BOTH; k++)
-        if (strcmp(a->dec[k], pod) == 0)
-            role = KVR_ROUTE_DECODE;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].role == KVR_ROUTE_ROLE_UNSET)
+            c[i].role = (uint8_t)(a != NULL && (a->npre > 0 || a->ndec > 0)
+                                      ? role_locked(a, c[i].pod)
+                                      : KVR_ROUTE_BOTH);
     pthread_mutex_unlock(&r->mu);
-    return role;
 }
 
 bool kvr_route_has_roles(struct kvr_route *r, const char *model)

@@ -141,6 +141,7 @@ struct kvr_share {
     struct slot *ring;
     size_t head, n;
     int64_t first_ns; /* when the oldest queued decision was queued */
+    struct slot out[KVR_SHARE_BATCH]; /* the thread's copy of a batch being sent */
     /* counters (relaxed atomics: the thread and the publishers write, /metrics reads) */
     _Atomic uint64_t queued, dropped, sent_batches, sent, recv_batches, applied, echoes,
         malformed, send_failed;
@@ -179,7 +180,7 @@ void kvr_share_publish(void *arg, const struct kvr_route_shared *d)
 static void flush(struct kvr_share *s, struct kvr_buf *b, bool force)
 {
     struct kvr_route_shared batch[KVR_SHARE_BATCH];
-    static _Thread_local struct slot copy[KVR_SHARE_BATCH];
+    struct slot *copy = s->out;
 
     for (;;) {
         size_t k;
