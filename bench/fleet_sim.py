@@ -885,7 +885,6 @@ def main(argv=None):
     for w in workloads:
         for l in loads:
             rate = l * calib[w]["r80"] / 0.8
-            reqs_cache = None
             for r in routers:
                 reqs, info = build_reqs(args, w, rate, args.duration)
                 log("== %s load %s (rate %.4g, %d requests) router %s"
