@@ -619,6 +619,27 @@ static void test_conflict(void **state)
 static struct kvr_index *g_cix;
 static int g_stop;
 static uint64_t g_finds;
+static uint64_t g_live_finds, g_live_xops; /* progress seen while running */
+
+/* Waits (at most 5 s) until the readers and the other writer have each made progress since
+ * *f and *x: on a 2-core machine the restores could otherwise all run before they are
+ * scheduled once, and nothing would have been concurrent. */
+static void wait_progress(uint64_t *f, uint64_t *x)
+{
+    struct timespec t0, now, nap = {0, 200000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        uint64_t nf = __atomic_load_n(&g_live_finds, __ATOMIC_RELAXED);
+        uint64_t nx = __atomic_load_n(&g_live_xops, __ATOMIC_RELAXED);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((nf > *f && nx > *x) || now.tv_sec - t0.tv_sec >= 5) {
+            *f = nf;
+            *x = nx;
+            return;
+        }
+        nanosleep(&nap, NULL);
+    }
+}
 
 static void *reader(void *arg)
 {
@@ -637,6 +658,7 @@ static void *reader(void *arg)
                 if (h[i].matched > q->n)
                     abort();
         n++;
+        __atomic_fetch_add(&g_live_finds, 1, __ATOMIC_RELAXED);
     }
     kvr_index_reader_destroy(r);
     __atomic_fetch_add(&g_finds, n, __ATOMIC_RELAXED);
@@ -665,6 +687,7 @@ static void *xwriter(void *arg)
         if ((s >> 8) % 2 && kvr_index_remove(g_cix, g_xw, 0, eh, q->n, NULL) != 0)
             abort();
         n++;
+        __atomic_fetch_add(&g_live_xops, 1, __ATOMIC_RELAXED);
     }
     __atomic_fetch_add(&g_xops, n, __ATOMIC_RELAXED);
     return NULL;
@@ -690,8 +713,11 @@ static void test_concurrent_readers(void **state)
         assert_int_equal(pthread_create(&rt[i], NULL, reader, (void *)(uintptr_t)(i + 1)), 0);
     assert_int_equal(pthread_create(&xt, NULL, xwriter, (void *)(uintptr_t)99), 0);
     /* restore, dump and clear again and again while the readers find */
+    uint64_t seen_f = 0, seen_x = 0;
     for (int rep = 0; rep < 20; rep++) {
         uint64_t stored = 0, orphaned = 0;
+        if (rep % 5 == 0)
+            wait_progress(&seen_f, &seen_x);
         restore_all(g_cix, wids, blobs, &stored, &orphaned);
         for (int i = 0; i < NW; i++) {
             struct kvr_buf x;
