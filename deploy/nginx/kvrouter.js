@@ -18,6 +18,10 @@
 //                   candidates are sent (kvrouterd picks among every worker it knows) and any
 //                   answer that is itself a host:port is accepted.
 //   $kvr_policy     "" (kvrouterd's [route] default), "cost", "cache_aware" or "score"
+//   $kvr_pd_mode    disaggregated prefill and decode, when kvrouterd splits a request:
+//                   "header" (default): the decode engine gets x-prefiller-host-port (llm-d's
+//                   routing sidecar on the decode pod runs the remote prefill); "vllm": vLLM's
+//                   own proxy pattern, two calls from here (prefillThenDecode below)
 // Load tracking: no "track" is sent. njs cannot run code when the proxied response ends
 // (no log-phase handler), so a tracked route could never be ended; loads come from the
 // engines' own reports (or [route] defaults) instead. See README.md.
@@ -111,9 +115,11 @@ function route(r) {
             // disaggregated: the decode engine, told where the prefill runs (an address:
             // the header names host:port)
             var pre = ans.prefill && ans.prefill.pod;
-            var uri = typeof pre === 'string' && ADDR_RE.test(pre)
-                          ? '/_kvr_pd/' + pre + '/' + addr + r.uri
-                          : '/_kvr_pod/' + addr + r.uri;
+            var uri = '/_kvr_pod/' + addr + r.uri;
+            if (typeof pre === 'string' && ADDR_RE.test(pre)) {
+                uri = (v.kvr_pd_mode === 'vllm' ? '/_kvr_vpd/' : '/_kvr_pd/') + pre + '/' +
+                      addr + r.uri;
+            }
             if (v.args) {
                 uri += '?' + v.args;
             }
@@ -124,4 +130,74 @@ function route(r) {
         });
 }
 
-export default {route: route, routeBody: routeBody, parseEngines: parseEngines};
+// vLLM's P/D proxy pattern (its NIXL connector's toy_proxy_server): the request goes to the
+// prefill engine as a one-token, non-streamed completion asking for a remote decode
+// (kv_transfer_params.do_remote_decode), and the kv_transfer_params of that answer (where the
+// computed KV cache waits) go with the client's own request to the decode engine, whose
+// answer (streamed or not) is the client's. Both calls carry one X-Request-Id (the client's,
+// else nginx's $request_id). A prefill that fails is not retried: the decode engine serves
+// the request alone, with the client's body unchanged (slower, never an error).
+// Runs in the internal location /_kvr_vpd/<prefill>/<decode>/<uri>, whose js_fetch_timeout
+// bounds the prefill call.
+var PREFILL_PARAMS = {do_remote_decode: true, do_remote_prefill: false,
+                      remote_engine_id: null, remote_block_ids: null,
+                      remote_host: null, remote_port: null};
+
+function prefillBody(req) {
+    var p = JSON.parse(JSON.stringify(req));
+    p.kv_transfer_params = PREFILL_PARAMS;
+    p.stream = false;
+    p.max_tokens = 1;
+    if ('max_completion_tokens' in p) {
+        p.max_completion_tokens = 1;
+    }
+    delete p.stream_options;      // only with stream
+    delete p.min_tokens;          // not allowed above max_tokens; the decode call keeps them
+    delete p.min_completion_tokens;
+    return p;
+}
+
+function prefillThenDecode(r) {
+    var v = r.variables;
+    var path = v.kvr_path + (v.args ? '?' + v.args : '');
+    var alone = '/_kvr_pod/' + v.kvr_addr + path;
+    var req;
+    try {
+        req = JSON.parse(r.requestText);
+    } catch (e) {
+        req = null;
+    }
+    if (req === null || typeof req !== 'object' || Array.isArray(req)) {
+        return r.internalRedirect(alone);
+    }
+    var id = r.headersIn['X-Request-Id'] || v.request_id;
+    v.kvr_pd_request_id = id;
+    var headers = {'Content-Type': 'application/json', 'X-Request-Id': id};
+    if (r.headersIn.Authorization) {
+        headers.Authorization = r.headersIn.Authorization;
+    }
+    ngx.fetch('http://' + v.kvr_prefill + path,
+              {method: 'POST', body: JSON.stringify(prefillBody(req)), headers: headers})
+        .then(function (res) {
+            if (res.status !== 200) {
+                throw new Error('prefill engine HTTP ' + res.status);
+            }
+            return res.json();
+        })
+        .then(function (ans) {
+            var ktp = ans && ans.kv_transfer_params;
+            if (ktp === null || typeof ktp !== 'object') {
+                throw new Error('no kv_transfer_params in the prefill answer');
+            }
+            req.kv_transfer_params = ktp;
+            v.kvr_pd_body = JSON.stringify(req);
+            r.internalRedirect('/_kvr_vpd_dec/' + v.kvr_addr + path);
+        })
+        .catch(function (e) {
+            r.log('kvrouter: decode engine alone (' + (e.message || String(e)) + ')');
+            r.internalRedirect(alone);
+        });
+}
+
+export default {route: route, routeBody: routeBody, parseEngines: parseEngines,
+                prefillThenDecode: prefillThenDecode, prefillBody: prefillBody};

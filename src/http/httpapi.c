@@ -683,6 +683,14 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     if (pc->route != NULL) {
         struct kvr_route_flight f; /* one look under the route mutex */
         kvr_route_flight_of(pc->route, s->pod ? s->pod : "", s->dp_rank, &f);
+        /* the role: a gateway's, given with the last decision routed here, else the
+         * model's prefill_pods / decode_pods */
+        int role = f.role_given >= 0 ? f.role_given
+                                     : kvr_route_role_of(pc->route, s->model, s->pod ? s->pod
+                                                                                     : "");
+        put(b, ",\"role\":");
+        put_json_str(b, kvr_route_role_name(role));
+        put(b, f.role_given >= 0 ? ",\"role_source\":\"gateway\"" : ",\"role_source\":\"config\"");
         put_kv_u64(b, ",\"active_requests\":", f.requests);
         put_kv_u64(b, ",\"active_tokens\":", f.tokens);
         put_kv_u64(b, ",\"inflight\":{\"prefills\":", f.pending);
@@ -695,6 +703,28 @@ static void pod_cb(const struct kvr_stream_info *s, void *arg)
     }
     kvr_load_put_json(pc->load, s->pod ? s->pod : "", s->dp_rank, b);
     put(b, "}");
+}
+
+/* One worker with a role (kvr_route_roles). */
+static void role_cb(void *arg, const struct kvr_route_role_info *ri)
+{
+    struct json_list *l = arg;
+    put(l->b, l->n++ ? ",{\"pod\":" : "{\"pod\":");
+    put_json_str(l->b, ri->pod);
+    if (ri->dp_rank >= 0)
+        put_kv_u64(l->b, ",\"dp_rank\":", (uint64_t)ri->dp_rank);
+    if (ri->model != NULL) {
+        put(l->b, ",\"model\":");
+        put_json_str(l->b, ri->model);
+    }
+    put(l->b, ",\"role\":");
+    put_json_str(l->b, kvr_route_role_name(ri->role));
+    put(l->b, ri->from_gateway ? ",\"source\":\"gateway\"" : ",\"source\":\"config\"");
+    if (ri->from_gateway) {
+        put(l->b, ",\"idle_ms\":");
+        put_i64(l->b, ri->idle_ms);
+    }
+    put(l->b, "}");
 }
 
 /* One approximate-mode worker (kvr_ingest_assumed_workers). */
@@ -718,6 +748,10 @@ static void ep_pods(struct kvr_httpapi_thread *t, struct kvr_httpresp *resp)
     kvr_ingest_streams(t->api->ingest, pod_cb, &pc);
     put(resp->body, "],\"assumed\":[");
     kvr_ingest_assumed_workers(t->api->ingest, assumed_cb, &ac);
+    put(resp->body, "],\"roles\":[");
+    struct json_list rc = {resp->body, 0, NULL, NULL};
+    if (t->api->route != NULL)
+        kvr_route_roles(t->api->route, role_cb, &rc);
     put(resp->body, "]}\n");
 }
 

@@ -280,6 +280,7 @@ struct wload *route_wfind(struct kvr_route *r, const char *pod, uint32_t rank, b
     }
     w->rank = rank;
     w->last_ns = route_now_ns();
+    w->gw_role = KVR_ROUTE_ROLE_UNSET;
     w->next = r->w[b];
     r->w[b] = w;
     return w;
@@ -287,7 +288,8 @@ struct wload *route_wfind(struct kvr_route *r, const char *pod, uint32_t rank, b
 
 void route_wmaybe_free(struct kvr_route *r, struct wload *w)
 {
-    if (w->requests > 0 || w->pend.n > 0 || w->dec.n > 0 || w->rate > 0)
+    if (w->requests > 0 || w->pend.n > 0 || w->dec.n > 0 || w->rate > 0 ||
+        w->gw_role != KVR_ROUTE_ROLE_UNSET) /* shown in /v1/pods until idle */
         return;
     struct wload **pp = &r->w[wbucket(w->pod, w->rank)];
     while (*pp != w)

@@ -88,6 +88,22 @@ struct kvr_route_cand;
  * prefill_pods / decode_pods (both when listed in neither): one look under the mutex. */
 void kvr_route_resolve_roles(struct kvr_route *r, const char *model, struct kvr_route_cand *c,
                              size_t n);
+/* The role the model's prefill_pods / decode_pods give pod (both when it lists neither). */
+int kvr_route_role_of(struct kvr_route *r, const char *model, const char *pod);
+/* One worker with a role other than both, or one a gateway gave a role to (/v1/pods). */
+struct kvr_route_role_info {
+    const char *model;   /* config: the [model] section; gateway: NULL */
+    const char *pod;
+    int64_t dp_rank;     /* config: -1 (every rank); gateway: the worker's */
+    int role;            /* enum kvr_route_role */
+    bool from_gateway;   /* the role the candidates of the last decision routed there gave */
+    int64_t idle_ms;     /* gateway: since that worker's last decision or confirmation */
+};
+/* Calls cb for every configured role (each model's prefill_pods, then decode_pods), then for
+ * every worker whose last routed decision came with a gateway's role (under the mutex: cb
+ * must not call back into route). */
+void kvr_route_roles(struct kvr_route *r,
+                     void (*cb)(void *arg, const struct kvr_route_role_info *ri), void *arg);
 /* Calls cb(arg, pod, 0) for each of the model's prefill_pods (under the mutex). */
 void kvr_route_prefill_pods(struct kvr_route *r, const char *model,
                             void (*cb)(void *arg, const char *pod, uint32_t dp_rank), void *arg);
@@ -96,6 +112,7 @@ struct kvr_route_cand {
     const char *pod; /* NUL-terminated, borrowed for the call */
     uint32_t dp_rank;
     uint8_t role;    /* enum kvr_route_role */
+    bool role_given; /* out (kvr_route_resolve_roles): the gateway sent the role */
     uint32_t matched_blocks;       /* the cached prefix the policies use: /v1/score's
                                     * predicted_blocks, the better of exact and predicted */
     uint32_t exact_blocks;         /* /v1/score's matched_blocks (reported, not used) */
@@ -231,6 +248,8 @@ struct kvr_route_flight {
     uint32_t decoding;        /* our confirmed requests still counted as decoding */
     uint64_t confirmed;       /* prefills confirmed by its events so far */
     double prefill_rate;      /* learned tokens/s; 0 = none yet */
+    int role_given;           /* the role a gateway gave with the last decision routed
+                               * here (enum kvr_route_role), -1: none */
 };
 /* The view of (pod, dp_rank): all zero when kvrouterd keeps nothing for it. */
 void kvr_route_flight_of(struct kvr_route *r, const char *pod, uint32_t dp_rank,

@@ -184,6 +184,7 @@ void route_flight_gc(struct kvr_route *r, int64_t now)
             if (w->requests == 0 && w->pend.n == 0 && w->dec.n == 0 &&
                 now - w->last_ns > IDLE_NS) {
                 w->rate = w->work = w->secs = 0; /* forgotten with it */
+                w->gw_role = KVR_ROUTE_ROLE_UNSET;
                 route_wmaybe_free(r, w);
             }
         }
@@ -278,6 +279,7 @@ void route_flight_commit(struct kvr_route *r, const struct kvr_route_query *q,
         return;
     }
     w->last_ns = now;
+    w->gw_role = c->role_given ? c->role : KVR_ROUTE_ROLE_UNSET;
     r->mean_uncached = r->mean_uncached > 0
                            ? r->mean_uncached + 0.05 * ((double)c->uncached_tokens -
                                                         r->mean_uncached)
@@ -533,13 +535,17 @@ static void flight_of(const struct wload *w, struct kvr_route_flight *f)
     *f = (struct kvr_route_flight){.requests = w->requests, .tokens = w->tokens,
                                    .pending = w->pend.n, .pending_tokens = w->pend_tokens,
                                    .decoding = w->dec.n, .confirmed = w->confirmed,
-                                   .prefill_rate = w->rate};
+                                   .prefill_rate = w->rate,
+                                   .role_given = w->gw_role == KVR_ROUTE_ROLE_UNSET
+                                                     ? -1
+                                                     : w->gw_role};
 }
 
 void kvr_route_flight_of(struct kvr_route *r, const char *pod, uint32_t dp_rank,
                          struct kvr_route_flight *out)
 {
     memset(out, 0, sizeof(*out));
+    out->role_given = -1;
     pthread_mutex_lock(&r->mu);
     struct wload *w = route_wfind(r, pod, dp_rank, false);
     if (w != NULL) {

@@ -51,6 +51,8 @@ struct wload {
                                 * from then (or from its decision, if later) */
     uint64_t confirmed;        /* prefills its events confirmed */
     int64_t last_ns;           /* last decision, confirmation or track */
+    uint8_t gw_role;           /* the gateway's role at the last decision routed here;
+                                * KVR_ROUTE_ROLE_UNSET: none given */
     struct wload *next;
 };
 

@@ -56,10 +56,42 @@ void kvr_route_resolve_roles(struct kvr_route *r, const char *model, struct kvr_
     pthread_mutex_lock(&r->mu);
     const struct approx *a = model != NULL ? route_approx_of(r, model) : NULL;
     for (size_t i = 0; i < n; i++)
-        if (c[i].role == KVR_ROUTE_ROLE_UNSET)
+        if (!(c[i].role_given = c[i].role != KVR_ROUTE_ROLE_UNSET))
             c[i].role = (uint8_t)(a != NULL && (a->npre > 0 || a->ndec > 0)
                                       ? role_locked(a, c[i].pod)
                                       : KVR_ROUTE_BOTH);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int kvr_route_role_of(struct kvr_route *r, const char *model, const char *pod)
+{
+    pthread_mutex_lock(&r->mu);
+    int role = role_locked(model != NULL ? route_approx_of(r, model) : NULL, pod);
+    pthread_mutex_unlock(&r->mu);
+    return role;
+}
+
+void kvr_route_roles(struct kvr_route *r,
+                     void (*cb)(void *arg, const struct kvr_route_role_info *ri), void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->nap; i++) {
+        const struct approx *a = &r->ap[i];
+        for (size_t k = 0; k < a->npre + a->ndec; k++) {
+            bool pre = k < a->npre;
+            cb(arg, &(struct kvr_route_role_info){
+                        .model = a->name, .pod = pre ? a->pre[k] : a->dec[k - a->npre],
+                        .dp_rank = -1, .role = pre ? KVR_ROUTE_PREFILL : KVR_ROUTE_DECODE});
+        }
+    }
+    int64_t now = route_now_ns();
+    for (size_t b = 0; b < WBUCKETS; b++)
+        for (const struct wload *w = r->w[b]; w != NULL; w = w->next)
+            if (w->gw_role != KVR_ROUTE_ROLE_UNSET)
+                cb(arg, &(struct kvr_route_role_info){.pod = w->pod, .dp_rank = w->rank,
+                                                      .role = w->gw_role,
+                                                      .from_gateway = true,
+                                                      .idle_ms = (now - w->last_ns) / 1000000});
     pthread_mutex_unlock(&r->mu);
 }
 

@@ -37,7 +37,7 @@ def _sub(text, pattern, repl, count=1):
     return new
 
 
-def render_nginx(tmp, port, engines, route_url, mode, fetch_timeout_ms):
+def render_nginx(tmp, port, engines, route_url, mode, fetch_timeout_ms, pd_mode=None):
     with open(os.path.join(DEPLOY, "nginx", "nginx.conf")) as f:
         t = f.read()
     t = _sub(t, r"^worker_processes .*;", "worker_processes 1;")
@@ -51,6 +51,8 @@ def render_nginx(tmp, port, engines, route_url, mode, fetch_timeout_ms):
     t = _sub(t, r'^\s*set \$kvr_route_url ".*";', '        set $kvr_route_url "%s";' % route_url)
     t = _sub(t, r'^\s*set \$kvr_engines ".*";', '        set $kvr_engines "%s";' % " ".join(engines))
     t = _sub(t, r"js_fetch_timeout \d+ms;", "js_fetch_timeout %dms;" % fetch_timeout_ms, 2)
+    if pd_mode is not None:
+        t = _sub(t, r'^\s*set \$kvr_pd_mode ".*";', '        set $kvr_pd_mode "%s";' % pd_mode)
     if mode == "rr":
         # straight to the fallback location (same proxy settings), no njs at all
         t = _sub(t, r"js_content kvr\.route;", "error_page 418 = @kvr_rr; return 418;", 2)
@@ -80,7 +82,8 @@ def render_haproxy(tmp, port, engines, route_url, mode, fetch_timeout_ms):
 
 
 class Gateway:
-    def __init__(self, kind, engines, route_url, mode="kvr", fetch_timeout_ms=100, port=None):
+    def __init__(self, kind, engines, route_url, mode="kvr", fetch_timeout_ms=100, port=None,
+                 pd_mode=None):
         assert kind in ("nginx", "haproxy") and mode in ("kvr", "rr")
         self.kind, self.mode = kind, mode
         self.tmp = tempfile.mkdtemp(prefix="kvr-gw-%s-" % kind)
@@ -91,7 +94,8 @@ class Gateway:
             os.makedirs(os.path.join(self.tmp, "proxy"))
             for d in ("body", "proxy"):
                 os.chmod(os.path.join(self.tmp, d), 0o777)
-            conf = render_nginx(self.tmp, self.port, engines, route_url, mode, fetch_timeout_ms)
+            conf = render_nginx(self.tmp, self.port, engines, route_url, mode, fetch_timeout_ms,
+                                pd_mode)
             path = os.path.join(self.tmp, "nginx.conf")
             argv = ["nginx", "-p", self.tmp, "-c", path, "-g", "daemon off;"]
         else:
@@ -134,13 +138,13 @@ class Gateway:
                     text += f.read()
         return text[-4000:]
 
-    def post(self, path, obj, timeout=10, conn=None):
+    def post(self, path, obj, timeout=10, conn=None, headers=None):
         own = conn is None
         if own:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             conn.request("POST", path, body=json.dumps(obj),
-                         headers={"Content-Type": "application/json"})
+                         headers=dict({"Content-Type": "application/json"}, **(headers or {})))
             resp = conn.getresponse()
             data = resp.read()
             return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data

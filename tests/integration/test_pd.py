@@ -53,6 +53,13 @@ def test_roles_from_the_config(daemon_factory):
     # a gateway that lists the decode engines it forwards to: the prefill pool is added
     res = route(d, 8192, 9, [{"pod": p} for p in DEC])
     assert res["disaggregate"] is True and res["prefill"]["pod"] in PRE, res
+    # /v1/pods lists the configured roles (the pools publish no events here)
+    st, pods = d.json("GET", "/v1/pods", admin=True)
+    assert st == 200, pods
+    conf = sorted((x["pod"], x["role"]) for x in pods["roles"] if x["source"] == "config")
+    assert conf == sorted([(p, "prefill") for p in PRE] + [(p, "decode") for p in DEC]), pods
+    assert all(x["model"] == MODEL and "dp_rank" not in x for x in pods["roles"]
+               if x["source"] == "config"), pods
 
 
 def test_threshold_and_gateway_roles(daemon_factory):
@@ -66,6 +73,17 @@ def test_threshold_and_gateway_roles(daemon_factory):
     res = route(d2, 4096, 2, cands)
     assert res["pod"] in ("d-a", "both-a") and res["disaggregate"] is True, res
     assert res["prefill"]["pod"] in ("p-a", "both-a") and res["prefill"]["pod"] != res["pod"]
+    # /v1/pods: the roles the gateway gave with the decisions routed to each worker
+    st, pods = d2.json("GET", "/v1/pods", admin=True)
+    assert st == 200, pods
+    seen = {(x["pod"], x["dp_rank"]): x for x in pods["roles"]}
+    role = {"p-a": "prefill", "d-a": "decode"}  # both-a came without one
+    for pod in (res["pod"], res["prefill"]["pod"]):
+        if pod in role:
+            x = seen.pop((pod, 0))
+            assert x["role"] == role[pod] and x["source"] == "gateway", x
+            assert 0 <= x["idle_ms"] < 10000, x
+    assert not seen, pods  # only the workers a decision went to, with a role given
     # no role at all among the candidates: an ordinary decision, no pair
     res = route(d2, 4096, 3, [{"pod": "x"}, {"pod": "y"}])
     assert "disaggregate" not in res and "prefill" not in res

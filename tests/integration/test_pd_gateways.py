@@ -27,10 +27,13 @@ MODEL = "test/pd"
 
 
 class Engine:
-    """An OpenAI-shaped engine that records each request's headers."""
+    """An OpenAI-shaped engine that records each request's headers (seen) and body (bodies).
+    As a vLLM prefill engine with a KV connector (prefill=True), it answers a request asking
+    for a remote decode with the kv_transfer_params a decode engine needs; status: what it
+    answers."""
 
-    def __init__(self):
-        self.seen = []
+    def __init__(self, prefill=False, status=200):
+        self.seen, self.bodies, self.status = [], [], status
         outer = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -38,10 +41,19 @@ class Engine:
 
             def do_POST(self):
                 n = int(self.headers.get("content-length") or 0)
-                self.rfile.read(n)
+                req = json.loads(self.rfile.read(n) or b"null")
                 outer.seen.append({k.lower(): v for k, v in self.headers.items()})
-                body = json.dumps({"choices": [{"text": "ok"}]}).encode()
-                self.send_response(200)
+                outer.bodies.append(req)
+                ans = {"choices": [{"text": "ok from %s" % outer.addr}]}
+                ktp = isinstance(req, dict) and req.get("kv_transfer_params")
+                if prefill and ktp and ktp.get("do_remote_decode"):
+                    ans["kv_transfer_params"] = {
+                        "do_remote_prefill": True, "do_remote_decode": False,
+                        "remote_engine_id": "engine-" + outer.addr, "remote_block_ids": [1, 2],
+                        "remote_host": "127.0.0.1", "remote_port": 5600,
+                        "request_id": self.headers.get("x-request-id")}
+                body = json.dumps(ans).encode()
+                self.send_response(outer.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -98,4 +110,83 @@ def test_gateway_carries_the_pair(daemon_factory, kind):
     finally:
         gw.close()
         for e in dec:
+            e.close()
+
+
+def test_nginx_vllm_two_calls(daemon_factory):
+    """$kvr_pd_mode "vllm": nginx makes vLLM's proxy calls itself: a one-token prefill with
+    kv_transfer_params on the prefill engine kvrouterd chose, then the client's request with
+    the prefill's kv_transfer_params on the decode engine; a failed prefill leaves the
+    request to the decode engine alone."""
+    if shutil.which("nginx") is None:
+        pytest.fail("nginx is not installed: `make test` installs it")
+    dec = [Engine(), Engine()]
+    pre = [Engine(prefill=True), Engine(prefill=True)]
+    d = daemon_factory({'model "%s"' % MODEL: {"prefill_pods": " ".join(e.addr for e in pre),
+                                               "decode_pods": " ".join(e.addr for e in dec),
+                                               "block_size": "16"},
+                        "route": {"policy": "ttft", "seed": "5"}})
+    need_http(d)
+    gw = gwload.Gateway("nginx", [e.addr for e in dec], d.url("/v1/route"),
+                        fetch_timeout_ms=2000, pd_mode="vllm")
+    try:
+        for seed in range(4):  # long prompts: split, two calls each
+            body = {"model": MODEL, "prompt": tokens_for(seed, 4096), "max_tokens": 40,
+                    "min_tokens": 5, "stream": seed % 2 == 1, "user": "u%d" % seed}
+            if body["stream"]:
+                body["stream_options"] = {"include_usage": True}
+            st, hdrs, data = gw.post("/v1/completions", body,
+                                     headers={"X-Request-Id": "req-%d" % seed})
+            assert st == 200 and hdrs.get("x-kvr-route") == "kvrouterd", (st, hdrs, gw.log())
+            p = [(e, b, h) for e in pre for b, h in zip(e.bodies, e.seen)]
+            q = [(e, b, h) for e in dec for b, h in zip(e.bodies, e.seen)]
+            assert len(p) == 1 and len(q) == 1, (len(p), len(q), gw.log())
+            pe, pb, ph = p[0]
+            de, db, dh = q[0]
+            # the prefill call: one token, not streamed, asking for a remote decode
+            want = dict(body, max_tokens=1, stream=False,
+                        kv_transfer_params={"do_remote_decode": True,
+                                            "do_remote_prefill": False,
+                                            "remote_engine_id": None,
+                                            "remote_block_ids": None,
+                                            "remote_host": None, "remote_port": None})
+            for k in ("min_tokens", "stream_options"):
+                want.pop(k, None)
+            assert pb == want, pb
+            # the decode call: the client's body and the prefill's answer's parameters
+            assert db == dict(body, kv_transfer_params={
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": "engine-" + pe.addr, "remote_block_ids": [1, 2],
+                "remote_host": "127.0.0.1", "remote_port": 5600,
+                "request_id": "req-%d" % seed}), db
+            assert ph.get("x-request-id") == dh.get("x-request-id") == "req-%d" % seed
+            assert "x-prefiller-host-port" not in dh
+            assert json.loads(data)["choices"][0]["text"] == "ok from " + de.addr
+            for e in pre + dec:
+                e.seen.clear()
+                e.bodies.clear()
+        # without a client id, nginx's own: one id for both calls
+        st, _, _ = gw.post("/v1/completions", {"model": MODEL, "prompt": tokens_for(9, 4096)})
+        ids = [h.get("x-request-id") for e in pre + dec for h in e.seen]
+        assert st == 200 and len(ids) == 2 and ids[0] and ids[0] == ids[1], ids
+        for e in pre + dec:
+            e.seen.clear()
+            e.bodies.clear()
+        # short: the decode engine alone, no prefill call
+        st, _, _ = gw.post("/v1/completions", {"model": MODEL, "prompt": tokens_for(50, 64)})
+        assert st == 200 and sum(len(e.bodies) for e in pre) == 0
+        assert [b.get("kv_transfer_params") for e in dec for b in e.bodies] == [None]
+        for e in dec:
+            e.bodies.clear()
+        # the prefill engines fail: the decode engine serves the client's body unchanged
+        for e in pre:
+            e.status = 500
+        body = {"model": MODEL, "prompt": tokens_for(60, 4096), "max_tokens": 7}
+        st, hdrs, _ = gw.post("/v1/completions", body)
+        assert st == 200 and sum(len(e.bodies) for e in pre) == 1, gw.log()
+        assert [b for e in dec for b in e.bodies] == [body]
+        assert "decode engine alone (prefill engine HTTP 500)" in gw.log()
+    finally:
+        gw.close()
+        for e in pre + dec:
             e.close()
