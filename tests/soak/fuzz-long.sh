@@ -5,6 +5,7 @@
 #
 #   sh tests/soak/fuzz-long.sh build                 # objects + every target
 #   sh tests/soak/fuzz-long.sh run TARGET SECONDS [RUNS]   # e.g. run fuzz_snap 600 10000000
+#   FUZZ_ARGS="-max_len=512" sh tests/soak/fuzz-long.sh run ...  # more libFuzzer flags
 #
 # A run fuzzes build/fuzz-long/corpus-TARGET (new inputs land there) seeded with
 # tests/fuzz/corpus/<TARGET without fuzz_>, stops after SECONDS or RUNS executions, and
@@ -33,7 +34,8 @@ run)
   n=$2; secs=$3; runs=${4:--1}
   mkdir -p $OUT/corpus-$n
   set +e
-  $OUT/$n -max_total_time="$secs" -runs="$runs" -print_final_stats=1 \
+  # shellcheck disable=SC2086  # FUZZ_ARGS: words on purpose
+  $OUT/$n -max_total_time="$secs" -runs="$runs" -print_final_stats=1 ${FUZZ_ARGS:-} \
     -artifact_prefix=$OUT/crash-$n- $OUT/corpus-$n "tests/fuzz/corpus/${n#fuzz_}" \
     > $OUT/$n.log 2>&1
   rc=$?
