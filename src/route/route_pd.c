@@ -5,8 +5,10 @@
  * Why: large fleets split prefill and decode into pools (vLLM with a KV connector such as
  * NIXL; llm-d, Dynamo and SGLang's gateway route that way). The prefill worker is where the
  * prompt's KV cache matters; the decode worker only receives the computed KV, so it is
- * chosen by load (Dynamo's decode router: overlap credit 0, load only). A short uncached
- * part is cheaper to compute where the request decodes than to move: under [route]
+ * chosen by load (Dynamo's decode router: overlap credit 0, load only), except that a decode
+ * worker whose own cache (its KV events) leaves the request short is preferred: the request
+ * is then served there alone, as a conversation's next turn where its earlier turns decoded.
+ * A short uncached part is cheaper to compute where the request decodes than to move: under [route]
  * pd_local_max_uncached tokens (llm-d's prefix-based P/D decider; 2,048 as Dynamo) and at
  * most pd_local_max_share of the prompt (1 by default: any share; Dynamo's conditional
  * disaggregation uses 0.7) it stays on the decode worker alone.
@@ -114,30 +116,51 @@ void kvr_route_prefill_pods(struct kvr_route *r, const char *model,
     pthread_mutex_unlock(&r->mu);
 }
 
-/* The decode worker: the fewest running requests, then the least queued prefill (a worker
- * that may also compute this prompt), then a seeded random choice. SIZE_MAX: none. */
+/* Whether c may serve the request alone: what it would compute is short enough
+ * (pd_local_max_uncached, pd_local_max_share of the prompt). */
+static bool fits_local(const struct kvr_route *r, const struct kvr_route_query *q,
+                       const struct kvr_route_cand *c)
+{
+    return c->uncached_tokens < r->pd_local_max_uncached &&
+           (double)c->uncached_tokens <= r->pd_local_max_share * (double)q->prompt_tokens;
+}
+
+/* The decode worker. First among the decode-capable candidates whose cache leaves the
+ * request short enough to serve alone (fits_local) and that are not busy: a decode pool
+ * that publishes KV events holds its conversations' earlier turns, and the next turn served
+ * where its prefix is needs no prefill worker and no transfer. Else any decode-capable
+ * candidate. Within either: the fewest running requests, then the least queued prefill (a
+ * worker that may also compute this prompt), then the longest cached prefix, then a seeded
+ * random choice. SIZE_MAX: none. */
 static size_t pick_decode(struct kvr_route *r, const struct kvr_route_query *q)
 {
-    size_t best = SIZE_MAX, ties = 0;
-    for (size_t i = 0; i < q->ncands; i++) {
-        const struct kvr_route_cand *c = &q->cands[i];
-        if (c->role == KVR_ROUTE_PREFILL)
-            continue;
-        int k = 0;
-        if (best != SIZE_MAX) {
-            const struct kvr_route_cand *b = &q->cands[best];
-            k = c->running != b->running       ? (c->running < b->running ? -1 : 1)
-                : c->queued_tokens != b->queued_tokens ? (c->queued_tokens < b->queued_tokens ? -1 : 1)
-                                                       : 0;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t best = SIZE_MAX, ties = 0;
+        for (size_t i = 0; i < q->ncands; i++) {
+            const struct kvr_route_cand *c = &q->cands[i];
+            if (c->role == KVR_ROUTE_PREFILL || (pass == 0 && (c->busy || !fits_local(r, q, c))))
+                continue;
+            int k = 0;
+            if (best != SIZE_MAX) {
+                const struct kvr_route_cand *b = &q->cands[best];
+                k = c->running != b->running ? (c->running < b->running ? -1 : 1)
+                    : c->queued_tokens != b->queued_tokens
+                        ? (c->queued_tokens < b->queued_tokens ? -1 : 1)
+                    : c->matched_blocks != b->matched_blocks
+                        ? (c->matched_blocks > b->matched_blocks ? -1 : 1)
+                        : 0;
+            }
+            if (best == SIZE_MAX || k < 0) {
+                best = i;
+                ties = 1;
+            } else if (k == 0 && route_rand(r) % ++ties == 0) {
+                best = i;
+            }
         }
-        if (best == SIZE_MAX || k < 0) {
-            best = i;
-            ties = 1;
-        } else if (k == 0 && route_rand(r) % ++ties == 0) {
-            best = i;
-        }
+        if (best != SIZE_MAX)
+            return best;
     }
-    return best;
+    return SIZE_MAX;
 }
 
 int route_decide_pd(struct kvr_route *r, struct kvr_route_query *q,
@@ -152,8 +175,7 @@ int route_decide_pd(struct kvr_route *r, struct kvr_route_query *q,
         npre += q->cands[i].role != KVR_ROUTE_DECODE && i != dec;
     const struct kvr_route_cand *dc = &q->cands[dec];
     uint64_t unc = dc->uncached_tokens;
-    bool small = unc < r->pd_local_max_uncached &&
-                 (double)unc <= r->pd_local_max_share * (double)q->prompt_tokens;
+    bool small = fits_local(r, q, dc);
     d->chosen = dec;
     if (small || npre == 0) {
         r->pd_local++;

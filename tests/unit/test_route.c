@@ -704,6 +704,37 @@ static void test_pd(void **state)
     kvr_route_flight_of(r, pods[3], 0, &f);
     assert_int_equal(f.pending, 1); /* it prefills there itself */
 
+    /* a decode worker whose cache holds all but 800 of 4000 tokens serves it alone, though
+     * busier (p2: idle, holds nothing; p3: 7 + 1 of ours, holds 200 blocks) ... */
+    q.prompt_tokens = 4000;
+    q.query_blocks = 250;
+    cand[2].active_requests = 0;
+    cand[3].matched_blocks = 200;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 3);
+    assert_int_equal(d.prefill, SIZE_MAX);
+    /* ... p2 holding it too and less loaded than p3 is preferred ... */
+    cand[2].matched_blocks = 240;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 2);
+    assert_int_equal(d.prefill, SIZE_MAX);
+    /* ... unless it is busy (engine metrics: waiting requests): then p3 */
+    struct fake_load fl = {.have[2] = true, .l[2] = {.waiting = 10, .kv_usage = -1}};
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    fl.l[2].sample_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    kvr_route_set_load_source(r, fake_load_fn, &fl);
+    c.route_busy_waiting = 4;
+    kvr_route_set_conf(r, &c);
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 3);
+    kvr_route_set_load_source(r, NULL, NULL);
+    /* no decode worker's cache fits: by load, split (p2 idle again, p3 holds nothing) */
+    cand[2].matched_blocks = cand[3].matched_blocks = 0;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 2);
+    assert_int_equal(d.prefill, 0);
+
     /* only prefill workers: no decode worker */
     struct kvr_route_query q2 = q;
     q2.cands = cand;
@@ -713,8 +744,8 @@ static void test_pd(void **state)
     kvr_buf_init(&b);
     kvr_route_metrics(r, &b);
     kvr_buf_append(&b, "", 1);
-    assert_non_null(strstr(b.data, "kvrouter_route_pd_decisions_total{kind=\"split\"} 1\n"));
-    assert_non_null(strstr(b.data, "kvrouter_route_pd_decisions_total{kind=\"local\"} 1\n"));
+    assert_non_null(strstr(b.data, "kvrouter_route_pd_decisions_total{kind=\"split\"} 2\n"));
+    assert_non_null(strstr(b.data, "kvrouter_route_pd_decisions_total{kind=\"local\"} 4\n"));
     kvr_buf_free(&b);
     assert_int_equal(kvr_route_role_parse("prefill"), KVR_ROUTE_PREFILL);
     assert_int_equal(kvr_route_role_parse("x"), -1);
