@@ -42,8 +42,9 @@
  * choice. Then, among the candidates within (1 + [route] sticky_band) x that best time, the
  * one with the longest cached prefix is taken instead: a band of a few milliseconds at light
  * load changes little, while under overload, where every time is seconds, it keeps requests
- * where their prefix is and the fleet computes less (measured in docs/routing.md). Workers
- * over [route] busy_kv_usage (the engine's KV-cache usage) or busy_waiting (its waiting
+ * where their prefix is and the fleet computes less (measured in docs/routing.md); not one
+ * decoding more than (1 + band) x the best one's running requests + 8, or a prefix most
+ * requests share would stay on its first few holders. Workers over [route] busy_kv_usage (the engine's KV-cache usage) or busy_waiting (its waiting
  * requests) are skipped while any other is not (SGLang's and Dynamo's busy thresholds); when
  * all are, the best anyway, or -EBUSY with [route] when_all_busy = reject. Loads the gateway
  * sends override: active_tokens stands for queued, active_requests for running.
@@ -72,6 +73,7 @@
 #define LEARN_FLEET 0.05  /* ... in the fleet's */
 #define GC_EVERY_NS 10000000000ll          /* sweep idle workers every 10 s at most */
 #define IDLE_NS (600ll * 1000000000ll)     /* a worker idle for 10 min is forgotten */
+#define STICKY_RUNNING_SLACK 8 /* requests decoding a sticky choice may have over the band */
 
 static void fl_push(struct flist *l, struct flight *f)
 {
@@ -492,11 +494,16 @@ int route_decide_ttft(struct kvr_route *r, struct kvr_route_query *q,
             best = i; /* reservoir choice among equals */
         }
     }
-    /* Within the band of the best time, the longest cached prefix (then the best time). */
+    /* Within the band of the best time, the longest cached prefix (then the best time);
+     * but not a worker already decoding more than the band's share above the best one
+     * (plus STICKY_RUNNING_SLACK): a prefix most requests share would otherwise stay on the
+     * few workers that hold it, their decodes slowing their prefills in a way the learned
+     * rate does not show, instead of being copied to more (docs/routing.md). */
     if (r->sticky_band > 0) {
         double lim = c[best].cost * (1 + r->sticky_band);
+        double rlim = c[best].running * (1 + r->sticky_band) + STICKY_RUNNING_SLACK;
         for (size_t i = 0; i < q->ncands; i++) {
-            if ((c[i].busy && !all_busy) || c[i].cost > lim)
+            if ((c[i].busy && !all_busy) || c[i].cost > lim || c[i].running > rlim)
                 continue;
             if (c[i].matched_blocks > c[best].matched_blocks)
                 best = i;

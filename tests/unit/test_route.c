@@ -752,7 +752,8 @@ static void test_pd(void **state)
     kvr_route_destroy(r);
 }
 
-/* sticky_band: within (1 + band) x the best predicted time, the longest cached prefix. */
+/* sticky_band: within (1 + band) x the best predicted time, the longest cached prefix, unless
+ * that worker decodes over (1 + band) x the best one's running requests + 8. */
 static void test_ttft_sticky_band(void **state)
 {
     (void)state;
@@ -773,6 +774,17 @@ static void test_ttft_sticky_band(void **state)
     assert_int_equal(d.chosen, 1); /* within 0.2 s (0.16 x 1.25); p2 is past it */
     c.route_sticky_band = 0.6;
     kvr_route_set_conf(r, &c);
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 2);
+    /* the most cached one decoding more than (1 + band) x the best one's running + 8 is
+     * not taken: p2 at 17 running against p0's 5 (limit 16), p1 at 16 is */
+    cand[0].has_requests = cand[1].has_requests = cand[2].has_requests = true;
+    cand[0].active_requests = 5;
+    cand[1].active_requests = 16;
+    cand[2].active_requests = 17;
+    assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+    assert_int_equal(d.chosen, 1);
+    cand[2].active_requests = 16;
     assert_int_equal(kvr_route_decide(r, &q, &d), 0);
     assert_int_equal(d.chosen, 2);
     c.route_sticky_band = 0;
