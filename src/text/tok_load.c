@@ -677,7 +677,10 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
         a.len = a.mlen = (uint32_t)n;
         a.moff = a.off;
         if (a.normalized && t->nnorms && (rc = normalize_added(t, &a)))
-            return rc;
+            return rc == -EOVERFLOW
+                       ? errf(err, el, rc, "added_tokens[%d].content: the normalizer grows it "
+                                           "past 32 x its length + 4 KiB", i)
+                       : rc;
         if ((rc = vocab_set(t, s, n, a.id, err, el, "added_tokens")))
             return rc;
         struct added *q = realloc(t->added, (t->nadded + 1) * sizeof a);
@@ -794,8 +797,8 @@ int kvr_tok_load_mem(const char *json, size_t len, const char *config, size_t co
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     if (rc) {
-        if (rc == -ENOMEM && err && errlen && !err[0])
-            errf(err, errlen, rc, "out of memory");
+        if (err && errlen && !err[0]) /* every failure says why */
+            errf(err, errlen, rc, "%s", rc == -ENOMEM ? "out of memory" : strerror(-rc));
         kvr_tok_free(t);
         return rc;
     }
