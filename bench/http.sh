@@ -5,8 +5,9 @@
 #    real ZeroMQ event path with 64 engines' prompts from the Mooncake synthetic trace
 #    (bench/http_load.py; waits for /v1/pods last_seq) and writes 8K-token query bodies.
 # 2. wrk (one thread, HTTP_BENCH_CONNS connections, keep-alive) posts them as JSON, then as
-#    msgpack, then the same JSON to nginx (step 4), interleaved for HTTP_BENCH_ROUNDS rounds
-#    (best of each kept: the machine is shared): requests/s, latency p50/p90/p99.
+#    msgpack, then the same JSON to nginx (step 4), then to /v1/route (a committed ttft
+#    decision over the 64 engines), interleaved for HTTP_BENCH_ROUNDS rounds (best of each
+#    kept: the machine is shared): requests/s, latency p50/p90/p99.
 # 3. Half load: bench_loadgen offers 10000 JSON req/s (half the 20K/s target), open loop (wrk2
 #    is not in Debian), latency p50/p99 from the scheduled send times.
 # 4. nginx-light, one worker process, answers the same JSON POSTs with a fixed body of the
@@ -81,17 +82,19 @@ echo "kvrouterd pid $dpid, http port $port, events $events"
     --out "$tmp/q" --engines "$ENGINES" --requests "$REQUESTS" --query-tokens "$QTOKENS"
 
 # runwrk NAME URL FILE FORMAT CONNS [DELAY_MS] → prints a result line, sets RPS P50 P99
+# (sh has no local variables: w_* names, so a call does not overwrite the caller's $url; it
+# did until 2026-11-29, and every kvrouterd row after the first nginx run measured nginx)
 runwrk() {
-    name=$1 url=$2 file=$3 fmt=$4 c=$5 d=${6:-0}
-    WRK_DELAY_MS=$d wrk -t1 -c"$c" -d"${DUR}s" --timeout 5s -s "$here/wrk_score.lua" "$url" \
-        -- "$file" "$fmt" >"$tmp/wrk.out" 2>&1 || { cat "$tmp/wrk.out"; exit 1; }
+    w_name=$1 w_url=$2 w_file=$3 w_fmt=$4 w_c=$5 w_d=${6:-0}
+    WRK_DELAY_MS=$w_d wrk -t1 -c"$w_c" -d"${DUR}s" --timeout 5s -s "$here/wrk_score.lua" \
+        "$w_url" -- "$w_file" "$w_fmt" >"$tmp/wrk.out" 2>&1 || { cat "$tmp/wrk.out"; exit 1; }
     RPS=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$tmp/wrk.out")
     P50=$(sed -n 's/^LAT p50_us=\([0-9]*\).*/\1/p' "$tmp/wrk.out")
     P90=$(sed -n 's/^LAT .*p90_us=\([0-9]*\).*/\1/p' "$tmp/wrk.out")
     P99=$(sed -n 's/^LAT .*p99_us=\([0-9]*\).*/\1/p' "$tmp/wrk.out")
     ERR=$(sed -n 's/^wrk_score: .*non-2xx \([0-9]*\).*/\1/p' "$tmp/wrk.out")
     printf '%-34s %10.0f req/s   p50 %6d us   p90 %6d us   p99 %6d us   non-2xx %s\n' \
-        "$name" "$RPS" "$P50" "$P90" "$P99" "$ERR"
+        "$w_name" "$RPS" "$P50" "$P90" "$P99" "$ERR"
 }
 
 # nginx floor: same bodies, fixed answer of the same size
@@ -142,7 +145,7 @@ best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a + 0 > b + 0) ? a : b }'; }
 echo "-- wrk: 1 thread, $CONNS connections, ${DUR}s each, best of $ROUNDS interleaved rounds; kvrouterd: 1 loop thread"
 runwrk "warm-up (json)" "$url" "$tmp/q/queries.json" json "$CONNS" >/dev/null
 runwrk "warm-up (nginx)" "$nurl" "$tmp/q/queries.json" json "$CONNS" >/dev/null
-json_rps=0 mp_rps=0 nginx_rps=0
+json_rps=0 mp_rps=0 nginx_rps=0 route_rps=0
 r=0
 while [ $r -lt "$ROUNDS" ]; do
     r=$((r + 1))
@@ -152,6 +155,12 @@ while [ $r -lt "$ROUNDS" ]; do
     mp_rps=$(best "$mp_rps" "$RPS")
     runwrk "nginx return 200 (same POSTs)" "$nurl" "$tmp/q/queries.json" json "$CONNS"
     nginx_rps=$(best "$nginx_rps" "$RPS")
+    # the same bodies as decisions (ttft over every engine, committed): last in the round,
+    # their in-flight work and predicted entries stay behind
+    WRK_PATH=/v1/route; export WRK_PATH
+    runwrk "kvrouterd /v1/route json" "$url" "$tmp/q/queries.json" json "$CONNS"
+    unset WRK_PATH
+    route_rps=$(best "$route_rps" "$RPS")
 done
 
 # half load (wrk2 is not in Debian; wrk's delay() fires on 1 ms ticks, i.e. in bursts):
@@ -170,10 +179,11 @@ printf '%-34s %10.0f req/s   p50 %6d us   p90 %6d us   p99 %6d us   p99.9 %6d us
 half_rps=$RPS half_p50=$P50 half_p99=$P99
 
 echo "-- summary"
-awk -v j="$json_rps" -v m="$mp_rps" -v n="$nginx_rps" -v h="$half_rps" -v h50="$half_p50" -v h99="$half_p99" 'BEGIN {
+awk -v j="$json_rps" -v m="$mp_rps" -v n="$nginx_rps" -v rt="$route_rps" -v h="$half_rps" -v h50="$half_p50" -v h99="$half_p99" 'BEGIN {
     printf "json %.0f req/s (target >= 20000); msgpack %.0f req/s = %.2fx json (target >= 2x)\n", j, m, m / j
     printf "half load (open loop): %.0f req/s (%.2f of the best json rate), p50 %d us, p99 %d us (target p99 <= 1000 us)\n", h, h / j, h50, h99
     printf "nginx floor %.0f req/s; kvrouterd json = %.2f of it (target >= 0.5)\n", n, j / n
+    printf "/v1/route %.0f decisions/s = %.2f of /v1/score\n", rt, rt / j
 }'
 grep -E "^kvrouter_score_latency_seconds_(sum|count)" <<EOF || true
 $(curl -s "$url/metrics" 2>/dev/null || "$PYTHON" -c "import urllib.request; print(urllib.request.urlopen('$url/metrics').read().decode())")

@@ -4,6 +4,7 @@
 --     FILE    queries.json (one JSON body per line) or queries.mp (4-byte big-endian length
 --             + msgpack body, repeated)
 --     FORMAT  json | msgpack
+--     WRK_PATH  the path posted to (default /v1/score; /v1/route takes the same bodies)
 --     WRK_DELAY_MS  pause before each request on a connection (pacing: with C connections
 --             the offered rate is about C * 1000 / (N + latency_ms)). wrk decides whether a
 --             script has delay() before init() runs, so this comes from the environment.
@@ -14,6 +15,7 @@
 local reqs = {}
 local idx = 1
 local pause = tonumber(os.getenv("WRK_DELAY_MS") or "0") or 0
+local path = os.getenv("WRK_PATH") or "/v1/score"
 
 local function read_all(path)
    local f = assert(io.open(path, "rb"))
@@ -23,8 +25,8 @@ local function read_all(path)
 end
 
 function init(args)
-   local path, format = args[1], args[2] or "json"
-   local data = read_all(path)
+   local file, format = args[1], args[2] or "json"
+   local data = read_all(file)
    local bodies = {}
    if format == "msgpack" then
       local pos = 1
@@ -41,7 +43,7 @@ function init(args)
    end
    local ctype = format == "msgpack" and "application/msgpack" or "application/json"
    for i, b in ipairs(bodies) do
-      reqs[i] = wrk.format("POST", "/v1/score", {["Content-Type"] = ctype}, b)
+      reqs[i] = wrk.format("POST", path, {["Content-Type"] = ctype}, b)
    end
    idx = math.random(#reqs)
 end

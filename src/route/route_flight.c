@@ -75,28 +75,39 @@
 #define IDLE_NS (600ll * 1000000000ll)     /* a worker idle for 10 min is forgotten */
 #define STICKY_RUNNING_SLACK 8 /* requests decoding a sticky choice may have over the band */
 
-static void fl_push(struct flist *l, struct flight *f)
+/* Links f after `after` (NULL: as the head). */
+static void fl_insert(struct flist *l, struct flight *after, struct flight *f)
 {
-    f->next = NULL;
-    if (l->tail != NULL)
-        l->tail->next = f;
+    f->prev = after;
+    f->next = after != NULL ? after->next : l->head;
+    if (f->next != NULL)
+        f->next->prev = f;
+    else
+        l->tail = f;
+    if (after != NULL)
+        after->next = f;
     else
         l->head = f;
-    l->tail = f;
     l->n++;
 }
 
-/* Unlinks f, whose predecessor is prev (NULL: f is the head). */
-static void fl_unlink(struct flist *l, struct flight *prev, struct flight *f)
+static void fl_push(struct flist *l, struct flight *f)
 {
-    if (prev != NULL)
-        prev->next = f->next;
+    fl_insert(l, l->tail, f);
+}
+
+static void fl_unlink(struct flist *l, struct flight *f)
+{
+    if (f->prev != NULL)
+        f->prev->next = f->next;
     else
         l->head = f->next;
-    if (l->tail == f)
-        l->tail = prev;
+    if (f->next != NULL)
+        f->next->prev = f->prev;
+    else
+        l->tail = f->prev;
     l->n--;
-    f->next = NULL;
+    f->prev = f->next = NULL;
 }
 
 static void fl_free(struct flist *l)
@@ -130,39 +141,49 @@ static void to_decoding(struct kvr_route *r, struct wload *w, struct flight *f, 
     f->due_ns = since;
     if (w->dec.n >= FLIGHT_MAX) {
         struct flight *old = w->dec.head;
-        fl_unlink(&w->dec, NULL, old);
+        fl_unlink(&w->dec, old);
         free(old);
         r->flight_dropped++;
     }
-    fl_push(&w->dec, f);
+    /* in confirmation order: nearly always the newest (an estimated prefill's predicted
+     * end can be earlier than a confirmation already here) */
+    struct flight *after = w->dec.tail;
+    while (after != NULL && after->due_ns > since)
+        after = after->prev;
+    fl_insert(&w->dec, after, f);
+}
+
+/* f leaves w's pending prefills. */
+static void pend_unlink(struct kvr_route *r, struct wload *w, struct flight *f)
+{
+    fl_unlink(&w->pend, f);
+    w->pend_tokens -= f->tokens < w->pend_tokens ? f->tokens : w->pend_tokens;
+    pend_dec(r);
 }
 
 void route_flight_age(struct kvr_route *r, struct wload *w, int64_t now)
 {
-    for (struct flight *prev = NULL, *f = w->pend.head, *n; f != NULL; f = n) {
-        n = f->next;
-        if (now < f->due_ns) {
-            prev = f;
-            continue;
+    if (now >= w->pend_due) { /* something may be due: the whole list, and a new bound */
+        int64_t next = INT64_MAX;
+        for (struct flight *f = w->pend.head, *n; f != NULL; f = n) {
+            n = f->next;
+            if (now < f->due_ns) {
+                next = f->due_ns < next ? f->due_ns : next;
+                continue;
+            }
+            pend_unlink(r, w, f);
+            if (f->evented) { /* its events never said: not counted any more */
+                r->pend_expired++;
+                free(f);
+            } else {
+                r->pend_estimated++;
+                to_decoding(r, w, f, f->due_ns);
+            }
         }
-        fl_unlink(&w->pend, prev, f);
-        w->pend_tokens -= f->tokens < w->pend_tokens ? f->tokens : w->pend_tokens;
-        pend_dec(r);
-        if (f->evented) { /* its events never said: not counted any more */
-            r->pend_expired++;
-            free(f);
-        } else {
-            r->pend_estimated++;
-            to_decoding(r, w, f, f->due_ns);
-        }
+        w->pend_due = next;
     }
-    for (struct flight *prev = NULL, *f = w->dec.head, *n; f != NULL; f = n) {
-        n = f->next;
-        if (now - f->due_ns < r->decode_time_ns) {
-            prev = f;
-            continue;
-        }
-        fl_unlink(&w->dec, prev, f);
+    for (struct flight *f; (f = w->dec.head) != NULL && now - f->due_ns >= r->decode_time_ns;) {
+        fl_unlink(&w->dec, f);
         free(f);
     }
 }
@@ -242,12 +263,15 @@ void route_flight_view(struct kvr_route *r, struct kvr_route_query *q, int64_t n
         queued = w != NULL ? (double)w->pend_tokens - head_done(r, w, now) : 0;
         running = w != NULL ? (double)w->dec.n : 0;
         if (have) {
-            /* our prefills decided before the sample are among its waiting or running */
-            double before = 0, since = 0;
-            for (const struct flight *f = w ? w->pend.head : NULL; f != NULL; f = f->next)
-                before += f->t0_ns <= el.sample_ns;
-            for (const struct flight *f = w ? w->dec.head : NULL; f != NULL; f = f->next)
-                since += f->due_ns > el.sample_ns;
+            /* our prefills decided before the sample are among its waiting or running;
+             * both lists are ordered, the ones after the sample are at their tails */
+            double before = w ? w->pend.n : 0, since = 0;
+            for (const struct flight *f = w ? w->pend.tail : NULL;
+                 f != NULL && f->t0_ns > el.sample_ns; f = f->prev)
+                before--;
+            for (const struct flight *f = w ? w->dec.tail : NULL;
+                 f != NULL && f->due_ns > el.sample_ns; f = f->prev)
+                since++;
             double others = el.waiting - before;
             if (others > 0)
                 queued += others * r->mean_uncached;
@@ -317,13 +341,13 @@ static void flight_add(struct kvr_route *r, struct wload *w, struct flight *f, i
         f->due_ns = now + (int64_t)((double)(f->ahead + f->tokens) / worker_rate(r, w) * 1e9);
     if (w->pend.n >= FLIGHT_MAX) {
         struct flight *old = w->pend.head;
-        fl_unlink(&w->pend, NULL, old);
-        w->pend_tokens -= old->tokens < w->pend_tokens ? old->tokens : w->pend_tokens;
-        pend_dec(r);
+        pend_unlink(r, w, old);
         free(old);
         r->flight_dropped++;
     }
-    fl_push(&w->pend, f);
+    fl_push(&w->pend, f); /* t0 = now, taken under mu: the newest */
+    if (f->due_ns < w->pend_due)
+        w->pend_due = f->due_ns;
     w->pend_tokens += f->tokens;
     atomic_fetch_add_explicit(&r->npend, 1, memory_order_relaxed);
 }
@@ -410,15 +434,8 @@ static void learn(struct kvr_route *r, struct wload *w, const struct flight *f, 
 
 static void infer_before(struct kvr_route *r, struct wload *w, int64_t t0, int64_t now)
 {
-    for (struct flight *prev = NULL, *f = w->pend.head, *nx; f != NULL; f = nx) {
-        nx = f->next;
-        if (f->t0_ns > t0 - FIFO_MARGIN_NS) {
-            prev = f;
-            continue;
-        }
-        fl_unlink(&w->pend, prev, f);
-        w->pend_tokens -= f->tokens < w->pend_tokens ? f->tokens : w->pend_tokens;
-        pend_dec(r);
+    for (struct flight *f; (f = w->pend.head) != NULL && f->t0_ns <= t0 - FIFO_MARGIN_NS;) {
+        pend_unlink(r, w, f); /* pend is in decision order: these are its head */
         r->pend_inferred++;
         to_decoding(r, w, f, now);
     }
@@ -433,18 +450,14 @@ void kvr_route_confirm(struct kvr_route *r, const char *pod, uint32_t dp_rank,
     struct wload *w = route_wfind(r, pod, dp_rank, false);
     if (w != NULL && w->pend.n > 0) {
         int64_t now = route_now_ns(), latest = INT64_MIN;
-        for (struct flight *prev = NULL, *f = w->pend.head, *nx; f != NULL; f = nx) {
+        for (struct flight *f = w->pend.head, *nx; f != NULL; f = nx) {
             nx = f->next;
             bool hit = false;
             for (size_t i = n; f->key != 0 && i-- > 0 && !hit;)
                 hit = content[i] == f->key;
-            if (!hit) {
-                prev = f;
+            if (!hit)
                 continue;
-            }
-            fl_unlink(&w->pend, prev, f);
-            w->pend_tokens -= f->tokens < w->pend_tokens ? f->tokens : w->pend_tokens;
-            pend_dec(r);
+            pend_unlink(r, w, f);
             learn(r, w, f, now);
             r->confirmed++;
             w->confirmed++;

@@ -29,9 +29,13 @@ struct flight {
                        * decoding: the time it was confirmed */
     bool evented;
     bool prefill_only; /* a P/D prefill worker's: done, it is not decoding there */
-    struct flight *next; /* oldest first */
+    struct flight *prev, *next; /* pend: by t0_ns; dec: by due_ns; oldest first */
 };
 
+/* Both lists stay ordered (pend by decision time: decisions are taken under mu, so in
+ * clock order; dec by confirmation time, inserted in place), so a decision's look at a
+ * worker costs what changed since the last look, not the length of its lists: the
+ * expired are at the head, the ones newer than an engine sample at the tail. */
 struct flist {
     struct flight *head, *tail;
     uint32_t n;
@@ -43,6 +47,7 @@ struct wload {
     uint64_t requests, tokens; /* tracked (track + DELETE) */
     struct flist pend;         /* our prefills not yet confirmed */
     uint64_t pend_tokens;      /* sum of pend's tokens */
+    int64_t pend_due;          /* no pend entry is due before this (a lower bound) */
     struct flist dec;          /* our confirmed requests, counted as decoding */
     double rate;               /* learned prefill tokens/s (0: none yet): work / secs */
     double work, secs;         /* decayed sums of confirmed prefill tokens and their service

@@ -833,6 +833,250 @@ static void test_inflight_approx_model(void **state)
     kvr_route_destroy(r);
 }
 
+/* ---- the in-flight lists against a naive model ------------------------------------------- */
+
+/* One flight as the model sees it: times are intervals, the clock read just before and just
+ * after the call that set them (the router's own reading is inside). */
+struct mflight {
+    uint64_t key; /* 0: not evented, ends at its predicted time */
+    int64_t t0_lo, t0_hi;
+    int st;                 /* 0 pending, 1 decoding, 2 gone */
+    int64_t due_lo, due_hi; /* pending: expiry or predicted end; decoding: since */
+};
+
+struct mworld {
+    struct mflight f[600];
+    size_t n;
+    int64_t prefill_timeout, decode_time;
+    bool ambiguous; /* a threshold fell inside a call: the router's state is not known */
+    int unordered;  /* times an estimated prefill began decoding before one already there */
+};
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* is x >= thr, for x in [lo, hi]: 1 yes, 0 no, -1 either */
+static int m_ge(int64_t lo, int64_t hi, int64_t thr)
+{
+    return lo >= thr ? 1 : hi < thr ? 0 : -1;
+}
+
+/* What route_flight_age does at a time in [lo, hi], in list order (pending by decision). */
+static void m_age(struct mworld *m, int64_t lo, int64_t hi)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        struct mflight *f = &m->f[i];
+        if (f->st != 0)
+            continue;
+        /* now >= due, now in [lo, hi], due in [due_lo, due_hi] */
+        int k = lo >= f->due_hi ? 1 : hi < f->due_lo ? 0 : -1;
+        if (k < 0)
+            m->ambiguous = true;
+        if (k != 1)
+            continue;
+        f->st = f->key != 0 ? 2 : 1; /* evented: dropped; else decoding since its due */
+        for (size_t j = 0; f->st == 1 && j < m->n; j++)
+            m->unordered += m->f[j].st == 1 && m->f[j].due_lo > f->due_hi;
+    }
+    for (size_t i = 0; i < m->n; i++) {
+        struct mflight *f = &m->f[i];
+        if (f->st != 1)
+            continue;
+        int k = lo >= f->due_hi + m->decode_time ? 1 : hi < f->due_lo + m->decode_time ? 0 : -1;
+        if (k < 0)
+            m->ambiguous = true;
+        if (k == 1)
+            f->st = 2;
+    }
+}
+
+/* A fuzz of decisions (evented and not), confirmations (of pending, decoding, gone and
+ * unknown keys, with the FIFO inference a second back), engine samples and time, on one
+ * worker, against the model above: after every step the worker's pending and decoding
+ * counts, its queued tokens, how many of ours the engine's sample already counts (found by
+ * moving its waiting count across it) and how many decoding it does not. Prefills of 100
+ * tokens (under the rate-learning floor) at a fixed 1000 tokens/s. A run in which a
+ * threshold fell inside a call (about one a second: hundreds of flights, each with its
+ * times) starts over, counted; ~1,500 checks in its 3 seconds on the development machine. */
+static void test_inflight_model_random(void **state)
+{
+    (void)state;
+    unsigned rs = seed * 13 + 5;
+    static struct mworld m;
+    struct fake_load fl;
+    int runs = 0, restarts = 0, checks = 0, inferred = 0, unordered = 0;
+    int64_t end = mono_ns() + 3000000000ll;
+
+    while (mono_ns() < end && runs < 50) {
+        struct kvr_conf c = conf("ttft");
+        c.route_prefill_rate = 1000;
+        /* every other run keeps unconfirmed prefills past the FIFO inference's second */
+        c.route_prefill_timeout_ms = runs % 2 ? 150 + rand_r(&rs) % 300 : 1300;
+        c.route_decode_time_ms = 100 + rand_r(&rs) % 400;
+        c.route_sticky_band = 0;
+        struct kvr_route *r;
+        assert_int_equal(kvr_route_create(&c, &r), 0);
+        memset(&fl, 0, sizeof(fl));
+        kvr_route_set_load_source(r, fake_load_fn, &fl);
+        memset(&m, 0, sizeof(m));
+        m.prefill_timeout = (int64_t)c.route_prefill_timeout_ms * 1000000;
+        m.decode_time = (int64_t)c.route_decode_time_ms * 1000000;
+        int64_t sample = mono_ns();
+        uint64_t next_key = 1;
+        bool committed = false;
+        runs++;
+        for (int step = 0; step < 900 && m.n < 590 && !m.ambiguous && mono_ns() < end;
+             step++) {
+            unsigned op = (unsigned)rand_r(&rs) % 100;
+            struct kvr_route_cand cand;
+            struct kvr_route_decision d;
+            if (op < 45) { /* a decision: evented (a key its events will name) or not */
+                bool ev = rand_r(&rs) % 4 != 0;
+                fl.have[0] = false;
+                cand = (struct kvr_route_cand){.pod = pods[0], .evented = ev};
+                struct kvr_route_query q = {.query_blocks = 7, .block_size = 16,
+                                            .prompt_tokens = 100,
+                                            .last_block = ev ? next_key : 0, .commit = true,
+                                            .policy = -1, .cands = &cand, .ncands = 1};
+                int64_t lo = mono_ns();
+                assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+                int64_t hi = mono_ns();
+                committed = true;
+                m_age(&m, lo, hi);
+                struct mflight *f = &m.f[m.n++];
+                *f = (struct mflight){.key = ev ? next_key++ : 0, .t0_lo = lo, .t0_hi = hi};
+                int64_t x = ev ? m.prefill_timeout
+                               : (int64_t)((double)(cand.queued_tokens + 100) / 1000.0 * 1e9);
+                f->due_lo = lo + x;
+                f->due_hi = hi + x;
+            } else if (op < 65) { /* a batch of the worker's events naming some keys */
+                uint64_t keys[4];
+                size_t nk = 1 + (size_t)rand_r(&rs) % 4;
+                for (size_t i = 0; i < nk; i++)
+                    keys[i] = 1 + (uint64_t)rand_r(&rs) % (next_key + 2);
+                if (rand_r(&rs) % 2) /* time passes unlooked at: estimated ends go by */
+                    usleep((useconds_t)(rand_r(&rs) % 15000));
+                int64_t lo = mono_ns();
+                kvr_route_confirm(r, pods[0], 0, keys, nk);
+                int64_t hi = mono_ns();
+                int64_t latest_lo = INT64_MIN, latest_hi = INT64_MIN;
+                for (size_t i = 0; i < m.n; i++) {
+                    struct mflight *f = &m.f[i];
+                    bool hit = false;
+                    for (size_t k = 0; k < nk && f->key != 0; k++)
+                        hit |= keys[k] == f->key;
+                    if (f->st != 0 || !hit)
+                        continue;
+                    f->st = 1;
+                    f->due_lo = lo;
+                    f->due_hi = hi;
+                    latest_lo = f->t0_lo > latest_lo ? f->t0_lo : latest_lo;
+                    latest_hi = f->t0_hi > latest_hi ? f->t0_hi : latest_hi;
+                }
+                for (size_t i = 0; latest_lo != INT64_MIN && i < m.n; i++) {
+                    struct mflight *f = &m.f[i]; /* t0 <= latest - 1 s: done too */
+                    if (f->st != 0)
+                        continue;
+                    int k = f->t0_hi <= latest_lo - 1000000000 ? 1
+                            : f->t0_lo > latest_hi - 1000000000 ? 0 : -1;
+                    if (k < 0)
+                        m.ambiguous = true;
+                    if (k == 1) {
+                        f->st = 1;
+                        f->due_lo = lo;
+                        f->due_hi = hi;
+                        inferred++;
+                    }
+                }
+            } else if (op < 75) {
+                sample = mono_ns();
+            } else {
+                usleep((useconds_t)(rand_r(&rs) % 15000));
+            }
+            if (m.ambiguous)
+                break;
+            if (rand_r(&rs) % 2 == 0)
+                continue; /* no look: a confirmation may come before an estimated
+                           * prefill's end is noticed, which then decodes from earlier */
+
+            /* the check: flight_of, then three looks with the engine's waiting count at
+             * B - 1, B and B + 1, B the model's count of ours decided before the sample */
+            size_t npend = 0, ndec = 0, before = 0, since = 0;
+            int64_t lo = mono_ns();
+            struct kvr_route_flight fo;
+            kvr_route_flight_of(r, pods[0], 0, &fo);
+            uint64_t qd[3];
+            double run = -1;
+            int64_t hi0 = mono_ns();
+            m_age(&m, lo, hi0);
+            for (size_t i = 0; i < m.n; i++) {
+                const struct mflight *f = &m.f[i];
+                if (f->st == 0) {
+                    npend++;
+                    int k = m_ge(sample, sample, f->t0_hi) == 1 ? 1
+                            : sample < f->t0_lo ? 0 : -1;
+                    if (k < 0)
+                        m.ambiguous = true;
+                    before += k == 1;
+                } else if (f->st == 1) {
+                    ndec++;
+                    int k = f->due_lo > sample ? 1 : f->due_hi <= sample ? 0 : -1;
+                    if (k < 0)
+                        m.ambiguous = true;
+                    since += k == 1;
+                }
+            }
+            if (m.ambiguous)
+                break;
+            assert_int_equal(fo.pending, npend);
+            assert_int_equal(fo.pending_tokens, npend * 100);
+            assert_int_equal(fo.decoding, ndec);
+            for (int j = 0; j < 3; j++) {
+                fl.have[0] = true;
+                fl.l[0] = (struct kvr_route_engine_load){
+                    .waiting = (double)before + j - 1, .running = 0, .kv_usage = 0.1,
+                    .sample_ns = sample};
+                cand = (struct kvr_route_cand){.pod = pods[0], .evented = true};
+                struct kvr_route_query q = {.query_blocks = 1, .block_size = 16,
+                                            .prompt_tokens = 16, .policy = -1,
+                                            .cands = &cand, .ncands = 1};
+                assert_int_equal(kvr_route_decide(r, &q, &d), 0);
+                qd[j] = cand.queued_tokens;
+                run = cand.running;
+            }
+            int64_t hi = mono_ns();
+            m_age(&m, hi0, hi); /* the looks aged it too: nothing may have moved meanwhile */
+            size_t npend2 = 0, ndec2 = 0;
+            for (size_t i = 0; i < m.n; i++) {
+                npend2 += m.f[i].st == 0;
+                ndec2 += m.f[i].st == 1;
+            }
+            if (m.ambiguous || npend2 != npend || ndec2 != ndec)
+                break;
+            /* queued = pending tokens - what the worker computed of the head (0..100)
+             * + 100 per engine-waiting request not ours */
+            assert_true(qd[1] + 101 >= npend * 100 && qd[1] <= npend * 100 + 1);
+            if (committed) /* B+1: one not ours, at the mean uncached tokens of ours */
+                assert_true(qd[2] >= qd[1] + 98 && qd[2] <= qd[1] + 102);
+            if (before > 0)
+                assert_true(qd[0] + 2 >= qd[1] && qd[0] <= qd[1] + 2); /* B-1: none */
+            assert_true(run == (double)since);
+            checks++;
+        }
+        restarts += m.ambiguous;
+        unordered += m.unordered;
+        kvr_route_destroy(r);
+    }
+    printf("test_inflight_model_random: %d runs, %d restarted (a threshold inside a call), "
+           "%d checks, %d prefills inferred done, %d decoding out of order\n", runs, restarts,
+           checks, inferred, unordered);
+    assert_true(checks >= 200);
+}
+
 int main(void)
 {
     const char *s = getenv("KVR_TEST_SEED");
@@ -846,6 +1090,7 @@ int main(void)
         cmocka_unit_test(test_engine_sample),   cmocka_unit_test(test_ttft_sticky_band),
         cmocka_unit_test(test_inflight_approx_model), cmocka_unit_test(test_rate_served),
         cmocka_unit_test(test_inferred_before), cmocka_unit_test(test_pd),
+        cmocka_unit_test(test_inflight_model_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
