@@ -44,10 +44,11 @@
  * load changes little, while under overload, where every time is seconds, it keeps requests
  * where their prefix is and the fleet computes less (measured in docs/routing.md); not one
  * decoding more than (1 + band) x the best one's running requests + 8, or a prefix most
- * requests share would stay on its first few holders. Workers over [route] busy_kv_usage (the engine's KV-cache usage) or busy_waiting (its waiting
- * requests) are skipped while any other is not (SGLang's and Dynamo's busy thresholds); when
- * all are, the best anyway, or -EBUSY with [route] when_all_busy = reject. Loads the gateway
- * sends override: active_tokens stands for queued, active_requests for running.
+ * requests share would stay on its first few holders. Workers over [route] busy_kv_usage
+ * (the engine's KV-cache usage) or busy_waiting (its waiting requests) are skipped while
+ * any other is not (SGLang's and Dynamo's busy thresholds); when all are, the best anyway,
+ * or -EBUSY with [route] when_all_busy = reject. Loads the gateway sends override:
+ * active_tokens stands for queued, active_requests for running.
  * Peer ideas it takes: Dynamo's cost (prefill still to compute + load, in one unit), made a
  * time with a learned rate; Dynamo's tracking of routed prefills until done, confirmed here
  * by the events rather than by the frontend; llm-d's predicted-TTFT stickiness bound and

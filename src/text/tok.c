@@ -602,13 +602,7 @@ static int unicode_norm(kvr_tok_scratch *s, int kind, const char *in, size_t n, 
     return 0;
 }
 
-/* Normalizes s[0,n) into a scratch buffer: *out, *outn. -EOVERFLOW when the normalized text
- * would pass NORM_GROWTH x n + NORM_SLACK bytes: chained Replace normalizers of a hostile
- * tokenizer.json can grow a text exponentially (found by fuzz_tok_load), while real
- * normalizers grow it a few times at most (NFKC's widest expansion is 18 code points for
- * one; a Replace of " " by "\u2581" triples a space). */
-#define NORM_GROWTH 32
-#define NORM_SLACK 4096
+/* The normalizer chain, within its growth cap (tok_int.h). */
 int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
                       const char **out, size_t *outn)
 {

@@ -239,6 +239,13 @@ const struct tok_mark *kvr_tok_marks(const kvr_tok_scratch *s, size_t *n);
 long kvr_tok_prove(const kvr_tok *t, kvr_tok_scratch *s, const char *text, size_t sub,
                    size_t from, size_t e, bool closed);
 
+/* Normalizes in[0,n) into s: *out, *outn. -EOVERFLOW when the normalized text would pass
+ * NORM_GROWTH x n + NORM_SLACK bytes: chained Replace normalizers of a hostile
+ * tokenizer.json can grow a text exponentially (found by fuzz_tok_load), while real
+ * normalizers grow it a few times at most (NFKC's widest expansion is 18 code points for
+ * one; a Replace of " " by "\u2581" triples a space). */
+#define NORM_GROWTH 32
+#define NORM_SLACK 4096
 int kvr_tok_normalize(const kvr_tok *t, kvr_tok_scratch *s, const char *in, size_t n,
                       const char **out, size_t *outn);
 

@@ -679,7 +679,8 @@ static int load_json(kvr_tok *t, const cJSON *root, const cJSON *config, char *e
         if (a.normalized && t->nnorms && (rc = normalize_added(t, &a)))
             return rc == -EOVERFLOW
                        ? errf(err, el, rc, "added_tokens[%d].content: the normalizer grows it "
-                                           "past 32 x its length + 4 KiB", i)
+                                           "past %d x its length + %d bytes", i, NORM_GROWTH,
+                                           NORM_SLACK)
                        : rc;
         if ((rc = vocab_set(t, s, n, a.id, err, el, "added_tokens")))
             return rc;

@@ -859,10 +859,13 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* is x >= thr, for x in [lo, hi]: 1 yes, 0 no, -1 either */
-static int m_ge(int64_t lo, int64_t hi, int64_t thr)
+/* a >= b, for a in [alo, ahi] and b in [blo, bhi]: 1 yes, 0 no, -1 either; either marks m */
+static int iv_ge(struct mworld *m, int64_t alo, int64_t ahi, int64_t blo, int64_t bhi)
 {
-    return lo >= thr ? 1 : hi < thr ? 0 : -1;
+    int k = alo >= bhi ? 1 : ahi < blo ? 0 : -1;
+    if (k < 0)
+        m->ambiguous = true;
+    return k;
 }
 
 /* What route_flight_age does at a time in [lo, hi], in list order (pending by decision). */
@@ -872,11 +875,7 @@ static void m_age(struct mworld *m, int64_t lo, int64_t hi)
         struct mflight *f = &m->f[i];
         if (f->st != 0)
             continue;
-        /* now >= due, now in [lo, hi], due in [due_lo, due_hi] */
-        int k = lo >= f->due_hi ? 1 : hi < f->due_lo ? 0 : -1;
-        if (k < 0)
-            m->ambiguous = true;
-        if (k != 1)
+        if (iv_ge(m, lo, hi, f->due_lo, f->due_hi) != 1) /* now >= due */
             continue;
         f->st = f->key != 0 ? 2 : 1; /* evented: dropped; else decoding since its due */
         for (size_t j = 0; f->st == 1 && j < m->n; j++)
@@ -886,10 +885,7 @@ static void m_age(struct mworld *m, int64_t lo, int64_t hi)
         struct mflight *f = &m->f[i];
         if (f->st != 1)
             continue;
-        int k = lo >= f->due_hi + m->decode_time ? 1 : hi < f->due_lo + m->decode_time ? 0 : -1;
-        if (k < 0)
-            m->ambiguous = true;
-        if (k == 1)
+        if (iv_ge(m, lo, hi, f->due_lo + m->decode_time, f->due_hi + m->decode_time) == 1)
             f->st = 2;
     }
 }
@@ -984,11 +980,8 @@ static void test_inflight_model_random(void **state)
                     struct mflight *f = &m.f[i]; /* t0 <= latest - 1 s: done too */
                     if (f->st != 0)
                         continue;
-                    int k = f->t0_hi <= latest_lo - 1000000000 ? 1
-                            : f->t0_lo > latest_hi - 1000000000 ? 0 : -1;
-                    if (k < 0)
-                        m.ambiguous = true;
-                    if (k == 1) {
+                    if (iv_ge(&m, latest_lo - 1000000000, latest_hi - 1000000000, f->t0_lo,
+                              f->t0_hi) == 1) {
                         f->st = 1;
                         f->due_lo = lo;
                         f->due_hi = hi;
@@ -1020,17 +1013,10 @@ static void test_inflight_model_random(void **state)
                 const struct mflight *f = &m.f[i];
                 if (f->st == 0) {
                     npend++;
-                    int k = m_ge(sample, sample, f->t0_hi) == 1 ? 1
-                            : sample < f->t0_lo ? 0 : -1;
-                    if (k < 0)
-                        m.ambiguous = true;
-                    before += k == 1;
+                    before += iv_ge(&m, sample, sample, f->t0_lo, f->t0_hi) == 1;
                 } else if (f->st == 1) {
                     ndec++;
-                    int k = f->due_lo > sample ? 1 : f->due_hi <= sample ? 0 : -1;
-                    if (k < 0)
-                        m.ambiguous = true;
-                    since += k == 1;
+                    since += iv_ge(&m, sample, sample, f->due_lo, f->due_hi) == 0;
                 }
             }
             if (m.ambiguous)
